@@ -1,0 +1,227 @@
+//! Argument parsing and dispatch to the library; user errors print as miette diagnostics
+//! and exit with code 2, internal errors with code 3.
+
+mod output;
+mod run;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use memc::diagnostic::{Report, UserError};
+use memc::{compile, CompileError, Compiled, Options};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "memc", version, about = "Compile a model spec into a memory-planned training step")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Emit {
+    Report,
+    Ast,
+    Graph,
+    Plan,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct CompileArgs {
+    /// The .mdl file.
+    file: PathBuf,
+    /// Override a dim: --set B=16 (repeatable).
+    #[arg(long = "set", value_name = "NAME=VALUE")]
+    set: Vec<String>,
+    /// Override the budget of `train { }`, e.g. 16GiB.
+    #[arg(long)]
+    budget: Option<String>,
+    /// Update each parameter as soon as its gradient is complete (default on unless clipping).
+    #[arg(long, value_name = "on|off")]
+    optimizer_in_backward: Option<String>,
+    /// Seconds the layout search may take.
+    #[arg(long, default_value_t = 0.2)]
+    layout_time: f64,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compile a model and print its memory report (or another stage with --emit).
+    Compile {
+        #[command(flatten)]
+        args: CompileArgs,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        #[arg(long, value_enum, default_value_t = Emit::Report)]
+        emit: Emit,
+        /// Write to this file (atomically) instead of stdout.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Check a model for errors without printing a report.
+    Check {
+        #[command(flatten)]
+        args: CompileArgs,
+    },
+    /// Execute training steps of a model or a plan JSON on the CPU.
+    Run(run::RunArgs),
+    /// Lay out a MiniMalloc CSV instance.
+    Arena {
+        file: PathBuf,
+        #[arg(long)]
+        capacity: Option<u64>,
+        #[arg(long, default_value_t = 10.0)]
+        layout_time: f64,
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Measure: `memc bench arena [DIR]`.
+    Bench {
+        #[arg(value_parser = ["arena"])]
+        what: String,
+        dir: Option<PathBuf>,
+        #[arg(long, default_value_t = 10.0)]
+        layout_time: f64,
+    },
+}
+
+/// A failure of a CLI command: a diagnostic (exit 2) or an internal error (exit 3).
+pub enum Failure {
+    User(Box<Report>),
+    Plain(String),
+    Internal(Vec<String>),
+}
+
+impl Failure {
+    fn user(e: UserError, name: &str, src: &str) -> Failure {
+        Failure::User(Box::new(e.with_source(name, src)))
+    }
+}
+
+/// Runs the CLI and returns the process exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    match dispatch(cli.command) {
+        Ok(()) => 0,
+        Err(Failure::User(r)) => {
+            eprintln!("{:?}", miette::Report::new(*r));
+            2
+        }
+        Err(Failure::Plain(msg)) => {
+            eprintln!("error: {msg}");
+            2
+        }
+        Err(Failure::Internal(errs)) => {
+            for e in errs {
+                eprintln!("internal error: {e}");
+            }
+            3
+        }
+    }
+}
+
+/// Reads a source file as UTF-8, turning problems into diagnostics.
+pub fn read_source(path: &Path) -> Result<String, Failure> {
+    let bytes = std::fs::read(path).map_err(|e| Failure::Plain(format!("cannot read {}: {e}", path.display())))?;
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let text = String::from_utf8_lossy(e.as_bytes()).into_owned();
+        Failure::user(UserError::at(memc::ir::Span::new(at, at + 1), "the file is not valid UTF-8", "invalid byte", "save the file as UTF-8"), &path.display().to_string(), &text)
+    })
+}
+
+fn parse_size(text: &str) -> Result<u64, Failure> {
+    let t = text.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.trim().parse().map_err(|_| Failure::Plain(format!("`{text}` is not a size (e.g. 16GiB)")))?;
+    let mult = match unit {
+        "" | "B" => 1u64,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        _ => return Err(Failure::Plain(format!("unknown size unit `{unit}` (use B, KiB, MiB, GiB, KB, MB, GB)"))),
+    };
+    if n <= 0.0 {
+        return Err(Failure::Plain(format!("size `{text}` must be positive")));
+    }
+    Ok((n * mult as f64) as u64)
+}
+
+fn options(args: &CompileArgs) -> Result<Options, Failure> {
+    let mut overrides = Vec::new();
+    for s in &args.set {
+        let Some((k, v)) = s.split_once('=') else {
+            return Err(Failure::Plain(format!("`--set {s}`: expected NAME=VALUE")));
+        };
+        let v: i64 = v.trim().parse().map_err(|_| Failure::Plain(format!("`--set {s}`: {v} is not an integer")))?;
+        if v <= 0 {
+            return Err(Failure::Plain(format!("`--set {s}`: dims must be positive")));
+        }
+        overrides.push((k.trim().to_string(), v));
+    }
+    let optimizer_in_backward = match args.optimizer_in_backward.as_deref() {
+        None => None,
+        Some("on") => Some(true),
+        Some("off") => Some(false),
+        Some(o) => return Err(Failure::Plain(format!("--optimizer-in-backward takes on or off, not `{o}`"))),
+    };
+    let budget = args.budget.as_deref().map(parse_size).transpose()?;
+    if !(args.layout_time.is_finite() && args.layout_time >= 0.0) {
+        return Err(Failure::Plain("--layout-time must be a non-negative number of seconds".into()));
+    }
+    Ok(Options { overrides, optimizer_in_backward, layout_time: Duration::from_secs_f64(args.layout_time), budget })
+}
+
+/// Compiles the file named in `args`.
+pub fn compile_file(args: &CompileArgs) -> Result<Compiled, Failure> {
+    let src = read_source(&args.file)?;
+    let opts = options(args)?;
+    compile(&src, &opts).map_err(|e| match e {
+        CompileError::User(u) => Failure::user(u, &args.file.display().to_string(), &src),
+        CompileError::Internal(errs) => Failure::Internal(errs),
+    })
+}
+
+fn dispatch(command: Command) -> Result<(), Failure> {
+    match command {
+        Command::Compile { args, format, emit, output } => {
+            let compiled = compile_file(&args)?;
+            let text = match (emit, format) {
+                (Emit::Ast, _) => format!("{:#?}\n", compiled.ast),
+                (Emit::Graph, _) => memc::ir::print(&compiled.graph),
+                (Emit::Plan, _) | (Emit::Report, Format::Json) => output::json(compiled.plan.plan(), emit == Emit::Plan)?,
+                (Emit::Report, Format::Text) => memc::plan::render_text(compiled.plan.plan()),
+            };
+            output::write(output.as_deref(), &text)
+        }
+        Command::Check { args } => {
+            compile_file(&args)?;
+            eprintln!("ok: {}", args.file.display());
+            Ok(())
+        }
+        Command::Run(args) => run::run(args),
+        Command::Arena { file, capacity, layout_time, output } => output::arena(&file, capacity, layout_time, output.as_deref()),
+        Command::Bench { dir, layout_time, .. } => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from("../shared/benchmarks/minimalloc"));
+            let table = memc::arena_csv::run_benchmark(&dir, Duration::from_secs_f64(layout_time.max(0.0)))
+                .map_err(|e| Failure::Plain(format!("cannot read {}: {e}", dir.display())))?;
+            output::write(None, &table)
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! Writing results: stdout, or a file replaced atomically (temp file + rename).
+
+use super::Failure;
+use memc::passes::arena::{layout, LayoutOptions};
+use memc::plan::Plan;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Writes `text` to `path` atomically, or to stdout.
+pub fn write(path: Option<&Path>, text: &str) -> Result<(), Failure> {
+    match path {
+        None => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes()).map_err(|e| Failure::Plain(format!("cannot write to stdout: {e}")))
+        }
+        Some(p) => write_atomic(p, text.as_bytes()),
+    }
+}
+
+/// Writes bytes to `path` through a temporary file in the same folder, then renames.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let fail = |e: std::io::Error| Failure::Plain(format!("cannot write {}: {e}", path.display()));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(fail)?;
+    tmp.write_all(bytes).map_err(fail)?;
+    tmp.persist(path).map_err(|e| fail(e.error))?;
+    Ok(())
+}
+
+/// The plan (or just its report) as pretty JSON.
+pub fn json(plan: &Plan, whole: bool) -> Result<String, Failure> {
+    let value = if whole { serde_json::to_value(plan) } else { serde_json::to_value(serde_json::json!({ "model": plan.model, "report": plan.report })) };
+    value
+        .and_then(|v| serde_json::to_string_pretty(&v))
+        .map(|s| s + "\n")
+        .map_err(|e| Failure::Internal(vec![format!("cannot serialize the plan: {e}")]))
+}
+
+/// `memc arena`: lays out a CSV instance and reports peak, bound, ratio and time.
+pub fn arena(file: &Path, capacity: Option<u64>, secs: f64, output: Option<&Path>) -> Result<(), Failure> {
+    let text = super::read_source(file)?;
+    let name = file.display().to_string();
+    let inst = memc::arena_csv::parse_instance(&name, &text).map_err(|e| Failure::Plain(format!("{:?}", miette::Report::new(e))))?;
+    let start = Instant::now();
+    let opts = LayoutOptions { alignment: 1, time_limit: Duration::from_secs_f64(secs.max(0.0)), capacity };
+    let l = layout(&inst.requests, &opts);
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let ratio = if l.lower_bound > 0 { l.size as f64 / l.lower_bound as f64 } else { 1.0 };
+    eprintln!("peak {} lower bound {} ratio {ratio:.4} time {ms:.1} ms{}", l.size, l.lower_bound, if l.optimal { " (optimal)" } else { "" });
+    if let Some(cap) = capacity.filter(|&c| l.size > c) {
+        return Err(Failure::Plain(format!("no layout within capacity {cap} found (best {}, lower bound {})", l.size, l.lower_bound)));
+    }
+    match output {
+        Some(p) => write_atomic(p, memc::arena_csv::write_solution(&inst, &l.offsets).as_bytes()),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,402 @@
+//! Elementwise kernels (unary functions, broadcasting binary ops, affine, fill) plus the
+//! shape/stride helpers shared by the sibling reduction and data-movement kernels.
+
+use rayon::prelude::*;
+
+/// Elements per parallel task for flat elementwise loops.
+const CHUNK: usize = 4096;
+
+pub use crate::ir::UnaryFn;
+
+pub use crate::ir::BinaryFn;
+
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+const GELU_C: f32 = 0.044_715;
+const INV_SQRT_2PI: f32 = 0.398_942_3;
+
+fn sigmoid(x: f32) -> f32 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+fn eval(f: UnaryFn, x: f32) -> f32 {
+    match f {
+        UnaryFn::Neg => -x,
+        UnaryFn::Exp => x.exp(),
+        UnaryFn::Log => x.ln(),
+        UnaryFn::Sqrt => x.sqrt(),
+        UnaryFn::Rsqrt => 1.0 / x.sqrt(),
+        UnaryFn::Tanh => x.tanh(),
+        UnaryFn::Sigmoid => sigmoid(x),
+        UnaryFn::Relu => x.max(0.0),
+        UnaryFn::GeluTanh => 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + GELU_C * x * x * x)).tanh()),
+        UnaryFn::GeluErf => 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)),
+        UnaryFn::Silu => x * sigmoid(x),
+    }
+}
+
+fn derivative(f: UnaryFn, x: f32) -> f32 {
+    match f {
+        UnaryFn::Neg => -1.0,
+        UnaryFn::Exp => x.exp(),
+        UnaryFn::Log => 1.0 / x,
+        UnaryFn::Sqrt => 0.5 / x.sqrt(),
+        UnaryFn::Rsqrt => -0.5 / (x * x.sqrt()),
+        UnaryFn::Tanh => {
+            let t = x.tanh();
+            1.0 - t * t
+        }
+        UnaryFn::Sigmoid => {
+            let s = sigmoid(x);
+            s * (1.0 - s)
+        }
+        UnaryFn::Relu => {
+            if x > 0.0 {
+                1.0
+            } else {
+                0.0
+            }
+        }
+        UnaryFn::GeluTanh => {
+            let t = (SQRT_2_OVER_PI * (x + GELU_C * x * x * x)).tanh();
+            0.5 * (1.0 + t)
+                + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * x * x)
+        }
+        UnaryFn::GeluErf => {
+            let cdf = 0.5 * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2));
+            cdf + x * INV_SQRT_2PI * (-0.5 * x * x).exp()
+        }
+        UnaryFn::Silu => {
+            let s = sigmoid(x);
+            s * (1.0 + x * (1.0 - s))
+        }
+    }
+}
+
+/// Computes `out[i] = f(x[i])` for every element.
+pub fn unary_forward(f: UnaryFn, x: &[f32], out: &mut [f32]) {
+    debug_assert_eq!(x.len(), out.len());
+    out.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK))
+        .for_each(|(o, x)| o.iter_mut().zip(x).for_each(|(o, &x)| *o = eval(f, x)));
+}
+
+/// Computes `dx[i] = f'(x[i]) * dy[i]`, where `x` is the forward input.
+pub fn unary_backward(f: UnaryFn, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+    debug_assert_eq!(x.len(), dx.len());
+    debug_assert_eq!(dy.len(), dx.len());
+    dx.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
+        .for_each(|(d, (x, dy))| {
+            for ((d, &x), &g) in d.iter_mut().zip(x).zip(dy) {
+                *d = derivative(f, x) * g;
+            }
+        });
+}
+
+/// Row-major (contiguous) strides of `shape`.
+pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1];
+    }
+    strides
+}
+
+/// Strides of a contiguous tensor of `shape` viewed with numpy broadcasting as `out_shape`:
+/// `shape` is right-aligned to `out_shape`, and missing or size-1 dims get stride 0.
+pub(crate) fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
+    debug_assert!(shape.len() <= out_shape.len());
+    let lead = out_shape.len() - shape.len();
+    let own = contiguous_strides(shape);
+    (0..out_shape.len())
+        .map(|d| match d.checked_sub(lead) {
+            Some(s) if shape[s] != 1 => {
+                debug_assert_eq!(shape[s], out_shape[d]);
+                own[s]
+            }
+            _ => 0,
+        })
+        .collect()
+}
+
+/// Source offset of the first element of row `row` (rows run along the last dim of
+/// `out_shape`) for a view with per-dim `strides` over `out_shape`.
+pub(crate) fn row_offset(mut row: usize, out_shape: &[usize], strides: &[usize]) -> usize {
+    let mut off = 0;
+    for d in (0..out_shape.len().saturating_sub(1)).rev() {
+        off += (row % out_shape[d]) * strides[d];
+        row /= out_shape[d];
+    }
+    off
+}
+
+/// Calls `f(row_index, row)` in parallel for every row (along the last dim of `out_shape`)
+/// of `out`; each row is written by exactly one call.
+pub(crate) fn for_rows(out: &mut [f32], out_shape: &[usize], f: impl Fn(usize, &mut [f32]) + Sync) {
+    let len = out_shape.last().copied().unwrap_or(1);
+    if out.is_empty() || len == 0 {
+        return;
+    }
+    out.par_chunks_mut(len)
+        .enumerate()
+        .with_min_len((CHUNK / len).max(1))
+        .for_each(|(r, row)| f(r, row));
+}
+
+/// Splits `shape` around `axis` into (outer, axis extent, inner) element counts.
+pub(crate) fn axis_split(shape: &[usize], axis: usize) -> (usize, usize, usize) {
+    debug_assert!(axis < shape.len());
+    let outer = shape[..axis].iter().product();
+    let inner = shape[axis + 1..].iter().product();
+    (outer, shape[axis], inner)
+}
+
+fn binary_with(
+    op: impl Fn(f32, f32) -> f32 + Sync,
+    a: &[f32],
+    a_shape: &[usize],
+    b: &[f32],
+    b_shape: &[usize],
+    out: &mut [f32],
+    out_shape: &[usize],
+) {
+    let sa = broadcast_strides(a_shape, out_shape);
+    let sb = broadcast_strides(b_shape, out_shape);
+    let (ia, ib) = (
+        sa.last().copied().unwrap_or(0),
+        sb.last().copied().unwrap_or(0),
+    );
+    for_rows(out, out_shape, |r, row| {
+        let oa = row_offset(r, out_shape, &sa);
+        let ob = row_offset(r, out_shape, &sb);
+        for (t, o) in row.iter_mut().enumerate() {
+            *o = op(a[oa + t * ia], b[ob + t * ib]);
+        }
+    });
+}
+
+/// Computes `out = a (op) b` with numpy broadcasting; `a_shape` and `b_shape` may have lower
+/// rank than `out_shape` and are right-aligned to it.
+pub fn binary(
+    f: BinaryFn,
+    a: &[f32],
+    a_shape: &[usize],
+    b: &[f32],
+    b_shape: &[usize],
+    out: &mut [f32],
+    out_shape: &[usize],
+) {
+    debug_assert_eq!(out.len(), out_shape.iter().product::<usize>());
+    match f {
+        BinaryFn::Add => binary_with(|x, y| x + y, a, a_shape, b, b_shape, out, out_shape),
+        BinaryFn::Sub => binary_with(|x, y| x - y, a, a_shape, b, b_shape, out, out_shape),
+        BinaryFn::Mul => binary_with(|x, y| x * y, a, a_shape, b, b_shape, out, out_shape),
+        BinaryFn::Div => binary_with(|x, y| x / y, a, a_shape, b, b_shape, out, out_shape),
+    }
+}
+
+/// Computes `out[i] = x[i] * scale + shift`.
+pub fn affine(x: &[f32], scale: f32, shift: f32, out: &mut [f32]) {
+    debug_assert_eq!(x.len(), out.len());
+    out.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK))
+        .for_each(|(o, x)| {
+            o.iter_mut()
+                .zip(x)
+                .for_each(|(o, &x)| *o = x * scale + shift)
+        });
+}
+
+/// Sets every element of `out` to `value`.
+pub fn fill(out: &mut [f32], value: f32) {
+    out.par_chunks_mut(CHUNK).for_each(|o| o.fill(value));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> f32 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        }
+        fn vec(&mut self, n: usize) -> Vec<f32> {
+            (0..n).map(|_| self.next()).collect()
+        }
+    }
+
+    const ALL: [UnaryFn; 11] = [
+        UnaryFn::Neg,
+        UnaryFn::Exp,
+        UnaryFn::Log,
+        UnaryFn::Sqrt,
+        UnaryFn::Rsqrt,
+        UnaryFn::Tanh,
+        UnaryFn::Sigmoid,
+        UnaryFn::Relu,
+        UnaryFn::GeluTanh,
+        UnaryFn::GeluErf,
+        UnaryFn::Silu,
+    ];
+
+    fn input_for(f: UnaryFn, rng: &mut Rng, n: usize) -> Vec<f32> {
+        let x = rng.vec(n);
+        match f {
+            // Domain restriction, and keep away from the relu kink.
+            UnaryFn::Log | UnaryFn::Sqrt | UnaryFn::Rsqrt => {
+                x.iter().map(|v| v.abs() + 0.5).collect()
+            }
+            UnaryFn::Relu => x
+                .iter()
+                .map(|v| if v.abs() < 0.1 { v + 0.2 } else { *v })
+                .collect(),
+            _ => x.iter().map(|v| v * 3.0).collect(),
+        }
+    }
+
+    #[test]
+    fn unary_forward_matches_reference() {
+        let x = [-2.0f32, -0.5, 0.0, 0.7, 3.0];
+        let mut out = [0.0; 5];
+        unary_forward(UnaryFn::GeluErf, &x, &mut out);
+        // Reference values computed in f64 with Python's math.erf / math.tanh.
+        let want = [-0.045_500_3, -0.154_268_8, 0.0, 0.530_625_4, 2.995_950_3];
+        for (o, w) in out.iter().zip(want) {
+            assert!((o - w).abs() < 1e-5, "{o} vs {w}");
+        }
+        unary_forward(UnaryFn::GeluTanh, &x, &mut out);
+        let want = [-0.045_402_3, -0.154_286, 0.0, 0.530_570_1, 2.996_363];
+        for (o, w) in out.iter().zip(want) {
+            assert!((o - w).abs() < 1e-5, "{o} vs {w}");
+        }
+        unary_forward(UnaryFn::Sigmoid, &[-100.0, 100.0], &mut out[..2]);
+        assert_eq!(
+            &out[..2],
+            &[(-100.0f32).exp() / (1.0 + (-100.0f32).exp()), 1.0]
+        );
+        unary_forward(UnaryFn::Silu, &x, &mut out);
+        for (o, &v) in out.iter().zip(&x) {
+            assert!((o - v / (1.0 + (-v).exp())).abs() < 1e-6);
+        }
+    }
+
+    /// Central differences in f64-accumulated f32 evaluation: h = 1e-3, tolerance 1e-3
+    /// relative per element (plus 1e-4 absolute).
+    #[test]
+    fn unary_backward_matches_finite_differences() {
+        let mut rng = Rng(0x1234_5678);
+        for f in ALL {
+            let x = input_for(f, &mut rng, 5000);
+            let dy = rng.vec(x.len());
+            let mut dx = vec![0.0; x.len()];
+            unary_backward(f, &x, &dy, &mut dx);
+            let h = 1e-3f32;
+            for i in 0..x.len() {
+                let num = (eval(f, x[i] + h) as f64 - eval(f, x[i] - h) as f64) / (2.0 * h as f64)
+                    * dy[i] as f64;
+                let err = (dx[i] as f64 - num).abs();
+                assert!(
+                    err < 1e-3 * num.abs() + 1e-3,
+                    "{f:?} x={} dx={} num={num}",
+                    x[i],
+                    dx[i]
+                );
+            }
+        }
+    }
+
+    fn naive_binary(
+        f: BinaryFn,
+        a: &[f32],
+        sa: &[usize],
+        b: &[f32],
+        sb: &[usize],
+        so: &[usize],
+    ) -> Vec<f32> {
+        let n: usize = so.iter().product();
+        let index = |mut flat: usize, shape: &[usize]| {
+            // Map an out flat index into the (right-aligned, broadcast) source.
+            let mut idx = vec![0; so.len()];
+            for d in (0..so.len()).rev() {
+                idx[d] = flat % so[d];
+                flat /= so[d];
+            }
+            let lead = so.len() - shape.len();
+            let mut off = 0;
+            for (s, &ext) in shape.iter().enumerate() {
+                off = off * ext + if ext == 1 { 0 } else { idx[s + lead] };
+            }
+            off
+        };
+        (0..n)
+            .map(|i| {
+                let (x, y) = (a[index(i, sa)], b[index(i, sb)]);
+                match f {
+                    BinaryFn::Add => x + y,
+                    BinaryFn::Sub => x - y,
+                    BinaryFn::Mul => x * y,
+                    BinaryFn::Div => x / y,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn binary_broadcasting_matches_naive() {
+        let mut rng = Rng(99);
+        let cases: [(&[usize], &[usize], &[usize]); 7] = [
+            (&[2, 3, 4], &[2, 3, 4], &[2, 3, 4]),
+            (&[2, 3, 4], &[4], &[2, 3, 4]),
+            (&[2, 1, 4], &[3, 1], &[2, 3, 4]),
+            (&[1], &[5, 1], &[5, 7]),
+            (&[], &[3], &[3]),
+            (&[], &[], &[]),
+            (&[0, 3], &[3], &[0, 3]),
+        ];
+        for (sa, sb, so) in cases {
+            let a = rng.vec(sa.iter().product());
+            let b: Vec<f32> = rng
+                .vec(sb.iter().product())
+                .iter()
+                .map(|v| v + 2.0)
+                .collect();
+            for f in [BinaryFn::Add, BinaryFn::Sub, BinaryFn::Mul, BinaryFn::Div] {
+                let mut out = vec![f32::NAN; so.iter().product()];
+                binary(f, &a, sa, &b, sb, &mut out, so);
+                assert_eq!(
+                    out,
+                    naive_binary(f, &a, sa, &b, sb, so),
+                    "{f:?} {sa:?} {sb:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn affine_and_fill() {
+        let x = [1.0f32, -2.0, 0.5];
+        let mut out = [0.0; 3];
+        affine(&x, 2.0, 1.0, &mut out);
+        assert_eq!(out, [3.0, -3.0, 2.0]);
+        let mut big = vec![1.0; 10_000];
+        fill(&mut big, -4.5);
+        assert!(big.iter().all(|&v| v == -4.5));
+    }
+
+    #[test]
+    fn stride_helpers() {
+        assert_eq!(contiguous_strides(&[2, 3, 4]), vec![12, 4, 1]);
+        assert_eq!(broadcast_strides(&[3, 1], &[2, 3, 4]), vec![0, 1, 0]);
+        assert_eq!(axis_split(&[2, 3, 4, 5], 2), (6, 4, 5));
+        assert_eq!(row_offset(5, &[2, 3, 4], &[12, 4, 1]), 20);
+    }
+}

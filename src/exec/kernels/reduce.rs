@@ -1,0 +1,449 @@
+//! Reductions over broadcast dims (sum, max and its backward), broadcasting, and softmax /
+//! log-softmax along an axis with their backwards. Sums accumulate in f64 in a fixed order.
+
+use rayon::prelude::*;
+
+use super::pointwise::{axis_split, broadcast_strides, contiguous_strides, for_rows, row_offset};
+
+/// Maps each output element of a reduction to the group of input offsets reduced into it.
+struct Groups {
+    /// (out extent, x stride) of every kept dim with extent > 1, outermost first.
+    kept: Vec<(usize, usize)>,
+    /// (extent, x stride) of every reduced dim, outermost first.
+    red: Vec<(usize, usize)>,
+}
+
+impl Groups {
+    /// Reduction of `x_shape` to `out_shape` (right-aligned; out dims are 1 or equal to x).
+    fn new(x_shape: &[usize], out_shape: &[usize]) -> Self {
+        debug_assert!(out_shape.len() <= x_shape.len());
+        let lead = x_shape.len() - out_shape.len();
+        let xs = contiguous_strides(x_shape);
+        let (mut kept, mut red) = (Vec::new(), Vec::new());
+        for (d, (&ext, &stride)) in x_shape.iter().zip(&xs).enumerate() {
+            let o = if d < lead { 1 } else { out_shape[d - lead] };
+            if o == ext && ext != 1 {
+                kept.push((ext, stride));
+            } else if o == 1 && ext != 1 {
+                red.push((ext, stride));
+            }
+            debug_assert!(
+                o == ext || o == 1,
+                "{x_shape:?} does not reduce to {out_shape:?}"
+            );
+        }
+        Groups { kept, red }
+    }
+
+    /// Offset in x of the first element of output `j`'s group.
+    fn base(&self, mut j: usize) -> usize {
+        let mut off = 0;
+        for &(ext, stride) in self.kept.iter().rev() {
+            off += (j % ext) * stride;
+            j /= ext;
+        }
+        off
+    }
+
+    /// Calls `f` on every x offset of the group starting at `base`, in x's row-major order.
+    fn for_each(&self, base: usize, mut f: impl FnMut(usize)) {
+        let Some((&(n_in, s_in), outer)) = self.red.split_last() else {
+            f(base);
+            return;
+        };
+        let n_outer: usize = outer.iter().map(|&(e, _)| e).product();
+        for q in 0..n_outer {
+            let (mut rest, mut off) = (q, base);
+            for &(ext, stride) in outer.iter().rev() {
+                off += (rest % ext) * stride;
+                rest /= ext;
+            }
+            (0..n_in).for_each(|t| f(off + t * s_in));
+        }
+    }
+}
+
+/// Sums `x` over its broadcast dims so the result has `out_shape` (numpy broadcasting in
+/// reverse: `out_shape` may have lower rank; dims where out has 1 and x more are summed).
+pub fn sum_to(x: &[f32], x_shape: &[usize], out: &mut [f32], out_shape: &[usize]) {
+    let g = Groups::new(x_shape, out_shape);
+    out.par_iter_mut()
+        .enumerate()
+        .with_min_len(256)
+        .for_each(|(j, o)| {
+            let mut s = 0.0f64;
+            g.for_each(g.base(j), |i| s += f64::from(x[i]));
+            *o = s as f32;
+        });
+}
+
+/// Broadcasts `x` (whose `x_shape` is broadcastable to `out_shape`) to `out_shape`.
+pub fn broadcast_to(x: &[f32], x_shape: &[usize], out: &mut [f32], out_shape: &[usize]) {
+    let s = broadcast_strides(x_shape, out_shape);
+    let inner = s.last().copied().unwrap_or(0);
+    for_rows(out, out_shape, |r, row| {
+        let off = row_offset(r, out_shape, &s);
+        row.iter_mut()
+            .enumerate()
+            .for_each(|(t, o)| *o = x[off + t * inner]);
+    });
+}
+
+/// Takes the max over the axes where `out_shape` (same rank as `x_shape`, keepdim) has 1 and
+/// x has more; an empty group yields negative infinity.
+pub fn max_to(x: &[f32], x_shape: &[usize], out: &mut [f32], out_shape: &[usize]) {
+    let g = Groups::new(x_shape, out_shape);
+    out.par_iter_mut()
+        .enumerate()
+        .with_min_len(256)
+        .for_each(|(j, o)| {
+            let mut m = f32::NEG_INFINITY;
+            g.for_each(g.base(j), |i| m = m.max(x[i]));
+            *o = m;
+        });
+}
+
+/// Backward of [`max_to`]: each `dy` element (shape `out_shape`) flows to the first element
+/// of its group (in row-major order) equal to the forward output `y`; all other dx are 0.
+pub fn max_to_backward(
+    x: &[f32],
+    x_shape: &[usize],
+    y: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    out_shape: &[usize],
+) {
+    let g = Groups::new(x_shape, out_shape);
+    dx.fill(0.0);
+    for (j, (&m, &d)) in y.iter().zip(dy).enumerate() {
+        let mut hit = None;
+        g.for_each(g.base(j), |i| {
+            if hit.is_none() && x[i] == m {
+                hit = Some(i);
+            }
+        });
+        if let Some(i) = hit {
+            dx[i] = d;
+        }
+    }
+}
+
+/// Runs `f(a_lane, b_lane, out_lane, n, stride)` on every lane along `axis`: lane element `t`
+/// is at index `t * stride` of each lane slice. Parallel over the outer blocks.
+fn lanes(
+    shape: &[usize],
+    axis: usize,
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    f: impl Fn(&[f32], &[f32], &mut [f32], usize, usize) + Sync,
+) {
+    let (_, n, inner) = axis_split(shape, axis);
+    let block = n * inner;
+    if block == 0 || out.is_empty() {
+        return;
+    }
+    out.par_chunks_mut(block)
+        .zip(a.par_chunks(block).zip(b.par_chunks(block)))
+        .for_each(|(o, (a, b))| {
+            (0..inner).for_each(|k| f(&a[k..], &b[k..], &mut o[k..], n, inner))
+        });
+}
+
+/// Max and log-sum-exp shift of lane `x` (n elements at stride `s`): returns (max, ln sum exp(x - max)).
+fn lane_logsumexp(x: &[f32], n: usize, s: usize) -> (f32, f32) {
+    let m = (0..n).fold(f32::NEG_INFINITY, |m, t| m.max(x[t * s]));
+    let sum: f64 = (0..n).map(|t| f64::from((x[t * s] - m).exp())).sum();
+    (m, sum.ln() as f32)
+}
+
+/// Log-sum-exp of a contiguous row: `ln(sum(exp(row)))`, numerically stable.
+pub(crate) fn logsumexp(row: &[f32]) -> f32 {
+    let (m, l) = lane_logsumexp(row, row.len(), 1);
+    m + l
+}
+
+/// Sum over the lane of `p(a[t], b[t])` in f64.
+fn lane_sum(a: &[f32], b: &[f32], n: usize, s: usize, p: impl Fn(f32, f32) -> f32) -> f32 {
+    (0..n)
+        .map(|t| f64::from(p(a[t * s], b[t * s])))
+        .sum::<f64>() as f32
+}
+
+/// Softmax of `x` along `axis`: `out = exp(x - max) / sum(exp(x - max))`.
+pub fn softmax(x: &[f32], shape: &[usize], axis: usize, out: &mut [f32]) {
+    lanes(shape, axis, x, x, out, |x, _, o, n, s| {
+        let (m, l) = lane_logsumexp(x, n, s);
+        (0..n).for_each(|t| o[t * s] = (x[t * s] - m - l).exp());
+    });
+}
+
+/// Softmax backward from the forward output `y`: `dx = y * (dy - sum(dy * y))` along `axis`.
+pub fn softmax_backward(y: &[f32], dy: &[f32], shape: &[usize], axis: usize, dx: &mut [f32]) {
+    lanes(shape, axis, y, dy, dx, |y, dy, o, n, s| {
+        let dot = lane_sum(y, dy, n, s, |a, b| a * b);
+        (0..n).for_each(|t| o[t * s] = y[t * s] * (dy[t * s] - dot));
+    });
+}
+
+/// Log-softmax of `x` along `axis`: `out = x - max - ln(sum(exp(x - max)))`.
+pub fn log_softmax(x: &[f32], shape: &[usize], axis: usize, out: &mut [f32]) {
+    lanes(shape, axis, x, x, out, |x, _, o, n, s| {
+        let (m, l) = lane_logsumexp(x, n, s);
+        (0..n).for_each(|t| o[t * s] = x[t * s] - m - l);
+    });
+}
+
+/// Log-softmax backward from the forward output `y`: `dx = dy - exp(y) * sum(dy)` along `axis`.
+pub fn log_softmax_backward(y: &[f32], dy: &[f32], shape: &[usize], axis: usize, dx: &mut [f32]) {
+    lanes(shape, axis, y, dy, dx, |y, dy, o, n, s| {
+        let total = lane_sum(dy, dy, n, s, |a, _| a);
+        (0..n).for_each(|t| o[t * s] = dy[t * s] - y[t * s].exp() * total);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::pointwise::{binary, BinaryFn};
+    use super::*;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> f32 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        }
+        fn vec(&mut self, n: usize) -> Vec<f32> {
+            (0..n).map(|_| self.next()).collect()
+        }
+    }
+
+    fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+        let mut idx = vec![0; shape.len()];
+        for d in (0..shape.len()).rev() {
+            idx[d] = flat % shape[d];
+            flat /= shape[d];
+        }
+        idx
+    }
+
+    /// Flat index in `out_shape` (right-aligned, size-1 dims collapsed) of x multi-index `idx`.
+    fn reduced_index(idx: &[usize], out_shape: &[usize]) -> usize {
+        let lead = idx.len() - out_shape.len();
+        out_shape.iter().enumerate().fold(0, |acc, (d, &e)| {
+            acc * e + if e == 1 { 0 } else { idx[d + lead] }
+        })
+    }
+
+    const CASES: [(&[usize], &[usize]); 6] = [
+        (&[2, 3, 4], &[1, 3, 1]),
+        (&[2, 3, 4], &[4]),
+        (&[2, 3, 4], &[3, 1]),
+        (&[2, 3, 4], &[2, 3, 4]),
+        (&[5, 7], &[]),
+        (&[1, 6], &[1]),
+    ];
+
+    #[test]
+    fn sum_to_and_broadcast_match_naive() {
+        let mut rng = Rng(7);
+        for (xs, os) in CASES {
+            let x = rng.vec(xs.iter().product());
+            let mut want = vec![0.0f64; os.iter().product()];
+            for (i, &v) in x.iter().enumerate() {
+                want[reduced_index(&unravel(i, xs), os)] += f64::from(v);
+            }
+            let mut out = vec![f32::NAN; want.len()];
+            sum_to(&x, xs, &mut out, os);
+            for (o, w) in out.iter().zip(&want) {
+                assert!((f64::from(*o) - w).abs() < 1e-5, "{xs:?}->{os:?}");
+            }
+            let mut b = vec![f32::NAN; x.len()];
+            broadcast_to(&out, os, &mut b, xs);
+            for (i, v) in b.iter().enumerate() {
+                assert_eq!(*v, out[reduced_index(&unravel(i, xs), os)]);
+            }
+        }
+    }
+
+    #[test]
+    fn max_to_and_backward() {
+        let mut rng = Rng(11);
+        for (xs, os) in CASES.iter().filter(|(x, o)| x.len() == o.len()) {
+            // Quantize so ties occur; the first maximal element must get the gradient.
+            let x: Vec<f32> = rng
+                .vec(xs.iter().product())
+                .iter()
+                .map(|v| (v * 2.0).round())
+                .collect();
+            let n_out: usize = os.iter().product();
+            let mut want = vec![f32::NEG_INFINITY; n_out];
+            for (i, &v) in x.iter().enumerate() {
+                let j = reduced_index(&unravel(i, xs), os);
+                want[j] = want[j].max(v);
+            }
+            let mut y = vec![0.0; n_out];
+            max_to(&x, xs, &mut y, os);
+            assert_eq!(y, want);
+            let dy: Vec<f32> = (0..n_out).map(|j| j as f32 + 1.0).collect();
+            let mut dx = vec![f32::NAN; x.len()];
+            max_to_backward(&x, xs, &y, &dy, &mut dx, os);
+            let mut seen = vec![false; n_out];
+            for (i, &v) in x.iter().enumerate() {
+                let j = reduced_index(&unravel(i, xs), os);
+                let first = !seen[j] && v == y[j];
+                seen[j] |= first;
+                assert_eq!(dx[i], if first { dy[j] } else { 0.0 });
+            }
+        }
+    }
+
+    /// Relative L2 error of `got` against `want`.
+    fn rel_err(got: &[f32], want: &[f64]) -> f64 {
+        let num: f64 = got
+            .iter()
+            .zip(want)
+            .map(|(g, w)| (f64::from(*g) - w).powi(2))
+            .sum();
+        let den: f64 = want.iter().map(|w| w * w).sum();
+        (num / den.max(1e-30)).sqrt()
+    }
+
+    /// Central finite differences (h = 1e-2) of `sum(w * f(x))`, evaluated with f64 dot products.
+    fn fd_grad(x: &[f32], w: &[f32], f: impl Fn(&[f32]) -> Vec<f32>) -> Vec<f64> {
+        let h = 1e-2f32;
+        let loss = |x: &[f32]| {
+            f(x).iter()
+                .zip(w)
+                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                .sum::<f64>()
+        };
+        let mut xp = x.to_vec();
+        (0..x.len())
+            .map(|i| {
+                xp[i] = x[i] + h;
+                let lp = loss(&xp);
+                xp[i] = x[i] - h;
+                let lm = loss(&xp);
+                xp[i] = x[i];
+                (lp - lm) / (2.0 * f64::from(h))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn softmax_forward_matches_naive_and_sums_to_one() {
+        let shape = [2, 5, 3];
+        let x: Vec<f32> = Rng(3).vec(30).iter().map(|v| v * 50.0).collect();
+        let (mut sm, mut lsm) = (vec![0.0; 30], vec![0.0; 30]);
+        softmax(&x, &shape, 1, &mut sm);
+        log_softmax(&x, &shape, 1, &mut lsm);
+        for o in 0..2 {
+            for k in 0..3 {
+                let idx: Vec<usize> = (0..5).map(|t| o * 15 + t * 3 + k).collect();
+                let m = idx
+                    .iter()
+                    .map(|&i| f64::from(x[i]))
+                    .fold(f64::MIN, f64::max);
+                let z: f64 = idx.iter().map(|&i| (f64::from(x[i]) - m).exp()).sum();
+                for &i in &idx {
+                    let want = f64::from(x[i]) - m - z.ln();
+                    assert!((f64::from(lsm[i]) - want).abs() < 1e-4);
+                    assert!((f64::from(sm[i]) - want.exp()).abs() < 1e-6);
+                }
+            }
+        }
+    }
+
+    /// Tolerance: relative L2 error 1e-2 against h = 1e-2 central differences.
+    #[test]
+    fn softmax_backwards_match_finite_differences_middle_axis() {
+        let shape = [3, 4, 5];
+        let mut rng = Rng(5);
+        let x = rng.vec(60);
+        let w = rng.vec(60);
+        for log in [false, true] {
+            let fwd = |x: &[f32]| {
+                let mut y = vec![0.0; x.len()];
+                if log {
+                    log_softmax(x, &shape, 1, &mut y);
+                } else {
+                    softmax(x, &shape, 1, &mut y);
+                }
+                y
+            };
+            let y = fwd(&x);
+            let mut dx = vec![f32::NAN; 60];
+            if log {
+                log_softmax_backward(&y, &w, &shape, 1, &mut dx);
+            } else {
+                softmax_backward(&y, &w, &shape, 1, &mut dx);
+            }
+            let e = rel_err(&dx, &fd_grad(&x, &w, fwd));
+            assert!(e < 1e-2, "log={log} err={e}");
+        }
+    }
+
+    /// Gradient of `binary` with broadcasting obtained via `sum_to`; tolerance as above.
+    #[test]
+    fn binary_broadcast_backward_via_sum_to() {
+        let (sa, sb, so): (&[usize], &[usize], &[usize]) = (&[2, 1, 4], &[3, 1], &[2, 3, 4]);
+        let mut rng = Rng(17);
+        let a = rng.vec(8);
+        let b: Vec<f32> = rng.vec(3).iter().map(|v| v + 2.5).collect();
+        let w = rng.vec(24);
+        let run = |f: BinaryFn, a: &[f32], b: &[f32]| {
+            let mut o = vec![0.0; 24];
+            binary(f, a, sa, b, sb, &mut o, so);
+            o
+        };
+        for f in [BinaryFn::Add, BinaryFn::Sub, BinaryFn::Mul, BinaryFn::Div] {
+            // Per-element partials d(out)/da and d(out)/db at the broadcast positions.
+            let mut ab = vec![0.0; 24];
+            let mut bb = vec![0.0; 24];
+            broadcast_to(&a, sa, &mut ab, so);
+            broadcast_to(&b, sb, &mut bb, so);
+            let (pa, pb): (Vec<f32>, Vec<f32>) = ab
+                .iter()
+                .zip(&bb)
+                .map(|(&x, &y)| match f {
+                    BinaryFn::Add => (1.0, 1.0),
+                    BinaryFn::Sub => (1.0, -1.0),
+                    BinaryFn::Mul => (y, x),
+                    BinaryFn::Div => (1.0 / y, -x / (y * y)),
+                })
+                .unzip();
+            let ga: Vec<f32> = pa.iter().zip(&w).map(|(p, w)| p * w).collect();
+            let gb: Vec<f32> = pb.iter().zip(&w).map(|(p, w)| p * w).collect();
+            let (mut da, mut db) = (vec![0.0; 8], vec![0.0; 3]);
+            sum_to(&ga, so, &mut da, sa);
+            sum_to(&gb, so, &mut db, sb);
+            assert!(
+                rel_err(&da, &fd_grad(&a, &w, |a| run(f, a, &b))) < 1e-2,
+                "{f:?} a"
+            );
+            assert!(
+                rel_err(&db, &fd_grad(&b, &w, |b| run(f, &a, b))) < 1e-2,
+                "{f:?} b"
+            );
+        }
+    }
+
+    #[test]
+    fn large_reductions_are_bitwise_deterministic() {
+        let x = Rng(23).vec(64 * 1024);
+        let run = || {
+            let mut s = vec![0.0; 64];
+            sum_to(&x, &[1024, 64], &mut s, &[64]);
+            let mut sm = vec![0.0; x.len()];
+            softmax(&x, &[64, 1024], 1, &mut sm);
+            (s, sm)
+        };
+        let first = run();
+        for _ in 0..3 {
+            assert_eq!(run(), first);
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! Backends that execute a verified plan.
+pub mod kernels;

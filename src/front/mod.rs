@@ -1,0 +1,11 @@
+//! The front end: `.mdl` text to a forward [`crate::ir::Graph`] plus training settings.
+//! It knows nothing of petgraph; it only calls the graph builder.
+pub mod ast;
+mod builtins;
+mod lower;
+mod parse;
+pub mod train;
+mod value;
+
+pub use lower::{lower, Module};
+pub use parse::parse;

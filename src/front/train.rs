@@ -1,0 +1,147 @@
+//! The `train { ... }` section: optimizer, precision, budget and clipping settings.
+
+use super::ast::{Expr, ExprKind, Ident};
+use crate::diagnostic::UserError;
+use crate::ir::{AdamWParams, SgdParams, Span};
+use serde::{Deserialize, Serialize};
+
+/// The optimizer of a training step.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Optimizer {
+    AdamW(AdamWParams),
+    Sgd(SgdParams),
+}
+
+/// Numeric precision of the step: fp32, or mixed with fp32 master weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Fp32,
+    Bf16,
+    Fp16,
+}
+
+/// Everything `train { }` says, with defaults filled in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainSpec {
+    pub optimizer: Optimizer,
+    pub precision: Precision,
+    /// Bytes the step must fit in, if set.
+    pub budget: Option<u64>,
+    /// Global-norm clipping threshold, if set.
+    pub clip_grad_norm: Option<f32>,
+    /// Where the section is, for budget diagnostics.
+    pub span: Span,
+}
+
+fn number(e: &Expr) -> Option<f64> {
+    match &e.kind {
+        ExprKind::Number { value, .. } => Some(*value),
+        ExprKind::Neg(inner) => number(inner).map(|v| -v),
+        _ => None,
+    }
+}
+
+fn expect_number(e: &Expr, what: &str) -> Result<f32, UserError> {
+    number(e).map(|v| v as f32).ok_or_else(|| {
+        UserError::at(e.span, format!("`{what}` must be a number"), "not a number", format!("write e.g. `{what} = 0.1`"))
+    })
+}
+
+fn kwargs<'a>(call: &'a super::ast::Call, allowed: &[&str]) -> Result<Vec<(&'a str, &'a Expr)>, UserError> {
+    let mut out = Vec::new();
+    for arg in &call.args {
+        let Some(name) = &arg.name else {
+            return Err(UserError::at(arg.value.span, "optimizer settings are keyword arguments", "unnamed", format!("use `{}(lr = 3e-4)`", call.name.name)));
+        };
+        if !allowed.contains(&name.name.as_str()) {
+            return Err(UserError::at(name.span, format!("unknown option `{}` for `{}`", name.name, call.name.name), "unknown", format!("accepted: {}", allowed.join(", "))));
+        }
+        out.push((name.name.as_str(), &arg.value));
+    }
+    Ok(out)
+}
+
+fn optimizer(e: &Expr) -> Result<Optimizer, UserError> {
+    let ExprKind::Call(call) = &e.kind else {
+        return Err(UserError::at(e.span, "`optimizer` must be `adamw(...)` or `sgd(...)`", "not an optimizer", "write e.g. `optimizer = adamw(lr = 3e-4)`"));
+    };
+    match call.name.name.as_str() {
+        "adamw" => {
+            let mut p = AdamWParams { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
+            for (k, v) in kwargs(call, &["lr", "betas", "eps", "weight_decay"])? {
+                match k {
+                    "lr" => p.lr = expect_number(v, k)?,
+                    "eps" => p.eps = expect_number(v, k)?,
+                    "weight_decay" => p.weight_decay = expect_number(v, k)?,
+                    _ => match &v.kind {
+                        ExprKind::Tuple(items) if items.len() == 2 => {
+                            p.beta1 = expect_number(&items[0], "betas")?;
+                            p.beta2 = expect_number(&items[1], "betas")?;
+                        }
+                        _ => return Err(UserError::at(v.span, "`betas` must be a pair", "not a pair", "write `betas = (0.9, 0.999)`")),
+                    },
+                }
+            }
+            Ok(Optimizer::AdamW(p))
+        }
+        "sgd" => {
+            let mut p = SgdParams { lr: 1e-2, momentum: 0.0, weight_decay: 0.0 };
+            for (k, v) in kwargs(call, &["lr", "momentum", "weight_decay"])? {
+                let x = expect_number(v, k)?;
+                match k {
+                    "lr" => p.lr = x,
+                    "momentum" => p.momentum = x,
+                    _ => p.weight_decay = x,
+                }
+            }
+            Ok(Optimizer::Sgd(p))
+        }
+        other => Err(UserError::at(call.name.span, format!("unknown optimizer `{other}`"), "unknown", "use `adamw(...)` or `sgd(...)`")),
+    }
+}
+
+/// Reads the settings of a `train` section.
+pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, UserError> {
+    let mut spec = TrainSpec {
+        optimizer: Optimizer::AdamW(AdamWParams { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }),
+        precision: Precision::Fp32,
+        budget: None,
+        clip_grad_norm: None,
+        span,
+    };
+    for (name, value) in settings {
+        match name.name.as_str() {
+            "optimizer" => spec.optimizer = optimizer(value)?,
+            "precision" => {
+                spec.precision = match &value.kind {
+                    ExprKind::Path(p) if p.len() == 1 && p[0].name == "fp32" => Precision::Fp32,
+                    ExprKind::Path(p) if p.len() == 1 && p[0].name == "bf16" => Precision::Bf16,
+                    ExprKind::Path(p) if p.len() == 1 && p[0].name == "fp16" => Precision::Fp16,
+                    _ => return Err(UserError::at(value.span, "unknown precision", "not a precision", "use fp32, bf16 or fp16")),
+                }
+            }
+            "budget" => match &value.kind {
+                ExprKind::Size(b) if *b > 0 => spec.budget = Some(*b),
+                _ => return Err(UserError::at(value.span, "`budget` must be a positive size", "not a size", "write e.g. `budget = 16GiB` or `512MiB`")),
+            },
+            "clip_grad_norm" => {
+                let v = expect_number(value, "clip_grad_norm")?;
+                if v <= 0.0 {
+                    return Err(UserError::at(value.span, "`clip_grad_norm` must be positive", "not positive", "write e.g. `clip_grad_norm = 1.0`"));
+                }
+                spec.clip_grad_norm = Some(v);
+            }
+            other => {
+                return Err(UserError::at(
+                    name.span,
+                    format!("unknown train option `{other}`"),
+                    "unknown option",
+                    "accepted: optimizer, precision, budget, clip_grad_norm",
+                ))
+            }
+        }
+    }
+    Ok(spec)
+}

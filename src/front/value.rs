@@ -1,0 +1,82 @@
+//! Values the front end evaluates expressions to, before they become graph nodes.
+
+use crate::ir::{Span, ValueId};
+
+/// What a parameter constructor (`layernorm(D)`, `linear(I, O)`, ...) declared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupKind {
+    LayerNorm,
+    RmsNorm,
+    BatchNorm,
+    GroupNorm(usize),
+    Linear,
+    Conv2d { groups: usize },
+    Embedding,
+}
+
+impl GroupKind {
+    /// The constructor's surface name.
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupKind::LayerNorm => "layernorm",
+            GroupKind::RmsNorm => "rmsnorm",
+            GroupKind::BatchNorm => "batchnorm",
+            GroupKind::GroupNorm(_) => "groupnorm",
+            GroupKind::Linear => "linear",
+            GroupKind::Conv2d { .. } => "conv2d",
+            GroupKind::Embedding => "embedding",
+        }
+    }
+}
+
+/// A parameter group: its kind and its tensors (`weight`, optionally `bias`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Group {
+    pub kind: GroupKind,
+    pub weight: ValueId,
+    pub bias: Option<ValueId>,
+}
+
+/// An evaluated expression.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Val {
+    Int(i64),
+    Float(f64),
+    Size(u64),
+    Tensor(ValueId),
+    Tuple(Vec<Val>),
+    /// A bare name that is not bound: `gelu`, `bf16`, `true`.
+    Symbol(String),
+    Group(Group),
+}
+
+impl Val {
+    /// A short description for error messages.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Val::Int(_) => "an integer",
+            Val::Float(_) => "a number",
+            Val::Size(_) => "a size",
+            Val::Tensor(_) => "a tensor",
+            Val::Tuple(_) => "a tuple",
+            Val::Symbol(_) => "a name",
+            Val::Group(_) => "a parameter group",
+        }
+    }
+
+    /// The value as a float, when it is a number.
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Val::Int(i) => Some(*i as f64),
+            Val::Float(f) => Some(*f),
+            _ => None,
+        }
+    }
+}
+
+/// A value with the span of the expression that produced it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Spanned {
+    pub val: Val,
+    pub span: Span,
+}

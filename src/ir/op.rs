@@ -1,0 +1,329 @@
+//! The closed set of operations a graph node can perform.
+
+use super::TensorType;
+use serde::{Deserialize, Serialize};
+
+/// Unary elementwise functions. `GeluTanh` is the tanh approximation (GPT-2), `GeluErf` exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnaryFn {
+    Neg,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Tanh,
+    Sigmoid,
+    Relu,
+    GeluTanh,
+    GeluErf,
+    Silu,
+}
+
+/// Binary elementwise functions with numpy broadcasting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BinaryFn {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+/// A normalization: which elements share statistics and which axis carries the affine
+/// parameters. Layer and Rms normalize over the last axis (params sized by it); Batch
+/// normalizes each channel (axis 1) over batch and space with batch statistics; Group(g)
+/// normalizes each sample's groups of channels over those channels and space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormKind {
+    Layer,
+    Rms,
+    Batch,
+    Group(usize),
+}
+
+/// Which input of attention a backward node differentiates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AttnInput {
+    Q,
+    K,
+    V,
+}
+
+/// How a parameter is initialised (PyTorch conventions; `normal` has mean 0).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Init {
+    Normal { std: f32 },
+    Uniform { low: f32, high: f32 },
+    Zeros,
+    Ones,
+}
+
+/// Geometry shared by conv2d and its backward ops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ConvParams {
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub groups: usize,
+}
+
+/// Geometry shared by the pooling ops and their backward ops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PoolParams {
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+}
+
+/// Attention configuration: heads of q, heads of k/v (grouped-query when fewer), causal mask,
+/// and the factor applied to q.k.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AttnParams {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub causal: bool,
+    pub scale: f32,
+}
+
+/// AdamW hyper-parameters, as `torch.optim.AdamW`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AdamWParams {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+}
+
+/// SGD hyper-parameters, as `torch.optim.SGD` (no dampening, no nesterov).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SgdParams {
+    pub lr: f32,
+    pub momentum: f32,
+    pub weight_decay: f32,
+}
+
+/// One operation. Inputs are listed per variant in the order nodes hold them; every op has
+/// exactly one output value, except that optimizer updates write their state inputs in place
+/// (see [`Op::mutated_inputs`]) and output an empty tensor that only orders the step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// A tensor bound per step from outside (`input` declarations). No inputs.
+    Input { name: String, ty: TensorType },
+    /// A trainable parameter, persistent across steps. No inputs.
+    Param {
+        name: String,
+        ty: TensorType,
+        init: Init,
+    },
+    /// Optimizer state of a parameter (a moment), persistent, zero-initialised. No inputs.
+    OptimState { name: String, ty: TensorType },
+    /// A tensor filled with one value (the gradient seed of the loss). No inputs; a step.
+    Fill { value: f32, ty: TensorType },
+    /// `f(x)`.
+    Unary(UnaryFn),
+    /// `(x, dy) -> f'(x) * dy`.
+    UnaryBackward(UnaryFn),
+    /// `(a, b) -> a op b`, broadcasting.
+    Binary(BinaryFn),
+    /// `x -> x * scale + shift`.
+    Affine { scale: f32, shift: f32 },
+    /// `x -> sum of x over the dims where `shape` has 1 (or that it lacks)`.
+    SumTo { shape: Vec<usize> },
+    /// `x -> x broadcast to shape`.
+    BroadcastTo { shape: Vec<usize> },
+    /// `x -> max of x over the dims where `shape` (same rank) has 1`.
+    MaxTo { shape: Vec<usize> },
+    /// `(x, y, dy) -> dx` for `y = MaxTo(x)`: the gradient goes to the first maximum.
+    MaxToBackward,
+    /// Softmax along `axis`.
+    Softmax { axis: usize },
+    /// `(y, dy) -> dx` for `y = softmax(x)`.
+    SoftmaxBackward { axis: usize },
+    /// Log-softmax along `axis`.
+    LogSoftmax { axis: usize },
+    /// `(y, dy) -> dx` for `y = log_softmax(x)`.
+    LogSoftmaxBackward { axis: usize },
+    /// `(x, weight[, bias]) -> normalize(x) * weight + bias`.
+    Norm { kind: NormKind, eps: f32 },
+    /// `(x, weight, dy) -> dx`.
+    NormBackwardInput { kind: NormKind, eps: f32 },
+    /// `(x, dy) -> dweight`.
+    NormBackwardWeight { kind: NormKind, eps: f32 },
+    /// `(dy) -> dbias`.
+    NormBackwardBias { kind: NormKind },
+    /// `(table[V, D], ids) -> rows of table`, shape `ids ++ [D]`.
+    Embedding,
+    /// `(ids, dy) -> dtable[rows, D]` (scatter-add).
+    EmbeddingBackward { rows: usize },
+    /// `(logits[..., C], targets[...]) -> mean cross-entropy`, a scalar.
+    CrossEntropy,
+    /// `(logits, targets, dloss) -> dlogits`.
+    CrossEntropyBackward,
+    /// `(a, b) -> mean((a - b)^2)`, a scalar.
+    Mse,
+    /// `(a, b, dloss) -> da`.
+    MseBackward,
+    /// Same elements, new shape.
+    Reshape { shape: Vec<usize> },
+    /// Output dim i is input dim `perm[i]`.
+    Permute { perm: Vec<usize> },
+    /// `x[..., start..end, ...]` along `axis`.
+    Slice {
+        axis: usize,
+        start: usize,
+        end: usize,
+    },
+    /// Zero tensor with dim `axis` = `full`, holding x at `start..` (backward of Slice).
+    PadSlice {
+        axis: usize,
+        start: usize,
+        full: usize,
+    },
+    /// Concatenation of all inputs along `axis`.
+    Concat { axis: usize },
+    /// `(a, b) -> op(a) @ op(b)`, batched with broadcasting; `ta`/`tb` transpose the last two dims.
+    MatMul { ta: bool, tb: bool },
+    /// `(x[N, C, H, W], w[O, C/g, KH, KW]) -> y[N, O, H', W']`.
+    Conv2d(ConvParams),
+    /// `(dy, w) -> dx`; `input` is the spatial size of x.
+    Conv2dBackwardInput { conv: ConvParams, input: [usize; 2] },
+    /// `(x, dy) -> dw`; `kernel` is the spatial size of w.
+    Conv2dBackwardWeight { conv: ConvParams, kernel: [usize; 2] },
+    /// Max pooling over NCHW.
+    MaxPool2d(PoolParams),
+    /// `(x, dy) -> dx`.
+    MaxPool2dBackward(PoolParams),
+    /// Average pooling over NCHW (padding counted).
+    AvgPool2d(PoolParams),
+    /// `(dy) -> dx`; `input` is the spatial size of x.
+    AvgPool2dBackward { pool: PoolParams, input: [usize; 2] },
+    /// Inverted dropout with a counter-based mask keyed by `(seed, step, index)`; its backward
+    /// is the same op on dy, which reproduces the mask.
+    Dropout { p: f32, seed: u64 },
+    /// `(q, k, v) -> out`, multi-head, never materializing scores.
+    Attention(AttnParams),
+    /// `(q, k, v, dout) -> d(which)`.
+    AttentionBackward { attn: AttnParams, which: AttnInput },
+    /// Rotary position embedding over `[B, T, heads*dh]`; `inverse` rotates back (its backward).
+    Rope {
+        heads: usize,
+        base: f32,
+        inverse: bool,
+    },
+    /// `(grads...) -> min(1, max_norm / (global L2 norm + 1e-6))`, a scalar.
+    ClipCoefficient { max_norm: f32 },
+    /// `(param, grad, m, v[, clip]) -> ()`: AdamW step writing param, m, v in place.
+    AdamW(AdamWParams),
+    /// `(param, grad, momentum[, clip]) -> ()`: SGD step writing param and momentum in place.
+    Sgd(SgdParams),
+}
+
+/// What kind of work an op is, for cost models and recomputation policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpClass {
+    /// No computation: bound, persistent or constant.
+    Source,
+    /// Elementwise, data movement, norms, reductions: cheap to recompute.
+    Cheap,
+    /// Matmul, conv, attention: recomputed only when the budget demands it.
+    Heavy,
+    /// Random: recomputable only through its counter-based RNG.
+    Random,
+    /// Optimizer updates and their reductions: never recomputed.
+    Update,
+}
+
+impl Op {
+    /// The op's class.
+    pub fn class(&self) -> OpClass {
+        use Op::*;
+        match self {
+            Input { .. } | Param { .. } | OptimState { .. } => OpClass::Source,
+            MatMul { .. }
+            | Conv2d(_)
+            | Conv2dBackwardInput { .. }
+            | Conv2dBackwardWeight { .. }
+            | Attention(_)
+            | AttentionBackward { .. } => OpClass::Heavy,
+            Dropout { .. } => OpClass::Random,
+            ClipCoefficient { .. } | AdamW(_) | Sgd(_) => OpClass::Update,
+            Fill { .. } | Unary(_) | UnaryBackward(_) | Binary(_) | Affine { .. } | SumTo { .. }
+            | BroadcastTo { .. } | MaxTo { .. } | MaxToBackward | Softmax { .. }
+            | SoftmaxBackward { .. } | LogSoftmax { .. } | LogSoftmaxBackward { .. }
+            | Norm { .. } | NormBackwardInput { .. } | NormBackwardWeight { .. }
+            | NormBackwardBias { .. } | Embedding | EmbeddingBackward { .. } | CrossEntropy
+            | CrossEntropyBackward | Mse | MseBackward | Reshape { .. } | Permute { .. }
+            | Slice { .. } | PadSlice { .. } | Concat { .. } | MaxPool2d(_)
+            | MaxPool2dBackward(_) | AvgPool2d(_) | AvgPool2dBackward { .. } | Rope { .. } => {
+                OpClass::Cheap
+            }
+        }
+    }
+
+    /// Indices of inputs this op overwrites in place (optimizer state and parameters).
+    pub fn mutated_inputs(&self) -> &'static [usize] {
+        match self {
+            Op::AdamW(_) => &[0, 2, 3],
+            Op::Sgd(_) => &[0, 2],
+            _ => &[],
+        }
+    }
+
+    /// The short kernel name used in dumps and plans (`matmul`, `norm_backward_input`, ...).
+    pub fn name(&self) -> &'static str {
+        use Op::*;
+        match self {
+            Input { .. } => "input",
+            Param { .. } => "param",
+            OptimState { .. } => "optim_state",
+            Fill { .. } => "fill",
+            Unary(_) => "unary",
+            UnaryBackward(_) => "unary_backward",
+            Binary(_) => "binary",
+            Affine { .. } => "affine",
+            SumTo { .. } => "sum_to",
+            BroadcastTo { .. } => "broadcast_to",
+            MaxTo { .. } => "max_to",
+            MaxToBackward => "max_to_backward",
+            Softmax { .. } => "softmax",
+            SoftmaxBackward { .. } => "softmax_backward",
+            LogSoftmax { .. } => "log_softmax",
+            LogSoftmaxBackward { .. } => "log_softmax_backward",
+            Norm { .. } => "norm",
+            NormBackwardInput { .. } => "norm_backward_input",
+            NormBackwardWeight { .. } => "norm_backward_weight",
+            NormBackwardBias { .. } => "norm_backward_bias",
+            Embedding => "embedding",
+            EmbeddingBackward { .. } => "embedding_backward",
+            CrossEntropy => "cross_entropy",
+            CrossEntropyBackward => "cross_entropy_backward",
+            Mse => "mse",
+            MseBackward => "mse_backward",
+            Reshape { .. } => "reshape",
+            Permute { .. } => "permute",
+            Slice { .. } => "slice",
+            PadSlice { .. } => "pad_slice",
+            Concat { .. } => "concat",
+            MatMul { .. } => "matmul",
+            Conv2d(_) => "conv2d",
+            Conv2dBackwardInput { .. } => "conv2d_backward_input",
+            Conv2dBackwardWeight { .. } => "conv2d_backward_weight",
+            MaxPool2d(_) => "max_pool2d",
+            MaxPool2dBackward(_) => "max_pool2d_backward",
+            AvgPool2d(_) => "avg_pool2d",
+            AvgPool2dBackward { .. } => "avg_pool2d_backward",
+            Dropout { .. } => "dropout",
+            Attention(_) => "attention",
+            AttentionBackward { .. } => "attention_backward",
+            Rope { .. } => "rope",
+            ClipCoefficient { .. } => "clip_coefficient",
+            AdamW(_) => "adamw",
+            Sgd(_) => "sgd",
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! memc: compiles a `.mdl` model spec into a memory-planned training or inference step.
+//!
+//! [`compile`] runs the pipeline: parse, lower, autodiff, optimizer, schedule, liveness,
+//! arena layout, plan verification. Each stage is a pure function of the previous one.
+pub mod arena_csv;
+pub mod diagnostic;
+pub mod exec;
+pub mod front;
+pub mod ir;
+pub mod passes;
+pub mod plan;
+
+use diagnostic::UserError;
+use plan::{human_bytes, BuildOptions, VerifiedPlan};
+use std::time::Duration;
+
+/// Compiler options that the CLI can set.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `--set NAME=VALUE` dim overrides.
+    pub overrides: Vec<(String, i64)>,
+    /// Update each parameter as soon as its gradient is complete (default: on unless clipping).
+    pub optimizer_in_backward: Option<bool>,
+    /// Time cap of the layout search.
+    pub layout_time: Duration,
+    /// Overrides the `budget` of `train { }`.
+    pub budget: Option<u64>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { overrides: Vec::new(), optimizer_in_backward: None, layout_time: Duration::from_millis(200), budget: None }
+    }
+}
+
+/// Everything the pipeline produced.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    pub ast: front::ast::Model,
+    /// The forward graph as the front end built it.
+    pub forward: ir::Graph,
+    /// The full graph (forward, backward, updates).
+    pub graph: ir::Graph,
+    pub plan: VerifiedPlan,
+}
+
+/// Why compilation failed: the user's input, or a broken internal invariant.
+#[derive(Debug, Clone)]
+pub enum CompileError {
+    User(UserError),
+    Internal(Vec<String>),
+}
+
+impl From<UserError> for CompileError {
+    fn from(e: UserError) -> CompileError {
+        CompileError::User(e)
+    }
+}
+
+impl From<passes::StageError> for CompileError {
+    fn from(e: passes::StageError) -> CompileError {
+        CompileError::Internal(vec![e.to_string()])
+    }
+}
+
+fn verified(graph: &ir::Graph, pass: &str) -> Result<(), CompileError> {
+    ir::verify(graph).map_err(|errs| CompileError::Internal(errs.into_iter().map(|e| format!("after {pass}: {e}")).collect()))
+}
+
+/// Compiles `.mdl` source text into a verified plan.
+pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError> {
+    let ast = front::parse(source)?;
+    let mut module = front::lower(&ast, &options.overrides)?;
+    verified(&module.graph, "lower")?;
+    if let (Some(t), Some(b)) = (module.train.as_mut(), options.budget) {
+        t.budget = Some(b);
+    }
+    let forward = module.graph.clone();
+    let (graph, in_backward) = match &module.train {
+        Some(t) => {
+            let loss = module.graph.output("loss").ok_or_else(|| CompileError::Internal(vec!["training graph without loss".into()]))?;
+            let diff = passes::autodiff::run(&module.graph, loss)?;
+            verified(&diff.graph, "autodiff")?;
+            let opts = passes::optimizer::OptimizerOptions { optimizer: t.optimizer, clip_grad_norm: t.clip_grad_norm };
+            let g = passes::optimizer::run(&diff, &opts)?;
+            verified(&g, "optimizer")?;
+            let in_backward = options.optimizer_in_backward.unwrap_or(t.clip_grad_norm.is_none());
+            if in_backward && t.clip_grad_norm.is_some() {
+                return Err(UserError::at(t.span, "the optimizer cannot run in backward with global-norm clipping", "clip_grad_norm is set", "clipping needs every gradient first: drop --optimizer-in-backward or the clipping").into());
+            }
+            (g, in_backward)
+        }
+        None => (module.graph.clone(), false),
+    };
+    let build = BuildOptions { optimizer_in_backward: in_backward, layout_time: options.layout_time, alignment: 256 };
+    let plan = plan::build(&module.name, &graph, module.train.as_ref(), &build)?;
+    if let Some(t) = &module.train {
+        if let Some(budget) = t.budget.filter(|&b| plan.arena_bytes > b) {
+            let b = &plan.report.bytes;
+            let parts = [("parameters", b.params), ("optimizer state", b.optimizer), ("saved activations", b.activations), ("gradients", b.grads)];
+            let (name, bytes) = parts.iter().copied().max_by_key(|&(_, v)| v).unwrap_or(("parameters", 0));
+            return Err(UserError::at(
+                t.span,
+                format!("the step needs {} ({} bytes) but the budget is {}", human_bytes(plan.arena_bytes), plan.arena_bytes, human_bytes(budget)),
+                "budget set here",
+                format!("{name} alone are {}; raise the budget or reduce the model or batch (`--set B=...`)", human_bytes(bytes)),
+            )
+            .into());
+        }
+    }
+    let plan = plan::verify(plan).map_err(|errs| CompileError::Internal(errs.into_iter().map(|e| e.to_string()).collect()))?;
+    Ok(Compiled { ast, forward, graph, plan })
+}

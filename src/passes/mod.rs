@@ -1,0 +1,30 @@
+//! Graph passes, each a pure function from one stage's value to the next.
+pub mod arena;
+pub mod autodiff;
+pub mod liveness;
+pub mod optimizer;
+pub mod schedule;
+
+use std::fmt;
+
+/// An invariant a pass found broken (a compiler bug, not a user error), naming the pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageError {
+    pub pass: &'static str,
+    pub message: String,
+}
+
+impl StageError {
+    /// An internal error raised by `pass`.
+    pub fn internal(pass: &'static str, message: impl Into<String>) -> StageError {
+        StageError { pass, message: message.into() }
+    }
+}
+
+impl fmt::Display for StageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "internal error in pass `{}`: {}", self.pass, self.message)
+    }
+}
+
+impl std::error::Error for StageError {}

@@ -1,0 +1,118 @@
+//! The Plan: every step of one training or inference step in order, every buffer at a fixed
+//! offset in one arena, and the report of what it needs. JSON (serde) is its stable form.
+
+mod build;
+mod report;
+mod verify;
+
+pub use build::{build, BuildOptions};
+pub use report::{human_bytes, render_text, Bytes, PhasePeak, Report, SavedKind};
+pub use verify::{verify, PlanError, VerifiedPlan};
+
+use crate::front::train::TrainSpec;
+use crate::ir::{Init, Op, Phase, TensorType};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Index of a buffer in [`Plan::buffers`]; `Display` is `b12`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct BufferId(pub u32);
+
+impl BufferId {
+    /// Position in the plan's buffer list.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for BufferId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "b{}", self.0)
+    }
+}
+
+/// What a buffer holds, which decides its lifetime class in the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BufferClass {
+    /// Trainable parameter: persistent across steps.
+    Param,
+    /// Optimizer moments: persistent across steps.
+    OptimState,
+    /// Bound per step from outside.
+    Input,
+    /// A forward value (saved for backward when a backward step reads it).
+    Activation,
+    /// A parameter's complete gradient.
+    Gradient,
+    /// Any other backward or update temporary.
+    Temporary,
+    /// Kernel scratch live for one step.
+    Workspace,
+}
+
+impl BufferClass {
+    /// Persistent buffers live across steps and are never reused within one.
+    pub fn is_persistent(self) -> bool {
+        matches!(self, BufferClass::Param | BufferClass::OptimState)
+    }
+}
+
+/// One allocation inside the arena: live over steps `first..=last`, at `offset`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Buffer {
+    pub id: BufferId,
+    pub name: String,
+    pub ty: TensorType,
+    pub bytes: u64,
+    pub offset: u64,
+    pub first: usize,
+    pub last: usize,
+    pub class: BufferClass,
+}
+
+/// One kernel launch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    pub op: Op,
+    pub inputs: Vec<BufferId>,
+    /// None for updates, which write their inputs in place.
+    pub output: Option<BufferId>,
+    pub workspace: Option<BufferId>,
+    pub flops: u64,
+    pub phase: Phase,
+    pub scope: String,
+}
+
+/// A parameter: its buffer, initializer and (when trained) its gradient buffer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParamBinding {
+    pub name: String,
+    pub buffer: BufferId,
+    pub init: Init,
+    pub grad: Option<BufferId>,
+}
+
+/// An input: its buffer, and for integer inputs the exclusive upper bound of valid ids.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InputBinding {
+    pub name: String,
+    pub buffer: BufferId,
+    pub id_limit: Option<u64>,
+}
+
+/// A compiled step. Built by [`build`]; reaches a backend only through [`verify`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub model: String,
+    pub buffers: Vec<Buffer>,
+    pub steps: Vec<Step>,
+    pub arena_bytes: u64,
+    pub alignment: u64,
+    pub params: Vec<ParamBinding>,
+    pub optim_state: Vec<BufferId>,
+    pub inputs: Vec<InputBinding>,
+    pub outputs: Vec<(String, BufferId)>,
+    pub train: Option<TrainSpec>,
+    pub report: Report,
+}

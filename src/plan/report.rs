@@ -1,0 +1,135 @@
+//! The memory report: exact bytes per class, peaks per phase, and its text rendering.
+
+use super::Plan;
+use crate::ir::Phase;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write;
+
+/// Exact byte counts of one step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bytes {
+    /// Parameters (persistent).
+    pub params: u64,
+    /// Complete parameter gradients (each lives until its update).
+    pub grads: u64,
+    /// Optimizer state (persistent).
+    pub optimizer: u64,
+    /// Forward values kept for backward.
+    pub activations: u64,
+    /// Kernel scratch.
+    pub workspace: u64,
+    /// Per-step inputs.
+    pub inputs: u64,
+    /// Max over steps of live bytes: no layout can use less.
+    pub peak: u64,
+    /// Proven lower bound of the layout (at least `peak` up to alignment slack).
+    pub lower_bound: u64,
+    /// The arena the layout needs.
+    pub arena: u64,
+    /// Sum of all buffers: the arena without any reuse.
+    pub no_reuse: u64,
+}
+
+/// Peak live bytes during one phase.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhasePeak {
+    pub phase: Phase,
+    pub peak: u64,
+}
+
+/// Saved-for-backward values of one op kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedKind {
+    pub op: String,
+    pub count: u64,
+    pub bytes: u64,
+}
+
+/// What the plan needs and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    pub param_count: u64,
+    pub bytes: Bytes,
+    pub phases: Vec<PhasePeak>,
+    pub saved: Vec<SavedKind>,
+    pub optimizer_in_backward: bool,
+    /// Peak bytes saved by updating each parameter as soon as its gradient is complete.
+    pub optimizer_in_backward_saving: Option<u64>,
+    pub flops: u64,
+    pub steps: usize,
+    pub layout_optimal: bool,
+}
+
+/// `474.7 MiB` style size with binary units.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn grouped(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn row(out: &mut String, label: &str, bytes: u64, note: &str) {
+    let _ = writeln!(out, "  {label:<22} {:>12} {:>20}  {note}", human_bytes(bytes), grouped(bytes));
+}
+
+/// The report as an aligned table for people.
+pub fn render_text(plan: &Plan) -> String {
+    let r = &plan.report;
+    let b = &r.bytes;
+    let mut out = String::new();
+    let kind = if plan.train.is_some() { "training step" } else { "inference step" };
+    let _ = writeln!(out, "model {} ({kind}): {} parameters, {} steps, {:.3} GFLOP", plan.model, grouped(r.param_count), r.steps, r.flops as f64 / 1e9);
+    let _ = writeln!(out, "  {:<22} {:>12} {:>20}", "memory", "size", "bytes");
+    row(&mut out, "params", b.params, "persistent");
+    if plan.train.is_some() {
+        row(&mut out, "grads", b.grads, "each until its update");
+        row(&mut out, "optimizer state", b.optimizer, "persistent");
+        row(&mut out, "saved activations", b.activations, "forward values read by backward");
+    }
+    row(&mut out, "inputs", b.inputs, "bound per step");
+    row(&mut out, "workspace", b.workspace, "kernel scratch");
+    row(&mut out, "peak live", b.peak, "max over steps of live bytes");
+    for p in &r.phases {
+        row(&mut out, &format!("  peak in {:?}", p.phase).to_lowercase(), p.peak, "");
+    }
+    let ratio = if b.lower_bound > 0 { b.arena as f64 / b.lower_bound as f64 } else { 1.0 };
+    row(&mut out, "arena", b.arena, &format!("{ratio:.4} x lower bound{}", if r.layout_optimal { " (optimal)" } else { "" }));
+    row(&mut out, "lower bound", b.lower_bound, "");
+    row(&mut out, "no reuse", b.no_reuse, "sum of all buffers");
+    if let Some(s) = r.optimizer_in_backward_saving {
+        row(&mut out, "optimizer in backward", s, "peak saved vs updating after backward");
+    }
+    if !r.saved.is_empty() {
+        let _ = writeln!(out, "  saved for backward, by op:");
+        for s in &r.saved {
+            let _ = writeln!(out, "    {:<24} {:>6} x {:>12} {:>20}", s.op, s.count, human_bytes(s.bytes), grouped(s.bytes));
+        }
+    }
+    if let Some(t) = &plan.train {
+        if let Some(budget) = t.budget {
+            let fits = if b.arena <= budget { "fits" } else { "does NOT fit" };
+            let _ = writeln!(out, "  budget {} ({}): {fits}", human_bytes(budget), grouped(budget));
+        }
+    }
+    out
+}
