@@ -1,2 +1,25 @@
-//! Backends that execute a verified plan.
+//! Backends that execute a verified plan, and the file formats they exchange.
+pub mod cpu;
+pub mod io;
 pub mod kernels;
+
+use std::fmt;
+
+/// Why a plan could not run: bad data reached a kernel, or the plan needs what the backend lacks.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExecError {
+    IdOutOfRange { value: i64, limit: usize },
+    Shape(String),
+    Unsupported(String),
+}
+
+impl fmt::Display for ExecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExecError::IdOutOfRange { value, limit } => write!(f, "id {value} is out of range 0..{limit}"),
+            ExecError::Shape(m) | ExecError::Unsupported(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for ExecError {}

@@ -95,9 +95,11 @@ pub struct Layout {
 /// `NODE_RATE / (n + 16)`, at least 1 (a node costs time roughly linear in `n`). The node
 /// budget, not the clock, bounds the search, so the result is a pure function of the input
 /// whenever the search spends its budget before the wall-clock cap `time_limit`; the budget
-/// is calibrated to about half the node rate of a 2-core 2024 server, so the cap only cuts in
-/// on a machine (or under a load) more than about twice as slow.
-pub const NODE_RATE: u64 = 30_000;
+/// is calibrated to between a quarter and 60% of the node rate measured on the MiniMalloc
+/// benchmark instances on a shared 2-core 2024 server (measured rates correspond to a
+/// `NODE_RATE` of about 90k to 210k; a node is one search call, the branches it rejects by
+/// inference are not counted), so the cap only cuts in on a machine (or under a load) more than about 1.7x slower.
+pub const NODE_RATE: u64 = 50_000;
 
 /// The deterministic node budget for `n` live buffers and `time_limit`.
 pub fn node_budget(n: usize, time_limit: Duration) -> u64 {
@@ -129,7 +131,7 @@ pub fn layout(requests: &[BufferRequest], options: &LayoutOptions) -> Layout {
         let deadline = Instant::now() + options.time_limit;
         let nodes = node_budget(problem.len(), options.time_limit);
         let mut budget = SearchBudget::new(nodes, deadline);
-        state.improve(&problem, target, &mut budget);
+        state.improve(&problem, target, options.capacity.is_some(), &mut budget);
     }
     Layout {
         offsets: problem.expand(&state.best),
@@ -150,11 +152,17 @@ struct Anytime {
 impl Anytime {
     /// Probes `target` first, then bisects between the bound and the best size until the
     /// gap closes, the target is met, or the budget runs out. A probe that runs out of its
-    /// share moves the next probe halfway towards the best size (an easier question).
-    fn improve(&mut self, problem: &Problem, target: u64, budget: &mut SearchBudget) {
+    /// share moves the next probe halfway towards the best size (an easier question). With a
+    /// `given` capacity the first probe (at that capacity) may spend the whole budget.
+    fn improve(&mut self, problem: &Problem, target: u64, given: bool, budget: &mut SearchBudget) {
         let mut cap = target;
+        let mut first = given;
         while self.best_size > target.max(self.lower) && !budget.exhausted() {
-            let share = budget.remaining() / 2 + 1;
+            let share = if std::mem::take(&mut first) {
+                budget.remaining()
+            } else {
+                budget.remaining() / 2 + 1
+            };
             let unknown = match search::solve(problem, cap, budget, share) {
                 Outcome::Found(offsets) => {
                     self.best_size = problem.layout_size(&offsets);
@@ -245,7 +253,7 @@ mod tests {
 
     /// Optimum by brute force: the best first-fit over all permutations (first-fit in the
     /// offset order of any layout never places a buffer higher than that layout does).
-    fn brute_force(requests: &[BufferRequest], alignment: u64) -> u64 {
+    pub(crate) fn brute_force(requests: &[BufferRequest], alignment: u64) -> u64 {
         fn go(
             reqs: &[BufferRequest],
             used: &mut Vec<bool>,

@@ -1,29 +1,35 @@
-//! Exact search over canonical layouts, in the spirit of MiniMalloc (Moffitt, ASPLOS'23).
+//! Exact decision search over canonical layouts, following MiniMalloc (Moffitt, ASPLOS'23).
 //!
-//! A layout is *canonical* when every buffer sits at offset 0 or directly on top of a buffer it
-//! overlaps in time; gravity turns any layout into a canonical one that is no larger. The search
-//! places buffers in non-decreasing offset order (ties by a static rank), each at its minimum
-//! feasible offset (the aligned top of the placed buffers it conflicts with), so it enumerates
-//! every canonical layout. It prunes a partial layout when
-//! * some unplaced buffer no longer fits under the capacity;
-//! * *dominance*: the candidate's offset is at or above the top some other unplaced buffer
-//!   would have at its own minimum offset (that buffer could drop into the gap below, giving a
-//!   layout with a smaller offset sum, which the search meets elsewhere);
-//! * *section inference*: in some section (elementary time interval) the lowest offset any
-//!   unplaced buffer there can take, plus the bytes of all unplaced buffers there, exceeds the
-//!   capacity.
+//! The question is always "does every buffer fit below `cap`?". A layout is *canonical* when
+//! the buffers can be placed one by one in non-decreasing offset order, each at its *minimum
+//! offset* (the aligned top of the placed buffers it overlaps in time); gravity turns any layout
+//! into a canonical one that is no larger. Each node of the depth-first search
+//! * orders the unplaced buffers of its partition by (minimum offset, static preorder rank) and
+//!   branches on each in turn, placing it at its minimum offset;
+//! * *canonical only*: the next placement must come after the previous one in that order
+//!   (offsets never decrease; at equal offsets ranks increase);
+//! * *dominance*: a buffer whose minimum offset is at or above the lowest top any unplaced
+//!   buffer could reach is skipped — that buffer would fit in the gap below, so the layout is
+//!   met (with a smaller placement order) elsewhere in the tree;
+//! * *section inference* after each placement: in every section (a maximal set of buffers live
+//!   at one time), the floor (lowest minimum offset of its unplaced buffers, and at least the
+//!   offset just placed) plus their total size must fit under `cap`; every lifted buffer must
+//!   still fit on its own;
+//! * *dynamic decomposition*: once no unplaced buffer spans a section boundary, both sides are
+//!   independent sub-problems, solved one after the other with fresh preorders.
 //!
-//! *Dynamic decomposition*: when no unplaced buffer spans a section boundary any more, the
-//! buffers on either side are independent and are solved one after the other, each from a fresh
-//! canonical order, with no backtracking between them.
-//!
-//! Every rule keeps some layout within capacity when one exists, so a search that finishes its
-//! tree proves infeasibility. The search recurses once per placement; [`solve`] runs it on a
-//! thread with a large stack.
+//! Every rule keeps some layout within `cap` when one exists, so a search that finishes its tree
+//! proves infeasibility. Node expansion is incremental: placements lift neighbours through a
+//! trail that is unwound on backtrack, each section keeps its unplaced buffers in a compact
+//! prefix (swap-to-end removal, undone by a count increment), and the candidate lists share one
+//! stack, so a node allocates nothing unless it decomposes. The offset part of the section
+//! test for the sections outside a candidate's own comes from per-node prefix/suffix maxima of
+//! the section totals and runs before the candidate is placed (it rejects most candidates), and
+//! the floor part is only redone in the sections a placement touched. Restarts cycle through MiniMalloc's
+//! three preorders with doubling node limits.
 
 use std::time::Instant;
 
-use super::heuristic::area;
 use super::problem::Problem;
 
 /// Result of one decision probe.
@@ -65,14 +71,14 @@ impl SearchBudget {
         self.nodes_left == 0
     }
 
-    /// Spends one node; false when none is left. Reads the clock every 1024 nodes.
+    /// Spends one node; false when none is left. Reads the clock every 4096 nodes.
     fn take(&mut self) -> bool {
         if self.nodes_left == 0 {
             return false;
         }
         self.nodes_left -= 1;
         self.ticks = self.ticks.wrapping_add(1);
-        if self.ticks.is_multiple_of(1024) && Instant::now() >= self.deadline {
+        if self.ticks.is_multiple_of(4096) && Instant::now() >= self.deadline {
             self.nodes_left = 0;
         }
         true
@@ -83,19 +89,20 @@ impl SearchBudget {
 const SEARCH_STACK_BYTES: usize = 512 << 20;
 
 /// Looks for a layout of `problem` with every buffer ending at or below `cap`, spending at most
-/// `share` nodes of `budget`. Restarts alternate between the [`PREORDERS`] with doubling
-/// node limits, starting at the number of buffers (deterministic); any restart that finishes
-/// its tree proves infeasibility. Returns [`Outcome::Unknown`] if the search thread cannot be
-/// started.
+/// `share` nodes of `budget`. Restarts cycle through the [`PREORDERS`] with node limits that
+/// start at twice the number of buffers and double after every full cycle (deterministic);
+/// any restart that finishes its tree proves infeasibility. Returns [`Outcome::Unknown`] if the
+/// search thread cannot be started.
 pub(crate) fn solve(problem: &Problem, cap: u64, budget: &mut SearchBudget, share: u64) -> Outcome {
     if problem.items.iter().any(|it| it.size > cap) {
         return Outcome::Infeasible;
     }
+    let layout = Static::new(problem);
     std::thread::scope(|scope| {
         let worker = std::thread::Builder::new()
             .name("arena-search".into())
             .stack_size(SEARCH_STACK_BYTES)
-            .spawn_scoped(scope, || restarts(problem, cap, budget, share));
+            .spawn_scoped(scope, || restarts(problem, &layout, cap, budget, share));
         match worker {
             Ok(handle) => handle.join().unwrap_or(Outcome::Unknown),
             Err(_) => Outcome::Unknown,
@@ -104,15 +111,20 @@ pub(crate) fn solve(problem: &Problem, cap: u64, budget: &mut SearchBudget, shar
 }
 
 /// The restart loop of [`solve`].
-fn restarts(problem: &Problem, cap: u64, budget: &mut SearchBudget, share: u64) -> Outcome {
+fn restarts(
+    problem: &Problem,
+    st: &Static,
+    cap: u64,
+    budget: &mut SearchBudget,
+    share: u64,
+) -> Outcome {
     let mut left = share.min(budget.remaining());
-    let mut limit = (problem.len() as u64).max(64);
+    let mut limit = (2 * problem.len() as u64).max(64);
     let mut round = 0usize;
     while left > 0 {
         let preorder = PREORDERS[round % PREORDERS.len()];
-        let run = limit.min(left);
         let before = budget.remaining();
-        let mut solver = Solver::new(problem, cap, preorder, run);
+        let mut solver = Solver::new(problem, st, cap, preorder, limit.min(left));
         let status = solver.solve_all(budget);
         left = left.saturating_sub(before - budget.remaining());
         match status {
@@ -129,17 +141,23 @@ fn restarts(problem: &Problem, cap: u64, budget: &mut SearchBudget, share: u64) 
     Outcome::Unknown
 }
 
-/// A static preorder: keys compared descending, ties by item index.
+/// One static preorder key, compared descending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Preorder {
-    /// Area (size x duration), then peak section total.
-    AreaTotal,
-    /// Peak section total of unplaced bytes, then area.
-    TotalArea,
+enum Key {
+    /// Lifetime length in steps.
+    Width,
+    /// Size times lifetime length.
+    Area,
+    /// Largest total of unplaced bytes over the buffer's sections.
+    Total,
 }
 
-/// The preorders the restarts cycle through.
-const PREORDERS: [Preorder; 2] = [Preorder::AreaTotal, Preorder::TotalArea];
+/// MiniMalloc's default preorders ("WAT", "TAW", "TWA"); ties by item index.
+const PREORDERS: [[Key; 3]; 3] = [
+    [Key::Width, Key::Area, Key::Total],
+    [Key::Total, Key::Area, Key::Width],
+    [Key::Total, Key::Width, Key::Area],
+];
 
 /// Result of a (sub)search.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,56 +175,144 @@ struct Part {
     hi: u32,
 }
 
+/// What a placement changed, for [`Solver::check`].
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    /// Sections whose floor or total may have changed (those of the placed item and of every
+    /// lifted neighbour).
+    touched: (u32, u32),
+    /// The largest remaining total over the placed item's own sections.
+    inside_peak: u64,
+}
+
+/// Flat, read-only views of a problem used by every restart.
+struct Static {
+    size: Vec<u64>,
+    first: Vec<u32>,
+    last: Vec<u32>,
+    /// Neighbour lists in CSR form: item `i` owns `nb[nb_off[i]..nb_off[i + 1]]`.
+    nb_off: Vec<u32>,
+    nb: Vec<u32>,
+    /// Section lists in CSR form: section `s` owns `sec_items[sec_off[s]..sec_off[s + 1]]`.
+    sec_off: Vec<u32>,
+    sec_items: Vec<u32>,
+    /// For item `i`, the index of its first slot; slot `slot_base[i] + (s - first[i])` holds
+    /// the position of `i` in section `s`'s list.
+    slot_base: Vec<u32>,
+    /// Initial slot contents.
+    slots: Vec<u32>,
+    /// Unplaced bytes per section before any placement.
+    totals: Vec<u64>,
+    /// For each boundary between sections s and s + 1, the items spanning it.
+    cuts: Vec<u32>,
+}
+
+impl Static {
+    fn new(p: &Problem) -> Static {
+        let mut nb_off = Vec::with_capacity(p.len() + 1);
+        let mut nb = Vec::new();
+        nb_off.push(0);
+        for list in &p.neighbors {
+            nb.extend_from_slice(list);
+            nb_off.push(nb.len() as u32);
+        }
+        let mut sec_off = Vec::with_capacity(p.sections + 1);
+        let mut sec_items = Vec::new();
+        sec_off.push(0);
+        for list in &p.section_items {
+            sec_items.extend_from_slice(list);
+            sec_off.push(sec_items.len() as u32);
+        }
+        let mut slot_base = Vec::with_capacity(p.len());
+        let mut total_slots = 0u32;
+        for it in &p.items {
+            slot_base.push(total_slots);
+            total_slots += it.last - it.first;
+        }
+        let mut slots = vec![0u32; total_slots as usize];
+        for s in 0..p.sections {
+            for k in sec_off[s]..sec_off[s + 1] {
+                let i = sec_items[k as usize] as usize;
+                let it = p.items[i];
+                slots[(slot_base[i] + s as u32 - it.first) as usize] = k;
+            }
+        }
+        let mut cuts = vec![0u32; p.sections.saturating_sub(1)];
+        for it in &p.items {
+            for c in &mut cuts[it.first as usize..(it.last as usize).saturating_sub(1)] {
+                *c += 1;
+            }
+        }
+        Static {
+            size: p.items.iter().map(|it| it.size).collect(),
+            first: p.items.iter().map(|it| it.first).collect(),
+            last: p.items.iter().map(|it| it.last).collect(),
+            nb_off,
+            nb,
+            sec_off,
+            sec_items,
+            slot_base,
+            slots,
+            totals: super::bound::section_totals(p),
+            cuts,
+        }
+    }
+}
+
 /// Search state for one capacity, one preorder and one node limit.
 struct Solver<'p> {
     p: &'p Problem,
+    st: &'p Static,
     cap: u64,
-    preorder: Preorder,
+    preorder: [Key; 3],
+    nodes: u64,
     /// Position of each item in its partition's preorder.
     rank: Vec<u32>,
-    nodes: u64,
     min_off: Vec<u64>,
     placed: Vec<bool>,
-    section_bytes: Vec<u64>,
-    /// For each boundary between sections s and s+1: unplaced items spanning it.
+    /// Section lists whose first `sec_count[s]` entries are the unplaced items.
+    sec_items: Vec<u32>,
+    sec_count: Vec<u32>,
+    slots: Vec<u32>,
+    sec_total: Vec<u64>,
     cuts: Vec<u32>,
+    /// Minimum offsets overwritten by placements: (item, old value).
     trail: Vec<(u32, u64)>,
     /// Stack of candidate lists: (minimum offset, rank, item).
     cands: Vec<(u64, u32, u32)>,
+    /// Prefix and suffix maxima of the section totals over the current node's partition
+    /// (`peaks[k]` = max of `lo..lo + k`, `peaks[stride + k]` = max of `lo + k..hi`).
+    peaks: Vec<u64>,
+    /// The node `peaks` was filled for (children overwrite it).
+    peaks_node: u64,
+    /// Nodes expanded by this solver (identifies nodes for `peaks_node`).
+    expanded: u64,
     /// Offsets of the layout found (valid after `Status::Found`).
     solution: Vec<u64>,
 }
 
 impl<'p> Solver<'p> {
-    fn new(p: &'p Problem, cap: u64, preorder: Preorder, nodes: u64) -> Solver<'p> {
-        let mut diff = vec![0i64; p.sections + 1];
-        for it in &p.items {
-            if it.last > it.first + 1 {
-                diff[it.first as usize] += 1;
-                diff[it.last as usize - 1] -= 1;
-            }
-        }
-        let mut run = 0i64;
-        let cuts = diff
-            .iter()
-            .take(p.sections.saturating_sub(1))
-            .map(|d| {
-                run += d;
-                u32::try_from(run).unwrap_or(0)
-            })
-            .collect();
+    fn new(p: &'p Problem, st: &'p Static, cap: u64, preorder: [Key; 3], nodes: u64) -> Self {
+        let sec_count = st.sec_off.windows(2).map(|w| w[1] - w[0]).collect();
         Solver {
             p,
+            st,
             cap,
             preorder,
-            rank: vec![0; p.len()],
             nodes,
+            rank: vec![0; p.len()],
             min_off: vec![0; p.len()],
             placed: vec![false; p.len()],
-            section_bytes: super::bound::section_totals(p),
-            cuts,
-            trail: Vec::new(),
-            cands: Vec::new(),
+            sec_items: st.sec_items.clone(),
+            sec_count,
+            slots: st.slots.clone(),
+            sec_total: st.totals.clone(),
+            cuts: st.cuts.clone(),
+            trail: Vec::with_capacity(p.len()),
+            cands: Vec::with_capacity(p.len()),
+            peaks: vec![0; 2 * (p.sections + 1)],
+            peaks_node: u64::MAX,
+            expanded: 0,
             solution: vec![0; p.len()],
         }
     }
@@ -222,43 +328,43 @@ impl<'p> Solver<'p> {
             .filter(|&s| self.cuts[s as usize] == 0)
             .map(|s| s + 1)
             .collect();
-        let pieces = self.split(&root, zero_cuts);
+        let pieces = self.split(&root, &zero_cuts);
         self.solve_pieces(&pieces, budget)
     }
 
-    /// The non-empty pieces of the unplaced items of `part` between consecutive `cutpoints`.
-    fn split(&self, part: &Part, cutpoints: Vec<u32>) -> Vec<Part> {
-        let mut bounds = vec![part.lo];
-        bounds.extend(cutpoints);
+    /// The non-empty pieces of the unplaced items of `part` between consecutive `cutpoints`
+    /// (ascending, strictly inside `part.lo..part.hi`).
+    fn split(&self, part: &Part, cutpoints: &[u32]) -> Vec<Part> {
+        let mut bounds = Vec::with_capacity(cutpoints.len() + 2);
+        bounds.push(part.lo);
+        bounds.extend_from_slice(cutpoints);
         bounds.push(part.hi);
-        bounds
+        let mut pieces: Vec<Part> = bounds
             .windows(2)
             .map(|w| Part {
-                items: part
-                    .items
-                    .iter()
-                    .copied()
-                    .filter(|&i| {
-                        let it = self.p.items[i as usize];
-                        !self.placed[i as usize] && it.first >= w[0] && it.last <= w[1]
-                    })
-                    .collect(),
+                items: Vec::new(),
                 lo: w[0],
                 hi: w[1],
             })
-            .filter(|sub| !sub.items.is_empty())
-            .collect()
+            .collect();
+        for &i in &part.items {
+            if !self.placed[i as usize] {
+                let first = self.st.first[i as usize];
+                let k = bounds[1..].partition_point(|&b| b <= first);
+                if let Some(piece) = pieces.get_mut(k) {
+                    piece.items.push(i);
+                }
+            }
+        }
+        pieces.retain(|piece| !piece.items.is_empty());
+        pieces
     }
 
     /// Solves independent pieces one after the other, each from a fresh canonical order.
     fn solve_pieces(&mut self, pieces: &[Part], budget: &mut SearchBudget) -> Status {
         for sub in pieces {
             let saved = self.rank_part(sub);
-            let status = if self.check(sub, 0) {
-                self.search(sub, 0, None, budget)
-            } else {
-                Status::NotFound
-            };
+            let status = self.search(sub, (0, 0), budget);
             for (&i, r) in sub.items.iter().zip(saved) {
                 self.rank[i as usize] = r;
             }
@@ -269,26 +375,25 @@ impl<'p> Solver<'p> {
         Status::Found
     }
 
-    /// Ranks the items of `part` by the preorder, with section totals of the bytes still
-    /// unplaced; returns their previous ranks.
-    fn rank_part(&mut self, part: &Part) -> Vec<u32> {
-        let keys: Vec<(u128, u128)> = part
-            .items
+    /// The preorder key of item `i` (larger first), with current section totals.
+    fn key(&self, i: usize) -> [u128; 3] {
+        let it = self.p.items[i];
+        let width = u128::from(it.duration());
+        let total = self.sec_total[it.first as usize..it.last as usize]
             .iter()
-            .map(|&i| {
-                let it = self.p.items[i as usize];
-                let peak = self.section_bytes[it.first as usize..it.last as usize]
-                    .iter()
-                    .copied()
-                    .max()
-                    .unwrap_or(0);
-                let a = area(self.p, i as usize);
-                match self.preorder {
-                    Preorder::AreaTotal => (a, u128::from(peak)),
-                    Preorder::TotalArea => (u128::from(peak), a),
-                }
-            })
-            .collect();
+            .copied()
+            .max()
+            .unwrap_or(0);
+        self.preorder.map(|k| match k {
+            Key::Width => width,
+            Key::Area => width * u128::from(it.size),
+            Key::Total => u128::from(total),
+        })
+    }
+
+    /// Ranks the items of `part` by the preorder; returns their previous ranks.
+    fn rank_part(&mut self, part: &Part) -> Vec<u32> {
+        let keys: Vec<[u128; 3]> = part.items.iter().map(|&i| self.key(i as usize)).collect();
         let mut order: Vec<usize> = (0..part.items.len()).collect();
         order.sort_by(|&a, &b| {
             keys[b]
@@ -302,45 +407,53 @@ impl<'p> Solver<'p> {
         saved
     }
 
-    /// Depth-first search over canonical placements of `part`; offsets must not drop below
-    /// `last`, and at `last` itself ranks must exceed `last_rank`.
-    fn search(
-        &mut self,
-        part: &Part,
-        last: u64,
-        last_rank: Option<u32>,
-        budget: &mut SearchBudget,
-    ) -> Status {
+    /// Depth-first search over canonical placements of `part`; the next placement must come
+    /// at or after `last` in (offset, rank) order.
+    fn search(&mut self, part: &Part, last: (u64, u32), budget: &mut SearchBudget) -> Status {
         if self.nodes == 0 || !budget.take() {
             return Status::Aborted;
         }
         self.nodes -= 1;
+        self.expanded += 1;
+        let node = self.expanded;
+        let mut min_height = u64::MAX;
+        let mut any = false;
+        for &i in &part.items {
+            let i = i as usize;
+            if !self.placed[i] {
+                any = true;
+                min_height = min_height.min(self.min_off[i] + self.st.size[i]);
+            }
+        }
+        if !any {
+            return Status::Found;
+        }
         // Candidates go on a shared stack (children push above and truncate back).
         let start = self.cands.len();
-        let unplaced = || {
-            part.items
-                .iter()
-                .map(|&i| i as usize)
-                .filter(|&i| !self.placed[i])
-        };
-        let Some(min_height) = unplaced()
-            .map(|i| self.min_off[i] + self.p.items[i].size)
-            .min()
-        else {
-            return Status::Found;
-        };
-        for i in unplaced() {
-            let (m, r) = (self.min_off[i], self.rank[i]);
-            let after_last = m > last || (m == last && last_rank.is_none_or(|l| r > l));
-            if after_last && m < min_height {
-                self.cands.push((m, r, i as u32));
+        for &i in &part.items {
+            let iu = i as usize;
+            if self.placed[iu] {
+                continue;
+            }
+            let key = (self.min_off[iu], self.rank[iu]);
+            if key >= last && key.0 < min_height {
+                self.cands.push((key.0, key.1, i));
             }
         }
         self.cands[start..].sort_unstable();
         let mut status = Status::NotFound;
         for k in start..self.cands.len() {
-            let (_, _, i) = self.cands[k];
-            status = self.branch(part, i, budget);
+            let (offset, _, i) = self.cands[k];
+            if self.peaks_node != node {
+                self.fill_peaks(part);
+                self.peaks_node = node;
+            }
+            // Most candidates fail the offset test on the sections outside their own; that
+            // part needs no placement, so it runs first.
+            if offset.saturating_add(self.outside_peak(part, i as usize)) > self.cap {
+                continue;
+            }
+            status = self.branch(part, i as usize, budget);
             if status != Status::NotFound {
                 break;
             }
@@ -350,12 +463,12 @@ impl<'p> Solver<'p> {
     }
 
     /// Places `i` at its minimum offset, searches below that, and takes the placement back.
-    fn branch(&mut self, part: &Part, i: u32, budget: &mut SearchBudget) -> Status {
-        let offset = self.min_off[i as usize];
+    fn branch(&mut self, part: &Part, i: usize, budget: &mut SearchBudget) -> Status {
+        let offset = self.min_off[i];
         let mark = self.trail.len();
-        let fits = self.place(i);
-        let status = if fits && self.check(part, offset) {
-            self.solution[i as usize] = offset;
+        let placed = self.place(i);
+        let status = if placed.is_some_and(|t| self.check(part, i, offset, t)) {
+            self.solution[i] = offset;
             self.decompose(part, i, offset, budget)
         } else {
             Status::NotFound
@@ -365,84 +478,216 @@ impl<'p> Solver<'p> {
     }
 
     /// Continues in `part`, or in its independent pieces if placing `i` emptied a boundary.
-    fn decompose(&mut self, part: &Part, i: u32, offset: u64, budget: &mut SearchBudget) -> Status {
-        let it = self.p.items[i as usize];
-        let boundaries = it.first..it.last.saturating_sub(1);
-        let mut cutpoints = Vec::new();
+    fn decompose(
+        &mut self,
+        part: &Part,
+        i: usize,
+        offset: u64,
+        budget: &mut SearchBudget,
+    ) -> Status {
+        let boundaries = self.st.first[i] as usize..(self.st.last[i] as usize).saturating_sub(1);
+        let mut split_at: Option<Vec<u32>> = None;
         for s in boundaries.clone() {
-            self.cuts[s as usize] -= 1;
-            if self.cuts[s as usize] == 0 {
-                cutpoints.push(s + 1);
+            self.cuts[s] -= 1;
+            if self.cuts[s] == 0 {
+                split_at.get_or_insert_with(Vec::new).push(s as u32 + 1);
             }
         }
-        let pieces = if cutpoints.is_empty() {
-            Vec::new()
-        } else {
-            self.split(part, cutpoints)
-        };
-        let status = if pieces.len() < 2 {
-            // Nothing (or only one piece) split off: keep the current canonical order.
-            self.search(part, offset, Some(self.rank[i as usize]), budget)
-        } else {
-            self.solve_pieces(&pieces, budget)
+        let status = match split_at {
+            None => self.search(part, (offset, self.rank[i]), budget),
+            Some(cutpoints) => {
+                let pieces = self.split(part, &cutpoints);
+                self.solve_pieces(&pieces, budget)
+            }
         };
         for s in boundaries {
-            self.cuts[s as usize] += 1;
+            self.cuts[s] += 1;
         }
         status
     }
 
-    /// Marks `i` placed at its minimum offset and raises its unplaced neighbours; false when
-    /// some neighbour no longer fits under the capacity.
-    fn place(&mut self, i: u32) -> bool {
-        let it = self.p.items[i as usize];
-        self.placed[i as usize] = true;
-        for s in it.first..it.last {
-            self.section_bytes[s as usize] -= it.size;
+    /// Marks `i` placed at its minimum offset, takes it out of its sections and lifts its
+    /// unplaced neighbours. Returns what [`Solver::check`] needs, or `None` when some
+    /// neighbour no longer fits under the capacity.
+    fn place(&mut self, i: usize) -> Option<Placed> {
+        self.placed[i] = true;
+        let (first, last, size) = (self.st.first[i], self.st.last[i], self.st.size[i]);
+        let mut inside_peak = 0;
+        for s in first..last {
+            self.remove_from_section(i, s);
+            self.sec_total[s as usize] -= size;
+            inside_peak = inside_peak.max(self.sec_total[s as usize]);
         }
-        let top = self.p.align_up(self.min_off[i as usize] + it.size);
-        let mut fits = true;
-        for &j in &self.p.neighbors[i as usize] {
+        let top = self.p.align_up(self.min_off[i] + size);
+        let (lo, hi) = (self.st.nb_off[i] as usize, self.st.nb_off[i + 1] as usize);
+        let mut touched = (first, last);
+        for &j in &self.st.nb[lo..hi] {
             let j = j as usize;
             if !self.placed[j] && self.min_off[j] < top {
                 self.trail.push((j as u32, self.min_off[j]));
                 self.min_off[j] = top;
-                fits &= top.saturating_add(self.p.items[j].size) <= self.cap;
+                if top.saturating_add(self.st.size[j]) > self.cap {
+                    return None;
+                }
+                touched.0 = touched.0.min(self.st.first[j]);
+                touched.1 = touched.1.max(self.st.last[j]);
             }
         }
-        fits
+        Some(Placed {
+            touched,
+            inside_peak,
+        })
     }
 
-    /// Takes back the placement of `i` (trail entries above `mark`).
-    fn unplace(&mut self, i: u32, mark: usize) {
+    /// Fills `peaks` for the section totals of `part`.
+    fn fill_peaks(&mut self, part: &Part) {
+        let (lo, hi) = (part.lo as usize, part.hi as usize);
+        let stride = self.p.sections + 1;
+        let mut run = 0;
+        self.peaks[0] = 0;
+        for (k, &t) in self.sec_total[lo..hi].iter().enumerate() {
+            run = run.max(t);
+            self.peaks[k + 1] = run;
+        }
+        run = 0;
+        self.peaks[stride + hi - lo] = 0;
+        for (k, &t) in self.sec_total[lo..hi].iter().enumerate().rev() {
+            run = run.max(t);
+            self.peaks[stride + k] = run;
+        }
+    }
+
+    /// Swaps `i` to the end of section `s`'s unplaced prefix and shortens the prefix.
+    fn remove_from_section(&mut self, i: usize, s: u32) {
+        let st = self.st;
+        let su = s as usize;
+        let end = st.sec_off[su] + self.sec_count[su] - 1;
+        let my_slot = (st.slot_base[i] + s - st.first[i]) as usize;
+        let at = self.slots[my_slot];
+        let other = self.sec_items[end as usize] as usize;
+        let other_slot = (st.slot_base[other] + s - st.first[other]) as usize;
+        self.sec_items.swap(at as usize, end as usize);
+        self.slots[my_slot] = end;
+        self.slots[other_slot] = at;
+        self.sec_count[su] -= 1;
+    }
+
+    /// Takes back the placement of `i` (trail entries above `mark`). Section prefixes regrow
+    /// by one: undo is strictly last-in first-out, so `i` sits just past each prefix.
+    fn unplace(&mut self, i: usize, mark: usize) {
         while self.trail.len() > mark {
             if let Some((j, old)) = self.trail.pop() {
                 self.min_off[j as usize] = old;
             }
         }
-        let it = self.p.items[i as usize];
-        self.placed[i as usize] = false;
-        for s in it.first..it.last {
-            self.section_bytes[s as usize] += it.size;
+        let size = self.st.size[i];
+        for s in self.st.first[i] as usize..self.st.last[i] as usize {
+            self.sec_count[s] += 1;
+            self.sec_total[s] += size;
+        }
+        self.placed[i] = false;
+    }
+
+    /// Section inference over `part` after placing `i` at `offset`: in every section with
+    /// unplaced items, max(offset, their lowest minimum offset) plus their total bytes must
+    /// fit under the capacity. The parent node passed the floor test everywhere, so it is only
+    /// redone in the touched sections (each scan stops at the first item low enough); the
+    /// offset test uses the node's `peaks` outside the sections of `i`.
+    fn check(&self, part: &Part, i: usize, offset: u64, placed: Placed) -> bool {
+        let peak = self.outside_peak(part, i).max(placed.inside_peak);
+        if offset.saturating_add(peak) > self.cap {
+            return false;
+        }
+        let from = placed.touched.0.max(part.lo) as usize;
+        let to = placed.touched.1.min(part.hi) as usize;
+        (from..to).all(|s| self.floor_fits(s))
+    }
+
+    /// The largest section total of `part` outside the sections of item `i`, from `peaks`.
+    fn outside_peak(&self, part: &Part, i: usize) -> u64 {
+        let stride = self.p.sections + 1;
+        let first = (self.st.first[i] - part.lo) as usize;
+        let last = (self.st.last[i] - part.lo) as usize;
+        self.peaks[first].max(self.peaks[stride + last])
+    }
+
+    /// True when section `s` has no unplaced item, or one whose minimum offset leaves room
+    /// for all their bytes below the capacity.
+    fn floor_fits(&self, s: usize) -> bool {
+        let count = self.sec_count[s] as usize;
+        if count == 0 {
+            return true;
+        }
+        let Some(threshold) = self.cap.checked_sub(self.sec_total[s]) else {
+            return false;
+        };
+        let from = self.st.sec_off[s] as usize;
+        self.sec_items[from..from + count]
+            .iter()
+            .any(|&j| self.min_off[j as usize] <= threshold)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{brute_force, random_instance, Rng};
+    use super::super::{validate, BufferRequest};
+    use super::*;
+
+    /// A probe with a generous budget.
+    fn probe(problem: &Problem, cap: u64) -> Outcome {
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        let mut budget = SearchBudget::new(1 << 24, deadline);
+        solve(problem, cap, &mut budget, u64::MAX)
+    }
+
+    #[test]
+    fn decision_probes_match_brute_force() {
+        let mut rng = Rng::new(23);
+        for round in 0..250 {
+            let n = 1 + rng.below(8) as usize;
+            let alignment = [1, 2, 4][round % 3];
+            let reqs = random_instance(&mut rng, n, 10, 9);
+            let optimum = brute_force(&reqs, alignment);
+            let problem = Problem::new(&reqs, alignment);
+            match probe(&problem, optimum) {
+                Outcome::Found(offsets) => {
+                    let size = problem.layout_size(&offsets);
+                    assert!(size <= optimum, "{round}: {reqs:?}");
+                    let expanded = problem.expand(&offsets);
+                    assert_eq!(validate(&reqs, &expanded, optimum, alignment), Ok(()));
+                }
+                other => unreachable!("{round}: {reqs:?} at {optimum}: {other:?}"),
+            }
+            if optimum > 0 {
+                assert_eq!(
+                    probe(&problem, optimum - 1),
+                    Outcome::Infeasible,
+                    "{round}: {reqs:?}"
+                );
+            }
         }
     }
 
-    /// Section inference over `part`: in every section, the lowest offset any unplaced item
-    /// there can take (at least `last`) plus their total bytes must fit under the capacity.
-    /// Each section's scan stops at the first unplaced item low enough to pass.
-    fn check(&self, part: &Part, last: u64) -> bool {
-        (part.lo..part.hi).all(|s| {
-            let bytes = self.section_bytes[s as usize];
-            if bytes == 0 {
-                return true;
+    #[test]
+    fn independent_groups_are_solved_separately() {
+        // Two groups in time that no buffer joins, each needing 8 bytes (peak at steps 1-2).
+        let mut reqs = Vec::new();
+        for base in [0u64, 10] {
+            for (size, start, end) in [(2, 0, 4), (4, 0, 2), (4, 2, 4), (2, 1, 3)] {
+                reqs.push(BufferRequest {
+                    size,
+                    start: base + start,
+                    end: base + end,
+                });
             }
-            let Some(threshold) = self.cap.checked_sub(bytes) else {
-                return false;
-            };
-            last <= threshold
-                && self.p.section_items[s as usize]
-                    .iter()
-                    .any(|&i| !self.placed[i as usize] && self.min_off[i as usize] <= threshold)
-        })
+        }
+        let problem = Problem::new(&reqs, 1);
+        let found = probe(&problem, 8);
+        let Outcome::Found(offsets) = found else {
+            unreachable!("{found:?}")
+        };
+        assert_eq!(validate(&reqs, &problem.expand(&offsets), 8, 1), Ok(()));
+        assert_eq!(probe(&problem, 7), Outcome::Infeasible);
     }
 }

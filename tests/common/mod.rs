@@ -1,0 +1,33 @@
+//! Helpers shared by integration tests: compile a source, run steps on the CPU.
+#![allow(dead_code)]
+
+use memc::exec::cpu::CpuExecutor;
+use memc::{compile, Compiled, Options};
+
+/// Compiles `src` with default options, panicking with the diagnostic on failure.
+pub fn compiled(src: &str) -> Compiled {
+    compiled_with(src, &Options::default())
+}
+
+/// Compiles `src` with `options`, panicking with the diagnostic on failure.
+pub fn compiled_with(src: &str, options: &Options) -> Compiled {
+    match compile(src, options) {
+        Ok(c) => c,
+        Err(memc::CompileError::User(e)) => panic!("{:?}", miette::Report::new(e.with_source("test.mdl", src))),
+        Err(memc::CompileError::Internal(e)) => panic!("internal: {e:?}"),
+    }
+}
+
+/// An executor with parameters and synthetic inputs initialised from `seed`.
+pub fn executor(c: &Compiled, seed: u64) -> CpuExecutor {
+    let mut ex = CpuExecutor::new(&c.plan).expect("cpu plan");
+    ex.init_params(seed);
+    ex.synthetic_inputs(seed).expect("inputs");
+    ex
+}
+
+/// Runs one step and returns the loss.
+pub fn loss(ex: &mut CpuExecutor) -> f32 {
+    ex.run_step(None).expect("step");
+    ex.output("loss").expect("loss output")[0]
+}

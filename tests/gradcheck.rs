@@ -1,0 +1,117 @@
+//! Finite-difference gradient checks of every differentiable op through the whole pipeline:
+//! each case is a tiny model whose loss is `sum(op(...) * w)`; autodiff gradients (read just
+//! before the update, with SGD at lr = 0 so parameters never move) are compared with central
+//! differences of the loss on sampled entries of every parameter.
+
+mod common;
+
+use common::{compiled, executor};
+use memc::plan::BufferId;
+use std::collections::HashMap;
+
+const SAMPLES: usize = 12;
+
+fn model(dims: &str, params: &str, body: &str, out: &str) -> String {
+    format!(
+        "model check {{\n  dim {dims}\n{params}\n  param w: {out} = normal(1.0)\n  let y = {body}\n  loss = sum(y * w)\n  train {{ optimizer = sgd(lr = 0.0) }}\n}}\n"
+    )
+}
+
+/// Relative error ||g - fd|| / ||fd|| over sampled entries of all parameters.
+fn check(src: &str, eps: f32) -> f64 {
+    let c = compiled(src);
+    let mut ex = executor(&c, 7);
+    let mut grads: HashMap<String, Vec<f32>> = HashMap::new();
+    ex.run_step(Some(&mut |name: &str, g: &[f32]| {
+        grads.insert(name.to_string(), g.to_vec());
+    }))
+    .expect("step");
+    let params: Vec<(String, BufferId)> = ex.plan().params.iter().map(|p| (p.name.clone(), p.buffer)).collect();
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (name, buffer) in params {
+        let base = ex.read(buffer).to_vec();
+        let g = grads.get(&name).unwrap_or_else(|| panic!("no gradient for {name}"));
+        let stride = (base.len() / SAMPLES).max(1);
+        for j in (0..base.len()).step_by(stride).take(SAMPLES) {
+            let mut eval = |delta: f32| {
+                let mut p = base.clone();
+                p[j] += delta;
+                ex.write(buffer, &p).expect("write");
+                ex.set_step_number(1);
+                common::loss(&mut ex) as f64
+            };
+            let fd = (eval(eps) - eval(-eps)) / (2.0 * eps as f64);
+            ex.write(buffer, &base).expect("restore");
+            num += (g[j] as f64 - fd).powi(2);
+            den += fd.powi(2);
+        }
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+macro_rules! gradcheck {
+    ($($name:ident: ($dims:expr, $params:expr, $body:expr, $out:expr, $eps:expr, $tol:expr);)*) => {
+        $(
+            #[test]
+            fn $name() {
+                let src = model($dims, $params, $body, $out);
+                let err = check(&src, $eps);
+                assert!(err < $tol, "{}: relative error {err:.2e} >= {}\n{src}", stringify!($name), $tol);
+            }
+        )*
+    };
+}
+
+const X: &str = "  param x: [A, B] = normal(1.0)";
+const XY: &str = "  param x: [A, B] = normal(1.0)\n  param z: [B] = uniform(0.5, 1.5)";
+
+gradcheck! {
+    add_broadcast: ("A = 3, B = 4", XY, "x + z", "[A, B]", 1e-2, 1e-2);
+    sub_broadcast: ("A = 3, B = 4", XY, "z - x", "[A, B]", 1e-2, 1e-2);
+    mul_broadcast: ("A = 3, B = 4", XY, "x * z", "[A, B]", 1e-2, 1e-2);
+    div_broadcast: ("A = 3, B = 4", XY, "x / z", "[A, B]", 1e-2, 1e-2);
+    affine: ("A = 3, B = 4", X, "2.0 - x * 3 + 1", "[A, B]", 1e-2, 1e-2);
+    neg: ("A = 3, B = 4", X, "-x", "[A, B]", 1e-2, 1e-2);
+    exp: ("A = 3, B = 4", X, "exp(x)", "[A, B]", 1e-2, 1e-2);
+    log: ("A = 3, B = 4", "  param x: [A, B] = uniform(0.5, 2.0)", "log(x)", "[A, B]", 1e-3, 1e-2);
+    sqrt: ("A = 3, B = 4", "  param x: [A, B] = uniform(0.5, 2.0)", "sqrt(x)", "[A, B]", 1e-3, 1e-2);
+    rsqrt: ("A = 3, B = 4", "  param x: [A, B] = uniform(0.5, 2.0)", "rsqrt(x)", "[A, B]", 1e-3, 1e-2);
+    tanh: ("A = 3, B = 4", X, "tanh(x)", "[A, B]", 1e-2, 1e-2);
+    sigmoid: ("A = 3, B = 4", X, "sigmoid(x)", "[A, B]", 1e-2, 1e-2);
+    relu: ("A = 3, B = 4", X, "relu(x)", "[A, B]", 1e-3, 1e-2);
+    gelu_tanh: ("A = 3, B = 4", X, "gelu(x)", "[A, B]", 1e-2, 1e-2);
+    gelu_exact: ("A = 3, B = 4", X, "gelu(x, exact = true)", "[A, B]", 1e-2, 1e-2);
+    silu: ("A = 3, B = 4", X, "silu(x)", "[A, B]", 1e-2, 1e-2);
+    sum_axis: ("A = 3, B = 4", X, "sum(x, axis = 0)", "[B]", 1e-2, 1e-2);
+    mean_keepdim: ("A = 3, B = 4", X, "mean(x, axis = -1, keepdim = true)", "[A, 1]", 1e-2, 1e-2);
+    max_axis: ("A = 3, B = 4", X, "max(x, axis = 1)", "[A]", 1e-3, 1e-2);
+    softmax: ("A = 3, B = 5", X, "softmax(x, axis = 0)", "[A, B]", 1e-2, 1e-2);
+    log_softmax: ("A = 3, B = 5", X, "log_softmax(x)", "[A, B]", 1e-2, 1e-2);
+    layernorm: ("A = 3, B = 6", "  param x: [A, B] = normal(1.0)\n  param n: layernorm(B)", "layernorm(x, n)", "[A, B]", 1e-2, 2e-2);
+    rmsnorm: ("A = 3, B = 6", "  param x: [A, B] = normal(1.0)\n  param n: rmsnorm(B)", "rmsnorm(x, n)", "[A, B]", 1e-2, 2e-2);
+    batchnorm: ("N = 3, C = 2, H = 3", "  param x: [N, C, H, H] = normal(1.0)\n  param n: batchnorm(C)", "batchnorm(x, n)", "[N, C, H, H]", 1e-2, 2e-2);
+    groupnorm: ("N = 2, C = 4, H = 3", "  param x: [N, C, H, H] = normal(1.0)\n  param n: groupnorm(2, C)", "groupnorm(x, n)", "[N, C, H, H]", 1e-2, 2e-2);
+    matmul_batched: ("A = 2, B = 3, K = 4, M = 5", "  param x: [A, B, K] = normal(1.0)\n  param m: [K, M] = normal(1.0)", "x @ m", "[A, B, M]", 1e-2, 1e-2);
+    matmul_broadcast_batch: ("A = 2, B = 3, K = 4", "  param x: [A, 1, B, K] = normal(1.0)\n  param m: [3, K, B] = normal(1.0)", "x @ m", "[A, 3, B, B]", 1e-2, 1e-2);
+    matmul_transposed: ("A = 3, K = 4", "  param x: [A, K] = normal(1.0)\n  param m: [A, K] = normal(1.0)", "x @ transpose(m)", "[A, A]", 1e-2, 1e-2);
+    reshape_permute: ("A = 2, B = 6", X, "permute(reshape(x, (A, 2, 3)), (2, 0, 1))", "[3, A, 2]", 1e-2, 1e-2);
+    concat_split: ("A = 2, B = 6", X, "concat(slice(x, 2, 4), x, axis = 1)", "[A, 8]", 1e-2, 1e-2);
+    slice: ("A = 2, B = 6", X, "slice(x, 1, 4)", "[A, 3]", 1e-2, 1e-2);
+    conv2d: ("N = 2, C = 4, H = 6", "  param x: [N, C, H, H] = normal(1.0)\n  param c: conv2d(C, 6, 3, groups = 2, bias = true)", "conv2d(x, c, stride = 2, padding = 1, dilation = 1)", "[N, 6, 3, 3]", 1e-2, 1e-2);
+    max_pool2d: ("N = 1, C = 2, H = 5", "  param x: [N, C, H, H] = uniform(-3.0, 3.0)", "max_pool2d(x, 3, stride = 2, padding = 1)", "[N, C, 3, 3]", 1e-3, 1e-2);
+    avg_pool2d: ("N = 1, C = 2, H = 5", "  param x: [N, C, H, H] = normal(1.0)", "avg_pool2d(x, 3, stride = 2, padding = 1)", "[N, C, 3, 3]", 1e-2, 1e-2);
+    global_avg_pool: ("N = 2, C = 3, H = 4", "  param x: [N, C, H, H] = normal(1.0)", "global_avg_pool(x)", "[N, C]", 1e-2, 1e-2);
+    upsample: ("N = 1, C = 2, H = 3", "  param x: [N, C, H, H] = normal(1.0)", "upsample(x, 2)", "[N, C, 6, 6]", 1e-2, 1e-2);
+    attention_causal_gqa: ("B = 2, T = 5, D = 8", "  param q: [B, T, D] = normal(1.0)\n  param k: [B, T, 4] = normal(1.0)\n  param v: [B, T, 4] = normal(1.0)", "attention(q, k, v, heads = 4, kv_heads = 2, causal = true)", "[B, T, D]", 1e-2, 1e-2);
+    rope: ("B = 2, T = 5, D = 8", "  param x: [B, T, D] = normal(1.0)", "rope(x, heads = 2)", "[B, T, D]", 1e-2, 1e-2);
+    dropout: ("A = 4, B = 8", X, "dropout(x, p = 0.3)", "[A, B]", 1e-2, 1e-2);
+    embedding_tied: ("V = 7, D = 4, N = 6", "  param t: [V, D] = normal(1.0)\n  input ids: i32[N]", "embed(t, ids) @ transpose(t)", "[N, V]", 1e-2, 1e-2);
+    mse: ("A = 3, B = 4", XY, "mse(x, z * x) + x * 0", "[A, B]", 1e-2, 1e-2);
+}
+
+#[test]
+fn cross_entropy() {
+    let src = "model ce {\n  dim N = 6, C = 5\n  param x: [N, C] = normal(1.0)\n  input t: i32[N]\n  loss = cross_entropy(x * 2, t)\n  train { optimizer = sgd(lr = 0.0) }\n}\n";
+    let err = check(src, 1e-2);
+    assert!(err < 1e-2, "relative error {err:.2e}");
+}
