@@ -211,7 +211,7 @@ impl CpuExecutor {
             NormBackwardInput { kind, eps } => norm::norm_backward_input(*kind, *eps, x(0), s(0), x(1), x(2), out()),
             NormBackwardWeight { kind, eps } => norm::norm_backward_weight(*kind, *eps, x(0), s(0), x(1), out()),
             NormBackwardBias { kind } => norm::norm_backward_bias(*kind, x(0), s(0), out()),
-            Embedding => loss::embedding(x(0), s(0)[1], v.ids(0), out()).map_err(index_error)?,
+            Embedding => loss::embedding(x(0), s(0)[1], v.ids(1), out()).map_err(index_error)?,
             EmbeddingBackward { .. } => {
                 let d = out_shape.get(1).copied().unwrap_or(1);
                 loss::embedding_backward(v.ids(0), x(1), d, out()).map_err(index_error)?
