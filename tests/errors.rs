@@ -1,0 +1,57 @@
+//! The error corpus: every file in tests/errors/ must be rejected by `memc check` with exit
+//! code 2 and a diagnostic that points into the source and says how to fix it.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// Inputs whose error concerns the file as a whole, so miette draws no source frame.
+const NO_SPAN: &[&str] = &["empty.mdl"];
+
+#[test]
+fn error_corpus() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    insta::glob!("errors", "*.mdl", |path| {
+        let rel = path.strip_prefix(root).unwrap_or(path);
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        let out = Command::new(env!("CARGO_BIN_EXE_memc"))
+            .arg("check")
+            .arg(rel)
+            .current_dir(root)
+            .env("NO_COLOR", "1")
+            .env("COLUMNS", "100")
+            .env_remove("RUST_BACKTRACE")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run memc: {e}"));
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{name}: expected exit code 2, stderr:\n{stderr}");
+        assert!(out.stdout.is_empty(), "{name}: `check` printed to stdout");
+        assert!(!stderr.contains("panicked"), "{name}: memc panicked:\n{stderr}");
+        assert!(!stderr.contains("internal error"), "{name}: internal error:\n{stderr}");
+        assert!(!stderr.contains('\u{1b}'), "{name}: colour escapes despite NO_COLOR:\n{stderr}");
+        assert!(stderr.contains("help:"), "{name}: no help line:\n{stderr}");
+        if !NO_SPAN.contains(&name.as_str()) {
+            assert!(stderr.contains("╭─["), "{name}: no source frame:\n{stderr}");
+            assert!(stderr.contains('─'), "{name}: no label underline:\n{stderr}");
+        }
+        insta::assert_snapshot!("stderr", stderr);
+    });
+}
+
+#[test]
+fn corpus_is_large_enough() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/errors");
+    let count = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "mdl"))
+        .count();
+    assert!(count >= 24, "only {count} error inputs");
+}
+
+#[test]
+fn non_utf8_file_is_not_utf8() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/errors/non_utf8.mdl");
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    assert!(std::str::from_utf8(&bytes).is_err(), "non_utf8.mdl must contain invalid UTF-8");
+}
