@@ -16,7 +16,12 @@ pub struct UserError {
 
 impl UserError {
     /// An error pointing at `span`, labelled `label`, with a help line.
-    pub fn at(span: Span, message: impl Into<String>, label: impl Into<String>, help: impl Into<String>) -> UserError {
+    pub fn at(
+        span: Span,
+        message: impl Into<String>,
+        label: impl Into<String>,
+        help: impl Into<String>,
+    ) -> UserError {
         UserError {
             message: message.into(),
             span: Some(span),
@@ -39,7 +44,9 @@ impl UserError {
     pub fn with_source(self, name: &str, text: &str) -> Report {
         Report {
             message: self.message,
-            span: self.span.map(|s| SourceSpan::from(s.start..s.end.max(s.start))),
+            span: self
+                .span
+                .map(|s| SourceSpan::from(s.start..s.end.max(s.start))),
             label: self.label,
             help: self.help,
             src: NamedSource::new(name, text.to_string()),

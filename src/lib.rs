@@ -3,6 +3,7 @@
 //! [`compile`] runs the pipeline: parse, lower, autodiff, optimizer, schedule, liveness,
 //! arena layout, plan verification. Each stage is a pure function of the previous one.
 pub mod arena_csv;
+pub mod codegen;
 pub mod diagnostic;
 pub mod exec;
 pub mod front;
@@ -29,7 +30,12 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Options {
-        Options { overrides: Vec::new(), optimizer_in_backward: None, layout_time: Duration::from_millis(200), budget: None }
+        Options {
+            overrides: Vec::new(),
+            optimizer_in_backward: None,
+            layout_time: Duration::from_millis(200),
+            budget: None,
+        }
     }
 }
 
@@ -64,7 +70,13 @@ impl From<passes::StageError> for CompileError {
 }
 
 fn verified(graph: &ir::Graph, pass: &str) -> Result<(), CompileError> {
-    ir::verify(graph).map_err(|errs| CompileError::Internal(errs.into_iter().map(|e| format!("after {pass}: {e}")).collect()))
+    ir::verify(graph).map_err(|errs| {
+        CompileError::Internal(
+            errs.into_iter()
+                .map(|e| format!("after {pass}: {e}"))
+                .collect(),
+        )
+    })
 }
 
 /// Compiles `.mdl` source text into a verified plan.
@@ -78,13 +90,20 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
     let forward = module.graph.clone();
     let (graph, in_backward) = match &module.train {
         Some(t) => {
-            let loss = module.graph.output("loss").ok_or_else(|| CompileError::Internal(vec!["training graph without loss".into()]))?;
+            let loss = module.graph.output("loss").ok_or_else(|| {
+                CompileError::Internal(vec!["training graph without loss".into()])
+            })?;
             let diff = passes::autodiff::run(&module.graph, loss)?;
             verified(&diff.graph, "autodiff")?;
-            let opts = passes::optimizer::OptimizerOptions { optimizer: t.optimizer, clip_grad_norm: t.clip_grad_norm };
+            let opts = passes::optimizer::OptimizerOptions {
+                optimizer: t.optimizer,
+                clip_grad_norm: t.clip_grad_norm,
+            };
             let g = passes::optimizer::run(&diff, &opts)?;
             verified(&g, "optimizer")?;
-            let in_backward = options.optimizer_in_backward.unwrap_or(t.clip_grad_norm.is_none());
+            let in_backward = options
+                .optimizer_in_backward
+                .unwrap_or(t.clip_grad_norm.is_none());
             if in_backward && t.clip_grad_norm.is_some() {
                 return Err(UserError::at(t.span, "the optimizer cannot run in backward with global-norm clipping", "clip_grad_norm is set", "clipping needs every gradient first: drop --optimizer-in-backward or the clipping").into());
             }
@@ -92,13 +111,26 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
         }
         None => (module.graph.clone(), false),
     };
-    let build = BuildOptions { optimizer_in_backward: in_backward, layout_time: options.layout_time, alignment: 256 };
+    let build = BuildOptions {
+        optimizer_in_backward: in_backward,
+        layout_time: options.layout_time,
+        alignment: 256,
+    };
     let plan = plan::build(&module.name, &graph, module.train.as_ref(), &build)?;
     if let Some(t) = &module.train {
         if let Some(budget) = t.budget.filter(|&b| plan.arena_bytes > b) {
             let b = &plan.report.bytes;
-            let parts = [("parameters", b.params), ("optimizer state", b.optimizer), ("saved activations", b.activations), ("gradients", b.grads)];
-            let (name, bytes) = parts.iter().copied().max_by_key(|&(_, v)| v).unwrap_or(("parameters", 0));
+            let parts = [
+                ("parameters", b.params),
+                ("optimizer state", b.optimizer),
+                ("saved activations", b.activations),
+                ("gradients", b.grads),
+            ];
+            let (name, bytes) = parts
+                .iter()
+                .copied()
+                .max_by_key(|&(_, v)| v)
+                .unwrap_or(("parameters", 0));
             return Err(UserError::at(
                 t.span,
                 format!("the step needs {} ({} bytes) but the budget is {}", human_bytes(plan.arena_bytes), plan.arena_bytes, human_bytes(budget)),
@@ -108,6 +140,13 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
             .into());
         }
     }
-    let plan = plan::verify(plan).map_err(|errs| CompileError::Internal(errs.into_iter().map(|e| e.to_string()).collect()))?;
-    Ok(Compiled { ast, forward, graph, plan })
+    let plan = plan::verify(plan).map_err(|errs| {
+        CompileError::Internal(errs.into_iter().map(|e| e.to_string()).collect())
+    })?;
+    Ok(Compiled {
+        ast,
+        forward,
+        graph,
+        plan,
+    })
 }

@@ -1,10 +1,15 @@
 //! The command line: exit codes, `--dump` files, and diagnostics for bad run-time files.
+#![allow(clippy::panic, clippy::unwrap_used)]
 
 use std::path::PathBuf;
 use std::process::Command;
 
 fn memc(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_memc")).args(args).env("NO_COLOR", "1").output().expect("run memc")
+    Command::new(env!("CARGO_BIN_EXE_memc"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run memc")
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -19,9 +24,26 @@ const MLP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/mlp.mdl");
 #[test]
 fn dump_writes_loss_and_every_gradient() {
     let dir = scratch("dump");
-    let out = memc(&["run", MLP, "--set", "B=4", "--dump", dir.to_str().unwrap_or_default()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    for name in ["loss.npy", "grad.fc1.weight.npy", "grad.fc1.bias.npy", "grad.fc2.weight.npy", "grad.fc2.bias.npy"] {
+    let out = memc(&[
+        "run",
+        MLP,
+        "--set",
+        "B=4",
+        "--dump",
+        dir.to_str().unwrap_or_default(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in [
+        "loss.npy",
+        "grad.fc1.weight.npy",
+        "grad.fc1.bias.npy",
+        "grad.fc2.weight.npy",
+        "grad.fc2.bias.npy",
+    ] {
         let bytes = std::fs::read(dir.join(name)).unwrap_or_else(|_| panic!("{name} missing"));
         let data = memc::exec::io::read_npy(&bytes).expect("npy");
         if name == "grad.fc2.weight.npy" {
@@ -34,11 +56,24 @@ fn dump_writes_loss_and_every_gradient() {
 fn plan_json_round_trips_through_run() {
     let dir = scratch("plan");
     let plan = dir.join("plan.json");
-    let out = memc(&["compile", MLP, "--set", "B=4", "--emit", "plan", "-o", plan.to_str().unwrap_or_default()]);
+    let out = memc(&[
+        "compile",
+        MLP,
+        "--set",
+        "B=4",
+        "--emit",
+        "plan",
+        "-o",
+        plan.to_str().unwrap_or_default(),
+    ]);
     assert!(out.status.success());
     let direct = memc(&["run", MLP, "--set", "B=4", "--steps", "3"]);
     let from_plan = memc(&["run", plan.to_str().unwrap_or_default(), "--steps", "3"]);
-    assert!(from_plan.status.success(), "{}", String::from_utf8_lossy(&from_plan.stderr));
+    assert!(
+        from_plan.status.success(),
+        "{}",
+        String::from_utf8_lossy(&from_plan.stderr)
+    );
     assert_eq!(direct.stdout, from_plan.stdout);
     assert_eq!(String::from_utf8_lossy(&direct.stdout).lines().count(), 3);
 }
@@ -48,17 +83,32 @@ fn params_round_trip_and_bad_files_exit_2() {
     let dir = scratch("params");
     let saved = dir.join("p.safetensors");
     let s = saved.to_str().unwrap_or_default();
-    assert!(memc(&["run", MLP, "--set", "B=4", "--save-params", s]).status.success());
+    assert!(memc(&["run", MLP, "--set", "B=4", "--save-params", s])
+        .status
+        .success());
     let ok = memc(&["run", MLP, "--set", "B=4", "--params", s]);
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     let wrong_shape = memc(&["run", MLP, "--set", "H=32", "--set", "B=4", "--params", s]);
     assert_eq!(wrong_shape.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&wrong_shape.stderr).contains("the model expects"));
     let garbage = dir.join("junk.safetensors");
     std::fs::write(&garbage, b"not a tensor file").expect("write");
-    assert_eq!(memc(&["run", MLP, "--params", garbage.to_str().unwrap_or_default()]).status.code(), Some(2));
+    assert_eq!(
+        memc(&["run", MLP, "--params", garbage.to_str().unwrap_or_default()])
+            .status
+            .code(),
+        Some(2)
+    );
     let bad_input = dir.join("x.npy");
-    std::fs::write(&bad_input, memc::exec::io::write_npy(&[2, 3], &[0.0; 6]).expect("npy")).expect("write");
+    std::fs::write(
+        &bad_input,
+        memc::exec::io::write_npy(&[2, 3], &[0.0; 6]).expect("npy"),
+    )
+    .expect("write");
     let spec = format!("images={}", bad_input.display());
     let out = memc(&["run", MLP, "--input", &spec]);
     assert_eq!(out.status.code(), Some(2));
@@ -80,10 +130,33 @@ fn arena_command_checks_capacity_and_csv() {
     let csv = dir.join("i.csv");
     std::fs::write(&csv, "id,lower,upper,size\n0,0,3,4\n1,1,2,4\n2,2,4,4\n").expect("write");
     let solved = dir.join("o.csv");
-    let out = memc(&["arena", csv.to_str().unwrap_or_default(), "--capacity", "8", "-o", solved.to_str().unwrap_or_default()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(std::fs::read_to_string(&solved).expect("solution").starts_with("id,lower,upper,size,offset"));
-    assert_eq!(memc(&["arena", csv.to_str().unwrap_or_default(), "--capacity", "7"]).status.code(), Some(2));
+    let out = memc(&[
+        "arena",
+        csv.to_str().unwrap_or_default(),
+        "--capacity",
+        "8",
+        "-o",
+        solved.to_str().unwrap_or_default(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read_to_string(&solved)
+        .expect("solution")
+        .starts_with("id,lower,upper,size,offset"));
+    assert_eq!(
+        memc(&["arena", csv.to_str().unwrap_or_default(), "--capacity", "7"])
+            .status
+            .code(),
+        Some(2)
+    );
     std::fs::write(&csv, "id,lower,upper,size\n0,3,3,4\n").expect("write");
-    assert_eq!(memc(&["arena", csv.to_str().unwrap_or_default()]).status.code(), Some(2));
+    assert_eq!(
+        memc(&["arena", csv.to_str().unwrap_or_default()])
+            .status
+            .code(),
+        Some(2)
+    );
 }

@@ -7,32 +7,71 @@ use std::process::{Command, Stdio};
 /// Inputs whose error concerns the file as a whole, so miette draws no source frame.
 const NO_SPAN: &[&str] = &["empty.mdl"];
 
+/// Inputs whose span miette cannot draw a label for. Known front-end bug: a syntax error at
+/// the very end of the file gets an empty span past the last line, so the frame is drawn but
+/// no label line (`·` gutter) points at anything.
+const NO_LABEL: &[&str] = &["syntax_missing_brace.mdl"];
+
+/// Runs `memc check` on `rel` (relative to the crate root) as the tests see it: no colour,
+/// no terminal (so miette renders at its fixed 80-column width), no backtraces.
+fn check(rel: &Path) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memc"))
+        .arg("check")
+        .arg(rel)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("NO_COLOR", "1")
+        .env("COLUMNS", "100")
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run memc: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.code(), stdout, stderr)
+}
+
 #[test]
 fn error_corpus() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     insta::glob!("errors", "*.mdl", |path| {
         let rel = path.strip_prefix(root).unwrap_or(path);
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
-        let out = Command::new(env!("CARGO_BIN_EXE_memc"))
-            .arg("check")
-            .arg(rel)
-            .current_dir(root)
-            .env("NO_COLOR", "1")
-            .env("COLUMNS", "100")
-            .env_remove("RUST_BACKTRACE")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run memc: {e}"));
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert_eq!(out.status.code(), Some(2), "{name}: expected exit code 2, stderr:\n{stderr}");
-        assert!(out.stdout.is_empty(), "{name}: `check` printed to stdout");
-        assert!(!stderr.contains("panicked"), "{name}: memc panicked:\n{stderr}");
-        assert!(!stderr.contains("internal error"), "{name}: internal error:\n{stderr}");
-        assert!(!stderr.contains('\u{1b}'), "{name}: colour escapes despite NO_COLOR:\n{stderr}");
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let (code, stdout, stderr) = check(rel);
+        assert_eq!(
+            code,
+            Some(2),
+            "{name}: expected exit code 2, stderr:\n{stderr}"
+        );
+        assert!(stdout.is_empty(), "{name}: `check` printed to stdout");
+        assert!(
+            !stderr.contains("panicked"),
+            "{name}: memc panicked:\n{stderr}"
+        );
+        assert!(
+            !stderr.contains("internal error"),
+            "{name}: internal error:\n{stderr}"
+        );
+        assert!(
+            !stderr.contains('\u{1b}'),
+            "{name}: colour escapes despite NO_COLOR:\n{stderr}"
+        );
         assert!(stderr.contains("help:"), "{name}: no help line:\n{stderr}");
         if !NO_SPAN.contains(&name.as_str()) {
             assert!(stderr.contains("╭─["), "{name}: no source frame:\n{stderr}");
-            assert!(stderr.contains('─'), "{name}: no label underline:\n{stderr}");
+            assert!(
+                stderr.contains('─'),
+                "{name}: no label underline:\n{stderr}"
+            );
+            if !NO_LABEL.contains(&name.as_str()) {
+                assert!(
+                    stderr.contains(" · "),
+                    "{name}: no label line under the source:\n{stderr}"
+                );
+            }
         }
         insta::assert_snapshot!("stderr", stderr);
     });
@@ -52,6 +91,35 @@ fn corpus_is_large_enough() {
 #[test]
 fn non_utf8_file_is_not_utf8() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/errors/non_utf8.mdl");
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    assert!(std::str::from_utf8(&bytes).is_err(), "non_utf8.mdl must contain invalid UTF-8");
+    let bytes =
+        std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    assert!(
+        std::str::from_utf8(&bytes).is_err(),
+        "non_utf8.mdl must contain invalid UTF-8"
+    );
+}
+
+/// Inputs that still crash memc (see the comment at the top of each file). Run with
+/// `cargo test --test errors -- --ignored`; once one passes, move it into tests/errors/.
+#[test]
+#[ignore = "known bugs: integer overflow panics on huge dims"]
+fn known_bugs_are_diagnosed() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = root.join("tests/known_bugs");
+    let mut failures = Vec::new();
+    let entries =
+        std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()));
+    let mut paths: Vec<_> = entries.filter_map(Result::ok).map(|e| e.path()).collect();
+    paths.sort();
+    for path in paths
+        .iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "mdl"))
+    {
+        let rel = path.strip_prefix(root).unwrap_or(path);
+        let (code, _, stderr) = check(rel);
+        if code != Some(2) || !stderr.contains("help:") {
+            failures.push(format!("{}: exit {code:?}\n{stderr}", rel.display()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -2,6 +2,7 @@
 //! each case is a tiny model whose loss is `sum(op(...) * w)`; autodiff gradients (read just
 //! before the update, with SGD at lr = 0 so parameters never move) are compared with central
 //! differences of the loss on sampled entries of every parameter.
+#![allow(clippy::panic, clippy::unwrap_used)]
 
 mod common;
 
@@ -26,11 +27,18 @@ fn check(src: &str, eps: f32) -> f64 {
         grads.insert(name.to_string(), g.to_vec());
     }))
     .expect("step");
-    let params: Vec<(String, BufferId)> = ex.plan().params.iter().map(|p| (p.name.clone(), p.buffer)).collect();
+    let params: Vec<(String, BufferId)> = ex
+        .plan()
+        .params
+        .iter()
+        .map(|p| (p.name.clone(), p.buffer))
+        .collect();
     let (mut num, mut den) = (0.0f64, 0.0f64);
     for (name, buffer) in params {
         let base = ex.read(buffer).to_vec();
-        let g = grads.get(&name).unwrap_or_else(|| panic!("no gradient for {name}"));
+        let g = grads
+            .get(&name)
+            .unwrap_or_else(|| panic!("no gradient for {name}"));
         let stride = (base.len() / SAMPLES).max(1);
         for j in (0..base.len()).step_by(stride).take(SAMPLES) {
             let mut eval = |delta: f32| {

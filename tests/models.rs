@@ -6,7 +6,9 @@ use std::path::Path;
 use std::time::Duration;
 
 fn source(name: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
@@ -20,20 +22,28 @@ fn compiled(src: &str, options: &Options, what: &str) -> Compiled {
 /// Options for snapshots: the layout search gets no node budget, so the arena is the
 /// heuristic's layout and cannot depend on how fast (or how loaded) the machine is.
 fn snapshot_options() -> Options {
-    Options { layout_time: Duration::ZERO, ..Options::default() }
+    Options {
+        layout_time: Duration::ZERO,
+        ..Options::default()
+    }
 }
 
 #[test]
 fn example_reports() {
     insta::glob!("../examples", "*.mdl", |path| {
-        let src = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        let src = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
         let c = compiled(&src, &snapshot_options(), &path.display().to_string());
         insta::assert_snapshot!("report", memc::plan::render_text(c.plan.plan()));
     });
 }
 
 fn param_count(name: &str) -> u64 {
-    compiled(&source(name), &Options::default(), name).plan.plan().report.param_count
+    compiled(&source(name), &Options::default(), name)
+        .plan
+        .plan()
+        .report
+        .param_count
 }
 
 #[test]
@@ -56,28 +66,55 @@ fn llama7b_overrides_scale_the_count() {
     // Two layers: embeddings + head + final norm + 2 * (4 D^2 + 3 D F + 2 D).
     let (v, d, f) = (32_000u64, 4096u64, 11_008u64);
     let want = 2 * v * d + d + 2 * (4 * d * d + 3 * d * f + 2 * d);
-    let opts = Options { overrides: vec![("L".into(), 2)], ..snapshot_options() };
+    let opts = Options {
+        overrides: vec![("L".into(), 2)],
+        ..snapshot_options()
+    };
     let c = compiled(&source("llama7b.mdl"), &opts, "llama7b with L=2");
     assert_eq!(c.plan.plan().report.param_count, want);
 }
 
 #[test]
 fn json_report_has_integer_byte_counts() {
-    for name in ["gpt2.mdl", "llama7b.mdl", "mlp.mdl", "resnet18.mdl", "unet.mdl"] {
+    for name in [
+        "gpt2.mdl",
+        "llama7b.mdl",
+        "mlp.mdl",
+        "resnet18.mdl",
+        "unet.mdl",
+    ] {
         let c = compiled(&source(name), &snapshot_options(), name);
         let json = match serde_json::to_value(c.plan.plan()) {
             Ok(j) => j,
             Err(e) => panic!("{name}: plan does not serialize: {e}"),
         };
         let report = &json["report"];
-        assert!(report["param_count"].is_u64(), "{name}: report.param_count is {}", report["param_count"]);
-        assert_eq!(report["param_count"].as_u64(), Some(c.plan.plan().report.param_count), "{name}");
+        assert!(
+            report["param_count"].is_u64(),
+            "{name}: report.param_count is {}",
+            report["param_count"]
+        );
+        assert_eq!(
+            report["param_count"].as_u64(),
+            Some(c.plan.plan().report.param_count),
+            "{name}"
+        );
         for key in ["params", "grads", "optimizer", "activations", "peak"] {
             let v = &report["bytes"][key];
-            assert!(v.is_u64(), "{name}: report.bytes.{key} is {v}, not an integer");
+            assert!(
+                v.is_u64(),
+                "{name}: report.bytes.{key} is {v}, not an integer"
+            );
         }
         let bytes = &report["bytes"];
-        assert_eq!(bytes["params"].as_u64(), Some(4 * c.plan.plan().report.param_count), "{name}: fp32 params");
-        assert!(bytes["peak"].as_u64() >= bytes["params"].as_u64(), "{name}: peak below params");
+        assert_eq!(
+            bytes["params"].as_u64(),
+            Some(4 * c.plan.plan().report.param_count),
+            "{name}: fp32 params"
+        );
+        assert!(
+            bytes["peak"].as_u64() >= bytes["params"].as_u64(),
+            "{name}: peak below params"
+        );
     }
 }

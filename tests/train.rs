@@ -1,5 +1,6 @@
 //! End-to-end training on the CPU backend: losses fall, and the arena layout changes nothing
 //! numerically compared with giving every buffer its own bytes.
+#![allow(clippy::panic, clippy::unwrap_used)]
 
 mod common;
 
@@ -8,12 +9,26 @@ use memc::plan::verify;
 use memc::Options;
 
 fn small_gpt() -> Options {
-    let dims = [("L", 2), ("D", 64), ("T", 32), ("V", 256), ("H", 4), ("B", 4)];
-    Options { overrides: dims.iter().map(|&(k, v)| (k.to_string(), v)).collect(), ..Options::default() }
+    let dims = [
+        ("L", 2),
+        ("D", 64),
+        ("T", 32),
+        ("V", 256),
+        ("H", 4),
+        ("B", 4),
+    ];
+    Options {
+        overrides: dims.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+        ..Options::default()
+    }
 }
 
 fn source(name: &str) -> String {
-    std::fs::read_to_string(format!("{}/examples/{name}.mdl", env!("CARGO_MANIFEST_DIR"))).expect("example")
+    std::fs::read_to_string(format!(
+        "{}/examples/{name}.mdl",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .expect("example")
 }
 
 #[test]
@@ -26,7 +41,10 @@ fn mlp_memorizes_a_fixed_batch() {
         last = loss(&mut ex);
     }
     assert!(first > 2.0, "initial loss {first} should be near ln(10)");
-    assert!(last < first / 100.0, "loss went from {first} to {last}: expected a 100x drop in 50 steps");
+    assert!(
+        last < first / 100.0,
+        "loss went from {first} to {last}: expected a 100x drop in 50 steps"
+    );
 }
 
 #[test]
@@ -38,7 +56,10 @@ fn small_gpt_trains() {
     for _ in 0..15 {
         last = loss(&mut ex);
     }
-    assert!((first - (256f32).ln()).abs() < 0.5, "initial loss {first} should be near ln(256)");
+    assert!(
+        (first - (256f32).ln()).abs() < 0.5,
+        "initial loss {first} should be near ln(256)"
+    );
     assert!(last < first - 0.5, "loss went from {first} to {last}");
 }
 
@@ -52,7 +73,10 @@ fn arena_reuse_is_bitwise_identical_to_no_reuse() {
         offset += b.bytes.div_ceil(256) * 256;
     }
     separate.arena_bytes = offset;
-    assert!(offset > c.plan.plan().arena_bytes, "the arena must reuse bytes");
+    assert!(
+        offset > c.plan.plan().arena_bytes,
+        "the arena must reuse bytes"
+    );
     let separate = verify(separate).expect("no-reuse plan verifies");
     let mut a = executor(&c, 5);
     let mut b = memc::exec::cpu::CpuExecutor::new(&separate).expect("cpu");
@@ -62,7 +86,11 @@ fn arena_reuse_is_bitwise_identical_to_no_reuse() {
         assert_eq!(loss(&mut a).to_bits(), loss(&mut b).to_bits());
     }
     for p in &c.plan.plan().params {
-        let same = a.read(p.buffer).iter().zip(b.read(p.buffer)).all(|(x, y)| x.to_bits() == y.to_bits());
+        let same = a
+            .read(p.buffer)
+            .iter()
+            .zip(b.read(p.buffer))
+            .all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(same, "parameter {} differs", p.name);
     }
 }
@@ -70,9 +98,26 @@ fn arena_reuse_is_bitwise_identical_to_no_reuse() {
 #[test]
 fn optimizer_in_backward_frees_gradients_early() {
     let src = source("mlp");
-    let on = compiled_with(&src, &Options { optimizer_in_backward: Some(true), ..Options::default() });
-    let off = compiled_with(&src, &Options { optimizer_in_backward: Some(false), ..Options::default() });
+    let on = compiled_with(
+        &src,
+        &Options {
+            optimizer_in_backward: Some(true),
+            ..Options::default()
+        },
+    );
+    let off = compiled_with(
+        &src,
+        &Options {
+            optimizer_in_backward: Some(false),
+            ..Options::default()
+        },
+    );
     let (on, off) = (&on.plan.plan().report.bytes, &off.plan.plan().report.bytes);
-    assert!(on.peak < off.peak, "peak with updates in backward {} vs after {}", on.peak, off.peak);
+    assert!(
+        on.peak < off.peak,
+        "peak with updates in backward {} vs after {}",
+        on.peak,
+        off.peak
+    );
     assert_eq!(on.grads, off.grads);
 }

@@ -11,7 +11,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(name = "memc", version, about = "Compile a model spec into a memory-planned training step")]
+#[command(
+    name = "memc",
+    version,
+    about = "Compile a model spec into a memory-planned training step"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -67,6 +71,14 @@ enum Command {
     Check {
         #[command(flatten)]
         args: CompileArgs,
+    },
+    /// Write each kernel's CUDA source (and PTX when NVRTC is available), the plan and a manifest.
+    Emit {
+        #[command(flatten)]
+        args: CompileArgs,
+        /// Output folder.
+        #[arg(short, long)]
+        output: PathBuf,
     },
     /// Execute training steps of a model or a plan JSON on the CPU.
     Run(run::RunArgs),
@@ -133,11 +145,21 @@ pub fn main() -> i32 {
 
 /// Reads a source file as UTF-8, turning problems into diagnostics.
 pub fn read_source(path: &Path) -> Result<String, Failure> {
-    let bytes = std::fs::read(path).map_err(|e| Failure::Plain(format!("cannot read {}: {e}", path.display())))?;
+    let bytes = std::fs::read(path)
+        .map_err(|e| Failure::Plain(format!("cannot read {}: {e}", path.display())))?;
     String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         let text = String::from_utf8_lossy(e.as_bytes()).into_owned();
-        Failure::user(UserError::at(memc::ir::Span::new(at, at + 1), "the file is not valid UTF-8", "invalid byte", "save the file as UTF-8"), &path.display().to_string(), &text)
+        Failure::user(
+            UserError::at(
+                memc::ir::Span::new(at, at + 1),
+                "the file is not valid UTF-8",
+                "invalid byte",
+                "save the file as UTF-8",
+            ),
+            &path.display().to_string(),
+            &text,
+        )
     })
 }
 
@@ -145,7 +167,10 @@ fn parse_size(text: &str) -> Result<u64, Failure> {
     let t = text.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num.trim().parse().map_err(|_| Failure::Plain(format!("`{text}` is not a size (e.g. 16GiB)")))?;
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| Failure::Plain(format!("`{text}` is not a size (e.g. 16GiB)")))?;
     let mult = match unit {
         "" | "B" => 1u64,
         "KiB" => 1 << 10,
@@ -155,7 +180,11 @@ fn parse_size(text: &str) -> Result<u64, Failure> {
         "KB" => 1_000,
         "MB" => 1_000_000,
         "GB" => 1_000_000_000,
-        _ => return Err(Failure::Plain(format!("unknown size unit `{unit}` (use B, KiB, MiB, GiB, KB, MB, GB)"))),
+        _ => {
+            return Err(Failure::Plain(format!(
+                "unknown size unit `{unit}` (use B, KiB, MiB, GiB, KB, MB, GB)"
+            )))
+        }
     };
     if n <= 0.0 {
         return Err(Failure::Plain(format!("size `{text}` must be positive")));
@@ -169,9 +198,14 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
         let Some((k, v)) = s.split_once('=') else {
             return Err(Failure::Plain(format!("`--set {s}`: expected NAME=VALUE")));
         };
-        let v: i64 = v.trim().parse().map_err(|_| Failure::Plain(format!("`--set {s}`: {v} is not an integer")))?;
+        let v: i64 = v
+            .trim()
+            .parse()
+            .map_err(|_| Failure::Plain(format!("`--set {s}`: {v} is not an integer")))?;
         if v <= 0 {
-            return Err(Failure::Plain(format!("`--set {s}`: dims must be positive")));
+            return Err(Failure::Plain(format!(
+                "`--set {s}`: dims must be positive"
+            )));
         }
         overrides.push((k.trim().to_string(), v));
     }
@@ -179,13 +213,24 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
         None => None,
         Some("on") => Some(true),
         Some("off") => Some(false),
-        Some(o) => return Err(Failure::Plain(format!("--optimizer-in-backward takes on or off, not `{o}`"))),
+        Some(o) => {
+            return Err(Failure::Plain(format!(
+                "--optimizer-in-backward takes on or off, not `{o}`"
+            )))
+        }
     };
     let budget = args.budget.as_deref().map(parse_size).transpose()?;
     if !(args.layout_time.is_finite() && args.layout_time >= 0.0) {
-        return Err(Failure::Plain("--layout-time must be a non-negative number of seconds".into()));
+        return Err(Failure::Plain(
+            "--layout-time must be a non-negative number of seconds".into(),
+        ));
     }
-    Ok(Options { overrides, optimizer_in_backward, layout_time: Duration::from_secs_f64(args.layout_time), budget })
+    Ok(Options {
+        overrides,
+        optimizer_in_backward,
+        layout_time: Duration::from_secs_f64(args.layout_time),
+        budget,
+    })
 }
 
 /// Compiles the file named in `args`.
@@ -200,12 +245,19 @@ pub fn compile_file(args: &CompileArgs) -> Result<Compiled, Failure> {
 
 fn dispatch(command: Command) -> Result<(), Failure> {
     match command {
-        Command::Compile { args, format, emit, output } => {
+        Command::Compile {
+            args,
+            format,
+            emit,
+            output,
+        } => {
             let compiled = compile_file(&args)?;
             let text = match (emit, format) {
                 (Emit::Ast, _) => format!("{:#?}\n", compiled.ast),
                 (Emit::Graph, _) => memc::ir::print(&compiled.graph),
-                (Emit::Plan, _) | (Emit::Report, Format::Json) => output::json(compiled.plan.plan(), emit == Emit::Plan)?,
+                (Emit::Plan, _) | (Emit::Report, Format::Json) => {
+                    output::json(compiled.plan.plan(), emit == Emit::Plan)?
+                }
                 (Emit::Report, Format::Text) => memc::plan::render_text(compiled.plan.plan()),
             };
             output::write(output.as_deref(), &text)
@@ -216,11 +268,20 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             Ok(())
         }
         Command::Run(args) => run::run(args),
-        Command::Arena { file, capacity, layout_time, output } => output::arena(&file, capacity, layout_time, output.as_deref()),
-        Command::Bench { dir, layout_time, .. } => {
+        Command::Emit { args, output } => output::emit(&compile_file(&args)?, &output),
+        Command::Arena {
+            file,
+            capacity,
+            layout_time,
+            output,
+        } => output::arena(&file, capacity, layout_time, output.as_deref()),
+        Command::Bench {
+            dir, layout_time, ..
+        } => {
             let dir = dir.unwrap_or_else(|| PathBuf::from("../shared/benchmarks/minimalloc"));
-            let table = memc::arena_csv::run_benchmark(&dir, Duration::from_secs_f64(layout_time.max(0.0)))
-                .map_err(|e| Failure::Plain(format!("cannot read {}: {e}", dir.display())))?;
+            let table =
+                memc::arena_csv::run_benchmark(&dir, Duration::from_secs_f64(layout_time.max(0.0)))
+                    .map_err(|e| Failure::Plain(format!("cannot read {}: {e}", dir.display())))?;
             output::write(None, &table)
         }
     }

@@ -12,7 +12,8 @@ pub fn write(path: Option<&Path>, text: &str) -> Result<(), Failure> {
     match path {
         None => {
             let mut out = std::io::stdout().lock();
-            out.write_all(text.as_bytes()).map_err(|e| Failure::Plain(format!("cannot write to stdout: {e}")))
+            out.write_all(text.as_bytes())
+                .map_err(|e| Failure::Plain(format!("cannot write to stdout: {e}")))
         }
         Some(p) => write_atomic(p, text.as_bytes()),
     }
@@ -20,7 +21,10 @@ pub fn write(path: Option<&Path>, text: &str) -> Result<(), Failure> {
 
 /// Writes bytes to `path` through a temporary file in the same folder, then renames.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let fail = |e: std::io::Error| Failure::Plain(format!("cannot write {}: {e}", path.display()));
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(fail)?;
     tmp.write_all(bytes).map_err(fail)?;
@@ -30,7 +34,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
 
 /// The plan (or just its report) as pretty JSON.
 pub fn json(plan: &Plan, whole: bool) -> Result<String, Failure> {
-    let value = if whole { serde_json::to_value(plan) } else { serde_json::to_value(serde_json::json!({ "model": plan.model, "report": plan.report })) };
+    let value = if whole {
+        serde_json::to_value(plan)
+    } else {
+        serde_json::to_value(serde_json::json!({ "model": plan.model, "report": plan.report }))
+    };
     value
         .and_then(|v| serde_json::to_string_pretty(&v))
         .map(|s| s + "\n")
@@ -38,21 +46,88 @@ pub fn json(plan: &Plan, whole: bool) -> Result<String, Failure> {
 }
 
 /// `memc arena`: lays out a CSV instance and reports peak, bound, ratio and time.
-pub fn arena(file: &Path, capacity: Option<u64>, secs: f64, output: Option<&Path>) -> Result<(), Failure> {
+pub fn arena(
+    file: &Path,
+    capacity: Option<u64>,
+    secs: f64,
+    output: Option<&Path>,
+) -> Result<(), Failure> {
     let text = super::read_source(file)?;
     let name = file.display().to_string();
-    let inst = memc::arena_csv::parse_instance(&name, &text).map_err(|e| Failure::Plain(format!("{:?}", miette::Report::new(e))))?;
+    let inst = memc::arena_csv::parse_instance(&name, &text)
+        .map_err(|e| Failure::Plain(format!("{:?}", miette::Report::new(e))))?;
     let start = Instant::now();
-    let opts = LayoutOptions { alignment: 1, time_limit: Duration::from_secs_f64(secs.max(0.0)), capacity };
+    let opts = LayoutOptions {
+        alignment: 1,
+        time_limit: Duration::from_secs_f64(secs.max(0.0)),
+        capacity,
+    };
     let l = layout(&inst.requests, &opts);
     let ms = start.elapsed().as_secs_f64() * 1e3;
-    let ratio = if l.lower_bound > 0 { l.size as f64 / l.lower_bound as f64 } else { 1.0 };
-    eprintln!("peak {} lower bound {} ratio {ratio:.4} time {ms:.1} ms{}", l.size, l.lower_bound, if l.optimal { " (optimal)" } else { "" });
+    let ratio = if l.lower_bound > 0 {
+        l.size as f64 / l.lower_bound as f64
+    } else {
+        1.0
+    };
+    eprintln!(
+        "peak {} lower bound {} ratio {ratio:.4} time {ms:.1} ms{}",
+        l.size,
+        l.lower_bound,
+        if l.optimal { " (optimal)" } else { "" }
+    );
     if let Some(cap) = capacity.filter(|&c| l.size > c) {
-        return Err(Failure::Plain(format!("no layout within capacity {cap} found (best {}, lower bound {})", l.size, l.lower_bound)));
+        return Err(Failure::Plain(format!(
+            "no layout within capacity {cap} found (best {}, lower bound {})",
+            l.size, l.lower_bound
+        )));
     }
     match output {
-        Some(p) => write_atomic(p, memc::arena_csv::write_solution(&inst, &l.offsets).as_bytes()),
+        Some(p) => write_atomic(
+            p,
+            memc::arena_csv::write_solution(&inst, &l.offsets).as_bytes(),
+        ),
         None => Ok(()),
     }
+}
+
+/// `memc emit`: `<kernel>.cu` (+ `.ptx` for compute_90 when NVRTC loads), `plan.json` and
+/// `manifest.json` mapping each kernel to its source, launch configuration and steps.
+pub fn emit(compiled: &memc::Compiled, dir: &Path) -> Result<(), Failure> {
+    use memc::codegen::nvrtc::{compile_ptx, nvrtc_available};
+    let plan = compiled.plan.plan();
+    let uses = memc::codegen::plan_kernel_uses(plan)
+        .map_err(|e| Failure::Internal(vec![format!("codegen: {e}")]))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Failure::Plain(format!("cannot create {}: {e}", dir.display())))?;
+    let with_ptx = nvrtc_available();
+    let mut manifest = Vec::new();
+    for (k, steps) in &uses {
+        let cu = format!("{}.cu", k.name);
+        write_atomic(&dir.join(&cu), k.source.as_bytes())?;
+        let ptx = if with_ptx {
+            let text =
+                compile_ptx(k, "compute_90").map_err(|e| Failure::Internal(vec![e.to_string()]))?;
+            write_atomic(&dir.join(format!("{}.ptx", k.name)), text.as_bytes())?;
+            Some(format!("{}.ptx", k.name))
+        } else {
+            None
+        };
+        manifest.push(serde_json::json!({ "kernel": k.name, "entry": k.entry, "source": cu, "ptx": ptx, "grid": k.grid, "block": k.block, "shared_bytes": k.shared_bytes, "steps": steps }));
+    }
+    write_atomic(&dir.join("plan.json"), json(plan, true)?.as_bytes())?;
+    let text = serde_json::to_string_pretty(&manifest)
+        .map_err(|e| Failure::Internal(vec![e.to_string()]))?;
+    write_atomic(&dir.join("manifest.json"), text.as_bytes())?;
+    eprintln!(
+        "wrote {} kernels for {} steps to {}{}",
+        uses.len(),
+        plan.steps.len(),
+        dir.display(),
+        if with_ptx {
+            " (with PTX)"
+        } else {
+            " (no NVRTC: sources only; source scripts/cuda-env for PTX)"
+        }
+    );
+    Ok(())
 }

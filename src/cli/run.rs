@@ -40,8 +40,18 @@ fn load_plan(args: &RunArgs) -> Result<VerifiedPlan, Failure> {
     let path = &args.compile.file;
     if path.extension().is_some_and(|e| e == "json") {
         let text = super::read_source(path)?;
-        let plan: Plan = serde_json::from_str(&text).map_err(|e| Failure::Plain(format!("{} is not a memc plan: {e}", path.display())))?;
-        return verify(plan).map_err(|errs| Failure::Plain(format!("{} fails plan verification: {}", path.display(), errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))));
+        let plan: Plan = serde_json::from_str(&text)
+            .map_err(|e| Failure::Plain(format!("{} is not a memc plan: {e}", path.display())))?;
+        return verify(plan).map_err(|errs| {
+            Failure::Plain(format!(
+                "{} fails plan verification: {}",
+                path.display(),
+                errs.iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ))
+        });
     }
     Ok(compile_file(&args.compile)?.plan)
 }
@@ -51,36 +61,65 @@ fn read_file(path: &Path) -> Result<Vec<u8>, Failure> {
 }
 
 fn load_params(ex: &mut CpuExecutor, path: &Path) -> Result<(), Failure> {
-    let tensors = read_safetensors(&read_file(path)?).map_err(|e| Failure::Plain(format!("{}: {e}", path.display())))?;
+    let tensors = read_safetensors(&read_file(path)?)
+        .map_err(|e| Failure::Plain(format!("{}: {e}", path.display())))?;
     for p in ex.plan().params.clone() {
         let want = ex.plan().buffers[p.buffer.index()].ty.clone();
         let Some((shape, data)) = tensors.get(&p.name) else {
-            return Err(Failure::Plain(format!("{}: no tensor named `{}` (the model has parameter `{}` of {want})", path.display(), p.name, p.name)));
+            return Err(Failure::Plain(format!(
+                "{}: no tensor named `{}` (the model has parameter `{}` of {want})",
+                path.display(),
+                p.name,
+                p.name
+            )));
         };
         if *shape != want.shape {
-            return Err(Failure::Plain(format!("{}: `{}` has shape {shape:?}, the model expects {want}", path.display(), p.name)));
+            return Err(Failure::Plain(format!(
+                "{}: `{}` has shape {shape:?}, the model expects {want}",
+                path.display(),
+                p.name
+            )));
         }
-        ex.write(p.buffer, data).map_err(|e| Failure::Plain(e.to_string()))?;
+        ex.write(p.buffer, data)
+            .map_err(|e| Failure::Plain(e.to_string()))?;
     }
     Ok(())
 }
 
 fn bind_input(ex: &mut CpuExecutor, spec: &str) -> Result<(), Failure> {
     let Some((name, file)) = spec.split_once('=') else {
-        return Err(Failure::Plain(format!("`--input {spec}`: expected NAME=FILE.npy")));
+        return Err(Failure::Plain(format!(
+            "`--input {spec}`: expected NAME=FILE.npy"
+        )));
     };
     let Some(binding) = ex.plan().inputs.iter().find(|i| i.name == name).cloned() else {
         let known: Vec<String> = ex.plan().inputs.iter().map(|i| i.name.clone()).collect();
-        return Err(Failure::Plain(format!("`--input {spec}`: the model has no input `{name}` (inputs: {})", known.join(", "))));
+        return Err(Failure::Plain(format!(
+            "`--input {spec}`: the model has no input `{name}` (inputs: {})",
+            known.join(", ")
+        )));
     };
     let want = ex.plan().buffers[binding.buffer.index()].ty.clone();
-    let data = read_npy(&read_file(Path::new(file))?).map_err(|e| Failure::Plain(format!("{file}: {e}")))?;
-    let mismatch = |shape: &[usize], dtype: &str| Failure::Plain(format!("{file}: `{name}` is {dtype}{shape:?}, the model expects {want}"));
+    let data = read_npy(&read_file(Path::new(file))?)
+        .map_err(|e| Failure::Plain(format!("{file}: {e}")))?;
+    let mismatch = |shape: &[usize], dtype: &str| {
+        Failure::Plain(format!(
+            "{file}: `{name}` is {dtype}{shape:?}, the model expects {want}"
+        ))
+    };
     let result = match (data, want.dtype) {
-        (TensorData::F32(shape, v), memc::ir::DType::F32) if shape == want.shape => ex.bind_input(binding.buffer, v),
+        (TensorData::F32(shape, v), memc::ir::DType::F32) if shape == want.shape => {
+            ex.bind_input(binding.buffer, v)
+        }
         (TensorData::I32(shape, v), memc::ir::DType::I32) if shape == want.shape => {
-            if let (Some(limit), Some(bad)) = (binding.id_limit, v.iter().find(|&&i| i < 0 || i as u64 >= binding.id_limit.unwrap_or(0))) {
-                return Err(Failure::Plain(format!("{file}: id {bad} in `{name}` is outside 0..{limit}")));
+            if let (Some(limit), Some(bad)) = (
+                binding.id_limit,
+                v.iter()
+                    .find(|&&i| i < 0 || i as u64 >= binding.id_limit.unwrap_or(0)),
+            ) {
+                return Err(Failure::Plain(format!(
+                    "{file}: id {bad} in `{name}` is outside 0..{limit}"
+                )));
             }
             ex.bind_ids(binding.buffer, &v)
         }
@@ -91,22 +130,28 @@ fn bind_input(ex: &mut CpuExecutor, spec: &str) -> Result<(), Failure> {
 }
 
 fn dump_file(dir: &Path, name: &str, shape: &[usize], data: &[f32]) -> Result<(), Failure> {
-    let bytes = write_npy(shape, data).map_err(|e| Failure::Plain(format!("cannot encode {name}: {e}")))?;
+    let bytes =
+        write_npy(shape, data).map_err(|e| Failure::Plain(format!("cannot encode {name}: {e}")))?;
     write_atomic(&dir.join(name), &bytes)
 }
 
 /// Runs the command.
 pub fn run(args: RunArgs) -> Result<(), Failure> {
     if args.device == "cuda" {
-        return Err(Failure::Plain("no CUDA backend in this build can run the plan; use --device cpu".into()));
+        return Err(Failure::Plain(
+            "no CUDA backend in this build can run the plan; use --device cpu".into(),
+        ));
     }
     let plan = load_plan(&args)?;
     if plan.plan().train.is_none() && args.steps > 1 {
-        return Err(Failure::Plain("an inference plan runs one step; drop --steps".into()));
+        return Err(Failure::Plain(
+            "an inference plan runs one step; drop --steps".into(),
+        ));
     }
     let mut ex = CpuExecutor::new(&plan).map_err(|e| Failure::Plain(e.to_string()))?;
     ex.init_params(args.seed);
-    ex.synthetic_inputs(args.seed).map_err(|e| Failure::Plain(e.to_string()))?;
+    ex.synthetic_inputs(args.seed)
+        .map_err(|e| Failure::Plain(e.to_string()))?;
     if let Some(p) = &args.params {
         load_params(&mut ex, p)?;
     }
@@ -114,12 +159,26 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
         bind_input(&mut ex, spec)?;
     }
     if let Some(dir) = &args.dump {
-        std::fs::create_dir_all(dir).map_err(|e| Failure::Plain(format!("cannot create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Failure::Plain(format!("cannot create {}: {e}", dir.display())))?;
     }
-    let shapes: Vec<(String, Vec<usize>)> = ex.plan().params.iter().map(|p| (p.name.clone(), ex.plan().buffers[p.buffer.index()].ty.shape.clone())).collect();
+    let shapes: Vec<(String, Vec<usize>)> = ex
+        .plan()
+        .params
+        .iter()
+        .map(|p| {
+            (
+                p.name.clone(),
+                ex.plan().buffers[p.buffer.index()].ty.shape.clone(),
+            )
+        })
+        .collect();
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = ProgressBar::new(args.steps);
-        b.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {per_sec} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+        b.set_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} {per_sec} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
         b
     });
     let mut out = Vec::new();
@@ -127,15 +186,35 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
         let mut dumped: Vec<(String, Vec<f32>)> = Vec::new();
         let mut hook = |name: &str, g: &[f32]| dumped.push((name.to_string(), g.to_vec()));
         let want_dump = step == 1 && args.dump.is_some();
-        ex.run_step(if want_dump { Some(&mut hook) } else { None }).map_err(|e| Failure::Plain(format!("step {step}: {e}")))?;
-        let outputs: Vec<(String, Vec<usize>, Vec<f32>)> = ex.plan().outputs.iter().map(|(n, b)| (n.clone(), ex.plan().buffers[b.index()].ty.shape.clone(), ex.read(*b).to_vec())).collect();
+        ex.run_step(if want_dump { Some(&mut hook) } else { None })
+            .map_err(|e| Failure::Plain(format!("step {step}: {e}")))?;
+        let outputs: Vec<(String, Vec<usize>, Vec<f32>)> = ex
+            .plan()
+            .outputs
+            .iter()
+            .map(|(n, b)| {
+                (
+                    n.clone(),
+                    ex.plan().buffers[b.index()].ty.shape.clone(),
+                    ex.read(*b).to_vec(),
+                )
+            })
+            .collect();
         if let (Some(dir), true) = (&args.dump, step == 1) {
             for (name, g) in &dumped {
-                let shape = shapes.iter().find(|(n, _)| n == name).map(|(_, s)| s.clone()).unwrap_or_default();
+                let shape = shapes
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, s)| s.clone())
+                    .unwrap_or_default();
                 dump_file(dir, &format!("grad.{name}.npy"), &shape, g)?;
             }
             for (name, shape, data) in &outputs {
-                let file = if name == "loss" { "loss.npy".to_string() } else { format!("output.{name}.npy") };
+                let file = if name == "loss" {
+                    "loss.npy".to_string()
+                } else {
+                    format!("output.{name}.npy")
+                };
                 dump_file(dir, &file, shape, data)?;
             }
         }
@@ -157,8 +236,20 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
         b.finish();
     }
     if let Some(path) = &args.save_params {
-        let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = ex.plan().params.iter().map(|p| (p.name.clone(), ex.plan().buffers[p.buffer.index()].ty.shape.clone(), ex.read(p.buffer).to_vec())).collect();
-        let bytes = write_safetensors(&tensors).map_err(|e| Failure::Plain(format!("cannot encode parameters: {e}")))?;
+        let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = ex
+            .plan()
+            .params
+            .iter()
+            .map(|p| {
+                (
+                    p.name.clone(),
+                    ex.plan().buffers[p.buffer.index()].ty.shape.clone(),
+                    ex.read(p.buffer).to_vec(),
+                )
+            })
+            .collect();
+        let bytes = write_safetensors(&tensors)
+            .map_err(|e| Failure::Plain(format!("cannot encode parameters: {e}")))?;
         write_atomic(path, &bytes)?;
     }
     Ok(())

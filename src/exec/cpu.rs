@@ -27,26 +27,58 @@ fn shape(plan: &Plan, b: BufferId) -> &[usize] {
 }
 
 fn pool_geom(p: &PoolParams, x: &[usize]) -> dense::Pool2dGeom {
-    dense::Pool2dGeom { n: x[0], c: x[1], h: x[2], w: x[3], kernel: p.kernel, stride: p.stride, padding: p.padding }
+    dense::Pool2dGeom {
+        n: x[0],
+        c: x[1],
+        h: x[2],
+        w: x[3],
+        kernel: p.kernel,
+        stride: p.stride,
+        padding: p.padding,
+    }
 }
 
 fn attn_geom(a: &AttnParams, q: &[usize], k: &[usize]) -> dense::AttnGeom {
-    dense::AttnGeom { b: q[0], t_q: q[1], t_k: k[1], heads: a.heads, kv_heads: a.kv_heads, head_dim: q[2] / a.heads.max(1), causal: a.causal, scale: a.scale }
+    dense::AttnGeom {
+        b: q[0],
+        t_q: q[1],
+        t_k: k[1],
+        heads: a.heads,
+        kv_heads: a.kv_heads,
+        head_dim: q[2] / a.heads.max(1),
+        causal: a.causal,
+        scale: a.scale,
+    }
 }
 
 fn index_error(e: loss::IndexOutOfRange) -> ExecError {
-    ExecError::IdOutOfRange { value: e.value, limit: e.limit }
+    ExecError::IdOutOfRange {
+        value: e.value,
+        limit: e.limit,
+    }
 }
 
 impl CpuExecutor {
     /// Allocates the arena (zeroed) for `plan`. Only f32 and i32 buffers run on the CPU.
     pub fn new(plan: &VerifiedPlan) -> Result<CpuExecutor, ExecError> {
         let plan = plan.plan().clone();
-        if let Some(b) = plan.buffers.iter().find(|b| !matches!(b.ty.dtype, DType::F32 | DType::I32)) {
-            return Err(ExecError::Unsupported(format!("buffer `{}` is {}; the CPU backend runs f32 plans", b.name, b.ty)));
+        if let Some(b) = plan
+            .buffers
+            .iter()
+            .find(|b| !matches!(b.ty.dtype, DType::F32 | DType::I32))
+        {
+            return Err(ExecError::Unsupported(format!(
+                "buffer `{}` is {}; the CPU backend runs f32 plans",
+                b.name, b.ty
+            )));
         }
         let words = plan.arena_bytes.div_ceil(4) as usize;
-        Ok(CpuExecutor { plan, arena: vec![0.0; words], step: 1, bound: Vec::new() })
+        Ok(CpuExecutor {
+            plan,
+            arena: vec![0.0; words],
+            step: 1,
+            bound: Vec::new(),
+        })
     }
 
     /// Sets the 1-based number of the next step (it keys dropout masks and bias correction).
@@ -75,7 +107,12 @@ impl CpuExecutor {
     pub fn write(&mut self, b: BufferId, data: &[f32]) -> Result<(), ExecError> {
         let (s, e) = self.range(b);
         if data.len() != e - s {
-            return Err(ExecError::Shape(format!("`{}` holds {} elements, got {}", self.plan.buffers[b.index()].name, e - s, data.len())));
+            return Err(ExecError::Shape(format!(
+                "`{}` holds {} elements, got {}",
+                self.plan.buffers[b.index()].name,
+                e - s,
+                data.len()
+            )));
         }
         self.arena[s..e].copy_from_slice(data);
         Ok(())
@@ -105,7 +142,9 @@ impl CpuExecutor {
                     Init::Zeros => 0.0,
                     Init::Ones => 1.0,
                     Init::Normal { std } => rng::normal01(key, 0, i as u64) * std,
-                    Init::Uniform { low, high } => low + (high - low) * rng::uniform01(key, 0, i as u64),
+                    Init::Uniform { low, high } => {
+                        low + (high - low) * rng::uniform01(key, 0, i as u64)
+                    }
                 };
             }
         }
@@ -125,7 +164,12 @@ impl CpuExecutor {
             match self.plan.buffers[input.buffer.index()].ty.dtype {
                 DType::I32 => {
                     let limit = input.id_limit.unwrap_or(2) as f32;
-                    let ids: Vec<i32> = (0..n).map(|i| ((rng::uniform01(key, 0, i as u64) * limit) as i32).min(limit as i32 - 1)).collect();
+                    let ids: Vec<i32> = (0..n)
+                        .map(|i| {
+                            ((rng::uniform01(key, 0, i as u64) * limit) as i32)
+                                .min(limit as i32 - 1)
+                        })
+                        .collect();
                     self.bind_ids(input.buffer, &ids)?;
                 }
                 _ => {
@@ -139,7 +183,11 @@ impl CpuExecutor {
 
     /// The value of the named output after a step (the loss is a 1-element output).
     pub fn output(&self, name: &str) -> Option<&[f32]> {
-        self.plan.outputs.iter().find(|(n, _)| n == name).map(|&(_, b)| self.read(b))
+        self.plan
+            .outputs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, b)| self.read(b))
     }
 
     /// Runs every step of the plan once; `on_gradient` sees each complete gradient just
@@ -190,7 +238,12 @@ impl CpuExecutor {
         let out = || v.output();
         use Op::*;
         match &step.op {
-            Input { .. } | Param { .. } | OptimState { .. } => return Err(ExecError::Unsupported(format!("`{}` is not a step", step.op.name()))),
+            Input { .. } | Param { .. } | OptimState { .. } => {
+                return Err(ExecError::Unsupported(format!(
+                    "`{}` is not a step",
+                    step.op.name()
+                )))
+            }
             Fill { value, .. } => pointwise::fill(out(), *value),
             Unary(f) => pointwise::unary_forward(*f, x(0), out()),
             UnaryBackward(f) => pointwise::unary_backward(*f, x(0), x(1), out()),
@@ -203,13 +256,19 @@ impl CpuExecutor {
             Softmax { axis } => reduce::softmax(x(0), s(0), *axis, out()),
             SoftmaxBackward { axis } => reduce::softmax_backward(x(0), x(1), s(0), *axis, out()),
             LogSoftmax { axis } => reduce::log_softmax(x(0), s(0), *axis, out()),
-            LogSoftmaxBackward { axis } => reduce::log_softmax_backward(x(0), x(1), s(0), *axis, out()),
+            LogSoftmaxBackward { axis } => {
+                reduce::log_softmax_backward(x(0), x(1), s(0), *axis, out())
+            }
             Norm { kind, eps } => {
                 let bias = (step.inputs.len() > 2).then(|| x(2));
                 norm::norm_forward(*kind, *eps, x(0), s(0), x(1), bias, out())
             }
-            NormBackwardInput { kind, eps } => norm::norm_backward_input(*kind, *eps, x(0), s(0), x(1), x(2), out()),
-            NormBackwardWeight { kind, eps } => norm::norm_backward_weight(*kind, *eps, x(0), s(0), x(1), out()),
+            NormBackwardInput { kind, eps } => {
+                norm::norm_backward_input(*kind, *eps, x(0), s(0), x(1), x(2), out())
+            }
+            NormBackwardWeight { kind, eps } => {
+                norm::norm_backward_weight(*kind, *eps, x(0), s(0), x(1), out())
+            }
             NormBackwardBias { kind } => norm::norm_backward_bias(*kind, x(0), s(0), out()),
             Embedding => loss::embedding(x(0), s(0)[1], v.ids(1), out()).map_err(index_error)?,
             EmbeddingBackward { .. } => {
@@ -222,44 +281,116 @@ impl CpuExecutor {
             }
             CrossEntropyBackward => {
                 let c = s(0).last().copied().unwrap_or(1);
-                loss::cross_entropy_backward(x(0), c, v.ids(1), x(2)[0], out()).map_err(index_error)?
+                loss::cross_entropy_backward(x(0), c, v.ids(1), x(2)[0], out())
+                    .map_err(index_error)?
             }
             Mse => loss::mse(x(0), x(1), out()),
             MseBackward => loss::mse_backward(x(0), x(1), x(2)[0], out()),
             Reshape { .. } => out().copy_from_slice(x(0)),
             Permute { perm } => movement::permute(x(0), s(0), perm, out()),
             Slice { axis, start, end } => movement::slice(x(0), s(0), *axis, *start, *end, out()),
-            PadSlice { axis, start, full } => movement::pad_slice(x(0), s(0), *axis, *start, *full, out()),
+            PadSlice { axis, start, full } => {
+                movement::pad_slice(x(0), s(0), *axis, *start, *full, out())
+            }
             Concat { axis } => {
-                let parts: Vec<(&[f32], &[usize])> = (0..step.inputs.len()).map(|i| (x(i), s(i))).collect();
+                let parts: Vec<(&[f32], &[usize])> =
+                    (0..step.inputs.len()).map(|i| (x(i), s(i))).collect();
                 movement::concat(&parts, *axis, out())
             }
             MatMul { ta, tb } => dense::matmul(x(0), s(0), *ta, x(1), s(1), *tb, out(), out_shape),
-            Conv2d(c) => dense::conv2d_forward(&super::kernels::conv_geom(c, s(0), s(1)), x(0), x(1), out(), v.workspace()),
-            Conv2dBackwardInput { conv, .. } => dense::conv2d_backward_input(&super::kernels::conv_geom(conv, out_shape, s(1)), x(0), x(1), out(), v.workspace()),
-            Conv2dBackwardWeight { conv, .. } => dense::conv2d_backward_weight(&super::kernels::conv_geom(conv, s(0), out_shape), x(0), x(1), out(), v.workspace()),
+            Conv2d(c) => dense::conv2d_forward(
+                &super::kernels::conv_geom(c, s(0), s(1)),
+                x(0),
+                x(1),
+                out(),
+                v.workspace(),
+            ),
+            Conv2dBackwardInput { conv, .. } => dense::conv2d_backward_input(
+                &super::kernels::conv_geom(conv, out_shape, s(1)),
+                x(0),
+                x(1),
+                out(),
+                v.workspace(),
+            ),
+            Conv2dBackwardWeight { conv, .. } => dense::conv2d_backward_weight(
+                &super::kernels::conv_geom(conv, s(0), out_shape),
+                x(0),
+                x(1),
+                out(),
+                v.workspace(),
+            ),
             MaxPool2d(p) => dense::max_pool2d_forward(&pool_geom(p, s(0)), x(0), out()),
-            MaxPool2dBackward(p) => dense::max_pool2d_backward(&pool_geom(p, s(0)), x(0), x(1), out()),
+            MaxPool2dBackward(p) => {
+                dense::max_pool2d_backward(&pool_geom(p, s(0)), x(0), x(1), out())
+            }
             AvgPool2d(p) => dense::avg_pool2d_forward(&pool_geom(p, s(0)), x(0), out()),
-            AvgPool2dBackward { pool, .. } => dense::avg_pool2d_backward(&pool_geom(pool, out_shape), x(0), out()),
+            AvgPool2dBackward { pool, .. } => {
+                dense::avg_pool2d_backward(&pool_geom(pool, out_shape), x(0), out())
+            }
             Dropout { p, seed } => rng::dropout(x(0), *p, *seed, self.step, out()),
-            Attention(a) => dense::attention_forward(&attn_geom(a, s(0), s(1)), x(0), x(1), x(2), out()),
-            AttentionBackward { attn, which } => dense::attention_backward(&attn_geom(attn, s(0), s(1)), x(0), x(1), x(2), x(3), *which, out()),
-            Rope { heads, base, inverse } => {
+            Attention(a) => {
+                dense::attention_forward(&attn_geom(a, s(0), s(1)), x(0), x(1), x(2), out())
+            }
+            AttentionBackward { attn, which } => dense::attention_backward(
+                &attn_geom(attn, s(0), s(1)),
+                x(0),
+                x(1),
+                x(2),
+                x(3),
+                *which,
+                out(),
+            ),
+            Rope {
+                heads,
+                base,
+                inverse,
+            } => {
                 let sh = s(0);
-                dense::rope(x(0), sh[0], sh[1], *heads, sh[2] / heads.max(&1), *base, *inverse, out())
+                dense::rope(
+                    x(0),
+                    sh[0],
+                    sh[1],
+                    *heads,
+                    sh[2] / heads.max(&1),
+                    *base,
+                    *inverse,
+                    out(),
+                )
             }
             ClipCoefficient { max_norm } => {
-                let total: f64 = (0..step.inputs.len()).map(|i| optim::sum_squares(x(i))).sum();
+                let total: f64 = (0..step.inputs.len())
+                    .map(|i| optim::sum_squares(x(i)))
+                    .sum();
                 out()[0] = (*max_norm as f64 / (total.sqrt() + 1e-6)).min(1.0) as f32;
             }
             AdamW(p) => {
                 let clip = if step.inputs.len() > 4 { x(4)[0] } else { 1.0 };
-                optim::adamw_update(v.input_mut(0), x(1), v.input_mut(2), v.input_mut(3), p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, self.step, clip)
+                optim::adamw_update(
+                    v.input_mut(0),
+                    x(1),
+                    v.input_mut(2),
+                    v.input_mut(3),
+                    p.lr,
+                    p.beta1,
+                    p.beta2,
+                    p.eps,
+                    p.weight_decay,
+                    self.step,
+                    clip,
+                )
             }
             Sgd(p) => {
                 let clip = if step.inputs.len() > 3 { x(3)[0] } else { 1.0 };
-                optim::sgd_update(v.input_mut(0), x(1), v.input_mut(2), p.lr, p.momentum, p.weight_decay, self.step, clip)
+                optim::sgd_update(
+                    v.input_mut(0),
+                    x(1),
+                    v.input_mut(2),
+                    p.lr,
+                    p.momentum,
+                    p.weight_decay,
+                    self.step,
+                    clip,
+                )
             }
         }
         Ok(())

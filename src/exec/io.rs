@@ -26,9 +26,14 @@ pub fn read_npy(bytes: &[u8]) -> Result<TensorData, String> {
         "i8" => {
             let wide = npy.into_vec::<i64>().map_err(bad)?;
             let narrow: Result<Vec<i32>, _> = wide.iter().map(|&v| i32::try_from(v)).collect();
-            Ok(TensorData::I32(shape, narrow.map_err(|_| "an int64 value does not fit in i32".to_string())?))
+            Ok(TensorData::I32(
+                shape,
+                narrow.map_err(|_| "an int64 value does not fit in i32".to_string())?,
+            ))
         }
-        other => Err(format!("unsupported dtype `{other}` (use float32, int32 or int64)")),
+        other => Err(format!(
+            "unsupported dtype `{other}` (use float32, int32 or int64)"
+        )),
     }
 }
 
@@ -36,21 +41,37 @@ pub fn read_npy(bytes: &[u8]) -> Result<TensorData, String> {
 pub fn write_npy(shape: &[usize], data: &[f32]) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
-    let mut w = npyz::WriteOptions::<f32>::new().default_dtype().shape(&dims).writer(&mut out).begin_nd().map_err(|e| e.to_string())?;
+    let mut w = npyz::WriteOptions::<f32>::new()
+        .default_dtype()
+        .shape(&dims)
+        .writer(&mut out)
+        .begin_nd()
+        .map_err(|e| e.to_string())?;
     w.extend(data.iter().copied()).map_err(|e| e.to_string())?;
     w.finish().map_err(|e| e.to_string())?;
     Ok(out)
 }
 
+/// Tensors by name, each with its shape.
+pub type NamedTensors = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
+
 /// Reads every f32 tensor of a `.safetensors` file by name.
-pub fn read_safetensors(bytes: &[u8]) -> Result<BTreeMap<String, (Vec<usize>, Vec<f32>)>, String> {
-    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
+pub fn read_safetensors(bytes: &[u8]) -> Result<NamedTensors, String> {
+    let st = safetensors::SafeTensors::deserialize(bytes)
+        .map_err(|e| format!("not a safetensors file: {e}"))?;
     let mut out = BTreeMap::new();
     for (name, view) in st.tensors() {
         if view.dtype() != safetensors::Dtype::F32 {
-            return Err(format!("tensor `{name}` is {:?}; parameters must be F32", view.dtype()));
+            return Err(format!(
+                "tensor `{name}` is {:?}; parameters must be F32",
+                view.dtype()
+            ));
         }
-        let data = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let data = view
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
         out.insert(name, (view.shape().to_vec(), data));
     }
     Ok(out)
@@ -58,11 +79,17 @@ pub fn read_safetensors(bytes: &[u8]) -> Result<BTreeMap<String, (Vec<usize>, Ve
 
 /// Encodes named f32 tensors as a `.safetensors` file.
 pub fn write_safetensors(tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<Vec<u8>, String> {
-    let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, _, d)| d.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, _, d)| d.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .collect();
     let views = tensors
         .iter()
         .zip(&bytes)
-        .map(|((name, shape, _), b)| safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b).map(|v| (name.clone(), v)))
+        .map(|((name, shape, _), b)| {
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b)
+                .map(|v| (name.clone(), v))
+        })
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
     safetensors::serialize(views, &None).map_err(|e| e.to_string())

@@ -1,5 +1,6 @@
 //! Backends that execute a verified plan, and the file formats they exchange.
 pub mod cpu;
+pub mod cuda;
 pub mod io;
 pub mod kernels;
 
@@ -16,7 +17,9 @@ pub enum ExecError {
 impl fmt::Display for ExecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ExecError::IdOutOfRange { value, limit } => write!(f, "id {value} is out of range 0..{limit}"),
+            ExecError::IdOutOfRange { value, limit } => {
+                write!(f, "id {value} is out of range 0..{limit}")
+            }
             ExecError::Shape(m) | ExecError::Unsupported(m) => f.write_str(m),
         }
     }

@@ -96,13 +96,20 @@ pub enum BinOp {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ExprKind {
     /// A number; `integral` when written without a fraction or exponent.
-    Number { value: f64, integral: bool },
+    Number {
+        value: f64,
+        integral: bool,
+    },
     /// A byte size such as `16GiB`.
     Size(u64),
     /// `a` or `a.b.c`.
     Path(Vec<Ident>),
     Call(Call),
-    Repeat { count: Box<Expr>, block: Ident, args: Vec<Arg> },
+    Repeat {
+        count: Box<Expr>,
+        block: Ident,
+        args: Vec<Arg>,
+    },
     Tuple(Vec<Expr>),
     Binary(BinOp, Box<Expr>, Box<Expr>),
     Neg(Box<Expr>),

@@ -20,7 +20,12 @@ struct Args {
 impl Args {
     fn positional(&mut self, what: &str) -> R<Spanned> {
         let v = self.pos.get(self.used_pos).cloned().ok_or_else(|| {
-            UserError::at(self.span, format!("`{}` is missing its {what} argument", self.func), "missing argument", format!("see the signature of `{}` in the README", self.func))
+            UserError::at(
+                self.span,
+                format!("`{}` is missing its {what} argument", self.func),
+                "missing argument",
+                format!("see the signature of `{}` in the README", self.func),
+            )
         })?;
         self.used_pos += 1;
         Ok(v)
@@ -41,10 +46,23 @@ impl Args {
 
     fn done(&self) -> R<()> {
         if let Some((k, _)) = self.kw.first() {
-            return Err(UserError::at(k.span, format!("unknown argument `{}` for `{}`", k.name, self.func), "unknown argument", format!("check the arguments of `{}`", self.func)));
+            return Err(UserError::at(
+                k.span,
+                format!("unknown argument `{}` for `{}`", k.name, self.func),
+                "unknown argument",
+                format!("check the arguments of `{}`", self.func),
+            ));
         }
         if let Some(extra) = self.pos.get(self.used_pos) {
-            return Err(UserError::at(extra.span, format!("too many arguments for `{}`", self.func), "extra argument", format!("`{}` takes {} positional argument(s)", self.func, self.used_pos)));
+            return Err(UserError::at(
+                extra.span,
+                format!("too many arguments for `{}`", self.func),
+                "extra argument",
+                format!(
+                    "`{}` takes {} positional argument(s)",
+                    self.func, self.used_pos
+                ),
+            ));
         }
         Ok(())
     }
@@ -60,7 +78,10 @@ fn axes_of(l: &Lowerer, v: Option<Spanned>, rank: usize) -> R<Vec<usize>> {
     };
     let mut axes = Vec::new();
     for item in items {
-        let s = Spanned { val: item, span: v.span };
+        let s = Spanned {
+            val: item,
+            span: v.span,
+        };
         axes.push(axis(l, &s, rank)?);
     }
     axes.sort();
@@ -70,7 +91,14 @@ fn axes_of(l: &Lowerer, v: Option<Spanned>, rank: usize) -> R<Vec<usize>> {
 
 fn axis(l: &Lowerer, v: &Spanned, rank: usize) -> R<usize> {
     let a = l.int(v, "an axis")?;
-    normalize_axis(a, rank).ok_or_else(|| UserError::at(v.span, format!("axis {a} is out of range for rank {rank}"), "bad axis", format!("use -{rank}..{rank}")))
+    normalize_axis(a, rank).ok_or_else(|| {
+        UserError::at(
+            v.span,
+            format!("axis {a} is out of range for rank {rank}"),
+            "bad axis",
+            format!("use -{rank}..{rank}"),
+        )
+    })
 }
 
 fn pair(l: &Lowerer, v: Option<Spanned>, default: usize, what: &str) -> R<[usize; 2]> {
@@ -78,9 +106,19 @@ fn pair(l: &Lowerer, v: Option<Spanned>, default: usize, what: &str) -> R<[usize
         return Ok([default, default]);
     };
     let item = |val: &Val| -> R<usize> {
-        let s = Spanned { val: val.clone(), span: v.span };
+        let s = Spanned {
+            val: val.clone(),
+            span: v.span,
+        };
         let i = l.int(&s, what)?;
-        usize::try_from(i).map_err(|_| UserError::at(v.span, format!("{what} must not be negative"), "negative", "use 0 or more"))
+        usize::try_from(i).map_err(|_| {
+            UserError::at(
+                v.span,
+                format!("{what} must not be negative"),
+                "negative",
+                "use 0 or more",
+            )
+        })
     };
     match &v.val {
         Val::Tuple(items) if items.len() == 2 => Ok([item(&items[0])?, item(&items[1])?]),
@@ -94,9 +132,20 @@ fn pair(l: &Lowerer, v: Option<Spanned>, default: usize, what: &str) -> R<[usize
 fn boolean(v: Option<Spanned>, default: bool) -> R<bool> {
     match v {
         None => Ok(default),
-        Some(Spanned { val: Val::Symbol(s), .. }) if s == "true" => Ok(true),
-        Some(Spanned { val: Val::Symbol(s), .. }) if s == "false" => Ok(false),
-        Some(v) => Err(UserError::at(v.span, "expected `true` or `false`", "not a boolean", "write `true` or `false`")),
+        Some(Spanned {
+            val: Val::Symbol(s),
+            ..
+        }) if s == "true" => Ok(true),
+        Some(Spanned {
+            val: Val::Symbol(s),
+            ..
+        }) if s == "false" => Ok(false),
+        Some(v) => Err(UserError::at(
+            v.span,
+            "expected `true` or `false`",
+            "not a boolean",
+            "write `true` or `false`",
+        )),
     }
 }
 
@@ -131,14 +180,28 @@ impl Lowerer<'_> {
         let name = call.name.name.as_str();
         if let Some(def) = self.block(name) {
             if let Some((k, _)) = kw.first() {
-                return Err(UserError::at(k.span, "blocks take positional arguments", "keyword", "pass arguments in order"));
+                return Err(UserError::at(
+                    k.span,
+                    "blocks take positional arguments",
+                    "keyword",
+                    "pass arguments in order",
+                ));
             }
             return self.instantiate(def, pos, call.span);
         }
-        let mut args = Args { func: name.to_string(), span: call.span, pos, kw, used_pos: 0 };
+        let mut args = Args {
+            func: name.to_string(),
+            span: call.span,
+            pos,
+            kw,
+            used_pos: 0,
+        };
         let val = self.builtin(name, &mut args, call)?;
         args.done()?;
-        Ok(Spanned { val, span: call.span })
+        Ok(Spanned {
+            val,
+            span: call.span,
+        })
     }
 
     fn t(&mut self, args: &mut Args, what: &str) -> R<ValueId> {
@@ -151,7 +214,14 @@ impl Lowerer<'_> {
     }
 
     fn linear(&mut self, x: ValueId, g: &Group, span: Span) -> R<ValueId> {
-        let y = self.add(Op::MatMul { ta: false, tb: false }, vec![x, g.weight], span)?;
+        let y = self.add(
+            Op::MatMul {
+                ta: false,
+                tb: false,
+            },
+            vec![x, g.weight],
+            span,
+        )?;
         match g.bias {
             Some(b) => self.add(Op::Binary(BinaryFn::Add), vec![y, b], span),
             None => Ok(y),
@@ -160,7 +230,15 @@ impl Lowerer<'_> {
 
     fn expect_kind(&self, g: &Group, want: &str, v_span: Span) -> R<()> {
         if g.kind.name() != want {
-            return Err(UserError::at(v_span, format!("expected a `{want}` parameter group, got `{}`", g.kind.name()), "wrong parameter kind", format!("declare it as `param name: {want}(...)`")));
+            return Err(UserError::at(
+                v_span,
+                format!(
+                    "expected a `{want}` parameter group, got `{}`",
+                    g.kind.name()
+                ),
+                "wrong parameter kind",
+                format!("declare it as `param name: {want}(...)`"),
+            ));
         }
         Ok(())
     }
@@ -170,16 +248,44 @@ impl Lowerer<'_> {
         let shape = self.ty(x).shape.clone();
         let axes = axes_of(self, args.optional("axis"), shape.len())?;
         let keepdim = boolean(args.optional("keepdim"), false)?;
-        let kept: Vec<usize> = shape.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
-        let dropped: Vec<usize> = shape.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect();
+        let kept: Vec<usize> = shape
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
+            .collect();
+        let dropped: Vec<usize> = shape
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !axes.contains(i))
+            .map(|(_, &d)| d)
+            .collect();
         let count: u64 = axes.iter().map(|&a| shape[a] as u64).product();
         let mut y = if name == "max" {
-            self.add(Op::MaxTo { shape: kept.clone() }, vec![x], span)?
+            self.add(
+                Op::MaxTo {
+                    shape: kept.clone(),
+                },
+                vec![x],
+                span,
+            )?
         } else {
-            self.add(Op::SumTo { shape: kept.clone() }, vec![x], span)?
+            self.add(
+                Op::SumTo {
+                    shape: kept.clone(),
+                },
+                vec![x],
+                span,
+            )?
         };
         if name == "mean" {
-            y = self.add(Op::Affine { scale: 1.0 / count.max(1) as f32, shift: 0.0 }, vec![y], span)?;
+            y = self.add(
+                Op::Affine {
+                    scale: 1.0 / count.max(1) as f32,
+                    shift: 0.0,
+                },
+                vec![y],
+                span,
+            )?;
         }
         if !keepdim && dropped != kept {
             y = self.add(Op::Reshape { shape: dropped }, vec![y], span)?;
@@ -227,7 +333,11 @@ impl Lowerer<'_> {
                     Some(v) => axis(self, &v, rank)?,
                     None => rank.saturating_sub(1),
                 };
-                let op = if name == "softmax" { Op::Softmax { axis: a } } else { Op::LogSoftmax { axis: a } };
+                let op = if name == "softmax" {
+                    Op::Softmax { axis: a }
+                } else {
+                    Op::LogSoftmax { axis: a }
+                };
                 self.op(op, vec![x], span)
             }
             "layernorm" | "rmsnorm" | "batchnorm" | "groupnorm" => self.norm(name, args, span),
@@ -249,10 +359,25 @@ impl Lowerer<'_> {
                 }
                 let act = match args.optional("act") {
                     None => UnaryFn::GeluTanh,
-                    Some(Spanned { val: Val::Symbol(s), span: s_span }) => unary_fn(&s).ok_or_else(|| {
-                        UserError::at(s_span, format!("unknown activation `{s}`"), "not an activation", "use relu, gelu, silu, tanh or sigmoid")
+                    Some(Spanned {
+                        val: Val::Symbol(s),
+                        span: s_span,
+                    }) => unary_fn(&s).ok_or_else(|| {
+                        UserError::at(
+                            s_span,
+                            format!("unknown activation `{s}`"),
+                            "not an activation",
+                            "use relu, gelu, silu, tanh or sigmoid",
+                        )
                     })?,
-                    Some(v) => return Err(UserError::at(v.span, "`act` must name an activation", "not an activation", "write `act = gelu`")),
+                    Some(v) => {
+                        return Err(UserError::at(
+                            v.span,
+                            "`act` must name an activation",
+                            "not an activation",
+                            "write `act = gelu`",
+                        ))
+                    }
                 };
                 let h = self.linear(x, &groups[0], span)?;
                 let h = self.add(Op::Unary(act), vec![h], span)?;
@@ -302,11 +427,26 @@ impl Lowerer<'_> {
                     axes_in_order(self, &pv, rank)?
                 } else {
                     let mut perm: Vec<usize> = (0..rank).collect();
-                    let a = args.pos.get(1).map(|v| axis(self, v, rank)).transpose()?.unwrap_or(rank.saturating_sub(2));
-                    let b = args.pos.get(2).map(|v| axis(self, v, rank)).transpose()?.unwrap_or(rank.saturating_sub(1));
+                    let a = args
+                        .pos
+                        .get(1)
+                        .map(|v| axis(self, v, rank))
+                        .transpose()?
+                        .unwrap_or(rank.saturating_sub(2));
+                    let b = args
+                        .pos
+                        .get(2)
+                        .map(|v| axis(self, v, rank))
+                        .transpose()?
+                        .unwrap_or(rank.saturating_sub(1));
                     args.rest();
                     if rank < 2 {
-                        return Err(UserError::at(span, format!("transpose needs rank >= 2, got {}", self.ty(x)), "rank too low", "reshape the tensor first"));
+                        return Err(UserError::at(
+                            span,
+                            format!("transpose needs rank >= 2, got {}", self.ty(x)),
+                            "rank too low",
+                            "reshape the tensor first",
+                        ));
                     }
                     perm.swap(a, b);
                     perm
@@ -320,7 +460,12 @@ impl Lowerer<'_> {
                     ids.push(self.tensor(p, "a part of `concat`")?);
                 }
                 let Some(&first) = ids.first() else {
-                    return Err(UserError::at(span, "`concat` needs at least one tensor", "no parts", "write `concat(a, b, axis = 1)`"));
+                    return Err(UserError::at(
+                        span,
+                        "`concat` needs at least one tensor",
+                        "no parts",
+                        "write `concat(a, b, axis = 1)`",
+                    ));
                 };
                 let rank = self.ty(first).shape.len();
                 let a = match args.optional("axis") {
@@ -341,18 +486,45 @@ impl Lowerer<'_> {
                     let s = args.positional("start")?;
                     let e = args.positional("end")?;
                     let (s, e) = (self.int(&s, "start")?, self.int(&e, "end")?);
-                    let (s, e) = (s.clamp(0, extent as i64) as usize, e.clamp(0, extent as i64) as usize);
-                    return self.op(Op::Slice { axis: a, start: s, end: e }, vec![x], span);
+                    let (s, e) = (
+                        s.clamp(0, extent as i64) as usize,
+                        e.clamp(0, extent as i64) as usize,
+                    );
+                    return self.op(
+                        Op::Slice {
+                            axis: a,
+                            start: s,
+                            end: e,
+                        },
+                        vec![x],
+                        span,
+                    );
                 }
                 let nv = args.positional("count")?;
                 let n = self.dim(&nv, "the split count")?;
                 if extent % n != 0 {
-                    return Err(UserError::at(nv.span, format!("cannot split {} into {n} equal parts along axis {a}", self.ty(x)), "does not divide", format!("the axis has {extent} elements")));
+                    return Err(UserError::at(
+                        nv.span,
+                        format!(
+                            "cannot split {} into {n} equal parts along axis {a}",
+                            self.ty(x)
+                        ),
+                        "does not divide",
+                        format!("the axis has {extent} elements"),
+                    ));
                 }
                 let part = extent / n;
                 let mut vals = Vec::new();
                 for i in 0..n {
-                    vals.push(Val::Tensor(self.add(Op::Slice { axis: a, start: i * part, end: (i + 1) * part }, vec![x], span)?));
+                    vals.push(Val::Tensor(self.add(
+                        Op::Slice {
+                            axis: a,
+                            start: i * part,
+                            end: (i + 1) * part,
+                        },
+                        vec![x],
+                        span,
+                    )?));
                 }
                 Ok(Val::Tuple(vals))
             }
@@ -361,7 +533,15 @@ impl Lowerer<'_> {
                 let gv = args.positional("parameter")?;
                 let g = self.group(&gv, "the second argument of `conv2d`")?;
                 let GroupKind::Conv2d { groups } = g.kind else {
-                    return Err(UserError::at(gv.span, format!("expected a `conv2d` parameter group, got `{}`", g.kind.name()), "wrong parameter kind", "declare it as `param c: conv2d(in, out, k)`"));
+                    return Err(UserError::at(
+                        gv.span,
+                        format!(
+                            "expected a `conv2d` parameter group, got `{}`",
+                            g.kind.name()
+                        ),
+                        "wrong parameter kind",
+                        "declare it as `param c: conv2d(in, out, k)`",
+                    ));
                 };
                 let conv = ConvParams {
                     stride: pair(self, args.optional("stride"), 1, "stride")?,
@@ -370,13 +550,24 @@ impl Lowerer<'_> {
                     groups,
                 };
                 if conv.stride.contains(&0) || conv.dilation.contains(&0) {
-                    return Err(UserError::at(span, "stride and dilation must be at least 1", "zero", "use 1 or more"));
+                    return Err(UserError::at(
+                        span,
+                        "stride and dilation must be at least 1",
+                        "zero",
+                        "use 1 or more",
+                    ));
                 }
                 let y = self.add(Op::Conv2d(conv), vec![x, g.weight], span)?;
                 match g.bias {
                     Some(b) => {
                         let c = self.ty(b).shape[0];
-                        let b4 = self.add(Op::Reshape { shape: vec![c, 1, 1] }, vec![b], span)?;
+                        let b4 = self.add(
+                            Op::Reshape {
+                                shape: vec![c, 1, 1],
+                            },
+                            vec![b],
+                            span,
+                        )?;
                         self.op(Op::Binary(BinaryFn::Add), vec![y, b4], span)
                     }
                     None => Ok(Val::Tensor(y)),
@@ -390,20 +581,61 @@ impl Lowerer<'_> {
                 let stride = if stride == [0, 0] { kernel } else { stride };
                 let padding = pair(self, args.optional("padding"), 0, "padding")?;
                 if kernel.contains(&0) || stride.contains(&0) {
-                    return Err(UserError::at(span, "kernel and stride must be at least 1", "zero", "use 1 or more"));
+                    return Err(UserError::at(
+                        span,
+                        "kernel and stride must be at least 1",
+                        "zero",
+                        "use 1 or more",
+                    ));
                 }
-                let p = PoolParams { kernel, stride, padding };
-                self.op(if name == "max_pool2d" { Op::MaxPool2d(p) } else { Op::AvgPool2d(p) }, vec![x], span)
+                let p = PoolParams {
+                    kernel,
+                    stride,
+                    padding,
+                };
+                self.op(
+                    if name == "max_pool2d" {
+                        Op::MaxPool2d(p)
+                    } else {
+                        Op::AvgPool2d(p)
+                    },
+                    vec![x],
+                    span,
+                )
             }
             "global_avg_pool" => {
                 let x = self.t(args, "input")?;
                 let shape = self.ty(x).shape.clone();
                 if shape.len() != 4 {
-                    return Err(UserError::at(span, format!("global_avg_pool needs an NCHW tensor, got {}", self.ty(x)), "not NCHW", "pass a [N, C, H, W] tensor"));
+                    return Err(UserError::at(
+                        span,
+                        format!("global_avg_pool needs an NCHW tensor, got {}", self.ty(x)),
+                        "not NCHW",
+                        "pass a [N, C, H, W] tensor",
+                    ));
                 }
-                let s = self.add(Op::SumTo { shape: vec![shape[0], shape[1], 1, 1] }, vec![x], span)?;
-                let m = self.add(Op::Affine { scale: 1.0 / (shape[2] * shape[3]) as f32, shift: 0.0 }, vec![s], span)?;
-                self.op(Op::Reshape { shape: vec![shape[0], shape[1]] }, vec![m], span)
+                let s = self.add(
+                    Op::SumTo {
+                        shape: vec![shape[0], shape[1], 1, 1],
+                    },
+                    vec![x],
+                    span,
+                )?;
+                let m = self.add(
+                    Op::Affine {
+                        scale: 1.0 / (shape[2] * shape[3]) as f32,
+                        shift: 0.0,
+                    },
+                    vec![s],
+                    span,
+                )?;
+                self.op(
+                    Op::Reshape {
+                        shape: vec![shape[0], shape[1]],
+                    },
+                    vec![m],
+                    span,
+                )
             }
             "upsample" => {
                 let x = self.t(args, "input")?;
@@ -411,11 +643,34 @@ impl Lowerer<'_> {
                 let f = self.dim(&fv, "the upsample factor")?;
                 let s = self.ty(x).shape.clone();
                 if s.len() != 4 {
-                    return Err(UserError::at(span, format!("upsample needs an NCHW tensor, got {}", self.ty(x)), "not NCHW", "pass a [N, C, H, W] tensor"));
+                    return Err(UserError::at(
+                        span,
+                        format!("upsample needs an NCHW tensor, got {}", self.ty(x)),
+                        "not NCHW",
+                        "pass a [N, C, H, W] tensor",
+                    ));
                 }
-                let r = self.add(Op::Reshape { shape: vec![s[0], s[1], s[2], 1, s[3], 1] }, vec![x], span)?;
-                let b = self.add(Op::BroadcastTo { shape: vec![s[0], s[1], s[2], f, s[3], f] }, vec![r], span)?;
-                self.op(Op::Reshape { shape: vec![s[0], s[1], s[2] * f, s[3] * f] }, vec![b], span)
+                let r = self.add(
+                    Op::Reshape {
+                        shape: vec![s[0], s[1], s[2], 1, s[3], 1],
+                    },
+                    vec![x],
+                    span,
+                )?;
+                let b = self.add(
+                    Op::BroadcastTo {
+                        shape: vec![s[0], s[1], s[2], f, s[3], f],
+                    },
+                    vec![r],
+                    span,
+                )?;
+                self.op(
+                    Op::Reshape {
+                        shape: vec![s[0], s[1], s[2] * f, s[3] * f],
+                    },
+                    vec![b],
+                    span,
+                )
             }
             "dropout" => {
                 let x = self.t(args, "input")?;
@@ -431,7 +686,14 @@ impl Lowerer<'_> {
                 let q = self.t(args, "q")?;
                 let k = self.t(args, "k")?;
                 let v = self.t(args, "v")?;
-                let hv = args.optional("heads").ok_or_else(|| UserError::at(span, "`attention` needs `heads = N`", "missing heads", "write `attention(q, k, v, heads = H)`"))?;
+                let hv = args.optional("heads").ok_or_else(|| {
+                    UserError::at(
+                        span,
+                        "`attention` needs `heads = N`",
+                        "missing heads",
+                        "write `attention(q, k, v, heads = H)`",
+                    )
+                })?;
                 let heads = self.dim(&hv, "heads")?;
                 let kv_heads = match args.optional("kv_heads") {
                     Some(v) => self.dim(&v, "kv_heads")?,
@@ -443,19 +705,48 @@ impl Lowerer<'_> {
                     Some(v) => self.float(&v, "scale")? as f32,
                     None => 1.0 / ((width / heads.max(1)).max(1) as f32).sqrt(),
                 };
-                self.op(Op::Attention(AttnParams { heads, kv_heads, causal, scale }), vec![q, k, v], span)
+                self.op(
+                    Op::Attention(AttnParams {
+                        heads,
+                        kv_heads,
+                        causal,
+                        scale,
+                    }),
+                    vec![q, k, v],
+                    span,
+                )
             }
             "rope" => {
                 let x = self.t(args, "input")?;
-                let hv = args.optional("heads").ok_or_else(|| UserError::at(span, "`rope` needs `heads = N`", "missing heads", "write `rope(q, heads = H)`"))?;
+                let hv = args.optional("heads").ok_or_else(|| {
+                    UserError::at(
+                        span,
+                        "`rope` needs `heads = N`",
+                        "missing heads",
+                        "write `rope(q, heads = H)`",
+                    )
+                })?;
                 let heads = self.dim(&hv, "heads")?;
                 let base = match args.optional("base") {
                     Some(v) => self.float(&v, "base")? as f32,
                     None => 10000.0,
                 };
-                self.op(Op::Rope { heads, base, inverse: false }, vec![x], span)
+                self.op(
+                    Op::Rope {
+                        heads,
+                        base,
+                        inverse: false,
+                    },
+                    vec![x],
+                    span,
+                )
             }
-            _ => Err(UserError::at(call.name.span, format!("unknown function `{name}`"), "not defined", "see the README for the built-in functions; blocks must be defined before use")),
+            _ => Err(UserError::at(
+                call.name.span,
+                format!("unknown function `{name}`"),
+                "not defined",
+                "see the README for the built-in functions; blocks must be defined before use",
+            )),
         }
     }
 
@@ -466,18 +757,43 @@ impl Lowerer<'_> {
         };
         let mut dims: Vec<i64> = Vec::new();
         for i in items {
-            dims.push(self.int(&Spanned { val: i, span: v.span }, "a shape dim")?);
+            dims.push(self.int(
+                &Spanned {
+                    val: i,
+                    span: v.span,
+                },
+                "a shape dim",
+            )?);
         }
         let known: i64 = dims.iter().filter(|&&d| d != -1).product();
         let unknown = dims.iter().filter(|&&d| d == -1).count();
         if unknown > 1 || dims.iter().any(|&d| d == 0 || d < -1) || known <= 0 {
-            return Err(UserError::at(v.span, "a shape needs positive dims and at most one -1", "bad shape", "write e.g. `(B, T, H, -1)`"));
+            return Err(UserError::at(
+                v.span,
+                "a shape needs positive dims and at most one -1",
+                "bad shape",
+                "write e.g. `(B, T, H, -1)`",
+            ));
         }
-        Ok(dims.iter().map(|&d| if d == -1 { (numel as i64 / known).max(1) as usize } else { d as usize }).collect())
+        Ok(dims
+            .iter()
+            .map(|&d| {
+                if d == -1 {
+                    (numel as i64 / known).max(1) as usize
+                } else {
+                    d as usize
+                }
+            })
+            .collect())
     }
 
     /// Creates the tensors of a parameter constructor such as `linear(I, O)`.
-    pub(super) fn param_group(&mut self, name: &Ident, call: &Call, env: &HashMap<String, Spanned>) -> R<Val> {
+    pub(super) fn param_group(
+        &mut self,
+        name: &Ident,
+        call: &Call,
+        env: &HashMap<String, Spanned>,
+    ) -> R<Val> {
         let mut pos = Vec::new();
         let mut kw = Vec::new();
         for a in &call.args {
@@ -488,12 +804,21 @@ impl Lowerer<'_> {
             }
         }
         let ctor = call.name.name.as_str();
-        let mut args = Args { func: ctor.to_string(), span: call.span, pos, kw, used_pos: 0 };
+        let mut args = Args {
+            func: ctor.to_string(),
+            span: call.span,
+            pos,
+            kw,
+            used_pos: 0,
+        };
         let dim = |l: &Lowerer, args: &mut Args, what: &str| -> R<usize> {
             let v = args.positional(what)?;
             l.dim(&v, what)
         };
-        let sub = |suffix: &str| Ident { name: format!("{}.{suffix}", name.name), span: name.span };
+        let sub = |suffix: &str| Ident {
+            name: format!("{}.{suffix}", name.name),
+            span: name.span,
+        };
         let f32t = |shape: Vec<usize>| TensorType::new(DType::F32, shape);
         let group = match ctor {
             "layernorm" | "batchnorm" | "rmsnorm" | "groupnorm" => {
@@ -562,7 +887,24 @@ impl Lowerer<'_> {
 
 fn axes_in_order(l: &Lowerer, v: &Spanned, rank: usize) -> R<Vec<usize>> {
     let Val::Tuple(items) = &v.val else {
-        return Err(UserError::at(v.span, "a permutation is a tuple of axes", "not a tuple", "write e.g. `(0, 2, 1, 3)`"));
+        return Err(UserError::at(
+            v.span,
+            "a permutation is a tuple of axes",
+            "not a tuple",
+            "write e.g. `(0, 2, 1, 3)`",
+        ));
     };
-    items.iter().map(|i| axis(l, &Spanned { val: i.clone(), span: v.span }, rank)).collect()
+    items
+        .iter()
+        .map(|i| {
+            axis(
+                l,
+                &Spanned {
+                    val: i.clone(),
+                    span: v.span,
+                },
+                rank,
+            )
+        })
+        .collect()
 }

@@ -60,14 +60,26 @@ pub fn lower(model: &Model, overrides: &[(String, i64)]) -> R<Module> {
                     v = *o;
                 }
                 if v <= 0 {
-                    return Err(UserError::at(expr.span, format!("dim {} = {v} must be a positive integer", name.name), "not positive", "dims are sizes: give a value of at least 1"));
+                    return Err(UserError::at(
+                        expr.span,
+                        format!("dim {} = {v} must be a positive integer", name.name),
+                        "not positive",
+                        "dims are sizes: give a value of at least 1",
+                    ));
                 }
                 dims.push((name.name.clone(), v));
                 l.bind(&mut globals, name, Val::Int(v))?;
             }
             Item::Input(name, ty) => {
                 let ty = l.tensor_type(ty, &globals, DType::F32)?;
-                let id = l.add(Op::Input { name: name.name.clone(), ty }, vec![], name.span)?;
+                let id = l.add(
+                    Op::Input {
+                        name: name.name.clone(),
+                        ty,
+                    },
+                    vec![],
+                    name.span,
+                )?;
                 l.bind(&mut globals, name, Val::Tensor(id))?;
             }
             Item::Param(decl) => {
@@ -76,12 +88,22 @@ pub fn lower(model: &Model, overrides: &[(String, i64)]) -> R<Module> {
             }
             Item::Block(def) => {
                 if l.blocks.insert(def.name.name.clone(), def).is_some() {
-                    return Err(UserError::at(def.name.span, format!("block `{}` is defined twice", def.name.name), "second definition", "rename one of the blocks"));
+                    return Err(UserError::at(
+                        def.name.span,
+                        format!("block `{}` is defined twice", def.name.name),
+                        "second definition",
+                        "rename one of the blocks",
+                    ));
                 }
             }
             Item::Train(settings, span) => {
                 if train.is_some() {
-                    return Err(UserError::at(*span, "a second `train` section", "duplicate", "merge the settings into one `train { }`"));
+                    return Err(UserError::at(
+                        *span,
+                        "a second `train` section",
+                        "duplicate",
+                        "merge the settings into one `train { }`",
+                    ));
                 }
                 train = Some(train_spec(settings, *span)?);
             }
@@ -90,7 +112,11 @@ pub fn lower(model: &Model, overrides: &[(String, i64)]) -> R<Module> {
                 let id = l.tensor(&v, "an output")?;
                 l.graph.outputs.push((name.name.clone(), id));
             }
-            Item::Stmt(Stmt::Assign(targets, expr)) if targets.len() == 1 && targets[0].name == "loss" && !globals.contains_key("loss") => {
+            Item::Stmt(Stmt::Assign(targets, expr))
+                if targets.len() == 1
+                    && targets[0].name == "loss"
+                    && !globals.contains_key("loss") =>
+            {
                 let v = l.eval(expr, &globals)?;
                 let id = l.tensor(&v, "the loss")?;
                 loss = Some((id, expr.span));
@@ -98,47 +124,95 @@ pub fn lower(model: &Model, overrides: &[(String, i64)]) -> R<Module> {
             Item::Stmt(stmt) => {
                 l.globals = globals.clone();
                 if let Some(ret) = l.stmt(stmt, &mut globals)? {
-                    return Err(UserError::at(ret.span, "`return` outside a block", "here", "use `loss = ...` or `output name = ...` at top level"));
+                    return Err(UserError::at(
+                        ret.span,
+                        "`return` outside a block",
+                        "here",
+                        "use `loss = ...` or `output name = ...` at top level",
+                    ));
                 }
             }
         }
         l.globals = globals.clone();
     }
-    if let Some((name, _)) = overrides.iter().find(|(n, _)| !dims.iter().any(|(d, _)| d == n)) {
+    if let Some((name, _)) = overrides
+        .iter()
+        .find(|(n, _)| !dims.iter().any(|(d, _)| d == n))
+    {
         let known: Vec<&str> = dims.iter().map(|(d, _)| d.as_str()).collect();
-        return Err(UserError::general(format!("`--set {name}=...` names no dim of this model"), format!("the model's dims are: {}", known.join(", "))));
+        return Err(UserError::general(
+            format!("`--set {name}=...` names no dim of this model"),
+            format!("the model's dims are: {}", known.join(", ")),
+        ));
     }
     if let Some((id, span)) = loss {
         let ty = &l.graph.node(id).ty;
         if !ty.shape.is_empty() {
-            return Err(UserError::at(span, format!("the loss must be a scalar, got {ty}"), "not a scalar", "reduce it, e.g. `loss = mean(...)`"));
+            return Err(UserError::at(
+                span,
+                format!("the loss must be a scalar, got {ty}"),
+                "not a scalar",
+                "reduce it, e.g. `loss = mean(...)`",
+            ));
         }
         l.graph.outputs.insert(0, ("loss".into(), id));
     }
     if let Some(t) = &train {
         if loss.is_none() {
-            return Err(UserError::at(t.span, "a model with `train` needs a loss", "training needs a loss", "add `loss = cross_entropy(logits, targets)` or similar"));
+            return Err(UserError::at(
+                t.span,
+                "a model with `train` needs a loss",
+                "training needs a loss",
+                "add `loss = cross_entropy(logits, targets)` or similar",
+            ));
         }
     }
     if l.graph.outputs.is_empty() {
-        return Err(UserError::at(model.name.span, "the model computes nothing", "no outputs", "assign `loss = ...` or declare `output name = ...`"));
+        return Err(UserError::at(
+            model.name.span,
+            "the model computes nothing",
+            "no outputs",
+            "assign `loss = ...` or declare `output name = ...`",
+        ));
     }
-    Ok(Module { name: model.name.name.clone(), graph: l.graph, train, dims })
+    Ok(Module {
+        name: model.name.name.clone(),
+        graph: l.graph,
+        train,
+        dims,
+    })
 }
 
 impl<'a> Lowerer<'a> {
     fn bind(&mut self, env: &mut Env, name: &Ident, val: Val) -> R<()> {
         if self.blocks.contains_key(&name.name) {
-            return Err(UserError::at(name.span, format!("`{}` is already a block", name.name), "name taken", "choose another name"));
+            return Err(UserError::at(
+                name.span,
+                format!("`{}` is already a block", name.name),
+                "name taken",
+                "choose another name",
+            ));
         }
-        env.insert(name.name.clone(), Spanned { val, span: name.span });
+        env.insert(
+            name.name.clone(),
+            Spanned {
+                val,
+                span: name.span,
+            },
+        );
         Ok(())
     }
 
     /// Appends a node, turning a type error into a diagnostic at `span`.
     pub(super) fn add(&mut self, op: Op, inputs: Vec<ValueId>, span: Span) -> R<ValueId> {
-        let origin = Origin { span, scope: self.scope.clone(), phase: Phase::Forward };
-        self.graph.add(op, inputs, &origin).map_err(|e: TypeError| UserError::at(span, e.message, "in this expression", e.help))
+        let origin = Origin {
+            span,
+            scope: self.scope.clone(),
+            phase: Phase::Forward,
+        };
+        self.graph
+            .add(op, inputs, &origin)
+            .map_err(|e: TypeError| UserError::at(span, e.message, "in this expression", e.help))
     }
 
     pub(super) fn ty(&self, v: ValueId) -> &TensorType {
@@ -148,34 +222,66 @@ impl<'a> Lowerer<'a> {
     pub(super) fn int(&self, v: &Spanned, what: &str) -> R<i64> {
         match v.val {
             Val::Int(i) => Ok(i),
-            Val::Float(f) => Err(UserError::at(v.span, format!("{what} must be a whole number, got {f}"), "not whole", "check divisions: `D/H` must divide exactly")),
-            ref other => Err(UserError::at(v.span, format!("{what} must be an integer, got {}", other.describe()), "not an integer", "use a dim or an integer literal")),
+            Val::Float(f) => Err(UserError::at(
+                v.span,
+                format!("{what} must be a whole number, got {f}"),
+                "not whole",
+                "check divisions: `D/H` must divide exactly",
+            )),
+            ref other => Err(UserError::at(
+                v.span,
+                format!("{what} must be an integer, got {}", other.describe()),
+                "not an integer",
+                "use a dim or an integer literal",
+            )),
         }
     }
 
     pub(super) fn dim(&self, v: &Spanned, what: &str) -> R<usize> {
         let i = self.int(v, what)?;
         if i <= 0 {
-            return Err(UserError::at(v.span, format!("{what} must be positive, got {i}"), "not positive", "sizes are at least 1"));
+            return Err(UserError::at(
+                v.span,
+                format!("{what} must be positive, got {i}"),
+                "not positive",
+                "sizes are at least 1",
+            ));
         }
         Ok(i as usize)
     }
 
     pub(super) fn float(&self, v: &Spanned, what: &str) -> R<f64> {
-        v.val.as_f64().ok_or_else(|| UserError::at(v.span, format!("{what} must be a number, got {}", v.val.describe()), "not a number", "write a literal like 0.1"))
+        v.val.as_f64().ok_or_else(|| {
+            UserError::at(
+                v.span,
+                format!("{what} must be a number, got {}", v.val.describe()),
+                "not a number",
+                "write a literal like 0.1",
+            )
+        })
     }
 
     pub(super) fn tensor(&self, v: &Spanned, what: &str) -> R<ValueId> {
         match &v.val {
             Val::Tensor(id) => Ok(*id),
-            other => Err(UserError::at(v.span, format!("{what} must be a tensor, got {}", other.describe()), "not a tensor", "pass a tensor value here")),
+            other => Err(UserError::at(
+                v.span,
+                format!("{what} must be a tensor, got {}", other.describe()),
+                "not a tensor",
+                "pass a tensor value here",
+            )),
         }
     }
 
     pub(super) fn group(&self, v: &Spanned, what: &str) -> R<Group> {
         match &v.val {
             Val::Group(g) => Ok(g.clone()),
-            other => Err(UserError::at(v.span, format!("{what} must be a parameter group, got {}", other.describe()), "not a parameter group", "declare it as e.g. `param ln: layernorm(D)`")),
+            other => Err(UserError::at(
+                v.span,
+                format!("{what} must be a parameter group, got {}", other.describe()),
+                "not a parameter group",
+                "declare it as e.g. `param ln: layernorm(D)`",
+            )),
         }
     }
 
@@ -190,17 +296,37 @@ impl<'a> Lowerer<'a> {
 
     /// Creates a parameter tensor named by the current scope.
     pub(super) fn new_param(&mut self, name: &Ident, ty: TensorType, init: Init) -> R<ValueId> {
-        let full = if self.scope.is_empty() { name.name.clone() } else { format!("{}.{}", self.scope, name.name) };
+        let full = if self.scope.is_empty() {
+            name.name.clone()
+        } else {
+            format!("{}.{}", self.scope, name.name)
+        };
         if self.param_names.insert(full.clone(), name.span).is_some() {
-            return Err(UserError::at(name.span, format!("parameter `{full}` is declared twice"), "second declaration", "give each parameter its own name"));
+            return Err(UserError::at(
+                name.span,
+                format!("parameter `{full}` is declared twice"),
+                "second declaration",
+                "give each parameter its own name",
+            ));
         }
-        self.add(Op::Param { name: full, ty, init }, vec![], name.span)
+        self.add(
+            Op::Param {
+                name: full,
+                ty,
+                init,
+            },
+            vec![],
+            name.span,
+        )
     }
 
     fn init(&mut self, e: &Expr, env: &Env) -> R<Init> {
         let (name, args): (&str, Vec<&Expr>) = match &e.kind {
             ExprKind::Path(p) if p.len() == 1 => (p[0].name.as_str(), vec![]),
-            ExprKind::Call(c) => (c.name.name.as_str(), c.args.iter().map(|a| &a.value).collect()),
+            ExprKind::Call(c) => (
+                c.name.name.as_str(),
+                c.args.iter().map(|a| &a.value).collect(),
+            ),
             _ => ("", vec![]),
         };
         let mut nums = Vec::new();
@@ -213,7 +339,12 @@ impl<'a> Lowerer<'a> {
             ("uniform", [a, b]) if a <= b => Ok(Init::Uniform { low: *a, high: *b }),
             ("zeros", []) => Ok(Init::Zeros),
             ("ones", []) => Ok(Init::Ones),
-            _ => Err(UserError::at(e.span, "unknown or malformed initializer", "not an initializer", "use normal(std), uniform(low, high), zeros or ones")),
+            _ => Err(UserError::at(
+                e.span,
+                "unknown or malformed initializer",
+                "not an initializer",
+                "use normal(std), uniform(low, high), zeros or ones",
+            )),
         }
     }
 
@@ -222,7 +353,12 @@ impl<'a> Lowerer<'a> {
             ParamKind::Tensor { ty, init } => {
                 let ty = self.tensor_type(ty, env, DType::F32)?;
                 if !ty.dtype.is_float() {
-                    return Err(UserError::at(decl.span, format!("parameter `{}` must be floating, got {ty}", decl.name.name), "integer parameter", "parameters are f32 (precision is chosen in `train`)"));
+                    return Err(UserError::at(
+                        decl.span,
+                        format!("parameter `{}` must be floating, got {ty}", decl.name.name),
+                        "integer parameter",
+                        "parameters are f32 (precision is chosen in `train`)",
+                    ));
                 }
                 let init = match init {
                     Some(e) => self.init(e, env)?,
@@ -246,7 +382,11 @@ impl<'a> Lowerer<'a> {
                     match v.val {
                         Val::Tuple(items) if items.len() == targets.len() => items,
                         other => {
-                            let n = if let Val::Tuple(items) = &other { items.len() } else { 1 };
+                            let n = if let Val::Tuple(items) = &other {
+                                items.len()
+                            } else {
+                                1
+                            };
                             return Err(UserError::at(e.span, format!("cannot unpack {n} value(s) into {} names", targets.len()), "wrong count", "match the number of names to the values, e.g. `split(x, 3)` gives 3"));
                         }
                     }
@@ -254,7 +394,12 @@ impl<'a> Lowerer<'a> {
                 for (t, val) in targets.iter().zip(vals) {
                     let is_assign = matches!(stmt, Stmt::Assign(..));
                     if is_assign && !env.contains_key(&t.name) {
-                        return Err(UserError::at(t.span, format!("`{}` is not defined", t.name), "assigned before definition", format!("introduce it with `let {} = ...`", t.name)));
+                        return Err(UserError::at(
+                            t.span,
+                            format!("`{}` is not defined", t.name),
+                            "assigned before definition",
+                            format!("introduce it with `let {} = ...`", t.name),
+                        ));
                     }
                     self.bind(env, t, val)?;
                 }
@@ -264,14 +409,38 @@ impl<'a> Lowerer<'a> {
     }
 
     /// Expands one instance of block `def` with `args`, returning its result.
-    pub(super) fn instantiate(&mut self, def: &BlockDef, args: Vec<Spanned>, call_span: Span) -> R<Spanned> {
+    pub(super) fn instantiate(
+        &mut self,
+        def: &BlockDef,
+        args: Vec<Spanned>,
+        call_span: Span,
+    ) -> R<Spanned> {
         if args.len() != def.args.len() {
-            return Err(UserError::at(call_span, format!("block `{}` takes {} argument(s), got {}", def.name.name, def.args.len(), args.len()), "wrong arity", format!("see the definition of `{}`", def.name.name)));
+            return Err(UserError::at(
+                call_span,
+                format!(
+                    "block `{}` takes {} argument(s), got {}",
+                    def.name.name,
+                    def.args.len(),
+                    args.len()
+                ),
+                "wrong arity",
+                format!("see the definition of `{}`", def.name.name),
+            ));
         }
         if self.depth > 32 {
-            return Err(UserError::at(call_span, "blocks nest too deeply (recursion?)", "here", "a block cannot call itself"));
+            return Err(UserError::at(
+                call_span,
+                "blocks nest too deeply (recursion?)",
+                "here",
+                "a block cannot call itself",
+            ));
         }
-        let key = if self.scope.is_empty() { def.name.name.clone() } else { format!("{}.{}", self.scope, def.name.name) };
+        let key = if self.scope.is_empty() {
+            def.name.name.clone()
+        } else {
+            format!("{}.{}", self.scope, def.name.name)
+        };
         let index = self.instances.entry(key.clone()).or_insert(0);
         let prefix = format!("{key}.{index}");
         *index += 1;
@@ -282,7 +451,15 @@ impl<'a> Lowerer<'a> {
                 let id = self.tensor(&arg, &format!("argument `{}`", name.name))?;
                 let got = self.ty(id);
                 if got.shape != want.shape {
-                    return Err(UserError::at(arg.span, format!("shape mismatch: block `{}` expects `{}` as {want}, got {got}", def.name.name, name.name), "wrong shape", "pass a tensor of the declared shape"));
+                    return Err(UserError::at(
+                        arg.span,
+                        format!(
+                            "shape mismatch: block `{}` expects `{}` as {want}, got {got}",
+                            def.name.name, name.name
+                        ),
+                        "wrong shape",
+                        "pass a tensor of the declared shape",
+                    ));
                 }
             }
             env.insert(name.name.clone(), arg);
@@ -306,7 +483,14 @@ impl<'a> Lowerer<'a> {
         }
         self.depth -= 1;
         self.scope = saved;
-        result.ok_or_else(|| UserError::at(def.span, format!("block `{}` does not return a value", def.name.name), "no return", "end the block with `return x`"))
+        result.ok_or_else(|| {
+            UserError::at(
+                def.span,
+                format!("block `{}` does not return a value", def.name.name),
+                "no return",
+                "end the block with `return x`",
+            )
+        })
     }
 
     pub(super) fn block(&self, name: &str) -> Option<&'a BlockDef> {
@@ -337,8 +521,19 @@ impl<'a> Lowerer<'a> {
                 match v.val {
                     Val::Int(i) => Val::Int(-i),
                     Val::Float(f) => Val::Float(-f),
-                    Val::Tensor(t) => Val::Tensor(self.add(Op::Unary(crate::ir::UnaryFn::Neg), vec![t], e.span)?),
-                    other => return Err(UserError::at(e.span, format!("cannot negate {}", other.describe()), "here", "negate a number or a tensor")),
+                    Val::Tensor(t) => Val::Tensor(self.add(
+                        Op::Unary(crate::ir::UnaryFn::Neg),
+                        vec![t],
+                        e.span,
+                    )?),
+                    other => {
+                        return Err(UserError::at(
+                            e.span,
+                            format!("cannot negate {}", other.describe()),
+                            "here",
+                            "negate a number or a tensor",
+                        ))
+                    }
                 }
             }
             ExprKind::Binary(op, a, b) => {
@@ -347,7 +542,9 @@ impl<'a> Lowerer<'a> {
                 self.binary(*op, a, b, e.span)?
             }
             ExprKind::Call(call) => return self.call(call, env),
-            ExprKind::Repeat { count, block, args } => return self.repeat(count, block, args, env, e.span),
+            ExprKind::Repeat { count, block, args } => {
+                return self.repeat(count, block, args, env, e.span)
+            }
         };
         Ok(Spanned { val, span: e.span })
     }
@@ -360,14 +557,26 @@ impl<'a> Lowerer<'a> {
             if parts.len() == 1 {
                 return Ok(Val::Symbol(first.name.clone()));
             }
-            return Err(UserError::at(first.span, format!("unknown name `{}`", first.name), "not defined", "declare it with `let`, `param`, `input` or `dim`"));
+            return Err(UserError::at(
+                first.span,
+                format!("unknown name `{}`", first.name),
+                "not defined",
+                "declare it with `let`, `param`, `input` or `dim`",
+            ));
         };
         let mut val = base.val.clone();
         for field in &parts[1..] {
             val = match (&val, field.name.as_str()) {
                 (Val::Group(g), "weight") => Val::Tensor(g.weight),
                 (Val::Group(Group { bias: Some(b), .. }), "bias") => Val::Tensor(*b),
-                _ => return Err(UserError::at(field.span, format!("no field `{}` on {}", field.name, val.describe()), "unknown field", "parameter groups have `weight` and (when declared) `bias`")),
+                _ => {
+                    return Err(UserError::at(
+                        field.span,
+                        format!("no field `{}` on {}", field.name, val.describe()),
+                        "unknown field",
+                        "parameter groups have `weight` and (when declared) `bias`",
+                    ))
+                }
             };
         }
         Ok(val)
@@ -381,12 +590,28 @@ impl<'a> Lowerer<'a> {
                     BinOp::Add => x.checked_add(*y),
                     BinOp::Sub => x.checked_sub(*y),
                     BinOp::Mul => x.checked_mul(*y),
-                    BinOp::Div if *y == 0 => return Err(UserError::at(b.span, "division by zero", "zero", "check the dims")),
+                    BinOp::Div if *y == 0 => {
+                        return Err(UserError::at(
+                            b.span,
+                            "division by zero",
+                            "zero",
+                            "check the dims",
+                        ))
+                    }
                     BinOp::Div if x % y != 0 => return Ok(Val::Float(*x as f64 / *y as f64)),
                     BinOp::Div => Some(x / y),
-                    BinOp::MatMul => return Err(UserError::at(span, "`@` needs tensors, got integers", "here", "use `*` for numbers")),
+                    BinOp::MatMul => {
+                        return Err(UserError::at(
+                            span,
+                            "`@` needs tensors, got integers",
+                            "here",
+                            "use `*` for numbers",
+                        ))
+                    }
                 };
-                r.map(Val::Int).ok_or_else(|| UserError::at(span, "integer overflow", "too large", "use smaller dims"))
+                r.map(Val::Int).ok_or_else(|| {
+                    UserError::at(span, "integer overflow", "too large", "use smaller dims")
+                })
             }
             (Val::Tensor(x), Val::Tensor(y)) => {
                 let op = match op {
@@ -394,7 +619,10 @@ impl<'a> Lowerer<'a> {
                     BinOp::Sub => Op::Binary(BinaryFn::Sub),
                     BinOp::Mul => Op::Binary(BinaryFn::Mul),
                     BinOp::Div => Op::Binary(BinaryFn::Div),
-                    BinOp::MatMul => Op::MatMul { ta: false, tb: false },
+                    BinOp::MatMul => Op::MatMul {
+                        ta: false,
+                        tb: false,
+                    },
                 };
                 Ok(Val::Tensor(self.add(op, vec![*x, *y], span)?))
             }
@@ -409,7 +637,11 @@ impl<'a> Lowerer<'a> {
                     (BinOp::Div, true) if c != 0.0 => (1.0 / c, 0.0),
                     _ => return Err(UserError::at(span, "this operation between a number and a tensor is not supported", "here", "numbers can be added, subtracted, multiplied, and divide a tensor by a nonzero number")),
                 };
-                Ok(Val::Tensor(self.add(Op::Affine { scale, shift }, vec![*t], span)?))
+                Ok(Val::Tensor(self.add(
+                    Op::Affine { scale, shift },
+                    vec![*t],
+                    span,
+                )?))
             }
             (x, y) if x.as_f64().is_some() && y.as_f64().is_some() => {
                 let (x, y) = (x.as_f64().unwrap_or(0.0), y.as_f64().unwrap_or(0.0));
@@ -418,28 +650,62 @@ impl<'a> Lowerer<'a> {
                     BinOp::Sub => x - y,
                     BinOp::Mul => x * y,
                     BinOp::Div => x / y,
-                    BinOp::MatMul => return Err(UserError::at(span, "`@` needs tensors", "here", "use `*` for numbers")),
+                    BinOp::MatMul => {
+                        return Err(UserError::at(
+                            span,
+                            "`@` needs tensors",
+                            "here",
+                            "use `*` for numbers",
+                        ))
+                    }
                 }))
             }
-            (x, y) => Err(UserError::at(span, format!("cannot combine {} and {}", x.describe(), y.describe()), "here", "arithmetic works on numbers and tensors")),
+            (x, y) => Err(UserError::at(
+                span,
+                format!("cannot combine {} and {}", x.describe(), y.describe()),
+                "here",
+                "arithmetic works on numbers and tensors",
+            )),
         }
     }
 
-    fn repeat(&mut self, count: &Expr, block: &Ident, args: &[Arg], env: &Env, span: Span) -> R<Spanned> {
+    fn repeat(
+        &mut self,
+        count: &Expr,
+        block: &Ident,
+        args: &[Arg],
+        env: &Env,
+        span: Span,
+    ) -> R<Spanned> {
         let n = self.eval(count, env)?;
         let n = self.dim(&n, "a repeat count")?;
         let Some(def) = self.block(&block.name) else {
-            return Err(UserError::at(block.span, format!("unknown block `{}`", block.name), "not a block", "define it with `block name(x) { ... }`"));
+            return Err(UserError::at(
+                block.span,
+                format!("unknown block `{}`", block.name),
+                "not a block",
+                "define it with `block name(x) { ... }`",
+            ));
         };
         let mut vals = Vec::new();
         for a in args {
             if let Some(name) = &a.name {
-                return Err(UserError::at(name.span, "blocks take positional arguments", "keyword", "pass arguments in order"));
+                return Err(UserError::at(
+                    name.span,
+                    "blocks take positional arguments",
+                    "keyword",
+                    "pass arguments in order",
+                ));
             }
             vals.push(self.eval(&a.value, env)?);
         }
         if vals.is_empty() {
-            return Err(UserError::at(span, "`repeat` needs the value to carry through the copies", "no argument", "write `repeat L layer(x)`"));
+            return Err(UserError::at(
+                span,
+                "`repeat` needs the value to carry through the copies",
+                "no argument",
+                "write `repeat L layer(x)`",
+            ));
         }
         for _ in 0..n {
             let out = self.instantiate(def, vals.clone(), span)?;

@@ -65,7 +65,9 @@ pub fn parse(text: &str) -> Result<Model, UserError> {
     let model = pairs
         .next()
         .and_then(|f| f.into_inner().next())
-        .ok_or_else(|| UserError::general("no model found", "a model file starts with `model NAME {`"))?;
+        .ok_or_else(|| {
+            UserError::general("no model found", "a model file starts with `model NAME {`")
+        })?;
     Ok(Builder::new().model(model))
 }
 
@@ -104,7 +106,11 @@ impl Builder {
             Rule::input_decl => {
                 let mut it = p.into_inner();
                 let name = it.next().map(ident).unwrap_or_else(missing_ident);
-                let ty = it.next().map(|t| self.type_expr(t)).unwrap_or(TypeExpr { dtype: None, dims: vec![], span });
+                let ty = it.next().map(|t| self.type_expr(t)).unwrap_or(TypeExpr {
+                    dtype: None,
+                    dims: vec![],
+                    span,
+                });
                 vec![Item::Input(name, ty)]
             }
             Rule::param_decl => vec![Item::Param(self.param(p))],
@@ -137,11 +143,25 @@ impl Builder {
         let kind = match it.next() {
             Some(t) if t.as_rule() == Rule::param_tensor => {
                 let mut t = t.into_inner();
-                let ty = t.next().map(|x| self.type_expr(x)).unwrap_or(TypeExpr { dtype: None, dims: vec![], span });
-                ParamKind::Tensor { ty, init: t.next().map(|e| self.expr(e)) }
+                let ty = t.next().map(|x| self.type_expr(x)).unwrap_or(TypeExpr {
+                    dtype: None,
+                    dims: vec![],
+                    span,
+                });
+                ParamKind::Tensor {
+                    ty,
+                    init: t.next().map(|e| self.expr(e)),
+                }
             }
             Some(c) => ParamKind::Group(self.call(c)),
-            None => ParamKind::Tensor { ty: TypeExpr { dtype: None, dims: vec![], span }, init: None },
+            None => ParamKind::Tensor {
+                ty: TypeExpr {
+                    dtype: None,
+                    dims: vec![],
+                    span,
+                },
+                init: None,
+            },
         };
         ParamDecl { name, kind, span }
     }
@@ -163,7 +183,12 @@ impl Builder {
                 _ => body.extend(self.stmt(q).map(BlockItem::Stmt)),
             }
         }
-        BlockDef { name, args, body, span }
+        BlockDef {
+            name,
+            args,
+            body,
+            span,
+        }
     }
 
     fn stmt(&self, p: Pair<Rule>) -> Option<Stmt> {
@@ -173,9 +198,16 @@ impl Builder {
         match rule {
             Rule::return_stmt => Some(Stmt::Return(self.expr_opt(it.next(), span))),
             Rule::let_stmt | Rule::assign_stmt => {
-                let targets = it.next().map(|t| t.into_inner().map(ident).collect()).unwrap_or_default();
+                let targets = it
+                    .next()
+                    .map(|t| t.into_inner().map(ident).collect())
+                    .unwrap_or_default();
                 let value = self.expr_opt(it.next(), span);
-                Some(if rule == Rule::let_stmt { Stmt::Let(targets, value) } else { Stmt::Assign(targets, value) })
+                Some(if rule == Rule::let_stmt {
+                    Stmt::Let(targets, value)
+                } else {
+                    Stmt::Assign(targets, value)
+                })
             }
             _ => None,
         }
@@ -198,7 +230,10 @@ impl Builder {
     fn expr_opt(&self, p: Option<Pair<Rule>>, span: Span) -> Expr {
         match p {
             Some(p) => self.expr(p),
-            None => Expr { kind: ExprKind::Tuple(vec![]), span },
+            None => Expr {
+                kind: ExprKind::Tuple(vec![]),
+                span,
+            },
         }
     }
 
@@ -217,7 +252,10 @@ impl Builder {
                     Rule::div => BinOp::Div,
                     _ => BinOp::MatMul,
                 };
-                Expr { span: lhs.span.join(rhs.span), kind: ExprKind::Binary(bin, Box::new(lhs), Box::new(rhs)) }
+                Expr {
+                    span: lhs.span.join(rhs.span),
+                    kind: ExprKind::Binary(bin, Box::new(lhs), Box::new(rhs)),
+                }
             })
             .parse(p.into_inner())
     }
@@ -227,11 +265,17 @@ impl Builder {
         let kind = match p.as_rule() {
             Rule::number => {
                 let text = p.as_str();
-                ExprKind::Number { value: text.parse().unwrap_or(f64::NAN), integral: !text.contains(['.', 'e', 'E']) }
+                ExprKind::Number {
+                    value: text.parse().unwrap_or(f64::NAN),
+                    integral: !text.contains(['.', 'e', 'E']),
+                }
             }
             Rule::size => {
                 let mut it = p.into_inner();
-                let n: f64 = it.next().and_then(|n| n.as_str().parse().ok()).unwrap_or(f64::NAN);
+                let n: f64 = it
+                    .next()
+                    .and_then(|n| n.as_str().parse().ok())
+                    .unwrap_or(f64::NAN);
                 let unit = match it.next().map(|u| u.as_str()) {
                     Some("KiB") => 1u64 << 10,
                     Some("MiB") => 1 << 20,
@@ -248,12 +292,24 @@ impl Builder {
             Rule::path => ExprKind::Path(p.into_inner().map(ident).collect()),
             Rule::call => ExprKind::Call(self.call(p)),
             Rule::tuple => ExprKind::Tuple(p.into_inner().map(|e| self.expr(e)).collect()),
-            Rule::paren => return p.into_inner().next().map(|e| self.expr(e)).unwrap_or(Expr { kind: ExprKind::Tuple(vec![]), span }),
+            Rule::paren => {
+                return p.into_inner().next().map(|e| self.expr(e)).unwrap_or(Expr {
+                    kind: ExprKind::Tuple(vec![]),
+                    span,
+                })
+            }
             Rule::repeat => {
                 let mut it = p.into_inner();
-                let count = it.next().map(|c| self.primary(c)).unwrap_or(Expr { kind: ExprKind::Tuple(vec![]), span });
+                let count = it.next().map(|c| self.primary(c)).unwrap_or(Expr {
+                    kind: ExprKind::Tuple(vec![]),
+                    span,
+                });
                 let block = it.next().map(ident).unwrap_or_else(missing_ident);
-                ExprKind::Repeat { count: Box::new(count), block, args: it.map(|a| self.arg(a)).collect() }
+                ExprKind::Repeat {
+                    count: Box::new(count),
+                    block,
+                    args: it.map(|a| self.arg(a)).collect(),
+                }
             }
             _ => ExprKind::Tuple(vec![]),
         };
@@ -264,7 +320,11 @@ impl Builder {
         let span = span_of(&p);
         let mut it = p.into_inner();
         let name = it.next().map(ident).unwrap_or_else(missing_ident);
-        Call { name, args: it.map(|a| self.arg(a)).collect(), span }
+        Call {
+            name,
+            args: it.map(|a| self.arg(a)).collect(),
+            span,
+        }
     }
 
     fn arg(&self, p: Pair<Rule>) -> Arg {
@@ -272,17 +332,35 @@ impl Builder {
         let parts: Vec<Pair<Rule>> = p.into_inner().collect();
         let mut it = parts.into_iter();
         match (it.next(), it.next()) {
-            (Some(n), Some(e)) => Arg { name: Some(ident(n)), value: self.expr(e) },
-            (Some(e), None) => Arg { name: None, value: self.expr(e) },
-            _ => Arg { name: None, value: Expr { kind: ExprKind::Tuple(vec![]), span } },
+            (Some(n), Some(e)) => Arg {
+                name: Some(ident(n)),
+                value: self.expr(e),
+            },
+            (Some(e), None) => Arg {
+                name: None,
+                value: self.expr(e),
+            },
+            _ => Arg {
+                name: None,
+                value: Expr {
+                    kind: ExprKind::Tuple(vec![]),
+                    span,
+                },
+            },
         }
     }
 }
 
 fn ident(p: Pair<Rule>) -> Ident {
-    Ident { name: p.as_str().to_string(), span: span_of(&p) }
+    Ident {
+        name: p.as_str().to_string(),
+        span: span_of(&p),
+    }
 }
 
 fn missing_ident() -> Ident {
-    Ident { name: String::new(), span: Span::default() }
+    Ident {
+        name: String::new(),
+        span: Span::default(),
+    }
 }

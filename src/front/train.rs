@@ -45,18 +45,36 @@ fn number(e: &Expr) -> Option<f64> {
 
 fn expect_number(e: &Expr, what: &str) -> Result<f32, UserError> {
     number(e).map(|v| v as f32).ok_or_else(|| {
-        UserError::at(e.span, format!("`{what}` must be a number"), "not a number", format!("write e.g. `{what} = 0.1`"))
+        UserError::at(
+            e.span,
+            format!("`{what}` must be a number"),
+            "not a number",
+            format!("write e.g. `{what} = 0.1`"),
+        )
     })
 }
 
-fn kwargs<'a>(call: &'a super::ast::Call, allowed: &[&str]) -> Result<Vec<(&'a str, &'a Expr)>, UserError> {
+fn kwargs<'a>(
+    call: &'a super::ast::Call,
+    allowed: &[&str],
+) -> Result<Vec<(&'a str, &'a Expr)>, UserError> {
     let mut out = Vec::new();
     for arg in &call.args {
         let Some(name) = &arg.name else {
-            return Err(UserError::at(arg.value.span, "optimizer settings are keyword arguments", "unnamed", format!("use `{}(lr = 3e-4)`", call.name.name)));
+            return Err(UserError::at(
+                arg.value.span,
+                "optimizer settings are keyword arguments",
+                "unnamed",
+                format!("use `{}(lr = 3e-4)`", call.name.name),
+            ));
         };
         if !allowed.contains(&name.name.as_str()) {
-            return Err(UserError::at(name.span, format!("unknown option `{}` for `{}`", name.name, call.name.name), "unknown", format!("accepted: {}", allowed.join(", "))));
+            return Err(UserError::at(
+                name.span,
+                format!("unknown option `{}` for `{}`", name.name, call.name.name),
+                "unknown",
+                format!("accepted: {}", allowed.join(", ")),
+            ));
         }
         out.push((name.name.as_str(), &arg.value));
     }
@@ -65,11 +83,22 @@ fn kwargs<'a>(call: &'a super::ast::Call, allowed: &[&str]) -> Result<Vec<(&'a s
 
 fn optimizer(e: &Expr) -> Result<Optimizer, UserError> {
     let ExprKind::Call(call) = &e.kind else {
-        return Err(UserError::at(e.span, "`optimizer` must be `adamw(...)` or `sgd(...)`", "not an optimizer", "write e.g. `optimizer = adamw(lr = 3e-4)`"));
+        return Err(UserError::at(
+            e.span,
+            "`optimizer` must be `adamw(...)` or `sgd(...)`",
+            "not an optimizer",
+            "write e.g. `optimizer = adamw(lr = 3e-4)`",
+        ));
     };
     match call.name.name.as_str() {
         "adamw" => {
-            let mut p = AdamWParams { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
+            let mut p = AdamWParams {
+                lr: 1e-3,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.01,
+            };
             for (k, v) in kwargs(call, &["lr", "betas", "eps", "weight_decay"])? {
                 match k {
                     "lr" => p.lr = expect_number(v, k)?,
@@ -80,14 +109,25 @@ fn optimizer(e: &Expr) -> Result<Optimizer, UserError> {
                             p.beta1 = expect_number(&items[0], "betas")?;
                             p.beta2 = expect_number(&items[1], "betas")?;
                         }
-                        _ => return Err(UserError::at(v.span, "`betas` must be a pair", "not a pair", "write `betas = (0.9, 0.999)`")),
+                        _ => {
+                            return Err(UserError::at(
+                                v.span,
+                                "`betas` must be a pair",
+                                "not a pair",
+                                "write `betas = (0.9, 0.999)`",
+                            ))
+                        }
                     },
                 }
             }
             Ok(Optimizer::AdamW(p))
         }
         "sgd" => {
-            let mut p = SgdParams { lr: 1e-2, momentum: 0.0, weight_decay: 0.0 };
+            let mut p = SgdParams {
+                lr: 1e-2,
+                momentum: 0.0,
+                weight_decay: 0.0,
+            };
             for (k, v) in kwargs(call, &["lr", "momentum", "weight_decay"])? {
                 let x = expect_number(v, k)?;
                 match k {
@@ -98,14 +138,25 @@ fn optimizer(e: &Expr) -> Result<Optimizer, UserError> {
             }
             Ok(Optimizer::Sgd(p))
         }
-        other => Err(UserError::at(call.name.span, format!("unknown optimizer `{other}`"), "unknown", "use `adamw(...)` or `sgd(...)`")),
+        other => Err(UserError::at(
+            call.name.span,
+            format!("unknown optimizer `{other}`"),
+            "unknown",
+            "use `adamw(...)` or `sgd(...)`",
+        )),
     }
 }
 
 /// Reads the settings of a `train` section.
 pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, UserError> {
     let mut spec = TrainSpec {
-        optimizer: Optimizer::AdamW(AdamWParams { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }),
+        optimizer: Optimizer::AdamW(AdamWParams {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }),
         precision: Precision::Fp32,
         budget: None,
         clip_grad_norm: None,
@@ -119,17 +170,36 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
                     ExprKind::Path(p) if p.len() == 1 && p[0].name == "fp32" => Precision::Fp32,
                     ExprKind::Path(p) if p.len() == 1 && p[0].name == "bf16" => Precision::Bf16,
                     ExprKind::Path(p) if p.len() == 1 && p[0].name == "fp16" => Precision::Fp16,
-                    _ => return Err(UserError::at(value.span, "unknown precision", "not a precision", "use fp32, bf16 or fp16")),
+                    _ => {
+                        return Err(UserError::at(
+                            value.span,
+                            "unknown precision",
+                            "not a precision",
+                            "use fp32, bf16 or fp16",
+                        ))
+                    }
                 }
             }
             "budget" => match &value.kind {
                 ExprKind::Size(b) if *b > 0 => spec.budget = Some(*b),
-                _ => return Err(UserError::at(value.span, "`budget` must be a positive size", "not a size", "write e.g. `budget = 16GiB` or `512MiB`")),
+                _ => {
+                    return Err(UserError::at(
+                        value.span,
+                        "`budget` must be a positive size",
+                        "not a size",
+                        "write e.g. `budget = 16GiB` or `512MiB`",
+                    ))
+                }
             },
             "clip_grad_norm" => {
                 let v = expect_number(value, "clip_grad_norm")?;
                 if v <= 0.0 {
-                    return Err(UserError::at(value.span, "`clip_grad_norm` must be positive", "not positive", "write e.g. `clip_grad_norm = 1.0`"));
+                    return Err(UserError::at(
+                        value.span,
+                        "`clip_grad_norm` must be positive",
+                        "not positive",
+                        "write e.g. `clip_grad_norm = 1.0`",
+                    ));
                 }
                 spec.clip_grad_norm = Some(v);
             }

@@ -17,7 +17,8 @@ pub fn flops(op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
         }
         Conv2d(c) => {
             let w = inputs[1];
-            2 * n * (w.shape[1] * w.shape[2] * w.shape[3]) as u64 / c.groups.max(1) as u64 * c.groups.max(1) as u64
+            2 * n * (w.shape[1] * w.shape[2] * w.shape[3]) as u64 / c.groups.max(1) as u64
+                * c.groups.max(1) as u64
         }
         Conv2dBackwardInput { .. } => {
             let (dy, w) = (inputs[0], inputs[1]);
@@ -40,7 +41,12 @@ pub fn flops(op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
             }
         }
         Norm { .. } | NormBackwardInput { .. } | NormBackwardWeight { .. } => 8 * first,
-        Softmax { .. } | LogSoftmax { .. } | SoftmaxBackward { .. } | LogSoftmaxBackward { .. } | CrossEntropy | CrossEntropyBackward => 5 * first,
+        Softmax { .. }
+        | LogSoftmax { .. }
+        | SoftmaxBackward { .. }
+        | LogSoftmaxBackward { .. }
+        | CrossEntropy
+        | CrossEntropyBackward => 5 * first,
         AdamW(_) => 12 * first,
         Sgd(_) => 4 * first,
         Unary(_) | UnaryBackward(_) => 4 * n,

@@ -71,7 +71,12 @@ impl Graph {
 
     /// Appends `op` applied to `inputs`, inferring its type; fails without changing the graph
     /// when the inputs do not fit the op.
-    pub fn add(&mut self, op: Op, inputs: Vec<ValueId>, origin: &Origin) -> Result<ValueId, TypeError> {
+    pub fn add(
+        &mut self,
+        op: Op,
+        inputs: Vec<ValueId>,
+        origin: &Origin,
+    ) -> Result<ValueId, TypeError> {
         let types: Vec<&TensorType> = inputs.iter().map(|&v| &self.node(v).ty).collect();
         let ty = infer(&op, &types)?;
         let node = Node {
@@ -84,7 +89,8 @@ impl Graph {
         };
         let idx = self.dag.add_node(node);
         for (slot, v) in inputs.iter().enumerate() {
-            self.dag.add_edge(NodeIndex::new(v.index()), idx, slot as u32);
+            self.dag
+                .add_edge(NodeIndex::new(v.index()), idx, slot as u32);
         }
         Ok(ValueId(idx.index() as u32))
     }
@@ -130,7 +136,10 @@ impl Graph {
 
     /// The value named `name` among the outputs.
     pub fn output(&self, name: &str) -> Option<ValueId> {
-        self.outputs.iter().find(|(n, _)| n == name).map(|&(_, v)| v)
+        self.outputs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, v)| v)
     }
 
     /// True when petgraph finds a cycle (never, for graphs built by [`Graph::add`]).

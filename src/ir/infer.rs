@@ -160,24 +160,31 @@ fn pool_out(x: &TensorType, p: &PoolParams) -> Result<TensorType> {
     }
 }
 
-fn attention_check(q: &TensorType, k: &TensorType, v: &TensorType, heads: usize, kv: usize) -> Result<usize> {
+fn attention_check(
+    q: &TensorType,
+    k: &TensorType,
+    v: &TensorType,
+    heads: usize,
+    kv: usize,
+) -> Result<usize> {
     for (t, what) in [(q, "q"), (k, "k"), (v, "v")] {
         rank_exactly(t, 3, &format!("attention {what}"))?;
         float(t, &format!("attention {what}"))?;
     }
     same_shape(k, v, "attention k/v")?;
-    if heads == 0 || kv == 0 || heads % kv != 0 || q.shape[2] % heads != 0 {
+    if heads == 0 || kv == 0 || !heads.is_multiple_of(kv) || !q.shape[2].is_multiple_of(heads) {
         return fail(
-            format!(
-                "attention with {heads} heads and {kv} kv heads does not divide q {q}"
-            ),
+            format!("attention with {heads} heads and {kv} kv heads does not divide q {q}"),
             "heads must divide the model width, and kv_heads must divide heads",
         );
     }
     let dh = q.shape[2] / heads;
     if q.shape[0] != k.shape[0] || k.shape[2] != kv * dh {
         return fail(
-            format!("attention shapes disagree: q {q}, k {k} (expected k width {})", kv * dh),
+            format!(
+                "attention shapes disagree: q {q}, k {k} (expected k width {})",
+                kv * dh
+            ),
             "k and v need batch of q and kv_heads x head_dim columns",
         );
     }
@@ -230,7 +237,10 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
             float(at(0), "operand")?;
             if let Dropout { p, .. } = op {
                 if !(0.0..1.0).contains(p) {
-                    return fail(format!("dropout p = {p} is outside [0, 1)"), "use 0 <= p < 1");
+                    return fail(
+                        format!("dropout p = {p} is outside [0, 1)"),
+                        "use 0 <= p < 1",
+                    );
                 }
             }
             Ok(at(0).clone())
@@ -275,7 +285,10 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         MaxTo { shape } => {
             arity(op, inputs, 1, 1)?;
             let ok = shape.len() == at(0).shape.len()
-                && shape.iter().zip(&at(0).shape).all(|(&s, &x)| s == x || s == 1);
+                && shape
+                    .iter()
+                    .zip(&at(0).shape)
+                    .all(|(&s, &x)| s == x || s == 1);
             if !ok {
                 return fail(
                     format!("cannot max-reduce {} to {}", at(0), ShapeDisplay(shape)),
@@ -293,7 +306,10 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
             arity(op, inputs, 1, 1)?;
             float(at(0), "operand")?;
             if *axis >= at(0).shape.len() {
-                return fail(format!("axis {axis} out of range for {}", at(0)), "use an axis below the rank");
+                return fail(
+                    format!("axis {axis} out of range for {}", at(0)),
+                    "use an axis below the rank",
+                );
             }
             Ok(at(0).clone())
         }
@@ -301,11 +317,15 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
             arity(op, inputs, 2, 3)?;
             let x = at(0);
             float(x, "normalized input")?;
-            let min_rank = if matches!(kind, NormKind::Layer | NormKind::Rms) { 1 } else { 2 };
+            let min_rank = if matches!(kind, NormKind::Layer | NormKind::Rms) {
+                1
+            } else {
+                2
+            };
             rank_at_least(x, min_rank, "normalization input")?;
             let c = norm_channels(*kind, &x.shape);
             if let NormKind::Group(g) = kind {
-                if *g == 0 || c % g != 0 {
+                if *g == 0 || !c.is_multiple_of(*g) {
                     return fail(
                         format!("groupnorm with {g} groups does not divide {c} channels of {x}"),
                         "choose a group count that divides the channels",
@@ -330,11 +350,17 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         NormBackwardWeight { kind, .. } => {
             arity(op, inputs, 2, 2)?;
             same_shape(at(0), at(1), op.name())?;
-            Ok(TensorType::new(at(0).dtype, vec![norm_channels(*kind, &at(0).shape)]))
+            Ok(TensorType::new(
+                at(0).dtype,
+                vec![norm_channels(*kind, &at(0).shape)],
+            ))
         }
         NormBackwardBias { kind } => {
             arity(op, inputs, 1, 1)?;
-            Ok(TensorType::new(at(0).dtype, vec![norm_channels(*kind, &at(0).shape)]))
+            Ok(TensorType::new(
+                at(0).dtype,
+                vec![norm_channels(*kind, &at(0).shape)],
+            ))
         }
         Embedding => {
             arity(op, inputs, 2, 2)?;
@@ -383,7 +409,12 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
             arity(op, inputs, 1, 1)?;
             if numel(shape) != at(0).numel() {
                 return fail(
-                    format!("cannot reshape {} ({} elements) to {}", at(0), at(0).numel(), ShapeDisplay(shape)),
+                    format!(
+                        "cannot reshape {} ({} elements) to {}",
+                        at(0),
+                        at(0).numel(),
+                        ShapeDisplay(shape)
+                    ),
                     "the element count must stay the same",
                 );
             }
@@ -394,10 +425,15 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
             let rank = at(0).shape.len();
             let mut seen = vec![false; rank];
             let valid = perm.len() == rank
-                && perm.iter().all(|&p| p < rank && !std::mem::replace(&mut seen[p], true));
+                && perm
+                    .iter()
+                    .all(|&p| p < rank && !std::mem::replace(&mut seen[p], true));
             if !valid {
                 return fail(
-                    format!("{perm:?} is not a permutation of the {rank} dims of {}", at(0)),
+                    format!(
+                        "{perm:?} is not a permutation of the {rank} dims of {}",
+                        at(0)
+                    ),
                     "list every axis exactly once",
                 );
             }
@@ -433,13 +469,20 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
             let first = at(0);
             let mut shape = first.shape.clone();
             if *axis >= shape.len() {
-                return fail(format!("concat axis {axis} out of range for {first}"), "use an axis below the rank");
+                return fail(
+                    format!("concat axis {axis} out of range for {first}"),
+                    "use an axis below the rank",
+                );
             }
             shape[*axis] = 0;
             for t in inputs {
                 same_dtype(first, t)?;
                 let compatible = t.shape.len() == first.shape.len()
-                    && t.shape.iter().zip(&first.shape).enumerate().all(|(i, (a, b))| i == *axis || a == b);
+                    && t.shape
+                        .iter()
+                        .zip(&first.shape)
+                        .enumerate()
+                        .all(|(i, (a, b))| i == *axis || a == b);
                 if !compatible {
                     return fail(
                         format!("concat along axis {axis}: {first} and {t} differ in another dim"),
@@ -463,12 +506,18 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         Conv2dBackwardInput { conv, input } => {
             arity(op, inputs, 2, 2)?;
             let (dy, w) = (at(0), at(1));
-            Ok(TensorType::new(dy.dtype, vec![dy.shape[0], w.shape[1] * conv.groups, input[0], input[1]]))
+            Ok(TensorType::new(
+                dy.dtype,
+                vec![dy.shape[0], w.shape[1] * conv.groups, input[0], input[1]],
+            ))
         }
         Conv2dBackwardWeight { conv, kernel } => {
             arity(op, inputs, 2, 2)?;
             let (x, dy) = (at(0), at(1));
-            Ok(TensorType::new(x.dtype, vec![dy.shape[1], x.shape[1] / conv.groups, kernel[0], kernel[1]]))
+            Ok(TensorType::new(
+                x.dtype,
+                vec![dy.shape[1], x.shape[1] / conv.groups, kernel[0], kernel[1]],
+            ))
         }
         MaxPool2d(p) | AvgPool2d(p) => {
             arity(op, inputs, 1, 1)?;
@@ -482,7 +531,10 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         AvgPool2dBackward { input, .. } => {
             arity(op, inputs, 1, 1)?;
             let dy = at(0);
-            Ok(TensorType::new(dy.dtype, vec![dy.shape[0], dy.shape[1], input[0], input[1]]))
+            Ok(TensorType::new(
+                dy.dtype,
+                vec![dy.shape[0], dy.shape[1], input[0], input[1]],
+            ))
         }
         Attention(a) => {
             arity(op, inputs, 3, 3)?;

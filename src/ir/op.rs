@@ -193,7 +193,10 @@ pub enum Op {
     /// `(dy, w) -> dx`; `input` is the spatial size of x.
     Conv2dBackwardInput { conv: ConvParams, input: [usize; 2] },
     /// `(x, dy) -> dw`; `kernel` is the spatial size of w.
-    Conv2dBackwardWeight { conv: ConvParams, kernel: [usize; 2] },
+    Conv2dBackwardWeight {
+        conv: ConvParams,
+        kernel: [usize; 2],
+    },
     /// Max pooling over NCHW.
     MaxPool2d(PoolParams),
     /// `(x, dy) -> dx`.
@@ -252,16 +255,39 @@ impl Op {
             | AttentionBackward { .. } => OpClass::Heavy,
             Dropout { .. } => OpClass::Random,
             ClipCoefficient { .. } | AdamW(_) | Sgd(_) => OpClass::Update,
-            Fill { .. } | Unary(_) | UnaryBackward(_) | Binary(_) | Affine { .. } | SumTo { .. }
-            | BroadcastTo { .. } | MaxTo { .. } | MaxToBackward | Softmax { .. }
-            | SoftmaxBackward { .. } | LogSoftmax { .. } | LogSoftmaxBackward { .. }
-            | Norm { .. } | NormBackwardInput { .. } | NormBackwardWeight { .. }
-            | NormBackwardBias { .. } | Embedding | EmbeddingBackward { .. } | CrossEntropy
-            | CrossEntropyBackward | Mse | MseBackward | Reshape { .. } | Permute { .. }
-            | Slice { .. } | PadSlice { .. } | Concat { .. } | MaxPool2d(_)
-            | MaxPool2dBackward(_) | AvgPool2d(_) | AvgPool2dBackward { .. } | Rope { .. } => {
-                OpClass::Cheap
-            }
+            Fill { .. }
+            | Unary(_)
+            | UnaryBackward(_)
+            | Binary(_)
+            | Affine { .. }
+            | SumTo { .. }
+            | BroadcastTo { .. }
+            | MaxTo { .. }
+            | MaxToBackward
+            | Softmax { .. }
+            | SoftmaxBackward { .. }
+            | LogSoftmax { .. }
+            | LogSoftmaxBackward { .. }
+            | Norm { .. }
+            | NormBackwardInput { .. }
+            | NormBackwardWeight { .. }
+            | NormBackwardBias { .. }
+            | Embedding
+            | EmbeddingBackward { .. }
+            | CrossEntropy
+            | CrossEntropyBackward
+            | Mse
+            | MseBackward
+            | Reshape { .. }
+            | Permute { .. }
+            | Slice { .. }
+            | PadSlice { .. }
+            | Concat { .. }
+            | MaxPool2d(_)
+            | MaxPool2dBackward(_)
+            | AvgPool2d(_)
+            | AvgPool2dBackward { .. }
+            | Rope { .. } => OpClass::Cheap,
         }
     }
 

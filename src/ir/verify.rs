@@ -24,18 +24,28 @@ impl fmt::Display for VerifyError {
 /// Checks the graph's invariants and returns every violation found.
 pub fn verify(graph: &Graph) -> Result<(), Vec<VerifyError>> {
     let mut errors = Vec::new();
-    let mut err = |value: Option<ValueId>, message: String| errors.push(VerifyError { value, message });
+    let mut err =
+        |value: Option<ValueId>, message: String| errors.push(VerifyError { value, message });
     for v in graph.values() {
         let node = graph.node(v);
         if let Some(bad) = node.inputs.iter().find(|i| **i >= v) {
-            err(Some(v), format!("input {bad} is not defined before its use"));
+            err(
+                Some(v),
+                format!("input {bad} is not defined before its use"),
+            );
             continue;
         }
         let types: Vec<&TensorType> = node.inputs.iter().map(|&i| &graph.node(i).ty).collect();
         match infer(&node.op, &types) {
             Ok(ty) if ty == node.ty => {}
-            Ok(ty) => err(Some(v), format!("recorded type {} but inference gives {ty}", node.ty)),
-            Err(e) => err(Some(v), format!("ill-typed {}: {}", node.op.name(), e.message)),
+            Ok(ty) => err(
+                Some(v),
+                format!("recorded type {} but inference gives {ty}", node.ty),
+            ),
+            Err(e) => err(
+                Some(v),
+                format!("ill-typed {}: {}", node.op.name(), e.message),
+            ),
         }
     }
     if graph.has_cycle() {

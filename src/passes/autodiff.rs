@@ -22,7 +22,9 @@ struct Rewriter {
 
 impl Rewriter {
     fn add(&mut self, op: Op, inputs: Vec<ValueId>) -> Result<ValueId, StageError> {
-        self.graph.add(op, inputs, &self.origin).map_err(|e| StageError::internal("autodiff", e.message))
+        self.graph
+            .add(op, inputs, &self.origin)
+            .map_err(|e| StageError::internal("autodiff", e.message))
     }
 
     fn shape(&self, v: ValueId) -> Vec<usize> {
@@ -38,9 +40,23 @@ impl Rewriter {
         let summed_shape = {
             let gs = self.shape(g);
             let pad = gs.len() - target.len();
-            gs.iter().enumerate().map(|(i, &d)| if i < pad { 1 } else if target[i - pad] == 1 { 1 } else { d }).collect::<Vec<_>>()
+            gs.iter()
+                .enumerate()
+                .map(|(i, &d)| {
+                    if i < pad || target[i - pad] == 1 {
+                        1
+                    } else {
+                        d
+                    }
+                })
+                .collect::<Vec<_>>()
         };
-        let s = self.add(Op::SumTo { shape: summed_shape.clone() }, vec![g])?;
+        let s = self.add(
+            Op::SumTo {
+                shape: summed_shape.clone(),
+            },
+            vec![g],
+        )?;
         if summed_shape == target {
             Ok(s)
         } else {
@@ -57,7 +73,12 @@ impl Rewriter {
             }
             let last = s[s.len() - 1];
             let rows = s[..s.len() - 1].iter().product();
-            r.add(Op::Reshape { shape: vec![rows, last] }, vec![v])
+            r.add(
+                Op::Reshape {
+                    shape: vec![rows, last],
+                },
+                vec![v],
+            )
         };
         let a = flat(self, a)?;
         let b = flat(self, b)?;
@@ -65,7 +86,12 @@ impl Rewriter {
     }
 
     /// Input gradients of one node given its output gradient `dy`; `None` where an input needs none.
-    fn vjp(&mut self, y: ValueId, dy: ValueId, wants: &[bool]) -> Result<Vec<Option<ValueId>>, StageError> {
+    fn vjp(
+        &mut self,
+        y: ValueId,
+        dy: ValueId,
+        wants: &[bool],
+    ) -> Result<Vec<Option<ValueId>>, StageError> {
         let node = self.graph.node(y).clone();
         let x = &node.inputs;
         let mut out: Vec<Option<ValueId>> = vec![None; x.len()];
@@ -119,7 +145,16 @@ impl Rewriter {
                     }
                 }
             }
-            Affine { scale, .. } => set!(0, self.add(Affine { scale: *scale, shift: 0.0 }, vec![dy])?),
+            Affine { scale, .. } => set!(
+                0,
+                self.add(
+                    Affine {
+                        scale: *scale,
+                        shift: 0.0
+                    },
+                    vec![dy]
+                )?
+            ),
             SumTo { .. } => {
                 let shape = self.shape(x[0]);
                 set!(0, self.add(BroadcastTo { shape }, vec![dy])?)
@@ -127,10 +162,31 @@ impl Rewriter {
             BroadcastTo { .. } => set!(0, self.sum_to(dy, x[0])?),
             MaxTo { .. } => set!(0, self.add(MaxToBackward, vec![x[0], y, dy])?),
             Softmax { axis } => set!(0, self.add(SoftmaxBackward { axis: *axis }, vec![y, dy])?),
-            LogSoftmax { axis } => set!(0, self.add(LogSoftmaxBackward { axis: *axis }, vec![y, dy])?),
+            LogSoftmax { axis } => set!(
+                0,
+                self.add(LogSoftmaxBackward { axis: *axis }, vec![y, dy])?
+            ),
             Norm { kind, eps } => {
-                set!(0, self.add(NormBackwardInput { kind: *kind, eps: *eps }, vec![x[0], x[1], dy])?);
-                set!(1, self.add(NormBackwardWeight { kind: *kind, eps: *eps }, vec![x[0], dy])?);
+                set!(
+                    0,
+                    self.add(
+                        NormBackwardInput {
+                            kind: *kind,
+                            eps: *eps
+                        },
+                        vec![x[0], x[1], dy]
+                    )?
+                );
+                set!(
+                    1,
+                    self.add(
+                        NormBackwardWeight {
+                            kind: *kind,
+                            eps: *eps
+                        },
+                        vec![x[0], dy]
+                    )?
+                );
                 set!(2, self.add(NormBackwardBias { kind: *kind }, vec![dy])?);
             }
             Embedding => {
@@ -156,17 +212,47 @@ impl Rewriter {
             }
             Slice { axis, start, .. } => {
                 let full = self.shape(x[0])[*axis];
-                set!(0, self.add(PadSlice { axis: *axis, start: *start, full }, vec![dy])?)
+                set!(
+                    0,
+                    self.add(
+                        PadSlice {
+                            axis: *axis,
+                            start: *start,
+                            full
+                        },
+                        vec![dy]
+                    )?
+                )
             }
             PadSlice { axis, start, .. } => {
                 let len = self.shape(x[0])[*axis];
-                set!(0, self.add(Slice { axis: *axis, start: *start, end: start + len }, vec![dy])?)
+                set!(
+                    0,
+                    self.add(
+                        Slice {
+                            axis: *axis,
+                            start: *start,
+                            end: start + len
+                        },
+                        vec![dy]
+                    )?
+                )
             }
             Concat { axis } => {
                 let mut start = 0;
                 for (i, &part) in x.iter().enumerate() {
                     let len = self.shape(part)[*axis];
-                    set!(i, self.add(Slice { axis: *axis, start, end: start + len }, vec![dy])?);
+                    set!(
+                        i,
+                        self.add(
+                            Slice {
+                                axis: *axis,
+                                start,
+                                end: start + len
+                            },
+                            vec![dy]
+                        )?
+                    );
                     start += len;
                 }
             }
@@ -176,16 +262,42 @@ impl Rewriter {
                     let g = if *ta {
                         self.add(MatMul { ta: *tb, tb: true }, vec![b, dy])?
                     } else {
-                        self.add(MatMul { ta: false, tb: !*tb }, vec![dy, b])?
+                        self.add(
+                            MatMul {
+                                ta: false,
+                                tb: !*tb,
+                            },
+                            vec![dy, b],
+                        )?
                     };
                     out[0] = Some(self.sum_to(g, a)?);
                 }
                 if want(1) {
                     let flat = self.shape(b).len() == 2 && self.shape(a).len() > 2;
                     let g = match (*tb, flat && !*ta) {
-                        (false, true) => self.flat_matmul(MatMul { ta: true, tb: false }, a, dy)?,
-                        (true, true) => self.flat_matmul(MatMul { ta: true, tb: false }, dy, a)?,
-                        (false, false) => self.add(MatMul { ta: !*ta, tb: false }, vec![a, dy])?,
+                        (false, true) => self.flat_matmul(
+                            MatMul {
+                                ta: true,
+                                tb: false,
+                            },
+                            a,
+                            dy,
+                        )?,
+                        (true, true) => self.flat_matmul(
+                            MatMul {
+                                ta: true,
+                                tb: false,
+                            },
+                            dy,
+                            a,
+                        )?,
+                        (false, false) => self.add(
+                            MatMul {
+                                ta: !*ta,
+                                tb: false,
+                            },
+                            vec![a, dy],
+                        )?,
                         (true, false) => self.add(MatMul { ta: true, tb: *ta }, vec![dy, a])?,
                     };
                     out[1] = Some(self.sum_to(g, b)?);
@@ -194,28 +306,96 @@ impl Rewriter {
             Conv2d(conv) => {
                 let xs = self.shape(x[0]);
                 let ws = self.shape(x[1]);
-                set!(0, self.add(Conv2dBackwardInput { conv: *conv, input: [xs[2], xs[3]] }, vec![dy, x[1]])?);
-                set!(1, self.add(Conv2dBackwardWeight { conv: *conv, kernel: [ws[2], ws[3]] }, vec![x[0], dy])?);
+                set!(
+                    0,
+                    self.add(
+                        Conv2dBackwardInput {
+                            conv: *conv,
+                            input: [xs[2], xs[3]]
+                        },
+                        vec![dy, x[1]]
+                    )?
+                );
+                set!(
+                    1,
+                    self.add(
+                        Conv2dBackwardWeight {
+                            conv: *conv,
+                            kernel: [ws[2], ws[3]]
+                        },
+                        vec![x[0], dy]
+                    )?
+                );
             }
             MaxPool2d(p) => set!(0, self.add(MaxPool2dBackward(*p), vec![x[0], dy])?),
             AvgPool2d(p) => {
                 let xs = self.shape(x[0]);
-                set!(0, self.add(AvgPool2dBackward { pool: *p, input: [xs[2], xs[3]] }, vec![dy])?)
+                set!(
+                    0,
+                    self.add(
+                        AvgPool2dBackward {
+                            pool: *p,
+                            input: [xs[2], xs[3]]
+                        },
+                        vec![dy]
+                    )?
+                )
             }
             Dropout { p, seed } => set!(0, self.add(Dropout { p: *p, seed: *seed }, vec![dy])?),
             Attention(attn) => {
-                for (i, which) in [AttnInput::Q, AttnInput::K, AttnInput::V].into_iter().enumerate() {
-                    set!(i, self.add(AttentionBackward { attn: *attn, which }, vec![x[0], x[1], x[2], dy])?);
+                for (i, which) in [AttnInput::Q, AttnInput::K, AttnInput::V]
+                    .into_iter()
+                    .enumerate()
+                {
+                    set!(
+                        i,
+                        self.add(
+                            AttentionBackward { attn: *attn, which },
+                            vec![x[0], x[1], x[2], dy]
+                        )?
+                    );
                 }
             }
-            Rope { heads, base, inverse } => set!(0, self.add(Rope { heads: *heads, base: *base, inverse: !inverse }, vec![dy])?),
-            UnaryBackward(_) | SoftmaxBackward { .. } | LogSoftmaxBackward { .. } | MaxToBackward
-            | NormBackwardInput { .. } | NormBackwardWeight { .. } | NormBackwardBias { .. }
-            | EmbeddingBackward { .. } | CrossEntropyBackward | MseBackward
-            | Conv2dBackwardInput { .. } | Conv2dBackwardWeight { .. } | MaxPool2dBackward(_)
-            | AvgPool2dBackward { .. } | AttentionBackward { .. } | ClipCoefficient { .. }
-            | AdamW(_) | Sgd(_) => {
-                return Err(StageError::internal("autodiff", format!("{y}: cannot differentiate `{}` (not a forward op)", node.op.name())))
+            Rope {
+                heads,
+                base,
+                inverse,
+            } => set!(
+                0,
+                self.add(
+                    Rope {
+                        heads: *heads,
+                        base: *base,
+                        inverse: !inverse
+                    },
+                    vec![dy]
+                )?
+            ),
+            UnaryBackward(_)
+            | SoftmaxBackward { .. }
+            | LogSoftmaxBackward { .. }
+            | MaxToBackward
+            | NormBackwardInput { .. }
+            | NormBackwardWeight { .. }
+            | NormBackwardBias { .. }
+            | EmbeddingBackward { .. }
+            | CrossEntropyBackward
+            | MseBackward
+            | Conv2dBackwardInput { .. }
+            | Conv2dBackwardWeight { .. }
+            | MaxPool2dBackward(_)
+            | AvgPool2dBackward { .. }
+            | AttentionBackward { .. }
+            | ClipCoefficient { .. }
+            | AdamW(_)
+            | Sgd(_) => {
+                return Err(StageError::internal(
+                    "autodiff",
+                    format!(
+                        "{y}: cannot differentiate `{}` (not a forward op)",
+                        node.op.name()
+                    ),
+                ))
             }
         }
         Ok(out)
@@ -229,14 +409,28 @@ pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
     for v in graph.values() {
         let node = graph.node(v);
         requires[v.index()] = node.ty.dtype.is_float()
-            && (matches!(node.op, Op::Param { .. }) || node.inputs.iter().any(|i| requires[i.index()]));
+            && (matches!(node.op, Op::Param { .. })
+                || node.inputs.iter().any(|i| requires[i.index()]));
     }
-    let mut rw = Rewriter { graph: graph.clone(), origin: Origin { span: Span::default(), scope: String::new(), phase: Phase::Backward } };
+    let mut rw = Rewriter {
+        graph: graph.clone(),
+        origin: Origin {
+            span: Span::default(),
+            scope: String::new(),
+            phase: Phase::Backward,
+        },
+    };
     let mut grads: HashMap<ValueId, ValueId> = HashMap::new();
     if requires[loss.index()] {
         let seed_ty = graph.node(loss).ty.clone();
         rw.origin.span = graph.node(loss).span;
-        let seed = rw.add(Op::Fill { value: 1.0, ty: seed_ty }, vec![])?;
+        let seed = rw.add(
+            Op::Fill {
+                value: 1.0,
+                ty: seed_ty,
+            },
+            vec![],
+        )?;
         grads.insert(loss, seed);
     }
     for y in (0..=loss.index()).rev().map(|i| ValueId(i as u32)) {
@@ -258,6 +452,13 @@ pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
             grads.insert(x, total);
         }
     }
-    let grads = graph.params().into_iter().filter_map(|p| grads.get(&p).map(|&g| (p, g))).collect();
-    Ok(Differentiated { graph: rw.graph, grads })
+    let grads = graph
+        .params()
+        .into_iter()
+        .filter_map(|p| grads.get(&p).map(|&g| (p, g)))
+        .collect();
+    Ok(Differentiated {
+        graph: rw.graph,
+        grads,
+    })
 }

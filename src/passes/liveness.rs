@@ -35,14 +35,21 @@ pub fn run(graph: &Graph, schedule: &Schedule) -> Vec<Option<Interval>> {
         .map(|v| {
             let used = last_use[v.index()];
             match graph.node(v).op {
-                Op::Param { .. } | Op::OptimState { .. } => Some(Interval { first: 0, last: end }),
+                Op::Param { .. } | Op::OptimState { .. } => Some(Interval {
+                    first: 0,
+                    last: end,
+                }),
                 Op::Input { .. } => used.map(|last| Interval { first: 0, last }),
                 _ => {
                     let first = position[v.index()];
                     if first == usize::MAX {
                         return None;
                     }
-                    let last = if outputs.contains(&v) { end } else { used.unwrap_or(first) };
+                    let last = if outputs.contains(&v) {
+                        end
+                    } else {
+                        used.unwrap_or(first)
+                    };
                     Some(Interval { first, last })
                 }
             }

@@ -17,13 +17,20 @@ pub struct StageError {
 impl StageError {
     /// An internal error raised by `pass`.
     pub fn internal(pass: &'static str, message: impl Into<String>) -> StageError {
-        StageError { pass, message: message.into() }
+        StageError {
+            pass,
+            message: message.into(),
+        }
     }
 }
 
 impl fmt::Display for StageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "internal error in pass `{}`: {}", self.pass, self.message)
+        write!(
+            f,
+            "internal error in pass `{}`: {}",
+            self.pass, self.message
+        )
     }
 }
 

@@ -18,24 +18,44 @@ pub struct OptimizerOptions {
 pub fn run(diff: &Differentiated, options: &OptimizerOptions) -> Result<Graph, StageError> {
     let mut graph = diff.graph.clone();
     let internal = |e: TypeError| StageError::internal("optimizer", e.message);
-    let mut origin = Origin { span: Span::default(), scope: String::new(), phase: Phase::Update };
+    let mut origin = Origin {
+        span: Span::default(),
+        scope: String::new(),
+        phase: Phase::Update,
+    };
     let clip = match options.clip_grad_norm {
         Some(max_norm) if !diff.grads.is_empty() => {
             let grads = diff.grads.iter().map(|&(_, g)| g).collect();
-            Some(graph.add(Op::ClipCoefficient { max_norm }, grads, &origin).map_err(internal)?)
+            Some(
+                graph
+                    .add(Op::ClipCoefficient { max_norm }, grads, &origin)
+                    .map_err(internal)?,
+            )
         }
         _ => None,
     };
     for &(param, grad) in &diff.grads {
         let (name, ty) = match &graph.node(param).op {
             Op::Param { name, ty, .. } => (name.clone(), ty.with_dtype(DType::F32)),
-            _ => return Err(StageError::internal("optimizer", format!("{param} is not a parameter"))),
+            _ => {
+                return Err(StageError::internal(
+                    "optimizer",
+                    format!("{param} is not a parameter"),
+                ))
+            }
         };
         origin.span = graph.node(param).span;
         origin.scope = graph.node(param).scope.clone();
         let state = |graph: &mut Graph, suffix: &str| {
             graph
-                .add(Op::OptimState { name: format!("{name}.{suffix}"), ty: ty.clone() }, vec![], &origin)
+                .add(
+                    Op::OptimState {
+                        name: format!("{name}.{suffix}"),
+                        ty: ty.clone(),
+                    },
+                    vec![],
+                    &origin,
+                )
                 .map_err(internal)
         };
         let (op, mut inputs) = match options.optimizer {

@@ -31,7 +31,12 @@ fn dependencies(graph: &Graph, users: &[Vec<ValueId>], v: ValueId) -> Vec<ValueI
     let node = graph.node(v);
     let mut deps: Vec<ValueId> = node.inputs.clone();
     for &slot in node.op.mutated_inputs() {
-        deps.extend(users[node.inputs[slot].index()].iter().copied().filter(|&u| u != v));
+        deps.extend(
+            users[node.inputs[slot].index()]
+                .iter()
+                .copied()
+                .filter(|&u| u != v),
+        );
     }
     deps.retain(|&d| is_step(graph, d));
     deps.sort();
@@ -54,7 +59,10 @@ pub fn run(graph: &Graph, options: &ScheduleOptions) -> Result<Schedule, StageEr
         }
     }
     let steps = graph.values().filter(|&v| is_step(graph, v)).count();
-    let non_update = graph.values().filter(|&v| is_step(graph, v) && graph.node(v).phase != Phase::Update).count();
+    let non_update = graph
+        .values()
+        .filter(|&v| is_step(graph, v) && graph.node(v).phase != Phase::Update)
+        .count();
     let priority = |v: ValueId| -> (bool, Reverse<ValueId>) {
         let update = matches!(graph.node(v).op, Op::AdamW(_) | Op::Sgd(_));
         (update && options.optimizer_in_backward, Reverse(v))
@@ -63,7 +71,10 @@ pub fn run(graph: &Graph, options: &ScheduleOptions) -> Result<Schedule, StageEr
     let mut deferred: Vec<ValueId> = Vec::new();
     let mut order = Vec::with_capacity(steps);
     let mut done_non_update = 0;
-    for v in graph.values().filter(|&v| is_step(graph, v) && pending[v.index()] == 0) {
+    for v in graph
+        .values()
+        .filter(|&v| is_step(graph, v) && pending[v.index()] == 0)
+    {
         ready.push(priority(v));
     }
     loop {
@@ -78,7 +89,10 @@ pub fn run(graph: &Graph, options: &ScheduleOptions) -> Result<Schedule, StageEr
             }
             None => break,
         };
-        if graph.node(next).phase == Phase::Update && !options.optimizer_in_backward && done_non_update < non_update {
+        if graph.node(next).phase == Phase::Update
+            && !options.optimizer_in_backward
+            && done_non_update < non_update
+        {
             deferred.push(next);
             continue;
         }
@@ -94,7 +108,13 @@ pub fn run(graph: &Graph, options: &ScheduleOptions) -> Result<Schedule, StageEr
         }
     }
     if order.len() != steps {
-        return Err(StageError::internal("schedule", format!("scheduled {} of {steps} steps (dependency cycle)", order.len())));
+        return Err(StageError::internal(
+            "schedule",
+            format!(
+                "scheduled {} of {steps} steps (dependency cycle)",
+                order.len()
+            ),
+        ));
     }
     Ok(Schedule { order })
 }
@@ -105,17 +125,29 @@ pub fn verify(graph: &Graph, schedule: &Schedule) -> Result<(), StageError> {
     let mut position = vec![usize::MAX; graph.len()];
     for (i, &v) in schedule.order.iter().enumerate() {
         if position[v.index()] != usize::MAX {
-            return Err(StageError::internal("schedule", format!("{v} is scheduled twice")));
+            return Err(StageError::internal(
+                "schedule",
+                format!("{v} is scheduled twice"),
+            ));
         }
         position[v.index()] = i;
     }
     for v in graph.values().filter(|&v| is_step(graph, v)) {
         let p = position[v.index()];
         if p == usize::MAX {
-            return Err(StageError::internal("schedule", format!("{v} is never scheduled")));
+            return Err(StageError::internal(
+                "schedule",
+                format!("{v} is never scheduled"),
+            ));
         }
-        if let Some(d) = dependencies(graph, &users, v).into_iter().find(|d| position[d.index()] >= p) {
-            return Err(StageError::internal("schedule", format!("{v} runs before its dependency {d}")));
+        if let Some(d) = dependencies(graph, &users, v)
+            .into_iter()
+            .find(|d| position[d.index()] >= p)
+        {
+            return Err(StageError::internal(
+                "schedule",
+                format!("{v} runs before its dependency {d}"),
+            ));
         }
     }
     Ok(())

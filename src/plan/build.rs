@@ -43,11 +43,20 @@ fn class_of(graph: &Graph, v: ValueId, grads: &[ValueId]) -> BufferClass {
     }
 }
 
-fn name_of(graph: &Graph, v: ValueId, class: BufferClass, grad_of: &BTreeMap<ValueId, String>) -> String {
+fn name_of(
+    graph: &Graph,
+    v: ValueId,
+    class: BufferClass,
+    grad_of: &BTreeMap<ValueId, String>,
+) -> String {
     let node = graph.node(v);
     match &node.op {
-        Op::Param { name, .. } | Op::OptimState { name, .. } | Op::Input { name, .. } => name.clone(),
-        _ if class == BufferClass::Gradient => format!("grad.{}", grad_of.get(&v).cloned().unwrap_or_default()),
+        Op::Param { name, .. } | Op::OptimState { name, .. } | Op::Input { name, .. } => {
+            name.clone()
+        }
+        _ if class == BufferClass::Gradient => {
+            format!("grad.{}", grad_of.get(&v).cloned().unwrap_or_default())
+        }
         op if node.scope.is_empty() => format!("{}{v}", op.name()),
         op => format!("{}/{}{v}", node.scope, op.name()),
     }
@@ -61,24 +70,42 @@ fn live_bytes(steps: usize, spans: impl Iterator<Item = (u64, usize, usize)>) ->
         delta[last + 1] -= bytes as i128;
     }
     let mut acc = 0i128;
-    delta[..steps].iter().map(|d| {
-        acc += d;
-        acc as u64
-    }).collect()
+    delta[..steps]
+        .iter()
+        .map(|d| {
+            acc += d;
+            acc as u64
+        })
+        .collect()
 }
 
 fn peak_of(graph: &Graph, schedule: &Schedule) -> u64 {
     let lives = liveness::run(graph, schedule);
     let spans = graph.values().filter_map(|v| {
         let bytes = graph.node(v).ty.bytes();
-        lives[v.index()].filter(|_| bytes > 0).map(|i| (bytes, i.first, i.last))
+        lives[v.index()]
+            .filter(|_| bytes > 0)
+            .map(|i| (bytes, i.first, i.last))
     });
-    live_bytes(schedule.order.len().max(1), spans).into_iter().max().unwrap_or(0)
+    live_bytes(schedule.order.len().max(1), spans)
+        .into_iter()
+        .max()
+        .unwrap_or(0)
 }
 
 /// Builds the plan of `graph` (forward, or forward + backward + update).
-pub fn build(model: &str, graph: &Graph, train: Option<&crate::front::train::TrainSpec>, options: &BuildOptions) -> Result<Plan, StageError> {
-    let sched = schedule::run(graph, &ScheduleOptions { optimizer_in_backward: options.optimizer_in_backward })?;
+pub fn build(
+    model: &str,
+    graph: &Graph,
+    train: Option<&crate::front::train::TrainSpec>,
+    options: &BuildOptions,
+) -> Result<Plan, StageError> {
+    let sched = schedule::run(
+        graph,
+        &ScheduleOptions {
+            optimizer_in_backward: options.optimizer_in_backward,
+        },
+    )?;
     schedule::verify(graph, &sched)?;
     let lives = liveness::run(graph, &sched);
     let grads = gradient_values(graph);
@@ -94,7 +121,9 @@ pub fn build(model: &str, graph: &Graph, train: Option<&crate::front::train::Tra
     let mut buffer_of: Vec<Option<BufferId>> = vec![None; graph.len()];
     let mut buffer_values: Vec<ValueId> = Vec::new();
     for v in graph.values() {
-        let Some(Interval { first, last }) = lives[v.index()] else { continue };
+        let Some(Interval { first, last }) = lives[v.index()] else {
+            continue;
+        };
         let ty = graph.node(v).ty.clone();
         if ty.bytes() == 0 {
             continue;
@@ -103,19 +132,42 @@ pub fn build(model: &str, graph: &Graph, train: Option<&crate::front::train::Tra
         let id = BufferId(buffers.len() as u32);
         buffer_of[v.index()] = Some(id);
         buffer_values.push(v);
-        buffers.push(Buffer { id, name: name_of(graph, v, class, &grad_of), bytes: ty.bytes(), ty, offset: 0, first, last, class });
+        buffers.push(Buffer {
+            id,
+            name: name_of(graph, v, class, &grad_of),
+            bytes: ty.bytes(),
+            ty,
+            offset: 0,
+            first,
+            last,
+            class,
+        });
     }
     let missing = |v: ValueId| StageError::internal("plan", format!("{v} has no buffer"));
     let mut steps = Vec::with_capacity(sched.order.len());
     for (s, &v) in sched.order.iter().enumerate() {
         let node = graph.node(v);
-        let in_types: Vec<&crate::ir::TensorType> = node.inputs.iter().map(|&i| &graph.node(i).ty).collect();
-        let inputs = node.inputs.iter().map(|&i| buffer_of[i.index()].ok_or_else(|| missing(i))).collect::<Result<Vec<_>, _>>()?;
+        let in_types: Vec<&crate::ir::TensorType> =
+            node.inputs.iter().map(|&i| &graph.node(i).ty).collect();
+        let inputs = node
+            .inputs
+            .iter()
+            .map(|&i| buffer_of[i.index()].ok_or_else(|| missing(i)))
+            .collect::<Result<Vec<_>, _>>()?;
         let ws = workspace_bytes(&node.op, &in_types, &node.ty);
         let workspace = (ws > 0).then(|| {
             let id = BufferId(buffers.len() as u32);
             let ty = crate::ir::TensorType::new(crate::ir::DType::F32, vec![(ws / 4) as usize]);
-            buffers.push(Buffer { id, name: format!("workspace.{}{v}", node.op.name()), ty, bytes: ws, offset: 0, first: s, last: s, class: BufferClass::Workspace });
+            buffers.push(Buffer {
+                id,
+                name: format!("workspace.{}{v}", node.op.name()),
+                ty,
+                bytes: ws,
+                offset: 0,
+                first: s,
+                last: s,
+                class: BufferClass::Workspace,
+            });
             id
         });
         steps.push(Step {
@@ -128,8 +180,22 @@ pub fn build(model: &str, graph: &Graph, train: Option<&crate::front::train::Tra
             scope: node.scope.clone(),
         });
     }
-    let requests: Vec<BufferRequest> = buffers.iter().map(|b| BufferRequest { size: b.bytes, start: b.first as u64, end: b.last as u64 + 1 }).collect();
-    let layout = arena::layout(&requests, &LayoutOptions { alignment: options.alignment, time_limit: options.layout_time, capacity: None });
+    let requests: Vec<BufferRequest> = buffers
+        .iter()
+        .map(|b| BufferRequest {
+            size: b.bytes,
+            start: b.first as u64,
+            end: b.last as u64 + 1,
+        })
+        .collect();
+    let layout = arena::layout(
+        &requests,
+        &LayoutOptions {
+            alignment: options.alignment,
+            time_limit: options.layout_time,
+            capacity: None,
+        },
+    );
     for (b, &off) in buffers.iter_mut().zip(&layout.offsets) {
         b.offset = off;
     }
@@ -137,27 +203,66 @@ pub fn build(model: &str, graph: &Graph, train: Option<&crate::front::train::Tra
         .params()
         .into_iter()
         .filter_map(|p| {
-            let Op::Param { name, init, .. } = &graph.node(p).op else { return None };
+            let Op::Param { name, init, .. } = &graph.node(p).op else {
+                return None;
+            };
             let grad = graph.values().find_map(|u| match graph.node(u).op {
-                Op::AdamW(_) | Op::Sgd(_) if graph.node(u).inputs[0] == p => buffer_of[graph.node(u).inputs[1].index()],
+                Op::AdamW(_) | Op::Sgd(_) if graph.node(u).inputs[0] == p => {
+                    buffer_of[graph.node(u).inputs[1].index()]
+                }
                 _ => None,
             });
-            buffer_of[p.index()].map(|buffer| ParamBinding { name: name.clone(), buffer, init: *init, grad })
+            buffer_of[p.index()].map(|buffer| ParamBinding {
+                name: name.clone(),
+                buffer,
+                init: *init,
+                grad,
+            })
         })
         .collect();
     let inputs = graph
         .values()
         .filter_map(|v| match &graph.node(v).op {
-            Op::Input { name, .. } => buffer_of[v.index()].map(|buffer| InputBinding { name: name.clone(), buffer, id_limit: id_limit(graph, v) }),
+            Op::Input { name, .. } => buffer_of[v.index()].map(|buffer| InputBinding {
+                name: name.clone(),
+                buffer,
+                id_limit: id_limit(graph, v),
+            }),
             _ => None,
         })
         .collect();
-    let outputs = graph.outputs.iter().filter_map(|(n, v)| buffer_of[v.index()].map(|b| (n.clone(), b))).collect();
-    let optim_state = buffers.iter().filter(|b| b.class == BufferClass::OptimState).map(|b| b.id).collect();
-    let alt_peak = (train.is_some() && options.optimizer_in_backward && train.is_some_and(|t| t.clip_grad_norm.is_none()))
-        .then(|| schedule::run(graph, &ScheduleOptions { optimizer_in_backward: false }).map(|s| peak_of(graph, &s)))
-        .transpose()?;
-    let report = report(graph, &buffers, &buffer_values, &steps, &layout, alt_peak, options.optimizer_in_backward);
+    let outputs = graph
+        .outputs
+        .iter()
+        .filter_map(|(n, v)| buffer_of[v.index()].map(|b| (n.clone(), b)))
+        .collect();
+    let optim_state = buffers
+        .iter()
+        .filter(|b| b.class == BufferClass::OptimState)
+        .map(|b| b.id)
+        .collect();
+    let alt_peak = (train.is_some()
+        && options.optimizer_in_backward
+        && train.is_some_and(|t| t.clip_grad_norm.is_none()))
+    .then(|| {
+        schedule::run(
+            graph,
+            &ScheduleOptions {
+                optimizer_in_backward: false,
+            },
+        )
+        .map(|s| peak_of(graph, &s))
+    })
+    .transpose()?;
+    let report = report(
+        graph,
+        &buffers,
+        &buffer_values,
+        &steps,
+        &layout,
+        alt_peak,
+        options.optimizer_in_backward,
+    );
     Ok(Plan {
         model: model.to_string(),
         buffers,
@@ -181,19 +286,43 @@ fn id_limit(graph: &Graph, v: ValueId) -> Option<u64> {
         .filter_map(|u| {
             let node = graph.node(u);
             match node.op {
-                Op::Embedding if node.inputs[1] == v => Some(graph.node(node.inputs[0]).ty.shape[0] as u64),
-                Op::CrossEntropy if node.inputs[1] == v => graph.node(node.inputs[0]).ty.shape.last().map(|&c| c as u64),
+                Op::Embedding if node.inputs[1] == v => {
+                    Some(graph.node(node.inputs[0]).ty.shape[0] as u64)
+                }
+                Op::CrossEntropy if node.inputs[1] == v => graph
+                    .node(node.inputs[0])
+                    .ty
+                    .shape
+                    .last()
+                    .map(|&c| c as u64),
                 _ => None,
             }
         })
         .min()
 }
 
-fn report(graph: &Graph, buffers: &[Buffer], values: &[ValueId], steps: &[Step], layout: &arena::Layout, alt_peak: Option<u64>, in_backward: bool) -> Report {
-    let sum = |c: BufferClass| buffers.iter().filter(|b| b.class == c).map(|b| b.bytes).sum::<u64>();
+fn report(
+    graph: &Graph,
+    buffers: &[Buffer],
+    values: &[ValueId],
+    steps: &[Step],
+    layout: &arena::Layout,
+    alt_peak: Option<u64>,
+    in_backward: bool,
+) -> Report {
+    let sum = |c: BufferClass| {
+        buffers
+            .iter()
+            .filter(|b| b.class == c)
+            .map(|b| b.bytes)
+            .sum::<u64>()
+    };
     let mut saved: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
     let mut is_saved = vec![false; buffers.len()];
-    for s in steps.iter().filter(|s| s.phase != crate::ir::Phase::Forward) {
+    for s in steps
+        .iter()
+        .filter(|s| s.phase != crate::ir::Phase::Forward)
+    {
         for &b in &s.inputs {
             is_saved[b.index()] |= buffers[b.index()].class == BufferClass::Activation;
         }
@@ -211,17 +340,32 @@ fn report(graph: &Graph, buffers: &[Buffer], values: &[ValueId], steps: &[Step],
     for (s, step) in steps.iter().enumerate() {
         match phases.iter_mut().find(|p| p.phase == step.phase) {
             Some(p) => p.peak = p.peak.max(live[s]),
-            None => phases.push(PhasePeak { phase: step.phase, peak: live[s] }),
+            None => phases.push(PhasePeak {
+                phase: step.phase,
+                peak: live[s],
+            }),
         }
     }
     let peak = live.iter().copied().max().unwrap_or(0);
     Report {
-        param_count: graph.params().iter().map(|&p| graph.node(p).ty.numel()).sum(),
+        param_count: graph
+            .params()
+            .iter()
+            .map(|&p| graph.node(p).ty.numel())
+            .sum(),
         bytes: Bytes {
             params: sum(BufferClass::Param),
-            grads: buffers.iter().filter(|b| b.class == BufferClass::Gradient).map(|b| b.bytes).sum(),
+            grads: buffers
+                .iter()
+                .filter(|b| b.class == BufferClass::Gradient)
+                .map(|b| b.bytes)
+                .sum(),
             optimizer: sum(BufferClass::OptimState),
-            activations: buffers.iter().filter(|b| is_saved[b.id.index()]).map(|b| b.bytes).sum(),
+            activations: buffers
+                .iter()
+                .filter(|b| is_saved[b.id.index()])
+                .map(|b| b.bytes)
+                .sum(),
             workspace: sum(BufferClass::Workspace),
             inputs: sum(BufferClass::Input),
             peak,
@@ -230,7 +374,14 @@ fn report(graph: &Graph, buffers: &[Buffer], values: &[ValueId], steps: &[Step],
             no_reuse: buffers.iter().map(|b| b.bytes).sum(),
         },
         phases,
-        saved: saved.into_iter().map(|(op, (count, bytes))| SavedKind { op: op.to_string(), count, bytes }).collect(),
+        saved: saved
+            .into_iter()
+            .map(|(op, (count, bytes))| SavedKind {
+                op: op.to_string(),
+                count,
+                bytes,
+            })
+            .collect(),
         optimizer_in_backward: in_backward,
         optimizer_in_backward_saving: alt_peak.map(|p| p.saturating_sub(peak)),
         flops: steps.iter().map(|s| s.flops).sum(),

@@ -80,7 +80,7 @@ fn grouped(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -89,7 +89,12 @@ fn grouped(n: u64) -> String {
 }
 
 fn row(out: &mut String, label: &str, bytes: u64, note: &str) {
-    let _ = writeln!(out, "  {label:<22} {:>12} {:>20}  {note}", human_bytes(bytes), grouped(bytes));
+    let _ = writeln!(
+        out,
+        "  {label:<22} {:>12} {:>20}  {note}",
+        human_bytes(bytes),
+        grouped(bytes)
+    );
 }
 
 /// The report as an aligned table for people.
@@ -97,38 +102,97 @@ pub fn render_text(plan: &Plan) -> String {
     let r = &plan.report;
     let b = &r.bytes;
     let mut out = String::new();
-    let kind = if plan.train.is_some() { "training step" } else { "inference step" };
-    let _ = writeln!(out, "model {} ({kind}): {} parameters, {} steps, {:.3} GFLOP", plan.model, grouped(r.param_count), r.steps, r.flops as f64 / 1e9);
+    let kind = if plan.train.is_some() {
+        "training step"
+    } else {
+        "inference step"
+    };
+    let _ = writeln!(
+        out,
+        "model {} ({kind}): {} parameters, {} steps, {:.3} GFLOP",
+        plan.model,
+        grouped(r.param_count),
+        r.steps,
+        r.flops as f64 / 1e9
+    );
     let _ = writeln!(out, "  {:<22} {:>12} {:>20}", "memory", "size", "bytes");
     row(&mut out, "params", b.params, "persistent");
     if plan.train.is_some() {
         row(&mut out, "grads", b.grads, "each until its update");
         row(&mut out, "optimizer state", b.optimizer, "persistent");
-        row(&mut out, "saved activations", b.activations, "forward values read by backward");
+        row(
+            &mut out,
+            "saved activations",
+            b.activations,
+            "forward values read by backward",
+        );
     }
     row(&mut out, "inputs", b.inputs, "bound per step");
     row(&mut out, "workspace", b.workspace, "kernel scratch");
-    row(&mut out, "peak live", b.peak, "max over steps of live bytes");
+    row(
+        &mut out,
+        "peak live",
+        b.peak,
+        "max over steps of live bytes",
+    );
     for p in &r.phases {
-        row(&mut out, &format!("  peak in {:?}", p.phase).to_lowercase(), p.peak, "");
+        row(
+            &mut out,
+            &format!("  peak in {:?}", p.phase).to_lowercase(),
+            p.peak,
+            "",
+        );
     }
-    let ratio = if b.lower_bound > 0 { b.arena as f64 / b.lower_bound as f64 } else { 1.0 };
-    row(&mut out, "arena", b.arena, &format!("{ratio:.4} x lower bound{}", if r.layout_optimal { " (optimal)" } else { "" }));
+    let ratio = if b.lower_bound > 0 {
+        b.arena as f64 / b.lower_bound as f64
+    } else {
+        1.0
+    };
+    row(
+        &mut out,
+        "arena",
+        b.arena,
+        &format!(
+            "{ratio:.4} x lower bound{}",
+            if r.layout_optimal { " (optimal)" } else { "" }
+        ),
+    );
     row(&mut out, "lower bound", b.lower_bound, "");
     row(&mut out, "no reuse", b.no_reuse, "sum of all buffers");
     if let Some(s) = r.optimizer_in_backward_saving {
-        row(&mut out, "optimizer in backward", s, "peak saved vs updating after backward");
+        row(
+            &mut out,
+            "optimizer in backward",
+            s,
+            "peak saved vs updating after backward",
+        );
     }
     if !r.saved.is_empty() {
         let _ = writeln!(out, "  saved for backward, by op:");
         for s in &r.saved {
-            let _ = writeln!(out, "    {:<24} {:>6} x {:>12} {:>20}", s.op, s.count, human_bytes(s.bytes), grouped(s.bytes));
+            let _ = writeln!(
+                out,
+                "    {:<24} {:>6} x {:>12} {:>20}",
+                s.op,
+                s.count,
+                human_bytes(s.bytes),
+                grouped(s.bytes)
+            );
         }
     }
     if let Some(t) = &plan.train {
         if let Some(budget) = t.budget {
-            let fits = if b.arena <= budget { "fits" } else { "does NOT fit" };
-            let _ = writeln!(out, "  budget {} ({}): {fits}", human_bytes(budget), grouped(budget));
+            let fits = if b.arena <= budget {
+                "fits"
+            } else {
+                "does NOT fit"
+            };
+            let _ = writeln!(
+                out,
+                "  budget {} ({}): {fits}",
+                human_bytes(budget),
+                grouped(budget)
+            );
         }
     }
     out

@@ -32,36 +32,76 @@ pub fn verify(plan: Plan) -> Result<VerifiedPlan, Vec<PlanError>> {
     let n = plan.buffers.len();
     for (i, b) in plan.buffers.iter().enumerate() {
         if b.id.index() != i {
-            errors.push(PlanError(format!("buffer {} is listed at position {i}", b.id)));
+            errors.push(PlanError(format!(
+                "buffer {} is listed at position {i}",
+                b.id
+            )));
         }
         if b.bytes != b.ty.bytes() {
-            errors.push(PlanError(format!("buffer {} `{}` has {} bytes but its type {} needs {}", b.id, b.name, b.bytes, b.ty, b.ty.bytes())));
+            errors.push(PlanError(format!(
+                "buffer {} `{}` has {} bytes but its type {} needs {}",
+                b.id,
+                b.name,
+                b.bytes,
+                b.ty,
+                b.ty.bytes()
+            )));
         }
         if b.first > b.last {
-            errors.push(PlanError(format!("buffer {} `{}` ends before it starts", b.id, b.name)));
+            errors.push(PlanError(format!(
+                "buffer {} `{}` ends before it starts",
+                b.id, b.name
+            )));
         }
     }
     for (s, step) in plan.steps.iter().enumerate() {
-        let ids = step.inputs.iter().chain(step.output.iter()).chain(step.workspace.iter());
+        let ids = step
+            .inputs
+            .iter()
+            .chain(step.output.iter())
+            .chain(step.workspace.iter());
         for &b in ids {
             match plan.buffers.get(b.index()) {
                 None => errors.push(PlanError(format!("step {s} names missing buffer {b}"))),
                 Some(buf) if buf.first > s || buf.last < s => {
-                    errors.push(PlanError(format!("step {s} ({}) uses {} `{}` outside its lifetime {}..={}", step.op.name(), b, buf.name, buf.first, buf.last)));
+                    errors.push(PlanError(format!(
+                        "step {s} ({}) uses {} `{}` outside its lifetime {}..={}",
+                        step.op.name(),
+                        b,
+                        buf.name,
+                        buf.first,
+                        buf.last
+                    )));
                 }
                 Some(_) => {}
             }
         }
         if let Some(buf) = step.output.and_then(|o| plan.buffers.get(o.index())) {
             if buf.first != s && !buf.class.is_persistent() {
-                errors.push(PlanError(format!("step {s} writes {} `{}` which starts at step {}", buf.id, buf.name, buf.first)));
+                errors.push(PlanError(format!(
+                    "step {s} writes {} `{}` which starts at step {}",
+                    buf.id, buf.name, buf.first
+                )));
             }
         }
     }
-    let requests: Vec<BufferRequest> = plan.buffers.iter().map(|b| BufferRequest { size: b.bytes, start: b.first as u64, end: b.last as u64 + 1 }).collect();
+    let requests: Vec<BufferRequest> = plan
+        .buffers
+        .iter()
+        .map(|b| BufferRequest {
+            size: b.bytes,
+            start: b.first as u64,
+            end: b.last as u64 + 1,
+        })
+        .collect();
     let offsets: Vec<u64> = plan.buffers.iter().map(|b| b.offset).collect();
-    if let Err(violations) = validate(&requests, &offsets, plan.arena_bytes, plan.alignment.max(1)) {
-        errors.extend(violations.into_iter().map(|v| PlanError(format!("layout: {v}"))));
+    if let Err(violations) = validate(&requests, &offsets, plan.arena_bytes, plan.alignment.max(1))
+    {
+        errors.extend(
+            violations
+                .into_iter()
+                .map(|v| PlanError(format!("layout: {v}"))),
+        );
     }
     if errors.is_empty() && n == plan.buffers.len() {
         Ok(VerifiedPlan(plan))

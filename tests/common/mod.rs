@@ -1,5 +1,5 @@
 //! Helpers shared by integration tests: compile a source, run steps on the CPU.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::panic)]
 
 use memc::exec::cpu::CpuExecutor;
 use memc::{compile, Compiled, Options};
@@ -13,7 +13,9 @@ pub fn compiled(src: &str) -> Compiled {
 pub fn compiled_with(src: &str, options: &Options) -> Compiled {
     match compile(src, options) {
         Ok(c) => c,
-        Err(memc::CompileError::User(e)) => panic!("{:?}", miette::Report::new(e.with_source("test.mdl", src))),
+        Err(memc::CompileError::User(e)) => {
+            panic!("{:?}", miette::Report::new(e.with_source("test.mdl", src)))
+        }
         Err(memc::CompileError::Internal(e)) => panic!("internal: {e:?}"),
     }
 }

@@ -30,9 +30,15 @@ pub fn conv_geom(conv: &crate::ir::ConvParams, x: &[usize], w: &[usize]) -> dens
 /// Bytes of scratch the CPU kernel of `op` needs, placed in the arena as a workspace buffer.
 pub fn workspace_bytes(op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
     let len = match op {
-        Op::Conv2d(c) => dense::conv2d_workspace_len(&conv_geom(c, &inputs[0].shape, &inputs[1].shape)),
-        Op::Conv2dBackwardInput { conv, .. } => dense::conv2d_workspace_len(&conv_geom(conv, &out.shape, &inputs[1].shape)),
-        Op::Conv2dBackwardWeight { conv, .. } => dense::conv2d_workspace_len(&conv_geom(conv, &inputs[0].shape, &out.shape)),
+        Op::Conv2d(c) => {
+            dense::conv2d_workspace_len(&conv_geom(c, &inputs[0].shape, &inputs[1].shape))
+        }
+        Op::Conv2dBackwardInput { conv, .. } => {
+            dense::conv2d_workspace_len(&conv_geom(conv, &out.shape, &inputs[1].shape))
+        }
+        Op::Conv2dBackwardWeight { conv, .. } => {
+            dense::conv2d_workspace_len(&conv_geom(conv, &inputs[0].shape, &out.shape))
+        }
         _ => 0,
     };
     len as u64 * 4

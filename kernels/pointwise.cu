@@ -1,0 +1,120 @@
+//! Elementwise kernels: fill, unary functions and their derivatives, broadcasting binary
+//! ops, affine, dtype casts and plain copies. One thread per output element (grid-stride).
+
+// Unary function codes (C::OP), in the order of memc's UnaryFn.
+#define U_NEG 0
+#define U_EXP 1
+#define U_LOG 2
+#define U_SQRT 3
+#define U_RSQRT 4
+#define U_TANH 5
+#define U_SIGMOID 6
+#define U_RELU 7
+#define U_GELU_TANH 8
+#define U_GELU_ERF 9
+#define U_SILU 10
+
+#define MEMC_SQRT_2_OVER_PI 0.7978846f
+#define MEMC_GELU_C 0.044715f
+#define MEMC_INV_SQRT_2PI 0.3989423f
+#define MEMC_FRAC_1_SQRT_2 0.70710678f
+
+__device__ __forceinline__ float memc_sigmoid(float x) {
+    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+    const float e = expf(x);
+    return e / (1.0f + e);
+}
+
+template <int OP> __device__ __forceinline__ float unary_eval(float x) {
+    switch (OP) {
+    case U_NEG: return -x;
+    case U_EXP: return expf(x);
+    case U_LOG: return logf(x);
+    case U_SQRT: return sqrtf(x);
+    case U_RSQRT: return 1.0f / sqrtf(x);
+    case U_TANH: return tanhf(x);
+    case U_SIGMOID: return memc_sigmoid(x);
+    case U_RELU: return fmaxf(x, 0.0f);
+    case U_GELU_TANH: return 0.5f * x * (1.0f + tanhf(MEMC_SQRT_2_OVER_PI * (x + MEMC_GELU_C * x * x * x)));
+    case U_GELU_ERF: return 0.5f * x * (1.0f + erff(x * MEMC_FRAC_1_SQRT_2));
+    default: return x * memc_sigmoid(x);
+    }
+}
+
+template <int OP> __device__ __forceinline__ float unary_deriv(float x) {
+    switch (OP) {
+    case U_NEG: return -1.0f;
+    case U_EXP: return expf(x);
+    case U_LOG: return 1.0f / x;
+    case U_SQRT: return 0.5f / sqrtf(x);
+    case U_RSQRT: return -0.5f / (x * sqrtf(x));
+    case U_TANH: { const float t = tanhf(x); return 1.0f - t * t; }
+    case U_SIGMOID: { const float s = memc_sigmoid(x); return s * (1.0f - s); }
+    case U_RELU: return x > 0.0f ? 1.0f : 0.0f;
+    case U_GELU_TANH: {
+        const float t = tanhf(MEMC_SQRT_2_OVER_PI * (x + MEMC_GELU_C * x * x * x));
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * MEMC_SQRT_2_OVER_PI * (1.0f + 3.0f * MEMC_GELU_C * x * x);
+    }
+    case U_GELU_ERF: {
+        const float cdf = 0.5f * (1.0f + erff(x * MEMC_FRAC_1_SQRT_2));
+        return cdf + x * MEMC_INV_SQRT_2PI * expf(-0.5f * x * x);
+    }
+    default: { const float s = memc_sigmoid(x); return s * (1.0f + x * (1.0f - s)); }
+    }
+}
+
+// out[i] = C::VALUE.
+template <typename T, typename C> __device__ void fill_kernel(char* arena, u64 o_out) {
+    T* out = tensor_at<T>(arena, o_out);
+    MEMC_GRID_LOOP(i, C::N) st(out, i, C::VALUE);
+}
+
+// out[i] = f(x[i]).
+template <typename T, typename C> __device__ void unary_kernel(char* arena, u64 o_x, u64 o_out) {
+    const T* x = tensor_at<T>(arena, o_x);
+    T* out = tensor_at<T>(arena, o_out);
+    MEMC_GRID_LOOP(i, C::N) st(out, i, unary_eval<C::OP>(ld(x, i)));
+}
+
+// dx[i] = f'(x[i]) * dy[i].
+template <typename T, typename TD, typename C>
+__device__ void unary_backward_kernel(char* arena, u64 o_x, u64 o_dy, u64 o_dx) {
+    const T* x = tensor_at<T>(arena, o_x);
+    const TD* dy = tensor_at<TD>(arena, o_dy);
+    T* dx = tensor_at<T>(arena, o_dx);
+    MEMC_GRID_LOOP(i, C::N) st(dx, i, unary_deriv<C::OP>(ld(x, i)) * ld(dy, i));
+}
+
+// out = a (op) b with numpy broadcasting: C::OUT is the output shape, C::SA / C::SB the
+// element strides of a and b viewed at that shape (0 on broadcast dims).
+template <typename T, typename C> __device__ void binary_kernel(char* arena, u64 o_a, u64 o_b, u64 o_out) {
+    const T* a = tensor_at<T>(arena, o_a);
+    const T* b = tensor_at<T>(arena, o_b);
+    T* out = tensor_at<T>(arena, o_out);
+    MEMC_GRID_LOOP(i, C::N) {
+        const float x = ld(a, strided<typename C::OUT, typename C::SA>(i));
+        const float y = ld(b, strided<typename C::OUT, typename C::SB>(i));
+        float r;
+        switch (C::OP) {
+        case 0: r = x + y; break;
+        case 1: r = x - y; break;
+        case 2: r = x * y; break;
+        default: r = x / y; break;
+        }
+        st(out, i, r);
+    }
+}
+
+// out[i] = x[i] * C::SCALE + C::SHIFT.
+template <typename T, typename C> __device__ void affine_kernel(char* arena, u64 o_x, u64 o_out) {
+    const T* x = tensor_at<T>(arena, o_x);
+    T* out = tensor_at<T>(arena, o_out);
+    MEMC_GRID_LOOP(i, C::N) st(out, i, ld(x, i) * C::SCALE + C::SHIFT);
+}
+
+// out[i] = (TO) x[i], through fp32 (round to nearest even when narrowing).
+template <typename TI, typename TO, typename C> __device__ void cast_kernel(char* arena, u64 o_x, u64 o_out) {
+    const TI* x = tensor_at<TI>(arena, o_x);
+    TO* out = tensor_at<TO>(arena, o_out);
+    MEMC_GRID_LOOP(i, C::N) st(out, i, ld(x, i));
+}

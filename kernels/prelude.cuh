@@ -1,0 +1,109 @@
+//! memc CUDA prelude: element types, fp32 load/store helpers, compile-time shapes and
+//! deterministic block reductions shared by every kernel family.
+#pragma once
+#ifdef __CUDACC_RTC__
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#endif
+
+typedef unsigned long long u64;
+#define MEMC_INF __int_as_float(0x7f800000)
+#define MEMC_NEG_INF __int_as_float(0xff800000)
+#define MEMC_NAN __int_as_float(0x7fffffff)
+
+// ---- element conversion: every kernel computes in fp32 ---------------------------------
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(int v) { return (float)v; }
+
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ int from_f32<int>(float v) { return (int)v; }
+
+// ---- arena addressing: a tensor is a byte offset from the one arena base ---------------
+template <typename T> __device__ __forceinline__ T* tensor_at(char* arena, u64 off) {
+    return reinterpret_cast<T*>(arena + off);
+}
+template <typename T> __device__ __forceinline__ float ld(const T* p, u64 i) { return to_f32(p[i]); }
+template <typename T> __device__ __forceinline__ void st(T* p, u64 i, float v) { p[i] = from_f32<T>(v); }
+
+// ---- compile-time shapes: Dims<d0, d1, ...>::at(k), constant-folded in unrolled loops ----
+template <u64... V> struct Dims {
+    static constexpr int rank = sizeof...(V);
+    __device__ static __forceinline__ u64 at(int k) {
+        const u64 a[] = {V..., 0ull};
+        return a[k];
+    }
+};
+
+// Offset of flat row-major index `i` of `Shape` in a view with per-dim `Strides`
+// (stride 0 = broadcast dim).
+template <typename Shape, typename Strides> __device__ __forceinline__ u64 strided(u64 i) {
+    u64 off = 0;
+#pragma unroll
+    for (int k = Shape::rank - 1; k >= 0; --k) {
+        const u64 d = Shape::at(k);
+        off += (i % d) * Strides::at(k);
+        i /= d;
+    }
+    return off;
+}
+
+// Grid-stride loop over [0, n).
+#define MEMC_GRID_LOOP(i, n) \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)(n); i += (u64)gridDim.x * blockDim.x)
+
+// ---- deterministic block reductions (fixed tree for a fixed blockDim) -------------------
+// Every thread of the block must call these; all threads get the result. blockDim.x is a
+// multiple of 32 and at most 1024.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ u64 warp_min_u64(u64 v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const u64 w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w < v ? w : v;
+    }
+    return v;
+}
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float memc_red_f[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) memc_red_f[warp] = v;
+    __syncthreads();
+    v = lane < nw ? memc_red_f[lane] : 0.0f;
+    return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v) {
+    __shared__ float memc_red_m[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) memc_red_m[warp] = v;
+    __syncthreads();
+    v = lane < nw ? memc_red_m[lane] : MEMC_NEG_INF;
+    return warp_max(v);
+}
+__device__ __forceinline__ u64 block_min_u64(u64 v) {
+    __shared__ u64 memc_red_u[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_min_u64(v);
+    __syncthreads();
+    if (lane == 0) memc_red_u[warp] = v;
+    __syncthreads();
+    v = lane < nw ? memc_red_u[lane] : ~0ull;
+    return warp_min_u64(v);
+}

@@ -1,0 +1,119 @@
+//! CUDA code generation for memc IR ops: one [`Kernel`] (source, entry point, launch
+//! geometry and argument list) per op application, instantiated from the templates in
+//! `kernels/*.cu` with the shapes baked in as compile-time constants.
+//!
+//! Every kernel takes one `char* arena` base pointer followed by `unsigned long long` byte
+//! offsets of its tensors (inputs in op order, then the output) and, for dropout and the
+//! optimizers, the step counter. Nothing allocates; there is no scratch memory.
+
+mod build;
+pub mod nvrtc;
+mod ops;
+
+use crate::ir::DType;
+pub use build::Kernel;
+pub use ops::kernel_for;
+
+/// One kernel argument, in signature order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelParam {
+    /// The `char*` arena base pointer; always the first argument.
+    Arena,
+    /// `unsigned long long` byte offset into the arena of the op's input with this index.
+    Input(usize),
+    /// `unsigned long long` byte offset into the arena of the op's output.
+    Output,
+    /// `unsigned long long` 1-based training step (dropout stream, AdamW bias correction).
+    Step,
+}
+
+/// Why no kernel could be generated or compiled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodegenError {
+    /// The op got the wrong number of inputs.
+    #[error("`{op}` takes {want} inputs, got {got}")]
+    Arity {
+        op: &'static str,
+        want: String,
+        got: usize,
+    },
+    /// The input/output types are invalid for the op (or disagree with shape inference).
+    #[error("`{op}`: {message}")]
+    Type { op: &'static str, message: String },
+    /// The op is valid but exceeds what the templates support (e.g. a grid dimension).
+    #[error("`{op}` unsupported: {message}")]
+    Unsupported { op: &'static str, message: String },
+    /// The NVRTC shared library could not be loaded.
+    #[error("NVRTC not found (set up with scripts/cuda-env)")]
+    NvrtcMissing,
+    /// An architecture other than compute_80 / compute_90 was requested.
+    #[error("unsupported architecture `{0}` (use compute_80 or compute_90)")]
+    Arch(String),
+    /// NVRTC rejected the source; `log` is its compile log.
+    #[error("NVRTC failed to compile `{name}`: {log}")]
+    Compile { name: String, log: String },
+}
+
+/// The CUDA spelling of an element type (`float`, `__half`, `__nv_bfloat16`, `int`).
+pub fn ctype(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "float",
+        DType::F16 => "__half",
+        DType::BF16 => "__nv_bfloat16",
+        DType::I32 => "int",
+    }
+}
+
+/// The `cast` kernel converting `numel` contiguous elements from `from` to `to` (through fp32,
+/// round-to-nearest-even when narrowing); arguments: arena, input offset, output offset.
+pub fn cast_kernel(from: DType, to: DType, numel: u64) -> Kernel {
+    let mut k = build::Gen::new("cast", &[build::POINTWISE]);
+    k.cfg("Cfg", vec![build::c_u64("N", numel)]);
+    k.call(format!(
+        "cast_kernel<{}, {}, Cfg>(arena, in0, out)",
+        ctype(from),
+        ctype(to)
+    ));
+    k.params(&[KernelParam::Input(0), KernelParam::Output]);
+    k.elementwise(numel);
+    k.finish()
+}
+
+/// The distinct kernels of a plan's steps, in first-use order, with the step indices
+/// that launch each.
+pub fn plan_kernel_uses(
+    plan: &crate::plan::Plan,
+) -> Result<Vec<(Kernel, Vec<usize>)>, CodegenError> {
+    let mut out: Vec<(Kernel, Vec<usize>)> = Vec::new();
+    for (s, step) in plan.steps.iter().enumerate() {
+        let inputs: Vec<crate::ir::TensorType> = step
+            .inputs
+            .iter()
+            .map(|b| plan.buffers[b.index()].ty.clone())
+            .collect();
+        let refs: Vec<&crate::ir::TensorType> = inputs.iter().collect();
+        let output = match step.output {
+            Some(b) => plan.buffers[b.index()].ty.clone(),
+            None => crate::ir::infer::infer(&step.op, &refs).map_err(|e| CodegenError::Type {
+                op: step.op.name(),
+                message: e.message,
+            })?,
+        };
+        let Some(kernel) = kernel_for(&step.op, &inputs, &output)? else {
+            continue;
+        };
+        match out.iter_mut().find(|(k, _)| k.name == kernel.name) {
+            Some((_, uses)) => uses.push(s),
+            None => out.push((kernel, vec![s])),
+        }
+    }
+    Ok(out)
+}
+
+/// The distinct kernels of a plan, in first-use order.
+pub fn plan_kernels(plan: &crate::plan::Plan) -> Result<Vec<Kernel>, CodegenError> {
+    Ok(plan_kernel_uses(plan)?
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect())
+}

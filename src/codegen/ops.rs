@@ -1,0 +1,1184 @@
+//! `kernel_for`: the per-op choice of template, constants and launch geometry.
+
+use super::build::*;
+use super::{ctype, CodegenError, Kernel, KernelParam};
+use crate::ir::infer::{infer, norm_channels};
+use crate::ir::{
+    AttnInput, AttnParams, BinaryFn, ConvParams, DType, NormKind, Op, PoolParams, TensorType,
+    UnaryFn,
+};
+
+type Result<T> = std::result::Result<T, CodegenError>;
+
+use KernelParam::{Input as In, Output as Out, Step};
+
+/// Checked accessors over an op's input types.
+struct Args<'a> {
+    op: &'a Op,
+    inputs: &'a [TensorType],
+    output: &'a TensorType,
+}
+
+impl Args<'_> {
+    fn name(&self) -> &'static str {
+        self.op.name()
+    }
+
+    fn err(&self, message: impl Into<String>) -> CodegenError {
+        CodegenError::Type {
+            op: self.name(),
+            message: message.into(),
+        }
+    }
+
+    fn arity(&self, lo: usize, hi: usize) -> Result<()> {
+        let got = self.inputs.len();
+        if got < lo || got > hi {
+            let want = if lo == hi {
+                format!("{lo}")
+            } else {
+                format!("{lo} to {hi}")
+            };
+            return Err(CodegenError::Arity {
+                op: self.name(),
+                want,
+                got,
+            });
+        }
+        Ok(())
+    }
+
+    fn at(&self, i: usize) -> Result<&TensorType> {
+        self.inputs
+            .get(i)
+            .ok_or_else(|| self.err(format!("missing input {i}")))
+    }
+
+    fn rank(&self, i: usize, rank: usize) -> Result<&TensorType> {
+        let t = self.at(i)?;
+        if t.shape.len() != rank {
+            return Err(self.err(format!("input {i} needs rank {rank}, found {t}")));
+        }
+        Ok(t)
+    }
+
+    fn min_rank(&self, i: usize, rank: usize) -> Result<&TensorType> {
+        let t = self.at(i)?;
+        if t.shape.len() < rank {
+            return Err(self.err(format!("input {i} needs rank >= {rank}, found {t}")));
+        }
+        Ok(t)
+    }
+
+    fn ty(&self, i: usize) -> Result<&'static str> {
+        Ok(ctype(self.at(i)?.dtype))
+    }
+
+    fn out_ty(&self) -> &'static str {
+        ctype(self.output.dtype)
+    }
+
+    /// Checks that shape inference agrees with the given output type.
+    fn check_infer(&self) -> Result<()> {
+        let refs: Vec<&TensorType> = self.inputs.iter().collect();
+        let want = infer(self.op, &refs).map_err(|e| self.err(e.message))?;
+        if &want != self.output {
+            return Err(self.err(format!("output {} but inference gives {want}", self.output)));
+        }
+        Ok(())
+    }
+
+    fn unsupported(&self, message: impl Into<String>) -> CodegenError {
+        CodegenError::Unsupported {
+            op: self.name(),
+            message: message.into(),
+        }
+    }
+}
+
+fn u(v: usize) -> u64 {
+    v as u64
+}
+
+fn numel(shape: &[usize]) -> u64 {
+    shape.iter().map(|&d| u(d)).product()
+}
+
+/// Row-major strides of `shape`, in elements.
+fn contiguous(shape: &[usize]) -> Vec<u64> {
+    let mut s = vec![1u64; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * u(shape[d + 1]);
+    }
+    s
+}
+
+/// Strides of contiguous `shape` viewed (numpy broadcasting, right-aligned) at `out` rank:
+/// 0 on missing and size-1 dims.
+fn bcast_strides(shape: &[usize], out: &[usize]) -> Vec<u64> {
+    let cs = contiguous(shape);
+    let pad = out.len().saturating_sub(shape.len());
+    (0..out.len())
+        .map(|d| {
+            if d < pad {
+                0
+            } else {
+                let k = d - pad;
+                if shape[k] == 1 {
+                    0
+                } else {
+                    cs[k]
+                }
+            }
+        })
+        .collect()
+}
+
+/// Splits `shape` around `axis` into (outer, extent, inner).
+fn axis_split(shape: &[usize], axis: usize) -> (u64, u64, u64) {
+    let outer = numel(&shape[..axis.min(shape.len())]);
+    let n = shape.get(axis).map_or(1, |&d| u(d));
+    let inner = numel(shape.get(axis + 1..).unwrap_or(&[]));
+    (outer, n, inner)
+}
+
+fn pow2_block(n: u64, lo: u32, hi: u32) -> u32 {
+    let mut b = lo;
+    while u64::from(b) < n && b < hi {
+        b *= 2;
+    }
+    b
+}
+
+/// Reduction geometry of `x` onto the dims where `keep` is true: OUT/OST map an output
+/// index to its group base, RSH/RST walk the group. Returns (lines, groups, group size).
+fn reduce_cfg(x: &[usize], keep: &[bool]) -> (Vec<String>, u64, u64) {
+    let xs = contiguous(x);
+    let out: Vec<u64> = x
+        .iter()
+        .zip(keep)
+        .map(|(&d, &k)| if k { u(d) } else { 1 })
+        .collect();
+    let ost: Vec<u64> = xs
+        .iter()
+        .zip(keep)
+        .map(|(&s, &k)| if k { s } else { 0 })
+        .collect();
+    let rsh: Vec<u64> = x
+        .iter()
+        .zip(keep)
+        .filter(|(_, &k)| !k)
+        .map(|(&d, _)| u(d))
+        .collect();
+    let rst: Vec<u64> = xs
+        .iter()
+        .zip(keep)
+        .filter(|(_, &k)| !k)
+        .map(|(&s, _)| s)
+        .collect();
+    let (n, r) = (out.iter().product::<u64>(), rsh.iter().product::<u64>());
+    let lines = vec![
+        c_u64("N", n),
+        c_u64("R", r),
+        c_dims("OUT", &out),
+        c_dims("OST", &ost),
+        c_dims("RSH", &rsh),
+        c_dims("RST", &rst),
+    ];
+    (lines, n, r)
+}
+
+fn unary_code(f: UnaryFn) -> i64 {
+    match f {
+        UnaryFn::Neg => 0,
+        UnaryFn::Exp => 1,
+        UnaryFn::Log => 2,
+        UnaryFn::Sqrt => 3,
+        UnaryFn::Rsqrt => 4,
+        UnaryFn::Tanh => 5,
+        UnaryFn::Sigmoid => 6,
+        UnaryFn::Relu => 7,
+        UnaryFn::GeluTanh => 8,
+        UnaryFn::GeluErf => 9,
+        UnaryFn::Silu => 10,
+    }
+}
+
+fn binary_code(f: BinaryFn) -> i64 {
+    match f {
+        BinaryFn::Add => 0,
+        BinaryFn::Sub => 1,
+        BinaryFn::Mul => 2,
+        BinaryFn::Div => 3,
+    }
+}
+
+/// The kernel computing `op` on inputs of the given types into `output`, or `None` for
+/// source ops (Input, Param, OptimState) that need no kernel. Inputs must satisfy
+/// [`infer`](crate::ir::infer::infer) with result `output`, else a `CodegenError`; the
+/// returned kernel reads only its inputs, writes only its output (or, for AdamW/SGD, the
+/// mutated inputs) and is deterministic.
+pub fn kernel_for(op: &Op, inputs: &[TensorType], output: &TensorType) -> Result<Option<Kernel>> {
+    let a = Args { op, inputs, output };
+    if matches!(
+        op,
+        Op::Input { .. } | Op::Param { .. } | Op::OptimState { .. }
+    ) {
+        return Ok(None);
+    }
+    pre_check(&a)?;
+    a.check_infer()?;
+    build(&a).map(Some)
+}
+
+/// Rank checks that make shape inference and the generators index-safe.
+fn pre_check(a: &Args) -> Result<()> {
+    use Op::*;
+    match a.op {
+        Conv2dBackwardInput { .. } | Conv2dBackwardWeight { .. } => {
+            a.arity(2, 2)?;
+            a.rank(0, 4)?;
+            a.rank(1, 4)?;
+        }
+        MaxPool2dBackward(_) => {
+            a.arity(2, 2)?;
+            a.rank(0, 4)?;
+            a.rank(1, 4)?;
+        }
+        AvgPool2dBackward { .. } => {
+            a.arity(1, 1)?;
+            a.rank(0, 4)?;
+        }
+        AttentionBackward { attn, .. } => {
+            a.arity(4, 4)?;
+            let refs: Vec<&TensorType> = a.inputs[..3].iter().collect();
+            infer(&Attention(*attn), &refs).map_err(|e| a.err(e.message))?;
+            if a.inputs[3] != a.inputs[0] {
+                return Err(a.err("dout must have q's type"));
+            }
+        }
+        CrossEntropyBackward => {
+            a.arity(3, 3)?;
+            let refs: Vec<&TensorType> = a.inputs[..2].iter().collect();
+            infer(&CrossEntropy, &refs).map_err(|e| a.err(e.message))?;
+        }
+        MseBackward => {
+            a.arity(3, 3)?;
+            let refs: Vec<&TensorType> = a.inputs[..2].iter().collect();
+            infer(&Mse, &refs).map_err(|e| a.err(e.message))?;
+        }
+        NormBackwardInput { kind, eps } => {
+            a.arity(3, 3)?;
+            let refs = [&a.inputs[0], &a.inputs[1]];
+            infer(
+                &Norm {
+                    kind: *kind,
+                    eps: *eps,
+                },
+                &refs,
+            )
+            .map_err(|e| a.err(e.message))?;
+        }
+        NormBackwardWeight { kind, .. } | NormBackwardBias { kind } => {
+            a.min_rank(
+                0,
+                if matches!(kind, NormKind::Layer | NormKind::Rms) {
+                    1
+                } else {
+                    2
+                },
+            )?;
+            if let NormKind::Group(g) = kind {
+                let c = a.at(0)?.shape[1];
+                if *g == 0 || c % g != 0 {
+                    return Err(a.err("group count must divide the channels"));
+                }
+            }
+        }
+        MaxToBackward => {
+            a.arity(3, 3)?;
+            let refs = [&a.inputs[0]];
+            let fwd = MaxTo {
+                shape: a.inputs[1].shape.clone(),
+            };
+            infer(&fwd, &refs).map_err(|e| a.err(e.message))?;
+        }
+        EmbeddingBackward { .. } => {
+            a.arity(2, 2)?;
+            a.min_rank(1, 1)?;
+            if a.inputs[0].dtype != DType::I32 {
+                return Err(a.err("ids must be i32"));
+            }
+        }
+        UnaryBackward(_) | SoftmaxBackward { .. } | LogSoftmaxBackward { .. } => {
+            a.arity(2, 2)?;
+            if !a.inputs[0].dtype.is_float() {
+                return Err(a.err("operand must be floating"));
+            }
+        }
+        ClipCoefficient { .. } | AdamW(_) | Sgd(_)
+            if a.inputs.iter().any(|t| !t.dtype.is_float()) =>
+        {
+            return Err(a.err("optimizer operands must be floating"));
+        }
+        Reshape { .. }
+        | Permute { .. }
+        | Slice { .. }
+        | PadSlice { .. }
+        | Concat { .. }
+        | SumTo { .. }
+        | BroadcastTo { .. }
+        | MaxTo { .. } => {
+            a.arity(1, usize::MAX)?;
+            if a.inputs.iter().any(|t| t.dtype == DType::I32)
+                && !matches!(
+                    a.op,
+                    Reshape { .. } | Permute { .. } | Slice { .. } | Concat { .. }
+                )
+            {
+                return Err(a.err("integer tensors cannot be reduced or broadcast"));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn build(a: &Args) -> Result<Kernel> {
+    use Op::*;
+    let out = a.output;
+    let n_out = out.numel();
+    match a.op {
+        Input { .. } | Param { .. } | OptimState { .. } => Err(a.err("source ops have no kernel")),
+        Fill { value, .. } => {
+            let mut k = Gen::new("fill", &[POINTWISE]);
+            k.cfg("Cfg", vec![c_u64("N", n_out), c_f32("VALUE", *value)]);
+            k.call(format!("fill_kernel<{}, Cfg>(arena, out)", a.out_ty()));
+            k.params(&[Out]);
+            k.elementwise(n_out);
+            Ok(k.finish())
+        }
+        Unary(f) => {
+            let mut k = Gen::new("unary", &[POINTWISE]);
+            k.cfg("Cfg", vec![c_u64("N", n_out), c_int("OP", unary_code(*f))]);
+            k.call(format!("unary_kernel<{}, Cfg>(arena, in0, out)", a.ty(0)?));
+            k.params(&[In(0), Out]);
+            k.elementwise(n_out);
+            Ok(k.finish())
+        }
+        UnaryBackward(f) => {
+            let mut k = Gen::new("unary_backward", &[POINTWISE]);
+            k.cfg("Cfg", vec![c_u64("N", n_out), c_int("OP", unary_code(*f))]);
+            k.call(format!(
+                "unary_backward_kernel<{}, {}, Cfg>(arena, in0, in1, out)",
+                a.ty(0)?,
+                a.ty(1)?
+            ));
+            k.params(&[In(0), In(1), Out]);
+            k.elementwise(n_out);
+            Ok(k.finish())
+        }
+        Binary(f) => {
+            let (x, y) = (a.at(0)?, a.at(1)?);
+            let mut k = Gen::new("binary", &[POINTWISE]);
+            let shape: Vec<u64> = out.shape.iter().map(|&d| u(d)).collect();
+            k.cfg(
+                "Cfg",
+                vec![
+                    c_u64("N", n_out),
+                    c_int("OP", binary_code(*f)),
+                    c_dims("OUT", &shape),
+                    c_dims("SA", &bcast_strides(&x.shape, &out.shape)),
+                    c_dims("SB", &bcast_strides(&y.shape, &out.shape)),
+                ],
+            );
+            k.call(format!(
+                "binary_kernel<{}, Cfg>(arena, in0, in1, out)",
+                a.out_ty()
+            ));
+            k.params(&[In(0), In(1), Out]);
+            k.elementwise(n_out);
+            Ok(k.finish())
+        }
+        Affine { scale, shift } => {
+            let mut k = Gen::new("affine", &[POINTWISE]);
+            k.cfg(
+                "Cfg",
+                vec![
+                    c_u64("N", n_out),
+                    c_f32("SCALE", *scale),
+                    c_f32("SHIFT", *shift),
+                ],
+            );
+            k.call(format!(
+                "affine_kernel<{}, Cfg>(arena, in0, out)",
+                a.out_ty()
+            ));
+            k.params(&[In(0), Out]);
+            k.elementwise(n_out);
+            Ok(k.finish())
+        }
+        SumTo { shape } => {
+            let x = a.at(0)?;
+            let pad = x.shape.len().saturating_sub(shape.len());
+            let keep: Vec<bool> = (0..x.shape.len())
+                .map(|d| d >= pad && shape[d - pad] == x.shape[d])
+                .collect();
+            reduce(a, "sum_to", &x.shape, &keep, false)
+        }
+        MaxTo { shape } => {
+            let x = a.at(0)?;
+            let keep: Vec<bool> = shape.iter().zip(&x.shape).map(|(s, d)| s == d).collect();
+            reduce(a, "max_to", &x.shape, &keep, true)
+        }
+        MaxToBackward => {
+            let (x, y) = (a.at(0)?, a.at(1)?);
+            let keep: Vec<bool> = y.shape.iter().zip(&x.shape).map(|(s, d)| s == d).collect();
+            let (lines, groups, r) = reduce_cfg(&x.shape, &keep);
+            let mut k = Gen::new("max_to_backward", &[REDUCE]);
+            k.cfg("Cfg", lines);
+            k.call(format!(
+                "max_to_backward_kernel<{}, {}, {}, Cfg>(arena, in0, in1, in2, out)",
+                a.ty(0)?,
+                a.ty(1)?,
+                a.ty(2)?
+            ));
+            k.params(&[In(0), In(1), In(2), Out]);
+            k.per_block(groups, pow2_block(r, 32, 256));
+            Ok(k.finish())
+        }
+        BroadcastTo { shape } => {
+            let x = a.at(0)?;
+            let dims: Vec<u64> = shape.iter().map(|&d| u(d)).collect();
+            gather(a, "broadcast_to", &dims, &bcast_strides(&x.shape, shape), 0)
+        }
+        Reshape { .. } => gather(a, "reshape", &[n_out], &[1], 0),
+        Permute { perm } => {
+            let xs = contiguous(&a.at(0)?.shape);
+            let dims: Vec<u64> = out.shape.iter().map(|&d| u(d)).collect();
+            let st: Vec<u64> = perm.iter().map(|&p| xs[p]).collect();
+            gather(a, "permute", &dims, &st, 0)
+        }
+        Slice { axis, start, .. } => {
+            let xs = contiguous(&a.at(0)?.shape);
+            let dims: Vec<u64> = out.shape.iter().map(|&d| u(d)).collect();
+            gather(a, "slice", &dims, &xs, u(*start) * xs[*axis])
+        }
+        PadSlice { axis, start, full } => {
+            let x = a.at(0)?;
+            let (outer, len, inner) = axis_split(&x.shape, *axis);
+            let mut k = Gen::new("pad_slice", &[MOVEMENT]);
+            k.cfg(
+                "Cfg",
+                vec![
+                    c_u64("N", n_out),
+                    c_u64("OUTER", outer),
+                    c_u64("LEN", len),
+                    c_u64("INNER", inner),
+                    c_u64("FULL", u(*full)),
+                    c_u64("START", u(*start)),
+                ],
+            );
+            k.call(format!(
+                "pad_slice_kernel<{}, Cfg>(arena, in0, out)",
+                a.out_ty()
+            ));
+            k.params(&[In(0), Out]);
+            k.elementwise(n_out);
+            Ok(k.finish())
+        }
+        Concat { axis } => {
+            let (_, total, inner) = axis_split(&out.shape, *axis);
+            let mut k = Gen::new("concat", &[MOVEMENT]);
+            let mut at = 0u64;
+            for (i, t) in a.inputs.iter().enumerate() {
+                let w = u(t.shape[*axis]) * inner;
+                k.cfg(
+                    &format!("Cfg{i}"),
+                    vec![
+                        c_u64("N", t.numel()),
+                        c_u64("WIDTH", w),
+                        c_u64("TOTAL", total * inner),
+                        c_u64("AT", at),
+                    ],
+                );
+                k.call(format!(
+                    "concat_part<{}, Cfg{i}>(arena, in{i}, out)",
+                    a.out_ty()
+                ));
+                k.params(&[In(i)]);
+                at += w;
+            }
+            k.params(&[Out]);
+            k.elementwise(n_out);
+            Ok(k.finish())
+        }
+        Softmax { axis } | LogSoftmax { axis } => {
+            let log = matches!(a.op, LogSoftmax { .. });
+            let (outer, n, inner) = axis_split(&out.shape, *axis);
+            let mut k = Gen::new(if log { "log_softmax" } else { "softmax" }, &[SOFTMAX]);
+            k.cfg(
+                "Cfg",
+                vec![
+                    c_u64("OUTER", outer),
+                    c_u64("N", n),
+                    c_u64("INNER", inner),
+                    c_bool("LOG", log),
+                ],
+            );
+            k.call(format!(
+                "softmax_kernel<{}, Cfg>(arena, in0, out)",
+                a.out_ty()
+            ));
+            k.params(&[In(0), Out]);
+            k.per_block(outer * inner, pow2_block(n, 32, 256));
+            Ok(k.finish())
+        }
+        SoftmaxBackward { axis } | LogSoftmaxBackward { axis } => {
+            let log = matches!(a.op, LogSoftmaxBackward { .. });
+            let (outer, n, inner) = axis_split(&out.shape, *axis);
+            let mut k = Gen::new(
+                if log {
+                    "log_softmax_backward"
+                } else {
+                    "softmax_backward"
+                },
+                &[SOFTMAX],
+            );
+            k.cfg(
+                "Cfg",
+                vec![
+                    c_u64("OUTER", outer),
+                    c_u64("N", n),
+                    c_u64("INNER", inner),
+                    c_bool("LOG", log),
+                ],
+            );
+            k.call(format!(
+                "softmax_backward_kernel<{}, {}, Cfg>(arena, in0, in1, out)",
+                a.ty(0)?,
+                a.ty(1)?
+            ));
+            k.params(&[In(0), In(1), Out]);
+            k.per_block(outer * inner, pow2_block(n, 32, 256));
+            Ok(k.finish())
+        }
+        Norm { kind, eps } => {
+            let x = a.at(0)?;
+            let (lines, groups, gsize) = norm_cfg(*kind, *eps, &x.shape, a.inputs.len() == 3);
+            let mut k = Gen::new("norm", &[NORM]);
+            k.cfg("Cfg", lines);
+            let b = if a.inputs.len() == 3 { "in2" } else { "in1" };
+            k.call(format!(
+                "norm_kernel<{}, {}, Cfg>(arena, in0, in1, {b}, out)",
+                a.ty(0)?,
+                a.ty(1)?
+            ));
+            let mut p = vec![In(0), In(1)];
+            if a.inputs.len() == 3 {
+                p.push(In(2));
+            }
+            p.push(Out);
+            k.params(&p);
+            k.per_block(groups, pow2_block(gsize, 32, 512));
+            Ok(k.finish())
+        }
+        NormBackwardInput { kind, eps } => {
+            let x = a.at(0)?;
+            let (lines, groups, gsize) = norm_cfg(*kind, *eps, &x.shape, false);
+            let mut k = Gen::new("norm_backward_input", &[NORM]);
+            k.cfg("Cfg", lines);
+            k.call(format!(
+                "norm_backward_input_kernel<{}, {}, {}, Cfg>(arena, in0, in1, in2, out)",
+                a.ty(0)?,
+                a.ty(1)?,
+                a.ty(2)?
+            ));
+            k.params(&[In(0), In(1), In(2), Out]);
+            k.per_block(groups, pow2_block(gsize, 32, 512));
+            Ok(k.finish())
+        }
+        NormBackwardWeight { kind, eps } => {
+            let x = a.at(0)?;
+            let (lines, _, gsize) = norm_cfg(*kind, *eps, &x.shape, false);
+            let ch = u(norm_channels(*kind, &x.shape));
+            let mut k = Gen::new("norm_backward_weight", &[NORM]);
+            k.cfg("Cfg", lines);
+            k.call(format!(
+                "norm_backward_weight_kernel<{}, {}, {}, Cfg>(arena, in0, in1, out)",
+                a.ty(0)?,
+                a.ty(1)?,
+                a.out_ty()
+            ));
+            k.params(&[In(0), In(1), Out]);
+            match kind {
+                NormKind::Layer | NormKind::Rms => {
+                    let block = pow2_block(ch, 32, 256);
+                    k.launch([ch.div_ceil(u64::from(block)), 1, 1], block);
+                }
+                NormKind::Batch | NormKind::Group(_) => k.per_block(ch, pow2_block(gsize, 32, 256)),
+            }
+            Ok(k.finish())
+        }
+        NormBackwardBias { kind } => {
+            let x = a.at(0)?;
+            let keep: Vec<bool> = (0..x.shape.len())
+                .map(|d| match kind {
+                    NormKind::Layer | NormKind::Rms => d + 1 == x.shape.len(),
+                    NormKind::Batch | NormKind::Group(_) => d == 1,
+                })
+                .collect();
+            reduce(a, "norm_backward_bias", &x.shape, &keep, false)
+        }
+        Embedding => {
+            let table = a.rank(0, 2)?;
+            let mut k = Gen::new("embedding", &[EMBEDDING]);
+            k.cfg(
+                "Cfg",
+                vec![
+                    c_u64("N", n_out),
+                    c_u64("D", u(table.shape[1])),
+                    c_u64("ROWS", u(table.shape[0])),
+                ],
+            );
+            k.call(format!(
+                "embedding_kernel<{}, Cfg>(arena, in0, in1, out)",
+                a.out_ty()
+            ));
+            k.params(&[In(0), In(1), Out]);
+            k.elementwise(n_out);
+            Ok(k.finish())
+        }
+        EmbeddingBackward { rows } => {
+            let (ids, dy) = (a.at(0)?, a.at(1)?);
+            let d = u(out.shape[1]);
+            if numel(&ids.shape) * d != dy.numel() {
+                return Err(a.err(format!("dy {dy} does not match ids {ids}")));
+            }
+            let mut k = Gen::new("embedding_backward", &[EMBEDDING]);
+            k.cfg(
+                "Cfg",
+                vec![
+                    c_u64("D", d),
+                    c_u64("ROWS", u(*rows)),
+                    c_u64("NIDS", ids.numel()),
+                ],
+            );
+            k.call(format!(
+                "embedding_backward_kernel<{}, {}, Cfg>(arena, in0, in1, out)",
+                a.ty(1)?,
+                a.out_ty()
+            ));
+            k.params(&[In(0), In(1), Out]);
+            let block = pow2_block(d, 32, 256);
+            k.launch(
+                [d.div_ceil(u64::from(block)), u(*rows).min(65535), 1],
+                block,
+            );
+            Ok(k.finish())
+        }
+        CrossEntropy => {
+            let logits = a.at(0)?;
+            let (rows, cl) = rows_classes(&logits.shape);
+            let mut k = Gen::new("cross_entropy", &[LOSS]);
+            k.cfg("Cfg", vec![c_u64("ROWS", rows), c_u64("CL", cl)]);
+            k.call(format!(
+                "cross_entropy_kernel<{}, Cfg>(arena, in0, in1, out)",
+                a.ty(0)?
+            ));
+            k.params(&[In(0), In(1), Out]);
+            k.launch([1, 1, 1], pow2_block(cl, 32, 1024));
+            Ok(k.finish())
+        }
+        CrossEntropyBackward => {
+            let logits = a.at(0)?;
+            let (rows, cl) = rows_classes(&logits.shape);
+            let mut k = Gen::new("cross_entropy_backward", &[LOSS]);
+            k.cfg(
+                "Cfg",
+                vec![c_u64("ROWS", rows), c_u64("CL", cl), c_type("TL", a.ty(2)?)],
+            );
+            k.call(format!(
+                "cross_entropy_backward_kernel<{}, Cfg>(arena, in0, in1, in2, out)",
+                a.ty(0)?
+            ));
+            k.params(&[In(0), In(1), In(2), Out]);
+            k.per_block(rows, pow2_block(cl, 32, 256));
+            Ok(k.finish())
+        }
+        Mse => {
+            let n = a.at(0)?.numel();
+            let mut k = Gen::new("mse", &[LOSS]);
+            k.cfg("Cfg", vec![c_u64("N", n)]);
+            k.call(format!(
+                "mse_kernel<{}, Cfg>(arena, in0, in1, out)",
+                a.ty(0)?
+            ));
+            k.params(&[In(0), In(1), Out]);
+            k.launch([1, 1, 1], 1024);
+            Ok(k.finish())
+        }
+        MseBackward => {
+            let mut k = Gen::new("mse_backward", &[LOSS]);
+            k.cfg("Cfg", vec![c_u64("N", n_out), c_type("TL", a.ty(2)?)]);
+            k.call(format!(
+                "mse_backward_kernel<{}, Cfg>(arena, in0, in1, in2, out)",
+                a.ty(0)?
+            ));
+            k.params(&[In(0), In(1), In(2), Out]);
+            k.elementwise(n_out);
+            Ok(k.finish())
+        }
+        MatMul { ta, tb } => matmul(a, *ta, *tb),
+        Conv2d(c) => {
+            let (x, w) = (a.at(0)?, a.at(1)?);
+            conv(
+                a,
+                "conv2d",
+                c,
+                &x.shape,
+                &w.shape,
+                &out.shape,
+                "conv2d_kernel",
+                &[a.ty(0)?],
+            )
+        }
+        Conv2dBackwardInput { conv: c, .. } => {
+            let (dy, w) = (a.at(0)?, a.at(1)?);
+            conv(
+                a,
+                "conv2d_backward_input",
+                c,
+                &out.shape,
+                &w.shape,
+                &dy.shape,
+                "conv2d_backward_input_kernel",
+                &[a.ty(0)?, a.ty(1)?],
+            )
+        }
+        Conv2dBackwardWeight { conv: c, .. } => {
+            let (x, dy) = (a.at(0)?, a.at(1)?);
+            conv(
+                a,
+                "conv2d_backward_weight",
+                c,
+                &x.shape,
+                &out.shape,
+                &dy.shape,
+                "conv2d_backward_weight_kernel",
+                &[a.ty(0)?, a.ty(1)?],
+            )
+        }
+        MaxPool2d(p) | AvgPool2d(p) => {
+            let max = matches!(a.op, MaxPool2d(_));
+            let x = a.at(0)?;
+            let mut k = Gen::new(if max { "max_pool2d" } else { "avg_pool2d" }, &[POOL]);
+            k.cfg("Cfg", pool_cfg(p, &x.shape, &out.shape, max, n_out));
+            k.call(format!("pool_kernel<{}, Cfg>(arena, in0, out)", a.ty(0)?));
+            k.params(&[In(0), Out]);
+            k.elementwise(n_out);
+            Ok(k.finish())
+        }
+        MaxPool2dBackward(p) => {
+            let (x, dy) = (a.at(0)?, a.at(1)?);
+            let mut k = Gen::new("max_pool2d_backward", &[POOL]);
+            k.cfg("Cfg", pool_cfg(p, &x.shape, &dy.shape, true, n_out));
+            k.call(format!(
+                "pool_backward_kernel<{}, {}, Cfg>(arena, in0, in1, out)",
+                a.ty(0)?,
+                a.ty(1)?
+            ));
+            k.params(&[In(0), In(1), Out]);
+            k.elementwise(n_out);
+            Ok(k.finish())
+        }
+        AvgPool2dBackward { pool, .. } => {
+            let dy = a.at(0)?;
+            let mut k = Gen::new("avg_pool2d_backward", &[POOL]);
+            k.cfg("Cfg", pool_cfg(pool, &out.shape, &dy.shape, false, n_out));
+            k.call(format!(
+                "pool_backward_kernel<{}, {}, Cfg>(arena, in0, in0, out)",
+                a.out_ty(),
+                a.ty(0)?
+            ));
+            k.params(&[In(0), Out]);
+            k.elementwise(n_out);
+            Ok(k.finish())
+        }
+        Dropout { p, seed } => {
+            let mut k = Gen::new("dropout", &[RNG]);
+            k.cfg(
+                "Cfg",
+                vec![c_u64("N", n_out), c_f32("P", *p), c_u64("SEED", *seed)],
+            );
+            k.call(format!(
+                "dropout_kernel<{}, Cfg>(arena, in0, out, step)",
+                a.out_ty()
+            ));
+            k.params(&[In(0), Out, Step]);
+            k.elementwise(n_out);
+            Ok(k.finish())
+        }
+        Attention(p) => attention(a, p, None),
+        AttentionBackward { attn, which } => attention(a, attn, Some(*which)),
+        Rope {
+            heads,
+            base,
+            inverse,
+        } => {
+            let x = a.rank(0, 3)?;
+            let (b, t, w) = (u(x.shape[0]), u(x.shape[1]), u(x.shape[2]));
+            let hd = w / u(*heads);
+            let mut k = Gen::new("rope", &[ROPE]);
+            k.cfg(
+                "Cfg",
+                vec![
+                    c_u64("ROWS", b * t),
+                    c_u64("T", t),
+                    c_u64("HEADS", u(*heads)),
+                    c_u64("HD", hd),
+                    c_f32("BASE", *base),
+                    c_bool("INVERSE", *inverse),
+                ],
+            );
+            k.call(format!("rope_kernel<{}, Cfg>(arena, in0, out)", a.out_ty()));
+            k.params(&[In(0), Out]);
+            k.elementwise(b * t * w / 2);
+            Ok(k.finish())
+        }
+        ClipCoefficient { max_norm } => {
+            let mut k = Gen::new("clip_coefficient", &[OPTIM]);
+            k.call("double acc = 0.0".to_string());
+            for (i, t) in a.inputs.iter().enumerate() {
+                k.cfg(&format!("Cfg{i}"), vec![c_u64("N", t.numel())]);
+                k.call(format!(
+                    "clip_accum<{}, Cfg{i}>(arena, in{i}, acc)",
+                    ctype(t.dtype)
+                ));
+                k.params(&[In(i)]);
+            }
+            k.cfg("Cfg", vec![c_f32("MAX_NORM", *max_norm)]);
+            k.call("clip_finish<Cfg>(arena, out, acc)".to_string());
+            k.params(&[Out]);
+            k.launch([1, 1, 1], 1024);
+            Ok(k.finish())
+        }
+        AdamW(h) => {
+            let p = a.at(0)?;
+            let clip = a.inputs.len() == 5;
+            let mut k = Gen::new("adamw", &[OPTIM]);
+            k.cfg(
+                "Cfg",
+                vec![
+                    c_u64("N", p.numel()),
+                    c_f32("LR", h.lr),
+                    c_f32("B1", h.beta1),
+                    c_f32("B2", h.beta2),
+                    c_f32("EPS", h.eps),
+                    c_f32("WD", h.weight_decay),
+                    c_bool("HAS_CLIP", clip),
+                ],
+            );
+            let (tm, tv) = (a.ty(2)?, a.ty(3)?);
+            if tm != tv {
+                return Err(a.err("m and v must share a dtype"));
+            }
+            let c = if clip { "in4" } else { "0ull" };
+            k.call(format!(
+                "adamw_kernel<{}, {}, {tm}, Cfg>(arena, in0, in1, in2, in3, {c}, step)",
+                a.ty(0)?,
+                a.ty(1)?
+            ));
+            let mut ps = vec![In(0), In(1), In(2), In(3)];
+            if clip {
+                ps.push(In(4));
+            }
+            ps.push(Step);
+            k.params(&ps);
+            k.elementwise(p.numel());
+            Ok(k.finish())
+        }
+        Sgd(h) => {
+            let p = a.at(0)?;
+            let clip = a.inputs.len() == 4;
+            let mut k = Gen::new("sgd", &[OPTIM]);
+            k.cfg(
+                "Cfg",
+                vec![
+                    c_u64("N", p.numel()),
+                    c_f32("LR", h.lr),
+                    c_f32("MOMENTUM", h.momentum),
+                    c_f32("WD", h.weight_decay),
+                    c_bool("HAS_CLIP", clip),
+                ],
+            );
+            let c = if clip { "in3" } else { "0ull" };
+            k.call(format!(
+                "sgd_kernel<{}, {}, {}, Cfg>(arena, in0, in1, in2, {c}, step)",
+                a.ty(0)?,
+                a.ty(1)?,
+                a.ty(2)?
+            ));
+            let mut ps = vec![In(0), In(1), In(2)];
+            if clip {
+                ps.push(In(3));
+            }
+            ps.push(Step);
+            k.params(&ps);
+            k.elementwise(p.numel());
+            Ok(k.finish())
+        }
+    }
+}
+
+fn rows_classes(shape: &[usize]) -> (u64, u64) {
+    let cl = shape.last().map_or(1, |&c| u(c));
+    (numel(shape).checked_div(cl).unwrap_or(0), cl)
+}
+
+fn reduce(a: &Args, family: &'static str, x: &[usize], keep: &[bool], max: bool) -> Result<Kernel> {
+    let (mut lines, groups, r) = reduce_cfg(x, keep);
+    lines.push(c_bool("MAX", max));
+    let mut k = Gen::new(family, &[REDUCE]);
+    k.cfg("Cfg", lines);
+    k.call(format!("reduce_kernel<{}, Cfg>(arena, in0, out)", a.ty(0)?));
+    k.params(&[In(0), Out]);
+    k.per_block(groups, pow2_block(r, 32, 256));
+    Ok(k.finish())
+}
+
+fn gather(
+    a: &Args,
+    family: &'static str,
+    dims: &[u64],
+    strides: &[u64],
+    base: u64,
+) -> Result<Kernel> {
+    let n = a.output.numel();
+    let mut k = Gen::new(family, &[MOVEMENT]);
+    k.cfg(
+        "Cfg",
+        vec![
+            c_u64("N", n),
+            c_u64("BASE", base),
+            c_dims("OUT", dims),
+            c_dims("SX", strides),
+        ],
+    );
+    k.call(format!(
+        "gather_kernel<{}, Cfg>(arena, in0, out)",
+        a.out_ty()
+    ));
+    k.params(&[In(0), Out]);
+    k.elementwise(n);
+    Ok(k.finish())
+}
+
+/// Norm geometry constants; returns (lines, statistics groups, group size).
+fn norm_cfg(kind: NormKind, eps: f32, x: &[usize], has_bias: bool) -> (Vec<String>, u64, u64) {
+    let total = numel(x);
+    let ch = u(norm_channels(kind, x));
+    let (code, nb, s, ng) = match kind {
+        NormKind::Layer => (0, 1, 1, 1),
+        NormKind::Rms => (1, 1, 1, 1),
+        NormKind::Batch => (2, u(x[0]), numel(&x[2..]), 1),
+        NormKind::Group(g) => (3, u(x[0]), numel(&x[2..]), u(g)),
+    };
+    let cpg = ch.checked_div(ng).unwrap_or(1);
+    let (groups, gsize) = match kind {
+        NormKind::Layer | NormKind::Rms => (total.checked_div(ch).unwrap_or(0), ch),
+        NormKind::Batch => (ch, nb * s),
+        NormKind::Group(_) => (nb * ng, cpg * s),
+    };
+    let lines = vec![
+        c_int("KIND", code),
+        c_u64("GROUPS", groups),
+        c_u64("GSIZE", gsize),
+        c_u64("CH", ch),
+        c_u64("NB", nb),
+        c_u64("S", s),
+        c_u64("NG", ng),
+        c_u64("CPG", cpg),
+        c_f32("EPS", eps),
+        c_bool("HAS_BIAS", has_bias),
+    ];
+    (lines, groups, gsize)
+}
+
+fn pool_cfg(p: &PoolParams, x: &[usize], y: &[usize], max: bool, n: u64) -> Vec<String> {
+    vec![
+        c_u64("N", n),
+        c_u64("H", u(x[2])),
+        c_u64("W", u(x[3])),
+        c_u64("HO", u(y[2])),
+        c_u64("WO", u(y[3])),
+        c_u64("KH", u(p.kernel[0])),
+        c_u64("KW", u(p.kernel[1])),
+        c_u64("SH", u(p.stride[0])),
+        c_u64("SW", u(p.stride[1])),
+        c_u64("PH", u(p.padding[0])),
+        c_u64("PW", u(p.padding[1])),
+        c_bool("MAX", max),
+    ]
+}
+
+const GEMM_TILE: u64 = 64;
+
+fn gemm_launch(a: &Args, k: &mut Gen, m: u64, n: u64, batch: u64) -> Result<()> {
+    let (gx, gy) = (n.div_ceil(GEMM_TILE), m.div_ceil(GEMM_TILE));
+    if gx > u64::from(u32::MAX >> 1) || gy > 65535 || batch > 65535 {
+        return Err(a.unsupported(format!(
+            "GEMM grid {gx} x {gy} x {batch} exceeds CUDA limits"
+        )));
+    }
+    k.launch([gx, gy, batch], 256);
+    Ok(())
+}
+
+fn matmul(a: &Args, ta: bool, tb: bool) -> Result<Kernel> {
+    let (x, y, out) = (a.at(0)?, a.at(1)?, a.output);
+    let (rx, ry, ro) = (x.shape.len(), y.shape.len(), out.shape.len());
+    let (m, n) = (u(out.shape[ro - 2]), u(out.shape[ro - 1]));
+    let kd = u(if ta { x.shape[rx - 2] } else { x.shape[rx - 1] });
+    let batch = &out.shape[..ro - 2];
+    let bdims: Vec<u64> = batch.iter().map(|&d| u(d)).collect();
+    let mut k = Gen::new("matmul", &[MATMUL]);
+    k.cfg(
+        "Cfg",
+        vec![
+            c_u64("M", m),
+            c_u64("N", n),
+            c_u64("K", kd),
+            c_bool("TA", ta),
+            c_bool("TB", tb),
+            c_dims("BATCH", &bdims),
+            c_dims("SA", &bcast_strides(&x.shape[..rx - 2], batch)),
+            c_dims("SB", &bcast_strides(&y.shape[..ry - 2], batch)),
+        ],
+    );
+    k.call(format!(
+        "matmul_kernel<{}, Cfg>(arena, in0, in1, out)",
+        a.out_ty()
+    ));
+    k.params(&[In(0), In(1), Out]);
+    gemm_launch(a, &mut k, m, n, numel(batch))?;
+    Ok(k.finish())
+}
+
+/// A convolution-family implicit GEMM; `x`, `w`, `y` are the forward geometry's shapes.
+#[allow(clippy::too_many_arguments)]
+fn conv(
+    a: &Args,
+    family: &'static str,
+    c: &ConvParams,
+    x: &[usize],
+    w: &[usize],
+    y: &[usize],
+    entry: &str,
+    types: &[&str],
+) -> Result<Kernel> {
+    let g = u(c.groups.max(1));
+    let (nb, ci, h, wd) = (u(x[0]), u(x[1]), u(x[2]), u(x[3]));
+    let (co, cig, kh, kw) = (u(w[0]), u(w[1]), u(w[2]), u(w[3]));
+    let (ho, wo) = (u(y[2]), u(y[3]));
+    if ci != cig * g || co % g != 0 || u(y[1]) != co || u(y[0]) != nb || c.stride.contains(&0) {
+        return Err(a.err("inconsistent convolution shapes"));
+    }
+    let cog = co / g;
+    let mut k = Gen::new(family, &[MATMUL, CONV]);
+    k.cfg(
+        "Cfg",
+        vec![
+            c_u64("NB", nb),
+            c_u64("CI", ci),
+            c_u64("H", h),
+            c_u64("W", wd),
+            c_u64("CO", co),
+            c_u64("CIG", cig),
+            c_u64("COG", cog),
+            c_u64("KH", kh),
+            c_u64("KW", kw),
+            c_u64("HO", ho),
+            c_u64("WO", wo),
+            c_u64("SH", u(c.stride[0])),
+            c_u64("SW", u(c.stride[1])),
+            c_u64("PH", u(c.padding[0])),
+            c_u64("PW", u(c.padding[1])),
+            c_u64("DH", u(c.dilation[0])),
+            c_u64("DW", u(c.dilation[1])),
+        ],
+    );
+    k.call(format!(
+        "{entry}<{}, Cfg>(arena, in0, in1, out)",
+        types.join(", ")
+    ));
+    k.params(&[In(0), In(1), Out]);
+    let (m, n) = match family {
+        "conv2d" => (cog, nb * ho * wo),
+        "conv2d_backward_input" => (cig, nb * h * wd),
+        _ => (cog, cig * kh * kw),
+    };
+    gemm_launch(a, &mut k, m, n, g)?;
+    Ok(k.finish())
+}
+
+fn attention(a: &Args, p: &AttnParams, which: Option<AttnInput>) -> Result<Kernel> {
+    let (q, kt) = (a.rank(0, 3)?, a.rank(1, 3)?);
+    let (b, tq, tk) = (u(q.shape[0]), u(q.shape[1]), u(kt.shape[1]));
+    let (h, kvh) = (u(p.heads), u(p.kv_heads));
+    let dh = u(q.shape[2]) / h.max(1);
+    if dh == 0 || dh > 256 {
+        return Err(a.unsupported(format!("head dim {dh} (supported 1..=256)")));
+    }
+    if h > 65535 || b > 65535 {
+        return Err(a.unsupported("more than 65535 heads or batches"));
+    }
+    // Shared tiles stay within 32 KiB: BT query/key rows, BC keys per K/V tile.
+    let bt = (4096 / dh).clamp(16, 64);
+    let bc = (4096 / dh).clamp(1, 64);
+    let (family, call, rows, heads_grid) = match which {
+        None => ("attention", "attention_kernel", tq, h),
+        Some(AttnInput::Q) => ("attention_backward_q", "attention_backward_q_kernel", tq, h),
+        Some(AttnInput::K) => (
+            "attention_backward_k",
+            "attention_backward_kv_kernel",
+            tk,
+            kvh,
+        ),
+        Some(AttnInput::V) => (
+            "attention_backward_v",
+            "attention_backward_kv_kernel",
+            tk,
+            kvh,
+        ),
+    };
+    let mut k = Gen::new(family, &[ATTENTION]);
+    k.cfg(
+        "Cfg",
+        vec![
+            c_u64("TQ", tq),
+            c_u64("TK", tk),
+            c_u64("H", h),
+            c_u64("KVH", kvh),
+            c_u64("DH", dh),
+            c_bool("CAUSAL", p.causal),
+            c_f32("SCALE", p.scale),
+            c_u64("BT", bt),
+            c_u64("BC", bc),
+            c_bool("WHICH_V", matches!(which, Some(AttnInput::V))),
+        ],
+    );
+    let ty = a.ty(0)?;
+    if which.is_none() {
+        k.call(format!("{call}<{ty}, Cfg>(arena, in0, in1, in2, out)"));
+        k.params(&[In(0), In(1), In(2), Out]);
+    } else {
+        k.call(format!("{call}<{ty}, Cfg>(arena, in0, in1, in2, in3, out)"));
+        k.params(&[In(0), In(1), In(2), In(3), Out]);
+    }
+    k.launch(
+        [rows.div_ceil(bt), heads_grid, b],
+        u32::try_from(bt).unwrap_or(64),
+    );
+    Ok(k.finish())
+}

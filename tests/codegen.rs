@@ -1,0 +1,97 @@
+//! CPU-only checks of the generated kernels: every op variant yields a well-formed kernel.
+#![allow(
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::unwrap_used,
+    clippy::expect_used
+)]
+
+mod cuda_cases;
+
+use cuda_cases::*;
+use memc::codegen::{cast_kernel, kernel_for, KernelParam};
+use memc::ir::*;
+use std::collections::HashMap;
+
+#[test]
+fn every_case_generates_a_wellformed_kernel() {
+    let mut by_name: HashMap<String, String> = HashMap::new();
+    for (label, op, inputs) in cases() {
+        for dt in [DType::F32, DType::F16, DType::BF16] {
+            let (op, inputs) = with_dtype(&op, &inputs, dt);
+            let out = output(&op, &inputs);
+            let k = kernel_for(&op, &inputs, &out)
+                .unwrap_or_else(|e| panic!("{label}: {e}"))
+                .unwrap_or_else(|| panic!("{label}: no kernel"));
+            assert_eq!(k.params[0], KernelParam::Arena, "{label}");
+            let sig = k
+                .source
+                .lines()
+                .find(|l| l.contains(&k.entry))
+                .unwrap_or_default();
+            assert_eq!(
+                sig.matches("u64 ").count() + 1,
+                k.params.len(),
+                "{label}: {sig}"
+            );
+            assert!(k.grid.iter().chain(&k.block).all(|&d| d >= 1), "{label}");
+            assert!(
+                k.block[0] <= 1024 && k.block[0].is_multiple_of(16),
+                "{label}"
+            );
+            if let Some(prev) = by_name.insert(k.name.clone(), k.source.clone()) {
+                assert_eq!(prev, k.source, "{label}: name collision");
+            }
+        }
+    }
+}
+
+#[test]
+fn source_ops_have_no_kernel() {
+    let ty = t(DType::F32, &[3]);
+    for op in [
+        Op::Input {
+            name: "x".into(),
+            ty: ty.clone(),
+        },
+        Op::OptimState {
+            name: "m".into(),
+            ty: ty.clone(),
+        },
+    ] {
+        assert_eq!(kernel_for(&op, &[], &ty), Ok(None));
+    }
+}
+
+#[test]
+fn mismatched_output_is_an_error() {
+    let x = t(DType::F32, &[2, 3]);
+    let wrong = t(DType::F32, &[3, 2]);
+    assert!(kernel_for(&Op::Unary(UnaryFn::Exp), std::slice::from_ref(&x), &wrong).is_err());
+    assert!(kernel_for(&Op::Unary(UnaryFn::Exp), &[], &x).is_err());
+    assert!(kernel_for(
+        &Op::Conv2dBackwardInput {
+            conv: ConvParams {
+                stride: [1, 1],
+                padding: [0, 0],
+                dilation: [1, 1],
+                groups: 1
+            },
+            input: [3, 3],
+        },
+        &[x.clone(), x.clone()],
+        &x
+    )
+    .is_err());
+}
+
+#[test]
+fn distinct_shapes_get_distinct_names_and_casts_are_keyed_by_dtype() {
+    let a = cast_kernel(DType::F32, DType::F16, 100);
+    let b = cast_kernel(DType::F32, DType::BF16, 100);
+    let c = cast_kernel(DType::F32, DType::F16, 101);
+    assert_ne!(a.name, b.name);
+    assert_ne!(a.name, c.name);
+    assert_eq!(a, cast_kernel(DType::F32, DType::F16, 100));
+    assert!(a.name.starts_with("cast_"));
+}

@@ -1,0 +1,428 @@
+//! Shared test cases: a representative op/shape set covering every kernel family.
+#![allow(clippy::panic, dead_code)]
+
+use memc::ir::infer::infer;
+use memc::ir::*;
+
+/// A tensor type.
+pub fn t(dtype: DType, shape: &[usize]) -> TensorType {
+    TensorType::new(dtype, shape.to_vec())
+}
+
+/// (label, op, inputs) in f32; `with_dtype` derives the f16/bf16 variants.
+pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
+    use DType::{F32, I32};
+    let f = |s: &[usize]| t(F32, s);
+    let conv = ConvParams {
+        stride: [2, 1],
+        padding: [1, 1],
+        dilation: [1, 2],
+        groups: 2,
+    };
+    let pool = PoolParams {
+        kernel: [3, 3],
+        stride: [2, 2],
+        padding: [1, 1],
+    };
+    let attn = AttnParams {
+        heads: 4,
+        kv_heads: 2,
+        causal: true,
+        scale: 0.125,
+    };
+    let adam = AdamWParams {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    };
+    let sgd = SgdParams {
+        lr: 0.1,
+        momentum: 0.9,
+        weight_decay: 0.0,
+    };
+    vec![
+        (
+            "fill",
+            Op::Fill {
+                value: 1.0,
+                ty: f(&[4, 5]),
+            },
+            vec![],
+        ),
+        ("unary", Op::Unary(UnaryFn::GeluTanh), vec![f(&[4, 33])]),
+        ("unary_erf", Op::Unary(UnaryFn::GeluErf), vec![f(&[7])]),
+        (
+            "unary_bwd",
+            Op::UnaryBackward(UnaryFn::Silu),
+            vec![f(&[4, 33]), f(&[4, 33])],
+        ),
+        (
+            "binary",
+            Op::Binary(BinaryFn::Add),
+            vec![f(&[2, 3, 4]), f(&[3, 1])],
+        ),
+        (
+            "binary_div",
+            Op::Binary(BinaryFn::Div),
+            vec![f(&[5, 1]), f(&[1, 6])],
+        ),
+        (
+            "affine",
+            Op::Affine {
+                scale: 0.5,
+                shift: -1.0,
+            },
+            vec![f(&[10])],
+        ),
+        ("sum_to", Op::SumTo { shape: vec![4] }, vec![f(&[2, 3, 4])]),
+        (
+            "sum_to_keep",
+            Op::SumTo {
+                shape: vec![2, 1, 4],
+            },
+            vec![f(&[2, 3, 4])],
+        ),
+        (
+            "broadcast_to",
+            Op::BroadcastTo {
+                shape: vec![2, 3, 4],
+            },
+            vec![f(&[3, 1])],
+        ),
+        ("max_to", Op::MaxTo { shape: vec![2, 1] }, vec![f(&[2, 50])]),
+        (
+            "max_to_bwd",
+            Op::MaxToBackward,
+            vec![f(&[2, 50]), f(&[2, 1]), f(&[2, 1])],
+        ),
+        ("softmax", Op::Softmax { axis: 1 }, vec![f(&[3, 70, 2])]),
+        (
+            "softmax_bwd",
+            Op::SoftmaxBackward { axis: 2 },
+            vec![f(&[3, 5, 70]), f(&[3, 5, 70])],
+        ),
+        (
+            "log_softmax",
+            Op::LogSoftmax { axis: 1 },
+            vec![f(&[8, 100])],
+        ),
+        (
+            "log_softmax_bwd",
+            Op::LogSoftmaxBackward { axis: 1 },
+            vec![f(&[8, 100]), f(&[8, 100])],
+        ),
+        (
+            "layer_norm",
+            Op::Norm {
+                kind: NormKind::Layer,
+                eps: 1e-5,
+            },
+            vec![f(&[6, 64]), f(&[64]), f(&[64])],
+        ),
+        (
+            "rms_norm",
+            Op::Norm {
+                kind: NormKind::Rms,
+                eps: 1e-6,
+            },
+            vec![f(&[6, 64]), f(&[64])],
+        ),
+        (
+            "batch_norm",
+            Op::Norm {
+                kind: NormKind::Batch,
+                eps: 1e-5,
+            },
+            vec![f(&[2, 3, 4, 4]), f(&[3]), f(&[3])],
+        ),
+        (
+            "group_norm",
+            Op::Norm {
+                kind: NormKind::Group(2),
+                eps: 1e-5,
+            },
+            vec![f(&[2, 4, 3, 3]), f(&[4]), f(&[4])],
+        ),
+        (
+            "layer_norm_bwd_in",
+            Op::NormBackwardInput {
+                kind: NormKind::Layer,
+                eps: 1e-5,
+            },
+            vec![f(&[6, 64]), f(&[64]), f(&[6, 64])],
+        ),
+        (
+            "group_norm_bwd_in",
+            Op::NormBackwardInput {
+                kind: NormKind::Group(2),
+                eps: 1e-5,
+            },
+            vec![f(&[2, 4, 3, 3]), f(&[4]), f(&[2, 4, 3, 3])],
+        ),
+        (
+            "rms_norm_bwd_w",
+            Op::NormBackwardWeight {
+                kind: NormKind::Rms,
+                eps: 1e-6,
+            },
+            vec![f(&[6, 64]), f(&[6, 64])],
+        ),
+        (
+            "batch_norm_bwd_w",
+            Op::NormBackwardWeight {
+                kind: NormKind::Batch,
+                eps: 1e-5,
+            },
+            vec![f(&[2, 3, 4, 4]), f(&[2, 3, 4, 4])],
+        ),
+        (
+            "group_norm_bwd_w",
+            Op::NormBackwardWeight {
+                kind: NormKind::Group(2),
+                eps: 1e-5,
+            },
+            vec![f(&[2, 4, 3, 3]), f(&[2, 4, 3, 3])],
+        ),
+        (
+            "layer_norm_bwd_b",
+            Op::NormBackwardBias {
+                kind: NormKind::Layer,
+            },
+            vec![f(&[6, 64])],
+        ),
+        (
+            "embedding",
+            Op::Embedding,
+            vec![f(&[50, 16]), t(I32, &[2, 7])],
+        ),
+        (
+            "embedding_bwd",
+            Op::EmbeddingBackward { rows: 50 },
+            vec![t(I32, &[2, 7]), f(&[2, 7, 16])],
+        ),
+        (
+            "cross_entropy",
+            Op::CrossEntropy,
+            vec![f(&[2, 7, 50]), t(I32, &[2, 7])],
+        ),
+        (
+            "cross_entropy_bwd",
+            Op::CrossEntropyBackward,
+            vec![f(&[2, 7, 50]), t(I32, &[2, 7]), f(&[])],
+        ),
+        ("mse", Op::Mse, vec![f(&[9, 3]), f(&[9, 3])]),
+        (
+            "mse_bwd",
+            Op::MseBackward,
+            vec![f(&[9, 3]), f(&[9, 3]), f(&[])],
+        ),
+        (
+            "reshape",
+            Op::Reshape { shape: vec![6, 4] },
+            vec![f(&[2, 3, 4])],
+        ),
+        (
+            "permute",
+            Op::Permute {
+                perm: vec![2, 0, 1],
+            },
+            vec![f(&[2, 3, 4])],
+        ),
+        (
+            "slice",
+            Op::Slice {
+                axis: 1,
+                start: 1,
+                end: 3,
+            },
+            vec![f(&[2, 4, 5])],
+        ),
+        (
+            "pad_slice",
+            Op::PadSlice {
+                axis: 1,
+                start: 1,
+                full: 4,
+            },
+            vec![f(&[2, 2, 5])],
+        ),
+        (
+            "concat",
+            Op::Concat { axis: 1 },
+            vec![f(&[2, 2, 5]), f(&[2, 3, 5]), f(&[2, 1, 5])],
+        ),
+        (
+            "matmul",
+            Op::MatMul {
+                ta: false,
+                tb: false,
+            },
+            vec![f(&[2, 3, 65, 17]), f(&[17, 70])],
+        ),
+        (
+            "matmul_t",
+            Op::MatMul { ta: true, tb: true },
+            vec![f(&[3, 1, 17, 65]), f(&[4, 70, 17])],
+        ),
+        (
+            "conv2d",
+            Op::Conv2d(conv),
+            vec![f(&[2, 4, 9, 9]), f(&[6, 2, 3, 3])],
+        ),
+        (
+            "conv2d_bwd_in",
+            Op::Conv2dBackwardInput {
+                conv,
+                input: [9, 9],
+            },
+            vec![f(&[2, 6, 5, 5]), f(&[6, 2, 3, 3])],
+        ),
+        (
+            "conv2d_bwd_w",
+            Op::Conv2dBackwardWeight {
+                conv,
+                kernel: [3, 3],
+            },
+            vec![f(&[2, 4, 9, 9]), f(&[2, 6, 5, 5])],
+        ),
+        ("max_pool", Op::MaxPool2d(pool), vec![f(&[2, 3, 8, 8])]),
+        (
+            "max_pool_bwd",
+            Op::MaxPool2dBackward(pool),
+            vec![f(&[2, 3, 8, 8]), f(&[2, 3, 4, 4])],
+        ),
+        ("avg_pool", Op::AvgPool2d(pool), vec![f(&[2, 3, 8, 8])]),
+        (
+            "avg_pool_bwd",
+            Op::AvgPool2dBackward {
+                pool,
+                input: [8, 8],
+            },
+            vec![f(&[2, 3, 4, 4])],
+        ),
+        ("dropout", Op::Dropout { p: 0.1, seed: 7 }, vec![f(&[100])]),
+        (
+            "attention",
+            Op::Attention(attn),
+            vec![f(&[2, 10, 64]), f(&[2, 12, 32]), f(&[2, 12, 32])],
+        ),
+        (
+            "attention_bwd_q",
+            Op::AttentionBackward {
+                attn,
+                which: AttnInput::Q,
+            },
+            vec![
+                f(&[2, 10, 64]),
+                f(&[2, 12, 32]),
+                f(&[2, 12, 32]),
+                f(&[2, 10, 64]),
+            ],
+        ),
+        (
+            "attention_bwd_k",
+            Op::AttentionBackward {
+                attn,
+                which: AttnInput::K,
+            },
+            vec![
+                f(&[2, 10, 64]),
+                f(&[2, 12, 32]),
+                f(&[2, 12, 32]),
+                f(&[2, 10, 64]),
+            ],
+        ),
+        (
+            "attention_bwd_v",
+            Op::AttentionBackward {
+                attn,
+                which: AttnInput::V,
+            },
+            vec![
+                f(&[2, 10, 64]),
+                f(&[2, 12, 32]),
+                f(&[2, 12, 32]),
+                f(&[2, 10, 64]),
+            ],
+        ),
+        (
+            "attention_hd128",
+            Op::Attention(AttnParams {
+                heads: 2,
+                kv_heads: 2,
+                causal: false,
+                scale: 0.088,
+            }),
+            vec![f(&[1, 33, 256]), f(&[1, 33, 256]), f(&[1, 33, 256])],
+        ),
+        (
+            "rope",
+            Op::Rope {
+                heads: 4,
+                base: 10000.0,
+                inverse: false,
+            },
+            vec![f(&[2, 10, 64])],
+        ),
+        (
+            "rope_inv",
+            Op::Rope {
+                heads: 4,
+                base: 10000.0,
+                inverse: true,
+            },
+            vec![f(&[2, 10, 64])],
+        ),
+        (
+            "clip",
+            Op::ClipCoefficient { max_norm: 1.0 },
+            vec![f(&[10, 3]), f(&[7])],
+        ),
+        (
+            "adamw",
+            Op::AdamW(adam),
+            vec![f(&[10]), f(&[10]), f(&[10]), f(&[10])],
+        ),
+        (
+            "adamw_clip",
+            Op::AdamW(adam),
+            vec![f(&[10]), f(&[10]), f(&[10]), f(&[10]), f(&[])],
+        ),
+        ("sgd", Op::Sgd(sgd), vec![f(&[10]), f(&[10]), f(&[10])]),
+        (
+            "sgd_clip",
+            Op::Sgd(sgd),
+            vec![f(&[10]), f(&[10]), f(&[10]), f(&[])],
+        ),
+    ]
+}
+
+/// `inputs` with every floating tensor switched to `dtype`.
+pub fn with_dtype(op: &Op, inputs: &[TensorType], dtype: DType) -> (Op, Vec<TensorType>) {
+    let conv = |x: &TensorType| {
+        if x.dtype.is_float() {
+            x.with_dtype(dtype)
+        } else {
+            x.clone()
+        }
+    };
+    let op = match op {
+        Op::Fill { value, ty } => Op::Fill {
+            value: *value,
+            ty: conv(ty),
+        },
+        other => other.clone(),
+    };
+    (op, inputs.iter().map(conv).collect())
+}
+
+/// The output type shape inference assigns.
+pub fn output(op: &Op, inputs: &[TensorType]) -> TensorType {
+    let refs: Vec<&TensorType> = inputs.iter().collect();
+    match infer(op, &refs) {
+        Ok(t) => t,
+        Err(e) => panic!("bad test case {op:?}: {}", e.message),
+    }
+}

@@ -1,0 +1,117 @@
+//! Compiles a representative kernel set (every family; f32, f16, bf16; all casts) with NVRTC
+//! for compute_80 and compute_90 and assembles the PTX with ptxas for sm_80 / sm_90.
+//! Without NVRTC the test prints a SKIP line, unless MEMC_REQUIRE_NVRTC=1 makes it fail.
+#![allow(
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::unwrap_used,
+    clippy::expect_used
+)]
+
+mod cuda_cases;
+
+use cuda_cases::*;
+use memc::codegen::nvrtc::{check_all, nvrtc_available, ptxas_path};
+use memc::codegen::{cast_kernel, kernel_for, Kernel};
+use memc::ir::DType;
+use std::collections::BTreeMap;
+
+fn all_kernels() -> BTreeMap<String, (String, Kernel)> {
+    let mut ks = BTreeMap::new();
+    for (label, op, inputs) in cases() {
+        for dt in [DType::F32, DType::F16, DType::BF16] {
+            let (op, inputs) = with_dtype(&op, &inputs, dt);
+            let out = output(&op, &inputs);
+            if let Ok(Some(k)) = kernel_for(&op, &inputs, &out) {
+                ks.insert(k.name.clone(), (format!("{label}/{dt}"), k));
+            } else {
+                panic!("{label}/{dt}: no kernel");
+            }
+        }
+    }
+    let floats = [DType::F32, DType::F16, DType::BF16];
+    for from in floats {
+        for to in floats {
+            if from != to {
+                let k = cast_kernel(from, to, 1000);
+                ks.insert(k.name.clone(), (format!("cast/{from}->{to}"), k));
+            }
+        }
+    }
+    ks
+}
+
+/// Whether the NVRTC checks can run; without NVRTC prints SKIP, or fails under MEMC_REQUIRE_NVRTC=1.
+fn nvrtc_ready() -> bool {
+    if nvrtc_available() && ptxas_path().is_some() {
+        return true;
+    }
+    if std::env::var("MEMC_REQUIRE_NVRTC").as_deref() == Ok("1") {
+        panic!("NVRTC or ptxas not found but MEMC_REQUIRE_NVRTC=1 (source scripts/cuda-env)");
+    }
+    println!("SKIP: NVRTC not found (set up with scripts/cuda-env)");
+    false
+}
+
+fn check(kernels: &[(String, Kernel)], what: &str) {
+    let dir = std::env::temp_dir().join(format!("memc-ptx-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let (checked, failures) = check_all(kernels, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("{what}: {checked} of {} distinct kernels compiled for compute_80/compute_90 and assembled for sm_80/sm_90", kernels.len());
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+    assert_eq!(checked, kernels.len());
+}
+
+#[test]
+fn kernels_compile_with_nvrtc_and_assemble_with_ptxas() {
+    if nvrtc_ready() {
+        check(&all_kernels().into_values().collect::<Vec<_>>(), "op cases");
+    }
+}
+
+#[test]
+fn every_example_plan_kernel_compiles() {
+    if !nvrtc_ready() {
+        return;
+    }
+    let small: &[(&str, i64)] = &[
+        ("B", 2),
+        ("T", 16),
+        ("L", 2),
+        ("D", 64),
+        ("H", 4),
+        ("V", 128),
+    ];
+    let mut kernels = BTreeMap::new();
+    for entry in
+        std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/examples")).expect("examples")
+    {
+        let path = entry.expect("entry").path();
+        let src = std::fs::read_to_string(&path).expect("read");
+        let ast = memc::front::parse(&src).expect("parse");
+        let dims = memc::front::lower(&ast, &[]).expect("lower").dims;
+        let overrides = small
+            .iter()
+            .filter(|(k, _)| dims.iter().any(|(d, _)| d == k))
+            .map(|&(k, v)| (k.to_string(), v))
+            .collect();
+        let compiled = memc::compile(
+            &src,
+            &memc::Options {
+                overrides,
+                ..Default::default()
+            },
+        )
+        .expect("compile");
+        for k in memc::codegen::plan_kernels(compiled.plan.plan()).expect("codegen") {
+            kernels.insert(k.name.clone(), (path.display().to_string(), k));
+        }
+    }
+    check(&kernels.into_values().collect::<Vec<_>>(), "example plans");
+}
