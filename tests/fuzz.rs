@@ -2,6 +2,7 @@
 //! deleted lines, flipped bytes and swapped tokens must never panic, and every user error
 //! must carry a help line and a span inside the source. Dims are overridden to small values
 //! so each compile is fast; a mutant that lost a dim fails on the override, which is fine.
+#![allow(clippy::panic)]
 
 use memc::{compile, CompileError, Options};
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -1,5 +1,6 @@
 //! The example models: a snapshot of each one's text memory report, their exact parameter
 //! counts, and the shape of the JSON report.
+#![allow(clippy::panic)]
 
 use memc::{compile, Compiled, Options};
 use std::path::Path;

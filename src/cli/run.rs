@@ -138,9 +138,12 @@ fn dump_file(dir: &Path, name: &str, shape: &[usize], data: &[f32]) -> Result<()
 /// Runs the command.
 pub fn run(args: RunArgs) -> Result<(), Failure> {
     if args.device == "cuda" {
-        return Err(Failure::Plain(
-            "no CUDA backend in this build can run the plan; use --device cpu".into(),
-        ));
+        let why = if memc::exec::cuda::driver_present() {
+            "plans do not execute on CUDA yet (`memc emit` writes and NVRTC-checks the kernels)"
+        } else {
+            "no CUDA driver found"
+        };
+        return Err(Failure::Plain(format!("{why}; use --device cpu")));
     }
     let plan = load_plan(&args)?;
     if plan.plan().train.is_none() && args.steps > 1 {

@@ -259,7 +259,9 @@ impl Lowerer<'_> {
             .filter(|(i, _)| !axes.contains(i))
             .map(|(_, &d)| d)
             .collect();
-        let count: u64 = axes.iter().map(|&a| shape[a] as u64).product();
+        let count: u64 = axes
+            .iter()
+            .fold(1u64, |acc, &a| acc.saturating_mul(shape[a] as u64));
         let mut y = if name == "max" {
             self.add(
                 Op::MaxTo {

@@ -35,6 +35,16 @@ pub(super) struct Lowerer<'a> {
 
 pub(super) type R<T> = Result<T, UserError>;
 
+/// The diagnostic for a bare name that is bound to nothing.
+fn unknown_name(name: &str, span: Span) -> UserError {
+    UserError::at(
+        span,
+        format!("unknown name `{name}`"),
+        "not defined",
+        "declare it with `let`, `param`, `input` or `dim` before use",
+    )
+}
+
 /// Lowers a parsed model, applying `overrides` (from `--set`) to its dims.
 pub fn lower(model: &Model, overrides: &[(String, i64)]) -> R<Module> {
     let mut l = Lowerer {
@@ -264,6 +274,7 @@ impl<'a> Lowerer<'a> {
     pub(super) fn tensor(&self, v: &Spanned, what: &str) -> R<ValueId> {
         match &v.val {
             Val::Tensor(id) => Ok(*id),
+            Val::Symbol(name) => Err(unknown_name(name, v.span)),
             other => Err(UserError::at(
                 v.span,
                 format!("{what} must be a tensor, got {}", other.describe()),

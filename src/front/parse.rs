@@ -27,12 +27,22 @@ fn describe(rule: &Rule) -> String {
         Rule::targets => "a name".into(),
         Rule::model => "`model NAME { ... }`".into(),
         Rule::arg => "an argument".into(),
+        Rule::add | Rule::sub | Rule::mul | Rule::div | Rule::matmul => "an operator".into(),
+        Rule::dim_decl
+        | Rule::input_decl
+        | Rule::output_decl
+        | Rule::param_decl
+        | Rule::block_def
+        | Rule::train => "a declaration".into(),
+        Rule::let_stmt | Rule::assign_stmt | Rule::return_stmt => "a statement".into(),
+        Rule::train_setting => "a setting like `optimizer = ...`".into(),
         other => format!("{other:?}").replace('_', " "),
     }
 }
 
 fn syntax_error(e: pest::error::Error<Rule>, len: usize) -> UserError {
     let (start, end) = match e.location {
+        pest::error::InputLocation::Pos(p) if p >= len => (len.saturating_sub(1), len),
         pest::error::InputLocation::Pos(p) => (p, (p + 1).min(len)),
         pest::error::InputLocation::Span((a, b)) => (a, b),
     };

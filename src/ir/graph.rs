@@ -7,6 +7,9 @@ use petgraph::Direction;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// The largest tensor memc plans (1 PiB), so byte sums over a step cannot overflow.
+pub const MAX_TENSOR_BYTES: u64 = 1 << 50;
+
 /// The value a node produces; its `Display` (`%12`) matches the text dumps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ValueId(pub u32);
@@ -79,6 +82,12 @@ impl Graph {
     ) -> Result<ValueId, TypeError> {
         let types: Vec<&TensorType> = inputs.iter().map(|&v| &self.node(v).ty).collect();
         let ty = infer(&op, &types)?;
+        if ty.bytes() > MAX_TENSOR_BYTES {
+            return Err(TypeError {
+                message: format!("tensor {ty} is too large ({} elements)", ty.numel()),
+                help: "tensors are limited to 2^50 bytes (1 PiB): check the dims".into(),
+            });
+        }
         let node = Node {
             op,
             inputs: inputs.clone(),

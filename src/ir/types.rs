@@ -43,7 +43,7 @@ impl TensorType {
 
     /// Exact bytes of the tensor's storage.
     pub fn bytes(&self) -> u64 {
-        self.numel() * self.dtype.size()
+        self.numel().saturating_mul(self.dtype.size())
     }
 
     /// The same shape with another element type.
@@ -74,9 +74,11 @@ impl fmt::Display for ShapeDisplay<'_> {
     }
 }
 
-/// Product of the dimensions.
+/// Product of the dimensions, saturating at `u64::MAX` (inference rejects such tensors).
 pub fn numel(shape: &[usize]) -> u64 {
-    shape.iter().map(|&d| d as u64).product()
+    shape
+        .iter()
+        .fold(1u64, |acc, &d| acc.saturating_mul(d as u64))
 }
 
 /// The numpy broadcast of two shapes, or `None` when a pair of dims is neither equal nor 1.
