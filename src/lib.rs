@@ -3,16 +3,20 @@
 //! [`compile`] runs the pipeline: parse, lower, autodiff, optimizer, schedule, liveness,
 //! arena layout, plan verification. Each stage is a pure function of the previous one.
 pub mod arena_csv;
+pub mod bench;
+pub mod budget;
 pub mod codegen;
 pub mod diagnostic;
 pub mod exec;
+pub mod fit;
 pub mod front;
 pub mod ir;
 pub mod passes;
 pub mod plan;
+pub mod viz;
 
 use diagnostic::UserError;
-use plan::{human_bytes, BuildOptions, VerifiedPlan};
+use plan::{BuildOptions, VerifiedPlan};
 use std::time::Duration;
 
 /// Compiler options that the CLI can set.
@@ -26,6 +30,8 @@ pub struct Options {
     pub layout_time: Duration,
     /// Overrides the `budget` of `train { }`.
     pub budget: Option<u64>,
+    /// How recomputation is chosen.
+    pub checkpoint: budget::CheckpointMode,
 }
 
 impl Default for Options {
@@ -35,6 +41,7 @@ impl Default for Options {
             optimizer_in_backward: None,
             layout_time: Duration::from_millis(200),
             budget: None,
+            checkpoint: budget::CheckpointMode::Auto,
         }
     }
 }
@@ -116,30 +123,17 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
         layout_time: options.layout_time,
         alignment: 256,
     };
-    let plan = plan::build(&module.name, &graph, module.train.as_ref(), &build)?;
-    if let Some(t) = &module.train {
-        if let Some(budget) = t.budget.filter(|&b| plan.arena_bytes > b) {
-            let b = &plan.report.bytes;
-            let parts = [
-                ("parameters", b.params),
-                ("optimizer state", b.optimizer),
-                ("saved activations", b.activations),
-                ("gradients", b.grads),
-            ];
-            let (name, bytes) = parts
-                .iter()
-                .copied()
-                .max_by_key(|&(_, v)| v)
-                .unwrap_or(("parameters", 0));
-            return Err(UserError::at(
-                t.span,
-                format!("the step needs {} ({} bytes) but the budget is {}", human_bytes(plan.arena_bytes), plan.arena_bytes, human_bytes(budget)),
-                "budget set here",
-                format!("{name} alone are {}; raise the budget or reduce the model or batch (`--set B=...`)", human_bytes(bytes)),
-            )
-            .into());
-        }
-    }
+    let (graph, plan) = budget::fit(
+        &module.name,
+        &graph,
+        module.train.as_ref(),
+        options.checkpoint,
+        &build,
+    )
+    .map_err(|e| match e {
+        budget::FitError::User(u) => CompileError::User(u),
+        budget::FitError::Internal(e) => e.into(),
+    })?;
     let plan = plan::verify(plan).map_err(|errs| {
         CompileError::Internal(errs.into_iter().map(|e| e.to_string()).collect())
     })?;

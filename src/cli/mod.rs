@@ -1,8 +1,10 @@
 //! Argument parsing and dispatch to the library; user errors print as miette diagnostics
 //! and exit with code 2, internal errors with code 3.
 
+mod fit;
 mod output;
 mod run;
+mod viz;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use memc::diagnostic::{Report, UserError};
@@ -51,6 +53,10 @@ pub struct CompileArgs {
     /// Seconds the layout search may take.
     #[arg(long, default_value_t = 0.2)]
     layout_time: f64,
+    /// Recomputation: auto (only when the budget demands), none, mincut, or sqrt (every
+    /// round(sqrt(blocks))-th block output saved).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "none", "mincut", "sqrt"])]
+    checkpoint: String,
 }
 
 #[derive(Subcommand)]
@@ -82,6 +88,10 @@ enum Command {
     },
     /// Execute training steps of a model or a plan JSON on the CPU.
     Run(run::RunArgs),
+    /// Find the largest value of a dim (default B) whose plan fits --budget.
+    Fit(fit::FitArgs),
+    /// Write the arena over time as a self-contained HTML page.
+    Viz(viz::VizArgs),
     /// Lay out a MiniMalloc CSV instance.
     Arena {
         file: PathBuf,
@@ -92,9 +102,9 @@ enum Command {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
-    /// Measure: `memc bench arena [DIR]`.
+    /// Measure: `memc bench arena [DIR]` (MiniMalloc instances) or `memc bench checkpoint [DIR]` (examples).
     Bench {
-        #[arg(value_parser = ["arena"])]
+        #[arg(value_parser = ["arena", "checkpoint"])]
         what: String,
         dir: Option<PathBuf>,
         #[arg(long, default_value_t = 10.0)]
@@ -225,11 +235,18 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
             "--layout-time must be a non-negative number of seconds".into(),
         ));
     }
+    let checkpoint = match args.checkpoint.as_str() {
+        "none" => memc::budget::CheckpointMode::KeepAll,
+        "mincut" => memc::budget::CheckpointMode::MinCut,
+        "sqrt" => memc::budget::CheckpointMode::Segments(0),
+        _ => memc::budget::CheckpointMode::Auto,
+    };
     Ok(Options {
         overrides,
         optimizer_in_backward,
         layout_time: Duration::from_secs_f64(args.layout_time),
         budget,
+        checkpoint,
     })
 }
 
@@ -268,6 +285,8 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             Ok(())
         }
         Command::Run(args) => run::run(args),
+        Command::Fit(args) => fit::fit(args),
+        Command::Viz(args) => viz::viz(args),
         Command::Emit { args, output } => output::emit(&compile_file(&args)?, &output),
         Command::Arena {
             file,
@@ -276,12 +295,19 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             output,
         } => output::arena(&file, capacity, layout_time, output.as_deref()),
         Command::Bench {
-            dir, layout_time, ..
+            what,
+            dir,
+            layout_time,
         } => {
-            let dir = dir.unwrap_or_else(|| PathBuf::from("../shared/benchmarks/minimalloc"));
-            let table =
+            let table = if what == "checkpoint" {
+                let dir = dir.unwrap_or_else(|| PathBuf::from("examples"));
+                memc::bench::checkpoint_table(&dir)
+                    .map_err(|e| Failure::Plain(format!("cannot read {}: {e}", dir.display())))?
+            } else {
+                let dir = dir.unwrap_or_else(|| PathBuf::from("../shared/benchmarks/minimalloc"));
                 memc::arena_csv::run_benchmark(&dir, Duration::from_secs_f64(layout_time.max(0.0)))
-                    .map_err(|e| Failure::Plain(format!("cannot read {}: {e}", dir.display())))?;
+                    .map_err(|e| Failure::Plain(format!("cannot read {}: {e}", dir.display())))?
+            };
             output::write(None, &table)
         }
     }

@@ -1,6 +1,7 @@
 //! Graph passes, each a pure function from one stage's value to the next.
 pub mod arena;
 pub mod autodiff;
+pub mod checkpoint;
 pub mod liveness;
 pub mod optimizer;
 pub mod schedule;

@@ -387,5 +387,6 @@ fn report(
         flops: steps.iter().map(|s| s.flops).sum(),
         steps: steps.len(),
         layout_optimal: layout.optimal,
+        checkpoint: None,
     }
 }

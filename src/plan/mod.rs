@@ -6,7 +6,10 @@ mod report;
 mod verify;
 
 pub use build::{build, BuildOptions};
-pub use report::{human_bytes, render_text, Bytes, PhasePeak, Report, SavedKind};
+pub use report::{
+    human_bytes, render_text, Bytes, CheckpointSummary, PhasePeak, RecomputedGroup, Report,
+    SavedKind,
+};
 pub use verify::{verify, PlanError, VerifiedPlan};
 
 use crate::front::train::TrainSpec;

@@ -45,6 +45,29 @@ pub struct SavedKind {
     pub bytes: u64,
 }
 
+/// Recomputed values of one op kind in one block (instances merged: `layer` for `layer.3`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecomputedGroup {
+    pub op: String,
+    pub block: String,
+    pub count: u64,
+    pub bytes: u64,
+}
+
+/// What checkpointing decided: the policy, what it recomputes and what that costs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointSummary {
+    /// `keep-all`, `min-cut`, `min-cut (penalty P bytes/FLOP)` or `every-k-blocks`.
+    pub policy: String,
+    /// Bytes of forward values kept for backward.
+    pub kept_bytes: u64,
+    /// Bytes of the values recomputed in backward.
+    pub recomputed_bytes: u64,
+    /// FLOPs spent recomputing (included in the report's total FLOPs).
+    pub recompute_flops: u64,
+    pub recomputed: Vec<RecomputedGroup>,
+}
+
 /// What the plan needs and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
@@ -58,6 +81,7 @@ pub struct Report {
     pub flops: u64,
     pub steps: usize,
     pub layout_optimal: bool,
+    pub checkpoint: Option<CheckpointSummary>,
 }
 
 /// `474.7 MiB` style size with binary units.
@@ -177,6 +201,30 @@ pub fn render_text(plan: &Plan) -> String {
                 s.count,
                 human_bytes(s.bytes),
                 grouped(s.bytes)
+            );
+        }
+    }
+    if let Some(c) = &r.checkpoint {
+        let pct = 100.0 * c.recompute_flops as f64 / r.flops.max(1) as f64;
+        let _ = writeln!(out, "  checkpointing: {}", c.policy);
+        row(&mut out, "  kept for backward", c.kept_bytes, "");
+        row(
+            &mut out,
+            "  recomputed",
+            c.recomputed_bytes,
+            &format!(
+                "{:.3} GFLOP = {pct:.2}% of the step",
+                c.recompute_flops as f64 / 1e9
+            ),
+        );
+        for g in &c.recomputed {
+            let _ = writeln!(
+                out,
+                "    {:<24} {:<12} {:>6} x {:>12}",
+                g.op,
+                g.block,
+                g.count,
+                human_bytes(g.bytes)
             );
         }
     }

@@ -1,0 +1,253 @@
+//! Fitting a step into its budget: plans the graph under a checkpointing policy and, in
+//! `auto` mode, keeps everything if that fits, else min-cut with heavy ops kept, else the
+//! candidate with the least recompute FLOPs that fits among sqrt(n)-style segments and
+//! min-cuts over a sweep of recomputation penalties (1e2 down to 1e-13 bytes per FLOP).
+//! The sweep is exhaustive rather than a bisection because the laid-out peak is not
+//! monotone in the penalty: recomputed values also occupy memory during backward.
+
+use crate::diagnostic::UserError;
+use crate::front::train::TrainSpec;
+use crate::ir::cost::flops;
+use crate::ir::{Graph, TensorType};
+use crate::passes::checkpoint::{self, Policy};
+use crate::passes::StageError;
+use crate::plan::{self, human_bytes, BuildOptions, CheckpointSummary, Plan, RecomputedGroup};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// How the compiler chooses recomputation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CheckpointMode {
+    /// Keep everything unless the budget demands more; then min-cut, then heavy ops too.
+    #[default]
+    Auto,
+    KeepAll,
+    /// Min-cut with heavy and random ops never recomputed.
+    MinCut,
+    /// Save every k-th block output (k = round(sqrt(blocks)) when 0).
+    Segments(usize),
+}
+
+/// Why no plan was produced.
+#[derive(Debug, Clone)]
+pub enum FitError {
+    User(UserError),
+    Internal(StageError),
+}
+
+impl From<StageError> for FitError {
+    fn from(e: StageError) -> FitError {
+        FitError::Internal(e)
+    }
+}
+
+fn summary(
+    policy: Policy,
+    graph: &Graph,
+    clones: &[(crate::ir::ValueId, crate::ir::ValueId)],
+    plan: &Plan,
+) -> Option<CheckpointSummary> {
+    let name = match policy {
+        Policy::KeepAll => return None,
+        Policy::MinCut { penalty: None } => "min-cut (heavy and random ops kept)".to_string(),
+        Policy::MinCut { penalty: Some(p) } => {
+            format!("min-cut, recompute penalty {p:.3e} bytes/FLOP")
+        }
+        Policy::Segments { every } => {
+            format!("save every {every}-th block output (sqrt(n) segments)")
+        }
+    };
+    let mut groups: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+    let mut recompute_flops = 0;
+    for &(_, c) in clones {
+        let node = graph.node(c);
+        let types: Vec<&TensorType> = node.inputs.iter().map(|&i| &graph.node(i).ty).collect();
+        recompute_flops += flops(&node.op, &types, &node.ty);
+        let block = node.scope.split('.').next().unwrap_or("").to_string();
+        let e = groups
+            .entry((
+                node.op.name().to_string(),
+                if block.is_empty() {
+                    "(top)".into()
+                } else {
+                    block
+                },
+            ))
+            .or_default();
+        e.0 += 1;
+        e.1 += node.ty.bytes();
+    }
+    Some(CheckpointSummary {
+        policy: name,
+        kept_bytes: plan.report.bytes.activations,
+        recomputed_bytes: groups.values().map(|g| g.1).sum(),
+        recompute_flops,
+        recomputed: groups
+            .into_iter()
+            .map(|((op, block), (count, bytes))| RecomputedGroup {
+                op,
+                block,
+                count,
+                bytes,
+            })
+            .collect(),
+    })
+}
+
+/// Plans `graph` under `policy`, returning the rewritten graph and its plan.
+pub fn plan_with(
+    model: &str,
+    graph: &Graph,
+    train: Option<&TrainSpec>,
+    policy: Policy,
+    options: &BuildOptions,
+) -> Result<(Graph, Plan), StageError> {
+    let recompute = checkpoint::choose(graph, policy);
+    let rewritten = checkpoint::rewrite(graph, &recompute)?;
+    crate::ir::verify(&rewritten.graph).map_err(|e| {
+        StageError::internal(
+            "checkpoint",
+            e.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
+    })?;
+    let mut plan = plan::build(model, &rewritten.graph, train, options)?;
+    plan.report.checkpoint = summary(policy, &rewritten.graph, &rewritten.clones, &plan);
+    Ok((rewritten.graph, plan))
+}
+
+fn blocks(graph: &Graph) -> usize {
+    let mut instances: Vec<&str> = graph
+        .values()
+        .map(|v| graph.node(v).scope.as_str())
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let mut it = s.match_indices('.').map(|(i, _)| i);
+            match (it.next(), it.next()) {
+                (Some(_), Some(j)) => &s[..j],
+                _ => s,
+            }
+        })
+        .collect();
+    instances.sort();
+    instances.dedup();
+    instances.len()
+}
+
+fn infeasible(train: &TrainSpec, budget: u64, plan: &Plan) -> FitError {
+    let b = &plan.report.bytes;
+    let parts = [
+        ("parameters", b.params),
+        ("optimizer state", b.optimizer),
+        ("saved activations", b.activations),
+        ("gradients", b.grads),
+    ];
+    let (name, bytes) = parts
+        .iter()
+        .copied()
+        .max_by_key(|&(_, v)| v)
+        .unwrap_or(("parameters", 0));
+    FitError::User(UserError::at(
+        train.span,
+        format!(
+            "no plan fits the budget of {}: the smallest plan found, recomputing as much as allowed, needs {} ({} bytes)",
+            human_bytes(budget),
+            human_bytes(plan.arena_bytes),
+            plan.arena_bytes
+        ),
+        "budget set here",
+        format!("the minimum feasible budget found is {}; {name} alone are {}", human_bytes(plan.arena_bytes), human_bytes(bytes)),
+    ))
+}
+
+/// Plans the step: the policy of `mode`, or in auto mode the least recomputation that fits
+/// the budget. Fails with a diagnostic naming the minimum feasible budget found.
+pub fn fit(
+    model: &str,
+    graph: &Graph,
+    train: Option<&TrainSpec>,
+    mode: CheckpointMode,
+    options: &BuildOptions,
+) -> Result<(Graph, Plan), FitError> {
+    let budget = train.and_then(|t| t.budget);
+    let fixed = match mode {
+        CheckpointMode::KeepAll => Some(Policy::KeepAll),
+        CheckpointMode::MinCut => Some(Policy::MinCut { penalty: None }),
+        CheckpointMode::Segments(k) => Some(Policy::Segments {
+            every: if k == 0 {
+                ((blocks(graph) as f64).sqrt().round() as usize).max(1)
+            } else {
+                k
+            },
+        }),
+        CheckpointMode::Auto => None,
+    };
+    let quick = BuildOptions {
+        layout_time: Duration::ZERO,
+        ..options.clone()
+    };
+    let fits = |p: &Plan| budget.is_none_or(|b| p.arena_bytes <= b);
+    let chosen = match fixed {
+        Some(policy) => policy,
+        None => {
+            let mut chosen = None;
+            for policy in [Policy::KeepAll, Policy::MinCut { penalty: None }] {
+                let (_, p) = plan_with(model, graph, train, policy, &quick)?;
+                if fits(&p) {
+                    chosen = Some(policy);
+                    break;
+                }
+            }
+            match chosen {
+                Some(p) => p,
+                None => {
+                    let every = ((blocks(graph) as f64).sqrt().round() as usize).max(1);
+                    let mut candidates: Vec<Policy> = (1..=every.max(2))
+                        .map(|every| Policy::Segments { every })
+                        .collect();
+                    candidates.extend((0..16).map(|i| Policy::MinCut {
+                        penalty: Some(10f64.powf(2.0 - i as f64)),
+                    }));
+                    let mut best: Option<(u64, Policy)> = None;
+                    let mut smallest: Option<Plan> = None;
+                    for policy in candidates {
+                        let (_, p) = plan_with(model, graph, train, policy, &quick)?;
+                        let cost = p
+                            .report
+                            .checkpoint
+                            .as_ref()
+                            .map_or(0, |c| c.recompute_flops);
+                        if fits(&p) && best.is_none_or(|(c, _)| cost < c) {
+                            best = Some((cost, policy));
+                        }
+                        if smallest
+                            .as_ref()
+                            .is_none_or(|s| p.arena_bytes < s.arena_bytes)
+                        {
+                            smallest = Some(p);
+                        }
+                    }
+                    match (best, train, smallest) {
+                        (Some((_, policy)), _, _) => policy,
+                        (None, Some(t), Some(p)) => {
+                            return Err(infeasible(t, budget.unwrap_or(0), &p))
+                        }
+                        _ => {
+                            return Err(FitError::Internal(StageError::internal(
+                                "budget",
+                                "a budget without a train section",
+                            )))
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let (g, plan) = plan_with(model, graph, train, chosen, options)?;
+    match (train, budget) {
+        (Some(t), Some(b)) if plan.arena_bytes > b => Err(infeasible(t, b, &plan)),
+        _ => Ok((g, plan)),
+    }
+}

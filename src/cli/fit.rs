@@ -1,0 +1,145 @@
+//! `memc fit`: the largest value of a dim whose plan fits a budget, with a progress spinner
+//! on a terminal.
+
+use super::{output, CompileArgs, Failure, Format};
+use memc::fit::{fit_dim_with, FitError, FitResult, Probe};
+use memc::plan::human_bytes;
+use memc::CompileError;
+use std::io::IsTerminal;
+use std::time::Duration;
+
+/// Arguments of `memc fit`.
+#[derive(clap::Args)]
+pub struct FitArgs {
+    /// The file, `--set` overrides and compile options; `--budget SIZE` is required.
+    #[command(flatten)]
+    args: CompileArgs,
+    /// The dim to maximize.
+    #[arg(long, default_value = "B")]
+    dim: String,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+}
+
+/// Runs the search and prints the answer (text: the dim, value, arena at value and value+1,
+/// then the plan's report; JSON: `{"dim", "value", "arena_bytes", "next_arena_bytes", ...}`).
+pub fn fit(a: FitArgs) -> Result<(), Failure> {
+    let src = super::read_source(&a.args.file)?;
+    let opts = super::options(&a.args)?;
+    let Some(budget) = opts.budget else {
+        return Err(Failure::Plain(
+            "memc fit needs --budget SIZE (e.g. --budget 24GiB)".into(),
+        ));
+    };
+    let bar = progress();
+    let mut on_probe = |p: &Probe| {
+        if let Some(bar) = &bar {
+            bar.inc(1);
+            bar.set_message(format!(
+                "{}={} needs {} ({})",
+                a.dim,
+                p.value,
+                human_bytes(p.arena_bytes),
+                if p.fits { "fits" } else { "too big" }
+            ));
+        }
+    };
+    let result = fit_dim_with(&src, &opts, &a.dim, budget, &mut on_probe);
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let r = result.map_err(|e| failure(e, &a, &src))?;
+    let text = match a.format {
+        Format::Json => json(&r)?,
+        Format::Text => text(&r),
+    };
+    output::write(None, &text)
+}
+
+/// A spinner on stderr when it is a terminal.
+fn progress() -> Option<indicatif::ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{spinner} fit: {pos} compiles, {msg} [{elapsed}]")
+    {
+        bar.set_style(style);
+    }
+    bar.enable_steady_tick(Duration::from_millis(100));
+    Some(bar)
+}
+
+fn failure(e: FitError, a: &FitArgs, src: &str) -> Failure {
+    let name = a.args.file.display().to_string();
+    match e {
+        FitError::Compile {
+            value,
+            error: CompileError::User(u),
+        } => {
+            if value > 0 {
+                eprintln!("memc fit: the model does not compile at {}={value}:", a.dim);
+            }
+            Failure::user(u, &name, src)
+        }
+        FitError::Compile {
+            value,
+            error: CompileError::Internal(errs),
+        } => Failure::Internal(
+            errs.into_iter()
+                .map(|e| format!("at {}={value}: {e}", a.dim))
+                .collect(),
+        ),
+        FitError::Infeasible { ref bytes, .. } => {
+            let parts: Vec<String> = memc::fit::parts(bytes)
+                .iter()
+                .filter(|(_, v)| *v > 0)
+                .map(|(n, v)| format!("{n} {}", human_bytes(*v)))
+                .collect();
+            Failure::Plain(format!("{e}\n  at 1: {}", parts.join(", ")))
+        }
+        other => Failure::Plain(other.to_string()),
+    }
+}
+
+fn text(r: &FitResult) -> String {
+    let mut out = format!(
+        "fit {dim}: largest {dim} within {} ({} bytes) is {}\n  {dim}={}: arena {} ({} bytes), fits\n  {dim}={}: arena {} ({} bytes), does not fit{}\n  {} compiles (searched from {dim}={})\n\n",
+        human_bytes(r.budget),
+        r.budget,
+        r.value,
+        r.value,
+        human_bytes(r.arena_bytes),
+        r.arena_bytes,
+        r.value + 1,
+        human_bytes(r.next_arena_bytes),
+        r.next_arena_bytes,
+        if r.next_without_budget {
+            " (no plan within the budget; this is the plan compiled without one)"
+        } else {
+            ""
+        },
+        r.probes.len(),
+        r.start,
+        dim = r.dim,
+    );
+    out.push_str(&memc::plan::render_text(r.plan.plan()));
+    out
+}
+
+fn json(r: &FitResult) -> Result<String, Failure> {
+    let v = serde_json::json!({
+        "dim": r.dim,
+        "value": r.value,
+        "arena_bytes": r.arena_bytes,
+        "next_arena_bytes": r.next_arena_bytes,
+        "next_without_budget": r.next_without_budget,
+        "budget": r.budget,
+        "compiles": r.probes.len(),
+        "report": r.plan.plan().report,
+    });
+    serde_json::to_string_pretty(&v)
+        .map(|s| s + "\n")
+        .map_err(|e| Failure::Internal(vec![format!("cannot serialize: {e}")]))
+}

@@ -1,0 +1,343 @@
+//! `fit`: the largest value of one dim for which the compiled step fits a memory budget,
+//! found by searching over real compiles (exponential probe, then binary search).
+//!
+//! Nothing here is a formula: every value the search reports on was compiled, laid out and
+//! verified, and its arena compared with the budget. The search assumes the arena grows with
+//! the dim; it always ends on a pair `value` (fits) and `value + 1` (does not fit), both
+//! compiled, so the answer's boundary is exact even where that assumption would fail
+//! elsewhere.
+
+use crate::plan::{Bytes, VerifiedPlan};
+use crate::{compile, CompileError, Options};
+use std::fmt;
+
+/// Values above this are not probed: a dim that can grow this far without leaving the
+/// budget does not bound the step's memory.
+pub const MAX_FIT_VALUE: i64 = 1 << 40;
+
+/// One compile of the search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probe {
+    /// The dim's value in this compile.
+    pub value: i64,
+    /// The arena the compiled plan needs.
+    pub arena_bytes: u64,
+    /// Whether `arena_bytes <= budget`.
+    pub fits: bool,
+    /// `arena_bytes` is of the plan compiled without a budget, because the compiler found
+    /// no plan within it (with checkpointing, the least it could do is not reported).
+    pub without_budget: bool,
+}
+
+/// The answer of [`fit_dim`].
+#[derive(Debug, Clone)]
+pub struct FitResult {
+    /// The dim searched.
+    pub dim: String,
+    /// The largest value found whose plan fits the budget.
+    pub value: i64,
+    /// The arena at `value` (at most the budget).
+    pub arena_bytes: u64,
+    /// The arena at `value + 1` (more than the budget).
+    pub next_arena_bytes: u64,
+    /// `next_arena_bytes` is of the plan at `value + 1` compiled without a budget, because
+    /// no plan within the budget was found there.
+    pub next_without_budget: bool,
+    /// The budget searched against.
+    pub budget: u64,
+    /// The dim's value in the file (after the other `--set` overrides): where the search began.
+    pub start: i64,
+    /// The verified plan at `value`.
+    pub plan: VerifiedPlan,
+    /// Every compile of the search, in order.
+    pub probes: Vec<Probe>,
+}
+
+/// Why [`fit_dim`] found no value.
+#[derive(Debug, Clone)]
+pub enum FitError {
+    /// The model declares no dim of that name.
+    UnknownDim {
+        /// The requested dim.
+        dim: String,
+        /// The dims the model does declare.
+        known: Vec<String>,
+    },
+    /// A compile failed (the file itself, or the model at one probed value).
+    Compile {
+        /// The dim's value in the failing compile.
+        value: i64,
+        /// What failed.
+        error: CompileError,
+    },
+    /// Even value 1 does not fit: `bytes` is the report at 1.
+    Infeasible {
+        /// The dim searched.
+        dim: String,
+        /// The arena at value 1.
+        arena_bytes: u64,
+        /// The budget.
+        budget: u64,
+        /// The byte accounting of the plan at value 1.
+        bytes: Bytes,
+    },
+    /// The plan still fits at [`MAX_FIT_VALUE`]: the dim does not bound memory.
+    Unbounded {
+        /// The dim searched.
+        dim: String,
+        /// The largest value probed.
+        value: i64,
+        /// The arena at that value.
+        arena_bytes: u64,
+    },
+}
+
+impl FitError {
+    /// The largest part of the step's memory at value 1, for [`FitError::Infeasible`]:
+    /// `(what, bytes)`, e.g. `("optimizer state", 995518464)`.
+    pub fn dominant_part(bytes: &Bytes) -> (&'static str, u64) {
+        parts(bytes)
+            .into_iter()
+            .max_by_key(|&(_, v)| v)
+            .unwrap_or(("parameters", 0))
+    }
+}
+
+/// The named parts of a step's memory, in report order.
+pub fn parts(b: &Bytes) -> [(&'static str, u64); 6] {
+    [
+        ("parameters", b.params),
+        ("optimizer state", b.optimizer),
+        ("gradients", b.grads),
+        ("saved activations", b.activations),
+        ("inputs", b.inputs),
+        ("workspace", b.workspace),
+    ]
+}
+
+impl fmt::Display for FitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::plan::human_bytes;
+        match self {
+            FitError::UnknownDim { dim, known } => write!(
+                f,
+                "the model has no dim `{dim}` (its dims are: {})",
+                known.join(", ")
+            ),
+            FitError::Compile { value, error } => match error {
+                CompileError::User(u) => write!(f, "at value {value}: {} ({})", u.message, u.help),
+                CompileError::Internal(errs) => {
+                    write!(f, "at value {value}: internal error: {}", errs.join("; "))
+                }
+            },
+            FitError::Infeasible {
+                dim,
+                arena_bytes,
+                budget,
+                bytes,
+            } => {
+                let (name, part) = FitError::dominant_part(bytes);
+                write!(
+                    f,
+                    "nothing fits: even {dim}=1 needs an arena of {} ({arena_bytes} bytes) but the budget is {} ({budget} bytes); {name} dominate{} at {} ({part} bytes)",
+                    human_bytes(*arena_bytes),
+                    human_bytes(*budget),
+                    if name.ends_with('s') { "" } else { "s" },
+                    human_bytes(part),
+                )
+            }
+            FitError::Unbounded {
+                dim,
+                value,
+                arena_bytes,
+            } => write!(
+                f,
+                "{dim}={value} still fits (arena {}): the dim does not bound the step's memory",
+                human_bytes(*arena_bytes)
+            ),
+        }
+    }
+}
+
+/// The largest value of `dim` for which `compile(source, options)` with `dim` overridden
+/// yields a plan whose arena is at most `budget` bytes.
+///
+/// The search starts at the dim's value in the file (or in `options.overrides`, if it is
+/// set there): if that fits it doubles until a value does not, otherwise it checks 1; then it
+/// bisects between the largest fitting and the smallest non-fitting value compiled. Each
+/// probe compiles with `budget` in place of `options.budget` (so the compiler may recompute
+/// activations to fit where its checkpointing settings allow) and fits when it succeeds with an
+/// arena of at most `budget` bytes; the returned plan records `budget` as its budget.
+///
+/// Errors: [`FitError::UnknownDim`], [`FitError::Compile`] when the file does not compile
+/// (or a probed value does not, e.g. a dim that must divide another),
+/// [`FitError::Infeasible`] when value 1 does not fit, [`FitError::Unbounded`].
+pub fn fit_dim(
+    source: &str,
+    options: &Options,
+    dim: &str,
+    budget: u64,
+) -> Result<FitResult, FitError> {
+    fit_dim_with(source, options, dim, budget, &mut |_| {})
+}
+
+/// [`fit_dim`], calling `on_probe` after each compile (for progress display).
+pub fn fit_dim_with(
+    source: &str,
+    options: &Options,
+    dim: &str,
+    budget: u64,
+    on_probe: &mut dyn FnMut(&Probe),
+) -> Result<FitResult, FitError> {
+    let start = start_value(source, options, dim)?;
+    let mut search = Search {
+        source,
+        options,
+        dim,
+        budget,
+        probes: Vec::new(),
+        on_probe,
+    };
+    // Invariant once found: `lo` fits, `hi` does not, lo < hi.
+    let first = search.probe(start)?;
+    let (mut lo, mut hi) = if first.1.fits {
+        let mut lo = (start, first.0);
+        loop {
+            if lo.0 >= MAX_FIT_VALUE {
+                return Err(FitError::Unbounded {
+                    dim: dim.to_string(),
+                    value: lo.0,
+                    arena_bytes: lo.1.plan().arena_bytes,
+                });
+            }
+            let next = lo.0.saturating_mul(2).min(MAX_FIT_VALUE);
+            let p = search.probe(next)?;
+            if p.1.fits {
+                lo = (next, p.0);
+            } else {
+                break (lo, (next, p.1));
+            }
+        }
+    } else if start == 1 {
+        return Err(search.infeasible(first.0, first.1));
+    } else {
+        let one = search.probe(1)?;
+        if !one.1.fits {
+            return Err(search.infeasible(one.0, one.1));
+        }
+        ((1, one.0), (start, first.1))
+    };
+    while hi.0 - lo.0 > 1 {
+        let mid = lo.0 + (hi.0 - lo.0) / 2;
+        let p = search.probe(mid)?;
+        if p.1.fits {
+            lo = (mid, p.0);
+        } else {
+            hi = (mid, p.1);
+        }
+    }
+    let plan = lo.1;
+    Ok(FitResult {
+        dim: dim.to_string(),
+        value: lo.0,
+        arena_bytes: plan.plan().arena_bytes,
+        next_arena_bytes: hi.1.arena_bytes,
+        next_without_budget: hi.1.without_budget,
+        budget,
+        start,
+        plan,
+        probes: search.probes,
+    })
+}
+
+/// The dim's value before the search: its override in `options`, else the file's value.
+fn start_value(source: &str, options: &Options, dim: &str) -> Result<i64, FitError> {
+    let fail = |e: crate::diagnostic::UserError| FitError::Compile {
+        value: 0,
+        error: CompileError::User(e),
+    };
+    let ast = crate::front::parse(source).map_err(fail)?;
+    let module = crate::front::lower(&ast, &options.overrides).map_err(|e| {
+        let value = options
+            .overrides
+            .iter()
+            .find(|(n, _)| n == dim)
+            .map_or(0, |&(_, v)| v);
+        FitError::Compile {
+            value,
+            error: CompileError::User(e),
+        }
+    })?;
+    module
+        .dims
+        .iter()
+        .find(|(n, _)| n == dim)
+        .map(|&(_, v)| v.max(1))
+        .ok_or_else(|| FitError::UnknownDim {
+            dim: dim.to_string(),
+            known: module.dims.iter().map(|(n, _)| n.clone()).collect(),
+        })
+}
+
+struct Search<'a> {
+    source: &'a str,
+    options: &'a Options,
+    dim: &'a str,
+    budget: u64,
+    probes: Vec<Probe>,
+    on_probe: &'a mut dyn FnMut(&Probe),
+}
+
+impl Search<'_> {
+    /// Compiles at `value` and records the probe.
+    ///
+    /// The compile gets `budget` as its budget, so it may recompute (checkpoint) to fit.
+    /// When it fails with a user error, the model is compiled once more without a budget:
+    /// if that succeeds the failure was the budget and the value does not fit (its arena is
+    /// the one without fitting); otherwise the value does not compile at all.
+    fn probe(&mut self, value: i64) -> Result<(VerifiedPlan, Probe), FitError> {
+        let mut opts = self.options.clone();
+        opts.overrides.retain(|(n, _)| n != self.dim);
+        opts.overrides.push((self.dim.to_string(), value));
+        opts.budget = Some(self.budget);
+        let mut without_budget = false;
+        let plan = match compile(self.source, &opts) {
+            Ok(c) => c.plan,
+            Err(CompileError::User(first)) => {
+                opts.budget = Some(u64::MAX);
+                match compile(self.source, &opts) {
+                    Ok(c) if c.plan.plan().arena_bytes > self.budget => {
+                        without_budget = true;
+                        c.plan
+                    }
+                    Ok(_) | Err(_) => {
+                        return Err(FitError::Compile {
+                            value,
+                            error: CompileError::User(first),
+                        })
+                    }
+                }
+            }
+            Err(error) => return Err(FitError::Compile { value, error }),
+        };
+        let arena_bytes = plan.plan().arena_bytes;
+        let p = Probe {
+            value,
+            arena_bytes,
+            fits: arena_bytes <= self.budget,
+            without_budget,
+        };
+        self.probes.push(p);
+        (self.on_probe)(&p);
+        Ok((plan, p))
+    }
+
+    fn infeasible(&self, plan: VerifiedPlan, p: Probe) -> FitError {
+        FitError::Infeasible {
+            dim: self.dim.to_string(),
+            arena_bytes: p.arena_bytes,
+            budget: self.budget,
+            bytes: plan.plan().report.bytes.clone(),
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Activation checkpointing: which forward values backward reads from memory and which it
+//! recomputes. The choice is a minimum cut (petgraph's Dinic max-flow) on a flow network
+//! over forward values, as in AOTAutograd's partitioner: each value `v` becomes
+//! `v_in -> v_out` with capacity = its bytes (saving it); `u_out -> v_in` is infinite for
+//! each data edge; values backward reads are tied to the sink; `source -> v_in` carries the
+//! price of recomputing `v`: nothing for cheap ops, `penalty x FLOPs` for heavy and random
+//! ops (infinite when they are banned); values that flow from one block instance into
+//! another are never recomputed (saved when needed), so recomputation stays inside a block
+//! and backward recomputes one block at a time. Values whose `v_in` ends on the sink side are
+//! recomputed; the rewrite clones them just before their first backward reader, from the
+//! saved values, with identical kernels (and dropout keys), so results are bitwise equal.
+
+use super::StageError;
+use crate::ir::cost::flops;
+use crate::ir::*;
+use petgraph::graph::{DiGraph, NodeIndex};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+/// How to choose the values to recompute.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Policy {
+    /// Save every value backward reads (no recomputation).
+    KeepAll,
+    /// Min-cut; heavy and random ops cost `penalty` bytes per FLOP to recompute, or are never
+    /// recomputed when `penalty` is `None`.
+    MinCut { penalty: Option<f64> },
+    /// Chen et al. 2016: save the output of every `every`-th block instance (and everything
+    /// outside blocks); recompute the rest of each segment from its boundary.
+    Segments { every: usize },
+}
+
+/// A value's top-level block instance (`layer.3` of `layer.3.attn.0`), empty outside blocks.
+fn instance(scope: &str) -> &str {
+    let mut dots = scope.match_indices('.').map(|(i, _)| i);
+    match (dots.next(), dots.next()) {
+        (Some(_), Some(second)) => &scope[..second],
+        _ => scope,
+    }
+}
+
+fn is_forward_compute(graph: &Graph, v: ValueId) -> bool {
+    let node = graph.node(v);
+    node.phase == Phase::Forward && node.op.class() != OpClass::Source
+}
+
+/// Forward values that some backward or update node reads.
+fn needed(graph: &Graph) -> BTreeSet<ValueId> {
+    graph
+        .values()
+        .filter(|&v| graph.node(v).phase != Phase::Forward)
+        .flat_map(|v| graph.node(v).inputs.clone())
+        .filter(|&u| is_forward_compute(graph, u))
+        .collect()
+}
+
+const INF: u64 = u64::MAX / 8;
+
+fn min_cut(graph: &Graph, penalty: Option<f64>) -> BTreeSet<ValueId> {
+    let needed = needed(graph);
+    let mut net: DiGraph<(), u64> = DiGraph::new();
+    let source = net.add_node(());
+    let sink = net.add_node(());
+    let mut ends: BTreeMap<ValueId, (NodeIndex, NodeIndex)> = BTreeMap::new();
+    for v in graph.values().filter(|&v| is_forward_compute(graph, v)) {
+        let node = graph.node(v);
+        let (vin, vout) = (net.add_node(()), net.add_node(()));
+        net.add_edge(vin, vout, node.ty.bytes().min(INF));
+        for u in &node.inputs {
+            if let Some(&(_, uout)) = ends.get(u) {
+                net.add_edge(uout, vin, INF);
+            }
+        }
+        let own = instance(&node.scope);
+        let crosses_block = graph.users(v).into_iter().any(|u| {
+            graph.node(u).phase == Phase::Forward && instance(&graph.node(u).scope) != own
+        });
+        let recompute_cost = match node.op.class() {
+            _ if crosses_block => INF,
+            OpClass::Heavy | OpClass::Random => {
+                let types: Vec<&TensorType> =
+                    node.inputs.iter().map(|&i| &graph.node(i).ty).collect();
+                penalty.map_or(INF, |p| {
+                    ((flops(&node.op, &types, &node.ty) as f64 * p).ceil() as u64).clamp(1, INF)
+                })
+            }
+            _ => 0,
+        };
+        if recompute_cost > 0 {
+            net.add_edge(source, vin, recompute_cost);
+        }
+        if needed.contains(&v) {
+            net.add_edge(vout, sink, INF);
+        }
+        ends.insert(v, (vin, vout));
+    }
+    let (_, flows) = petgraph::algo::dinics(&net, source, sink);
+    let mut reached = vec![false; net.node_count()];
+    let mut queue = VecDeque::from([source]);
+    reached[source.index()] = true;
+    while let Some(n) = queue.pop_front() {
+        let forward = net
+            .edges_directed(n, petgraph::Direction::Outgoing)
+            .filter(|e| flows[e.id().index()] < *e.weight())
+            .map(|e| e.target());
+        let backward = net
+            .edges_directed(n, petgraph::Direction::Incoming)
+            .filter(|e| flows[e.id().index()] > 0)
+            .map(|e| e.source());
+        let next: Vec<NodeIndex> = forward.chain(backward).collect();
+        for m in next {
+            if !std::mem::replace(&mut reached[m.index()], true) {
+                queue.push_back(m);
+            }
+        }
+    }
+    ends.into_iter()
+        .filter(|(_, (vin, _))| !reached[vin.index()])
+        .map(|(v, _)| v)
+        .collect()
+}
+
+use petgraph::visit::EdgeRef;
+
+fn segments(graph: &Graph, every: usize) -> BTreeSet<ValueId> {
+    let every = every.max(1);
+    let keep = |v: ValueId| {
+        let own = instance(&graph.node(v).scope);
+        if own.is_empty() {
+            return true;
+        }
+        let boundary = graph
+            .users(v)
+            .into_iter()
+            .any(|u| instance(&graph.node(u).scope) != own);
+        let index: usize = own
+            .rsplit('.')
+            .next()
+            .and_then(|i| i.parse().ok())
+            .unwrap_or(0);
+        boundary && (index + 1) % every == 0
+    };
+    graph
+        .values()
+        .filter(|&v| is_forward_compute(graph, v) && !keep(v))
+        .collect()
+}
+
+/// The forward values `policy` recomputes (a superset of what the rewrite clones: only
+/// values some backward node needs, directly or through another recomputed value, are).
+pub fn choose(graph: &Graph, policy: Policy) -> BTreeSet<ValueId> {
+    match policy {
+        Policy::KeepAll => BTreeSet::new(),
+        Policy::MinCut { penalty } => min_cut(graph, penalty),
+        Policy::Segments { every } => segments(graph, every),
+    }
+}
+
+/// The graph with recomputation, and the original of every clone it made.
+#[derive(Debug, Clone)]
+pub struct Rewritten {
+    pub graph: Graph,
+    /// `(original forward value, its clone in the new graph)`, in creation order.
+    pub clones: Vec<(ValueId, ValueId)>,
+}
+
+struct Rebuild<'a> {
+    old: &'a Graph,
+    new: Graph,
+    map: Vec<Option<ValueId>>,
+    clone_of: BTreeMap<ValueId, ValueId>,
+    clones: Vec<(ValueId, ValueId)>,
+    recompute: &'a BTreeSet<ValueId>,
+}
+
+impl Rebuild<'_> {
+    fn copy(
+        &mut self,
+        v: ValueId,
+        inputs: Vec<ValueId>,
+        phase: Phase,
+    ) -> Result<ValueId, StageError> {
+        let node = self.old.node(v);
+        let origin = Origin {
+            span: node.span,
+            scope: node.scope.clone(),
+            phase,
+        };
+        self.new
+            .add(node.op.clone(), inputs, &origin)
+            .map_err(|e| StageError::internal("checkpoint", format!("{v}: {}", e.message)))
+    }
+
+    fn mapped(&self, v: ValueId) -> Result<ValueId, StageError> {
+        self.map[v.index()].ok_or_else(|| {
+            StageError::internal("checkpoint", format!("{v} used before it was rebuilt"))
+        })
+    }
+
+    /// The value backward should read for `v`: its clone when recomputed, else itself.
+    fn for_backward(&mut self, v: ValueId) -> Result<ValueId, StageError> {
+        if !self.recompute.contains(&v) {
+            return self.mapped(v);
+        }
+        if let Some(&c) = self.clone_of.get(&v) {
+            return Ok(c);
+        }
+        let inputs = self.old.node(v).inputs.clone();
+        let mut mapped = Vec::with_capacity(inputs.len());
+        for i in inputs {
+            mapped.push(self.for_backward(i)?);
+        }
+        let c = self.copy(v, mapped, Phase::Backward)?;
+        self.clone_of.insert(v, c);
+        self.clones.push((v, c));
+        Ok(c)
+    }
+}
+
+/// Rebuilds `graph` so that backward reads clones of the values in `recompute`, each made
+/// just before its first backward reader. Creation order stays topological.
+pub fn rewrite(graph: &Graph, recompute: &BTreeSet<ValueId>) -> Result<Rewritten, StageError> {
+    let mut r = Rebuild {
+        old: graph,
+        new: Graph::new(),
+        map: vec![None; graph.len()],
+        clone_of: BTreeMap::new(),
+        clones: Vec::new(),
+        recompute,
+    };
+    for v in graph.values() {
+        let node = graph.node(v);
+        let mut inputs = Vec::with_capacity(node.inputs.len());
+        for &i in &node.inputs {
+            inputs.push(if node.phase == Phase::Forward {
+                r.mapped(i)?
+            } else {
+                r.for_backward(i)?
+            });
+        }
+        let id = r.copy(v, inputs, node.phase)?;
+        r.map[v.index()] = Some(id);
+    }
+    for (name, v) in &graph.outputs {
+        let id = r.mapped(*v)?;
+        r.new.outputs.push((name.clone(), id));
+    }
+    Ok(Rewritten {
+        graph: r.new,
+        clones: r.clones,
+    })
+}

@@ -1,0 +1,544 @@
+//! `viz`: the arena over time as one self-contained HTML page (inline SVG, CSS and a little
+//! JS; no network): every buffer a rectangle from its first to its last step and over its
+//! bytes, coloured by class, with the peak and arena marked and per-phase tables.
+
+use crate::ir::Phase;
+use crate::plan::{human_bytes, Buffer, BufferClass, Plan};
+use std::fmt::Write;
+
+/// Plot area in SVG user units; the SVG scales to the page width through its viewBox.
+const PLOT_W: f64 = 1200.0;
+const PLOT_H: f64 = 560.0;
+const LEFT: f64 = 96.0;
+const RIGHT: f64 = 24.0;
+const TOP: f64 = 48.0;
+const BOTTOM: f64 = 44.0;
+/// Rectangles thinner than this (in user units) are drawn this thick so they stay visible.
+const MIN_H: f64 = 0.4;
+
+/// Every class in legend order.
+const CLASSES: [BufferClass; 7] = [
+    BufferClass::Param,
+    BufferClass::OptimState,
+    BufferClass::Input,
+    BufferClass::Activation,
+    BufferClass::Gradient,
+    BufferClass::Temporary,
+    BufferClass::Workspace,
+];
+
+/// The CSS class and legend label of a buffer class.
+fn class_name(c: BufferClass) -> (&'static str, &'static str) {
+    match c {
+        BufferClass::Param => ("param", "parameters"),
+        BufferClass::OptimState => ("optim", "optimizer state"),
+        BufferClass::Input => ("input", "inputs"),
+        BufferClass::Activation => ("act", "activations"),
+        BufferClass::Gradient => ("grad", "gradients"),
+        BufferClass::Temporary => ("temp", "temporaries"),
+        BufferClass::Workspace => ("ws", "workspace"),
+    }
+}
+
+fn phase_name(p: Phase) -> &'static str {
+    match p {
+        Phase::Forward => "forward",
+        Phase::Backward => "backward",
+        Phase::Update => "update",
+    }
+}
+
+/// Escapes text for HTML element content and attribute values.
+fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// `1,234,567`.
+fn grouped(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Live bytes at each step (sum of the buffers whose lifetime contains it).
+pub fn live_bytes(plan: &Plan) -> Vec<u64> {
+    let n = plan.steps.len().max(1);
+    let mut delta = vec![0i128; n + 1];
+    for b in &plan.buffers {
+        let first = b.first.min(n - 1);
+        let last = b.last.min(n - 1).max(first);
+        delta[first] += i128::from(b.bytes);
+        delta[last + 1] -= i128::from(b.bytes);
+    }
+    let mut live = Vec::with_capacity(n);
+    let mut acc = 0i128;
+    for d in delta.iter().take(n) {
+        acc += d;
+        live.push(u64::try_from(acc.max(0)).unwrap_or(u64::MAX));
+    }
+    live
+}
+
+/// What produced each buffer: the op of the step writing it, or its class for buffers
+/// bound from outside (params, optimizer state, inputs).
+fn producers(plan: &Plan) -> Vec<String> {
+    let mut out: Vec<String> = plan
+        .buffers
+        .iter()
+        .map(|b| class_name(b.class).1.trim_end_matches('s').to_string())
+        .collect();
+    for (i, s) in plan.steps.iter().enumerate() {
+        let scope = if s.scope.is_empty() {
+            String::new()
+        } else {
+            format!(" in {}", s.scope)
+        };
+        if let Some(o) = s.output.and_then(|o| out.get_mut(o.index())) {
+            *o = format!("{} (step {i}, {}{scope})", s.op.name(), phase_name(s.phase));
+        }
+        if let Some(w) = s.workspace.and_then(|w| out.get_mut(w.index())) {
+            *w = format!("workspace of {} (step {i}{scope})", s.op.name());
+        }
+    }
+    out
+}
+
+/// Contiguous runs of steps in the same phase: `(phase, first, last)`.
+fn phase_runs(plan: &Plan) -> Vec<(Phase, usize, usize)> {
+    let mut runs: Vec<(Phase, usize, usize)> = Vec::new();
+    for (i, s) in plan.steps.iter().enumerate() {
+        match runs.last_mut() {
+            Some(r) if r.0 == s.phase && r.2 + 1 == i => r.2 = i,
+            _ => runs.push((s.phase, i, i)),
+        }
+    }
+    runs
+}
+
+struct Scale {
+    steps: f64,
+    arena: f64,
+}
+
+impl Scale {
+    fn x(&self, step: f64) -> f64 {
+        LEFT + step / self.steps * (PLOT_W - LEFT - RIGHT)
+    }
+    fn y(&self, bytes: f64) -> f64 {
+        TOP + (PLOT_H - TOP - BOTTOM) * (1.0 - bytes / self.arena)
+    }
+    fn h(&self, bytes: f64) -> f64 {
+        (PLOT_H - TOP - BOTTOM) * bytes / self.arena
+    }
+}
+
+/// "Nice" tick spacing for `max` over about `n` ticks: 1, 2 or 5 times a power of ten.
+fn tick_step(max: f64, n: f64) -> f64 {
+    if max <= 0.0 {
+        return 1.0;
+    }
+    let raw = max / n;
+    let p = 10f64.powf(raw.log10().floor());
+    let m = raw / p;
+    let f = if m <= 1.0 {
+        1.0
+    } else if m <= 2.0 {
+        2.0
+    } else if m <= 5.0 {
+        5.0
+    } else {
+        10.0
+    };
+    f * p
+}
+
+/// Tick spacing for bytes: a nice step in the largest binary unit (KiB, MiB, GiB...) that
+/// `max` reaches, so labels read 2.0 GiB, 4.0 GiB, ...
+fn byte_tick_step(max: f64, n: f64) -> f64 {
+    let mut unit = 1.0;
+    while max / (unit * 1024.0) >= 1.0 && unit < 1024f64.powi(4) {
+        unit *= 1024.0;
+    }
+    tick_step(max / unit, n) * unit
+}
+
+fn buffer_rect(out: &mut String, b: &Buffer, producer: &str, sc: &Scale) {
+    let x = sc.x(b.first as f64);
+    let w = sc.x(b.last as f64 + 1.0) - x;
+    let y = sc.y((b.offset + b.bytes) as f64);
+    let h = sc.h(b.bytes as f64).max(MIN_H);
+    let (css, _) = class_name(b.class);
+    let _ = writeln!(
+        out,
+        r#"<rect class="buf {css}" x="{x:.2}" y="{y:.3}" width="{w:.2}" height="{h:.3}" data-i="{}"><title>{} {}
+{} · {}
+{} bytes ({})
+offset {} · {}
+steps {}..={}</title></rect>"#,
+        b.id.0,
+        b.id,
+        esc(&b.name),
+        esc(class_name(b.class).1),
+        esc(producer),
+        grouped(b.bytes),
+        human_bytes(b.bytes),
+        grouped(b.offset),
+        esc(&b.ty.to_string()),
+        b.first,
+        b.last,
+    );
+}
+
+fn svg(out: &mut String, plan: &Plan, live: &[u64]) {
+    let n = plan.steps.len().max(1);
+    let arena = plan.arena_bytes.max(plan.report.bytes.peak).max(1);
+    let sc = Scale {
+        steps: n as f64,
+        arena: arena as f64,
+    };
+    let _ = writeln!(
+        out,
+        r#"<svg id="plot" viewBox="0 0 {PLOT_W} {PLOT_H}" role="img" aria-label="arena over time">"#
+    );
+    // Phase bands behind everything; each phase labelled once, at its first run, where
+    // the label has room (updates interleave with backward when the optimizer runs in it).
+    let mut labelled: Vec<Phase> = Vec::new();
+    let mut last_label = f64::NEG_INFINITY;
+    for (phase, first, last) in phase_runs(plan) {
+        let x = sc.x(first as f64);
+        let w = sc.x(last as f64 + 1.0) - x;
+        let name = phase_name(phase);
+        let _ = write!(
+            out,
+            r#"<rect class="band {name}" x="{x:.2}" y="{TOP}" width="{w:.2}" height="{:.2}"><title>{name}: steps {first}..={last}</title></rect>"#,
+            PLOT_H - TOP - BOTTOM,
+        );
+        if !labelled.contains(&phase) && x >= last_label + 70.0 {
+            labelled.push(phase);
+            last_label = x;
+            let _ = write!(
+                out,
+                r#"<text class="bandlabel" x="{:.2}" y="{:.2}">{name} ▸</text>"#,
+                x + 2.0,
+                TOP - 26.0
+            );
+        }
+        let _ = writeln!(out);
+    }
+    // Axes and ticks.
+    let ystep = byte_tick_step(arena as f64, 6.0);
+    let mut t = 0.0;
+    while t <= arena as f64 * 1.0001 {
+        let y = sc.y(t);
+        let _ = writeln!(
+            out,
+            r#"<line class="grid" x1="{LEFT}" x2="{:.2}" y1="{y:.2}" y2="{y:.2}"/><text class="ytick" x="{:.2}" y="{:.2}">{}</text>"#,
+            PLOT_W - RIGHT,
+            LEFT - 6.0,
+            y + 4.0,
+            human_bytes(t as u64)
+        );
+        t += ystep;
+    }
+    let xstep = tick_step(n as f64, 10.0).max(1.0);
+    let mut s = 0.0;
+    while s <= n as f64 {
+        let x = sc.x(s);
+        let _ = writeln!(
+            out,
+            r#"<line class="axis" x1="{x:.2}" x2="{x:.2}" y1="{:.2}" y2="{:.2}"/><text class="xtick" x="{x:.2}" y="{:.2}">{}</text>"#,
+            PLOT_H - BOTTOM,
+            PLOT_H - BOTTOM + 5.0,
+            PLOT_H - BOTTOM + 18.0,
+            s as u64
+        );
+        s += xstep;
+    }
+    let _ = writeln!(
+        out,
+        r#"<text class="axislabel" x="{:.2}" y="{:.2}">step</text>"#,
+        (LEFT + PLOT_W - RIGHT) / 2.0,
+        PLOT_H - 6.0
+    );
+    // Buffers.
+    let prod = producers(plan);
+    let _ = writeln!(out, r#"<g id="buffers">"#);
+    for (b, p) in plan.buffers.iter().zip(&prod) {
+        buffer_rect(out, b, p, &sc);
+    }
+    let _ = writeln!(out, "</g>");
+    // Live bytes over time as a step line.
+    let mut pts = String::new();
+    for (i, &v) in live.iter().enumerate() {
+        let y = sc.y(v as f64);
+        let _ = write!(
+            pts,
+            "{:.2},{y:.2} {:.2},{y:.2} ",
+            sc.x(i as f64),
+            sc.x(i as f64 + 1.0)
+        );
+    }
+    let _ = writeln!(
+        out,
+        r#"<polyline class="live" points="{}"><title>live bytes per step</title></polyline>"#,
+        pts.trim_end()
+    );
+    // Peak and arena marks.
+    let peak = plan.report.bytes.peak;
+    let peak_step = live
+        .iter()
+        .enumerate()
+        .max_by_key(|&(i, &v)| (v, std::cmp::Reverse(i)))
+        .map_or(0, |(i, _)| i);
+    let py = sc.y(peak as f64);
+    let ay = sc.y(plan.arena_bytes as f64);
+    let px = sc.x(peak_step as f64 + 0.5);
+    let _ = writeln!(
+        out,
+        r#"<line id="arena-line" class="mark arena" x1="{LEFT}" x2="{:.2}" y1="{ay:.2}" y2="{ay:.2}"><title>arena {} bytes</title></line>
+<text class="marklabel" x="{:.2}" y="{:.2}">arena {}</text>
+<line id="peak-line" class="mark peak" x1="{LEFT}" x2="{:.2}" y1="{py:.2}" y2="{py:.2}"><title>peak live {} bytes at step {peak_step}</title></line>
+<line class="mark peak" x1="{px:.2}" x2="{px:.2}" y1="{TOP}" y2="{:.2}"/>
+<text class="marklabel peaklabel" x="{:.2}" y="{:.2}">peak {} (step {peak_step})</text>"#,
+        PLOT_W - RIGHT,
+        grouped(plan.arena_bytes),
+        PLOT_W - RIGHT - 4.0,
+        ay - 4.0,
+        human_bytes(plan.arena_bytes),
+        PLOT_W - RIGHT,
+        grouped(peak),
+        PLOT_H - BOTTOM,
+        PLOT_W - RIGHT - 4.0,
+        py + 14.0,
+        human_bytes(peak),
+    );
+    let _ = writeln!(
+        out,
+        r#"<rect class="frame" x="{LEFT}" y="{TOP}" width="{:.2}" height="{:.2}"/>"#,
+        PLOT_W - LEFT - RIGHT,
+        PLOT_H - TOP - BOTTOM
+    );
+    let _ = writeln!(out, "</svg>");
+}
+
+fn legend(out: &mut String, plan: &Plan) {
+    let _ = writeln!(out, r#"<div id="legend" class="legend">"#);
+    for c in CLASSES {
+        let (css, label) = class_name(c);
+        let (count, bytes) = plan
+            .buffers
+            .iter()
+            .filter(|b| b.class == c)
+            .fold((0u64, 0u64), |(n, s), b| (n + 1, s + b.bytes));
+        if count == 0 {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            r#"<span class="item"><svg class="swatch" viewBox="0 0 12 12"><rect class="key {css}" width="12" height="12"/></svg>{label} <small>({count} buffers, {})</small></span>"#,
+            human_bytes(bytes)
+        );
+    }
+    for p in [Phase::Forward, Phase::Backward, Phase::Update] {
+        if plan.steps.iter().any(|s| s.phase == p) {
+            let name = phase_name(p);
+            let _ = writeln!(
+                out,
+                r#"<span class="item"><svg class="swatch" viewBox="0 0 12 12"><rect class="key band {name}" width="12" height="12"/></svg>{name} steps</span>"#
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        r#"<span class="item"><span class="line live"></span>live bytes</span><span class="item"><span class="line peak"></span>peak</span><span class="item"><span class="line arena"></span>arena</span>"#
+    );
+    let _ = writeln!(out, "</div>");
+}
+
+fn tables(out: &mut String, plan: &Plan) {
+    let r = &plan.report;
+    let runs = phase_runs(plan);
+    let _ = writeln!(
+        out,
+        r#"<div class="tables"><table id="phases"><caption>peak per phase</caption><tr><th>phase</th><th>steps</th><th>peak</th><th>bytes</th></tr>"#
+    );
+    for p in &r.phases {
+        let steps: usize = runs
+            .iter()
+            .filter(|run| run.0 == p.phase)
+            .map(|run| run.2 - run.1 + 1)
+            .sum();
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td>{steps}</td><td>{}</td><td>{}</td></tr>",
+            phase_name(p.phase),
+            human_bytes(p.peak),
+            grouped(p.peak)
+        );
+    }
+    let _ = writeln!(out, "</table>");
+    let b = &r.bytes;
+    let mut rows: Vec<(&str, u64)> = vec![("params", b.params)];
+    if plan.train.is_some() {
+        rows.push(("grads", b.grads));
+        rows.push(("optimizer state", b.optimizer));
+        rows.push(("saved activations", b.activations));
+    }
+    rows.extend([
+        ("inputs", b.inputs),
+        ("workspace", b.workspace),
+        ("peak live", b.peak),
+        ("lower bound", b.lower_bound),
+        ("arena", b.arena),
+        ("no reuse", b.no_reuse),
+    ]);
+    let _ = writeln!(
+        out,
+        r#"<table id="totals"><caption>byte totals</caption><tr><th>memory</th><th>size</th><th>bytes</th></tr>"#
+    );
+    for (name, v) in rows {
+        let _ = writeln!(
+            out,
+            "<tr><td>{name}</td><td>{}</td><td>{}</td></tr>",
+            human_bytes(v),
+            grouped(v)
+        );
+    }
+    let _ = writeln!(out, "</table></div>");
+}
+
+const CSS: &str = r#"
+body { font: 13px/1.4 system-ui, sans-serif; margin: 16px; color: #222; background: #fff; }
+h1 { font-size: 18px; margin: 0 0 4px; }
+#summary { margin: 0 0 8px; color: #444; }
+#plot { width: 100%; height: auto; display: block; border: 1px solid #ddd; }
+.buf { stroke: rgba(0,0,0,0.25); stroke-width: 0.15; shape-rendering: crispEdges; }
+.buf:hover, .buf.hot { stroke: #000; stroke-width: 1; }
+.param { fill: #4e79a7; } .optim { fill: #b07aa1; } .input { fill: #9d9d9d; }
+.act { fill: #f28e2b; } .grad { fill: #e15759; } .temp { fill: #59a14f; } .ws { fill: #edc948; }
+.band.forward { fill: #e9f1fa; } .band.backward { fill: #faeee5; } .band.update { fill: #e3f3e3; }
+.key.band { stroke: #bbb; stroke-width: 1; }
+.bandlabel, .ytick, .xtick, .axislabel, .marklabel { font-size: 11px; fill: #555; }
+.ytick { text-anchor: end; } .xtick, .axislabel { text-anchor: middle; }
+.marklabel { text-anchor: end; font-weight: 600; }
+.grid { stroke: #e4e4e4; stroke-width: 0.5; } .axis { stroke: #999; stroke-width: 0.6; }
+.frame { fill: none; stroke: #999; stroke-width: 0.6; }
+.live { fill: none; stroke: #222; stroke-width: 0.8; pointer-events: none; }
+.mark { stroke-width: 1.2; stroke-dasharray: 5 3; pointer-events: none; }
+.mark.peak { stroke: #c00; } .mark.arena { stroke: #000; }
+.legend { margin: 8px 0; } .legend .item { margin-right: 16px; white-space: nowrap; }
+.swatch { width: 12px; height: 12px; vertical-align: -1px; margin-right: 4px; }
+.line { display: inline-block; width: 18px; height: 0; vertical-align: middle; margin-right: 4px; }
+.line.live { border-top: 2px solid #222; } .line.peak { border-top: 2px dashed #c00; }
+.line.arena { border-top: 2px dashed #000; }
+.tables { display: flex; gap: 32px; flex-wrap: wrap; align-items: flex-start; }
+table { border-collapse: collapse; margin-top: 8px; }
+caption { text-align: left; font-weight: 600; padding-bottom: 4px; }
+td, th { padding: 2px 10px; border-bottom: 1px solid #eee; text-align: right; }
+td:first-child, th:first-child { text-align: left; }
+#tip { position: fixed; display: none; pointer-events: none; background: #fffff4;
+  border: 1px solid #888; padding: 4px 8px; white-space: pre; font: 12px ui-monospace, monospace;
+  box-shadow: 0 1px 4px rgba(0,0,0,0.2); z-index: 10; }
+"#;
+
+/// Moves each buffer's <title> into a tooltip that follows the mouse (the titles still work
+/// without script).
+const JS: &str = r#"
+(function () {
+  var tip = document.getElementById('tip');
+  var plot = document.getElementById('plot');
+  if (!tip || !plot) { return; }
+  plot.addEventListener('mouseover', function (e) {
+    var t = e.target;
+    if (!t.classList || !t.classList.contains('buf')) { return; }
+    var title = t.querySelector('title');
+    if (title) { t.setAttribute('data-tip', title.textContent); title.remove(); }
+    tip.textContent = t.getAttribute('data-tip') || '';
+    tip.style.display = 'block';
+  });
+  plot.addEventListener('mousemove', function (e) {
+    if (tip.style.display !== 'block') { return; }
+    var x = e.clientX + 14, y = e.clientY + 14;
+    var r = tip.getBoundingClientRect();
+    if (x + r.width > window.innerWidth) { x = e.clientX - r.width - 8; }
+    if (y + r.height > window.innerHeight) { y = e.clientY - r.height - 8; }
+    tip.style.left = x + 'px';
+    tip.style.top = y + 'px';
+  });
+  plot.addEventListener('mouseout', function (e) {
+    if (e.target.classList && e.target.classList.contains('buf')) { tip.style.display = 'none'; }
+  });
+  document.body.setAttribute('data-ready', String(plot.querySelectorAll('rect.buf').length));
+})();
+"#;
+
+/// The page: a title and summary line, the SVG plot (one `<rect class="buf ...">` per
+/// buffer, x over `[first, last + 1)` steps and y over `[offset, offset + bytes)` on a linear
+/// byte scale from 0 to the arena), the legend, the per-phase peak table and the byte totals.
+/// No external resources: the page works offline.
+pub fn render_html(plan: &Plan) -> String {
+    let live = live_bytes(plan);
+    let r = &plan.report;
+    let kind = if plan.train.is_some() {
+        "training step"
+    } else {
+        "inference step"
+    };
+    let mut out = String::with_capacity(400 * plan.buffers.len() + 16_384);
+    let _ = writeln!(
+        out,
+        r#"<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>memc: {} memory</title>
+<style>{CSS}</style></head>
+<body>
+<h1>{} ({kind}): arena over time</h1>"#,
+        esc(&plan.model),
+        esc(&plan.model)
+    );
+    let _ = writeln!(
+        out,
+        r#"<p id="summary">{} buffers, {} steps · arena {} ({} bytes) · peak live {} ({} bytes) · lower bound {} · no reuse {}{}. Each rectangle is a buffer over the steps it is live (x) and the bytes it occupies in the arena (y); hover for details.</p>"#,
+        plan.buffers.len(),
+        plan.steps.len(),
+        human_bytes(plan.arena_bytes),
+        grouped(plan.arena_bytes),
+        human_bytes(r.bytes.peak),
+        grouped(r.bytes.peak),
+        human_bytes(r.bytes.lower_bound),
+        human_bytes(r.bytes.no_reuse),
+        if r.layout_optimal {
+            " (layout optimal)"
+        } else {
+            ""
+        }
+    );
+    legend(&mut out, plan);
+    svg(&mut out, plan, &live);
+    tables(&mut out, plan);
+    let _ = writeln!(
+        out,
+        r#"<div id="tip"></div>
+<script>{JS}</script>
+</body></html>"#
+    );
+    out
+}

@@ -1,0 +1,219 @@
+//! `memc viz`: one rectangle per buffer, the legend and tables, no external resources; and,
+//! where Chromium is installed, the page loads headless without console errors.
+#![allow(clippy::panic, clippy::unwrap_used)]
+
+use memc::plan::Plan;
+use memc::{compile, Options};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn plan_of(src: &str, sets: &[(&str, i64)]) -> Plan {
+    let opts = Options {
+        overrides: sets.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+        layout_time: Duration::ZERO,
+        ..Options::default()
+    };
+    match compile(src, &opts) {
+        Ok(c) => c.plan.plan().clone(),
+        Err(e) => panic!("does not compile: {e:?}"),
+    }
+}
+
+fn example(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap()
+}
+
+fn check_page(plan: &Plan, html: &str) {
+    let rects = html.matches(r#"<rect class="buf "#).count();
+    assert_eq!(rects, plan.buffers.len(), "one <rect> per buffer");
+    for b in &plan.buffers {
+        assert!(
+            html.contains(&format!(r#"data-i="{}""#, b.id.0)),
+            "buffer {} has no rect",
+            b.id
+        );
+    }
+    assert!(html.contains(r#"id="legend""#));
+    assert!(html.contains("parameters"));
+    assert!(html.contains(r#"id="peak-line""#) && html.contains(r#"id="arena-line""#));
+    assert!(html.contains(r#"id="phases""#) && html.contains(r#"id="totals""#));
+    for p in &plan.report.phases {
+        let name = format!("{:?}", p.phase).to_lowercase();
+        assert!(html.contains(&format!("<td>{name}</td>")), "phase {name}");
+    }
+    assert!(!html.to_lowercase().contains("http"), "external URL");
+    assert!(
+        !html.contains("<link") && !html.contains(" src="),
+        "external resource"
+    );
+    // The hover text of the largest buffer names it with its exact bytes.
+    let big = plan.buffers.iter().max_by_key(|b| b.bytes).unwrap();
+    let grouped = big
+        .bytes
+        .to_string()
+        .as_bytes()
+        .rchunks(3)
+        .rev()
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect::<Vec<_>>()
+        .join(",");
+    assert!(html.contains(&format!("{} bytes", grouped)), "{}", big.name);
+}
+
+#[test]
+fn mlp_page_has_every_buffer_and_the_legend() {
+    let plan = plan_of(&example("mlp.mdl"), &[]);
+    let html = memc::viz::render_html(&plan);
+    check_page(&plan, &html);
+}
+
+#[test]
+fn gpt2_page_renders_every_buffer() {
+    let plan = plan_of(&example("gpt2.mdl"), &[]);
+    assert!(plan.buffers.len() > 1000);
+    let html = memc::viz::render_html(&plan);
+    check_page(&plan, &html);
+    assert!(html.len() < 4 << 20, "{} bytes", html.len());
+}
+
+#[test]
+fn inference_page() {
+    let src = "model m {\n  dim N = 4\n  input x: [N, 8]\n  param w: linear(8, 4)\n  output y = relu(linear(x, w))\n}\n";
+    let plan = plan_of(src, &[]);
+    assert!(plan.train.is_none());
+    let html = memc::viz::render_html(&plan);
+    check_page(&plan, &html);
+}
+
+#[test]
+fn live_bytes_peak_matches_the_report() {
+    let plan = plan_of(
+        &example("gpt2.mdl"),
+        &[("L", 2), ("D", 64), ("T", 32), ("V", 256), ("H", 4)],
+    );
+    let live = memc::viz::live_bytes(&plan);
+    assert_eq!(live.len(), plan.steps.len());
+    assert_eq!(live.iter().copied().max(), Some(plan.report.bytes.peak));
+}
+
+fn scratch() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+#[test]
+fn cli_writes_the_page() {
+    let dir = scratch();
+    let out_path = dir.path().join("memory.html");
+    let mlp = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/mlp.mdl");
+    let out = Command::new(env!("CARGO_BIN_EXE_memc"))
+        .args(["viz", mlp, "--set", "B=8", "--layout-time", "0", "-o"])
+        .arg(&out_path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(&out_path).unwrap();
+    let plan = plan_of(&example("mlp.mdl"), &[("B", 8)]);
+    assert_eq!(html, memc::viz::render_html(&plan));
+}
+
+/// Runs chromium with `args` on `page`, killing it after two minutes; (stdout, stderr).
+fn chromium(args: &[&str], page: &Path, profile: &Path) -> (String, String) {
+    let mut child = Command::new("/usr/bin/chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(format!("file://{}", page.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("chromium did not finish in 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn chromium_loads_the_page_without_console_errors() {
+    if !Path::new("/usr/bin/chromium").exists() {
+        eprintln!("SKIP: chromium not installed");
+        return;
+    }
+    let dir = scratch();
+    let plan = plan_of(&example("gpt2.mdl"), &[]);
+    let page = dir.path().join("memory.html");
+    std::fs::write(&page, memc::viz::render_html(&plan)).unwrap();
+    let (dom, log) = chromium(
+        &["--enable-logging=stderr", "--v=0", "--dump-dom"],
+        &page,
+        &dir.path().join("profile"),
+    );
+    // Anything the page logs (errors, uncaught exceptions, failed loads) is a CONSOLE line.
+    let console: Vec<&str> = log.lines().filter(|l| l.contains("CONSOLE")).collect();
+    assert!(console.is_empty(), "console output: {console:#?}");
+    // The script ran to its end: it marks the body with the number of buffer rects.
+    assert!(
+        dom.contains(&format!(r#"data-ready="{}""#, plan.buffers.len())),
+        "script did not run: {}",
+        &dom[..dom.len().min(500)]
+    );
+    assert_eq!(
+        dom.matches(r#"<rect class="buf "#).count(),
+        plan.buffers.len()
+    );
+}
+
+#[test]
+fn chromium_check_sees_console_errors() {
+    // The check above would notice a broken page.
+    if !Path::new("/usr/bin/chromium").exists() {
+        eprintln!("SKIP: chromium not installed");
+        return;
+    }
+    let dir = scratch();
+    let page = dir.path().join("bad.html");
+    std::fs::write(
+        &page,
+        "<!DOCTYPE html><html><body><script>missing();</script></body></html>",
+    )
+    .unwrap();
+    let (_, log) = chromium(
+        &["--enable-logging=stderr", "--v=0", "--dump-dom"],
+        &page,
+        &dir.path().join("profile"),
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("CONSOLE") && l.contains("missing")),
+        "{log}"
+    );
+}
