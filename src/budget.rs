@@ -158,7 +158,7 @@ fn infeasible(train: &TrainSpec, budget: u64, plan: &Plan) -> FitError {
             plan.arena_bytes
         ),
         "budget set here",
-        format!("the minimum feasible budget found is {}; {name} alone are {}", human_bytes(plan.arena_bytes), human_bytes(bytes)),
+        format!("the minimum feasible budget found is {}; {name} alone take {}", human_bytes(plan.arena_bytes), human_bytes(bytes)),
     ))
 }
 
