@@ -35,11 +35,11 @@ fn small_gpt(checkpoint: CheckpointMode, budget: Option<u64>) -> Options {
     }
 }
 
-/// Gradient bits of the first step and parameter bits after two steps.
-fn fingerprint(
-    src: &str,
-    options: &Options,
-) -> (BTreeMap<String, Vec<u32>>, BTreeMap<String, Vec<u32>>, u64) {
+/// Bit patterns of tensors by name.
+type Bits = BTreeMap<String, Vec<u32>>;
+
+/// Gradient bits of the first step, parameter bits after two steps, and the arena size.
+fn fingerprint(src: &str, options: &Options) -> (Bits, Bits, u64) {
     let c = compiled_with(src, options);
     let mut ex = executor(&c, 11);
     let mut grads = BTreeMap::new();
@@ -132,13 +132,11 @@ fn auto_meets_a_tight_budget_with_identical_results() {
 
 #[test]
 fn impossible_budget_names_the_minimum() {
-    let err = memc::compile(
+    let result = memc::compile(
         &source("gpt2"),
         &small_gpt(CheckpointMode::Auto, Some(1 << 16)),
-    )
-    .err()
-    .expect("must fail");
-    let CompileError::User(e) = err else {
+    );
+    let Err(CompileError::User(e)) = result else {
         panic!("expected a user error")
     };
     assert!(

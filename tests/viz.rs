@@ -144,22 +144,29 @@ fn chromium(args: &[&str], page: &Path, profile: &Path) -> (String, String) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Read both pipes while waiting: the DOM dump is larger than a pipe buffer.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let read_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut s);
+        s
+    });
+    let read_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+        s
+    });
     let start = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
+    while child.try_wait().unwrap().is_none() {
         if start.elapsed() > Duration::from_secs(120) {
             let _ = child.kill();
+            let _ = child.wait();
             panic!("chromium did not finish in 120 s");
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let out = child.wait_with_output().unwrap();
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    (read_out.join().unwrap(), read_err.join().unwrap())
 }
 
 #[test]

@@ -137,7 +137,7 @@ fn segments(graph: &Graph, every: usize) -> BTreeSet<ValueId> {
             .next()
             .and_then(|i| i.parse().ok())
             .unwrap_or(0);
-        boundary && (index + 1) % every == 0
+        boundary && (index + 1).is_multiple_of(every)
     };
     graph
         .values()
