@@ -211,9 +211,15 @@ pub fn fit(
                         penalty: Some(10f64.powf(2.0 - i as f64)),
                     }));
                     let mut best: Option<(u64, Policy)> = None;
-                    let mut smallest: Option<Plan> = None;
-                    for policy in candidates {
-                        let (_, p) = plan_with(model, graph, train, policy, &quick)?;
+                    let mut smallest: Option<(u64, Policy)> = None;
+                    use rayon::prelude::*;
+                    let plans = candidates
+                        .par_iter()
+                        .map(|&policy| {
+                            plan_with(model, graph, train, policy, &quick).map(|(_, p)| (policy, p))
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    for (policy, p) in plans {
                         let cost = p
                             .report
                             .checkpoint
@@ -222,24 +228,15 @@ pub fn fit(
                         if fits(&p) && best.is_none_or(|(c, _)| cost < c) {
                             best = Some((cost, policy));
                         }
-                        if smallest
-                            .as_ref()
-                            .is_none_or(|s| p.arena_bytes < s.arena_bytes)
-                        {
-                            smallest = Some(p);
+                        if smallest.is_none_or(|(bytes, _)| p.arena_bytes < bytes) {
+                            smallest = Some((p.arena_bytes, policy));
                         }
                     }
-                    match (best, train, smallest) {
-                        (Some((_, policy)), _, _) => policy,
-                        (None, Some(t), Some(p)) => {
-                            return Err(infeasible(t, budget.unwrap_or(0), &p))
-                        }
-                        _ => {
-                            return Err(FitError::Internal(StageError::internal(
-                                "budget",
-                                "a budget without a train section",
-                            )))
-                        }
+                    // Nothing fits with the quick layout: the smallest candidate gets the full
+                    // layout search below, and the infeasible diagnostic if it still misses.
+                    match best.or(smallest) {
+                        Some((_, policy)) => policy,
+                        None => Policy::KeepAll,
                     }
                 }
             }
