@@ -3,7 +3,7 @@
 //! bytes, coloured by class, with the peak and arena marked and per-phase tables.
 
 use crate::ir::Phase;
-use crate::plan::{human_bytes, Buffer, BufferClass, Plan};
+use crate::plan::{grouped, human_bytes, Buffer, BufferClass, Plan};
 use std::fmt::Write;
 
 /// Plot area in SVG user units; the SVG scales to the page width through its viewBox.
@@ -64,36 +64,16 @@ fn esc(s: &str) -> String {
     out
 }
 
-/// `1,234,567`.
-fn grouped(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// Live bytes at each step (sum of the buffers whose lifetime contains it).
 pub fn live_bytes(plan: &Plan) -> Vec<u64> {
     let n = plan.steps.len().max(1);
-    let mut delta = vec![0i128; n + 1];
-    for b in &plan.buffers {
-        let first = b.first.min(n - 1);
-        let last = b.last.min(n - 1).max(first);
-        delta[first] += i128::from(b.bytes);
-        delta[last + 1] -= i128::from(b.bytes);
-    }
-    let mut live = Vec::with_capacity(n);
-    let mut acc = 0i128;
-    for d in delta.iter().take(n) {
-        acc += d;
-        live.push(u64::try_from(acc.max(0)).unwrap_or(u64::MAX));
-    }
-    live
+    crate::plan::live_bytes(
+        n,
+        plan.buffers.iter().map(|b| {
+            let first = b.first.min(n - 1);
+            (b.bytes, first, b.last.min(n - 1).max(first))
+        }),
+    )
 }
 
 /// What produced each buffer: the op of the step writing it, or its class for buffers

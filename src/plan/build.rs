@@ -1,7 +1,7 @@
 //! Graph + schedule to Plan: buffers from lifetimes, offsets from the arena layout, steps
 //! with FLOPs, and the memory report.
 
-use super::report::{Bytes, PhasePeak, Report, SavedKind};
+use super::report::{live_bytes, Bytes, PhasePeak, Report, SavedKind};
 use super::*;
 use crate::exec::kernels::workspace_bytes;
 use crate::ir::cost::flops;
@@ -60,23 +60,6 @@ fn name_of(
         op if node.scope.is_empty() => format!("{}{v}", op.name()),
         op => format!("{}/{}{v}", node.scope, op.name()),
     }
-}
-
-/// Peak live bytes at each step, given each buffer's size and inclusive interval.
-fn live_bytes(steps: usize, spans: impl Iterator<Item = (u64, usize, usize)>) -> Vec<u64> {
-    let mut delta = vec![0i128; steps + 1];
-    for (bytes, first, last) in spans {
-        delta[first] += bytes as i128;
-        delta[last + 1] -= bytes as i128;
-    }
-    let mut acc = 0i128;
-    delta[..steps]
-        .iter()
-        .map(|d| {
-            acc += d;
-            acc as u64
-        })
-        .collect()
 }
 
 fn peak_of(graph: &Graph, schedule: &Schedule) -> u64 {

@@ -7,8 +7,8 @@ mod verify;
 
 pub use build::{build, BuildOptions};
 pub use report::{
-    human_bytes, render_text, Bytes, CheckpointSummary, PhasePeak, RecomputedGroup, Report,
-    SavedKind,
+    grouped, human_bytes, live_bytes, render_text, Bytes, CheckpointSummary, PhasePeak,
+    RecomputedGroup, Report, SavedKind,
 };
 pub use verify::{verify, PlanError, VerifiedPlan};
 

@@ -100,7 +100,8 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
-fn grouped(n: u64) -> String {
+/// `1,234,567`: digits grouped by thousands.
+pub fn grouped(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
@@ -244,4 +245,22 @@ pub fn render_text(plan: &Plan) -> String {
         }
     }
     out
+}
+
+/// Live bytes at each of `steps` steps, given each buffer's size and inclusive step interval
+/// (intervals must lie within `0..steps`).
+pub fn live_bytes(steps: usize, spans: impl Iterator<Item = (u64, usize, usize)>) -> Vec<u64> {
+    let mut delta = vec![0i128; steps + 1];
+    for (bytes, first, last) in spans {
+        delta[first] += bytes as i128;
+        delta[last + 1] -= bytes as i128;
+    }
+    let mut acc = 0i128;
+    delta[..steps]
+        .iter()
+        .map(|d| {
+            acc += d;
+            acc as u64
+        })
+        .collect()
 }
