@@ -345,79 +345,62 @@ fn pre_check(a: &Args) -> Result<()> {
 }
 
 fn build(a: &Args) -> Result<Kernel> {
+    use Launch::{Elementwise, Grid, PerBlock};
     use Op::*;
     let out = a.output;
     let n_out = out.numel();
     match a.op {
         Input { .. } | Param { .. } | OptimState { .. } => Err(a.err("source ops have no kernel")),
-        Fill { value, .. } => {
-            let mut k = Gen::new("fill", &[POINTWISE]);
-            k.cfg("Cfg", vec![c_u64("N", n_out), c_f32("VALUE", *value)]);
-            k.call(format!("fill_kernel<{}, Cfg>(arena, out)", a.out_ty()));
-            k.params(&[Out]);
-            k.elementwise(n_out);
-            Ok(k.finish())
-        }
-        Unary(f) => {
-            let mut k = Gen::new("unary", &[POINTWISE]);
-            k.cfg("Cfg", vec![c_u64("N", n_out), c_int("OP", unary_code(*f))]);
-            k.call(format!("unary_kernel<{}, Cfg>(arena, in0, out)", a.ty(0)?));
-            k.params(&[In(0), Out]);
-            k.elementwise(n_out);
-            Ok(k.finish())
-        }
-        UnaryBackward(f) => {
-            let mut k = Gen::new("unary_backward", &[POINTWISE]);
-            k.cfg("Cfg", vec![c_u64("N", n_out), c_int("OP", unary_code(*f))]);
-            k.call(format!(
-                "unary_backward_kernel<{}, {}, Cfg>(arena, in0, in1, out)",
-                a.ty(0)?,
-                a.ty(1)?
-            ));
-            k.params(&[In(0), In(1), Out]);
-            k.elementwise(n_out);
-            Ok(k.finish())
-        }
+        Fill { value, .. } => Ok(templated(
+            "fill",
+            &[POINTWISE],
+            vec![c_u64("N", n_out), c_f32("VALUE", *value)],
+            ("fill_kernel", &[a.out_ty()], 0),
+            Elementwise(n_out),
+        )),
+        Unary(f) => Ok(templated(
+            "unary",
+            &[POINTWISE],
+            vec![c_u64("N", n_out), c_int("OP", unary_code(*f))],
+            ("unary_kernel", &[a.ty(0)?], 1),
+            Elementwise(n_out),
+        )),
+        UnaryBackward(f) => Ok(templated(
+            "unary_backward",
+            &[POINTWISE],
+            vec![c_u64("N", n_out), c_int("OP", unary_code(*f))],
+            ("unary_backward_kernel", &[a.ty(0)?, a.ty(1)?], 2),
+            Elementwise(n_out),
+        )),
         Binary(f) => {
             let (x, y) = (a.at(0)?, a.at(1)?);
-            let mut k = Gen::new("binary", &[POINTWISE]);
-            let shape: Vec<u64> = out.shape.iter().map(|&d| u(d)).collect();
-            k.cfg(
-                "Cfg",
-                vec![
-                    c_u64("N", n_out),
-                    c_int("OP", binary_code(*f)),
-                    c_dims("OUT", &shape),
-                    c_dims("SA", &bcast_strides(&x.shape, &out.shape)),
-                    c_dims("SB", &bcast_strides(&y.shape, &out.shape)),
-                ],
-            );
-            k.call(format!(
-                "binary_kernel<{}, Cfg>(arena, in0, in1, out)",
-                a.out_ty()
-            ));
-            k.params(&[In(0), In(1), Out]);
-            k.elementwise(n_out);
-            Ok(k.finish())
+            let lines = vec![
+                c_u64("N", n_out),
+                c_int("OP", binary_code(*f)),
+                c_dims("OUT", &dims(&out.shape)),
+                c_dims("SA", &bcast_strides(&x.shape, &out.shape)),
+                c_dims("SB", &bcast_strides(&y.shape, &out.shape)),
+            ];
+            let entry = ("binary_kernel", &[a.out_ty()][..], 2);
+            Ok(templated(
+                "binary",
+                &[POINTWISE],
+                lines,
+                entry,
+                Elementwise(n_out),
+            ))
         }
-        Affine { scale, shift } => {
-            let mut k = Gen::new("affine", &[POINTWISE]);
-            k.cfg(
-                "Cfg",
-                vec![
-                    c_u64("N", n_out),
-                    c_f32("SCALE", *scale),
-                    c_f32("SHIFT", *shift),
-                ],
-            );
-            k.call(format!(
-                "affine_kernel<{}, Cfg>(arena, in0, out)",
-                a.out_ty()
-            ));
-            k.params(&[In(0), Out]);
-            k.elementwise(n_out);
-            Ok(k.finish())
-        }
+        Affine { scale, shift } => Ok(templated(
+            "affine",
+            &[POINTWISE],
+            vec![
+                c_u64("N", n_out),
+                c_f32("SCALE", *scale),
+                c_f32("SHIFT", *shift),
+            ],
+            ("affine_kernel", &[a.out_ty()], 1),
+            Elementwise(n_out),
+        )),
         SumTo { shape } => {
             let x = a.at(0)?;
             let pad = x.shape.len().saturating_sub(shape.len());
@@ -435,41 +418,40 @@ fn build(a: &Args) -> Result<Kernel> {
             let (x, y) = (a.at(0)?, a.at(1)?);
             let keep: Vec<bool> = y.shape.iter().zip(&x.shape).map(|(s, d)| s == d).collect();
             let (lines, groups, r) = reduce_cfg(&x.shape, &keep);
-            let mut k = Gen::new("max_to_backward", &[REDUCE]);
-            k.cfg("Cfg", lines);
-            k.call(format!(
-                "max_to_backward_kernel<{}, {}, {}, Cfg>(arena, in0, in1, in2, out)",
-                a.ty(0)?,
-                a.ty(1)?,
-                a.ty(2)?
-            ));
-            k.params(&[In(0), In(1), In(2), Out]);
-            k.per_block(groups, pow2_block(r, 32, 256));
-            Ok(k.finish())
+            Ok(templated(
+                "max_to_backward",
+                &[REDUCE],
+                lines,
+                ("max_to_backward_kernel", &[a.ty(0)?, a.ty(1)?, a.ty(2)?], 3),
+                PerBlock(groups, pow2_block(r, 32, 256)),
+            ))
         }
         BroadcastTo { shape } => {
             let x = a.at(0)?;
-            let dims: Vec<u64> = shape.iter().map(|&d| u(d)).collect();
-            gather(a, "broadcast_to", &dims, &bcast_strides(&x.shape, shape), 0)
+            gather(
+                a,
+                "broadcast_to",
+                &dims(shape),
+                &bcast_strides(&x.shape, shape),
+                0,
+            )
         }
         Reshape { .. } => gather(a, "reshape", &[n_out], &[1], 0),
         Permute { perm } => {
             let xs = contiguous(&a.at(0)?.shape);
-            let dims: Vec<u64> = out.shape.iter().map(|&d| u(d)).collect();
             let st: Vec<u64> = perm.iter().map(|&p| xs[p]).collect();
-            gather(a, "permute", &dims, &st, 0)
+            gather(a, "permute", &dims(&out.shape), &st, 0)
         }
         Slice { axis, start, .. } => {
             let xs = contiguous(&a.at(0)?.shape);
-            let dims: Vec<u64> = out.shape.iter().map(|&d| u(d)).collect();
-            gather(a, "slice", &dims, &xs, u(*start) * xs[*axis])
+            gather(a, "slice", &dims(&out.shape), &xs, u(*start) * xs[*axis])
         }
         PadSlice { axis, start, full } => {
             let x = a.at(0)?;
             let (outer, len, inner) = axis_split(&x.shape, *axis);
-            let mut k = Gen::new("pad_slice", &[MOVEMENT]);
-            k.cfg(
-                "Cfg",
+            Ok(templated(
+                "pad_slice",
+                &[MOVEMENT],
                 vec![
                     c_u64("N", n_out),
                     c_u64("OUTER", outer),
@@ -478,14 +460,9 @@ fn build(a: &Args) -> Result<Kernel> {
                     c_u64("FULL", u(*full)),
                     c_u64("START", u(*start)),
                 ],
-            );
-            k.call(format!(
-                "pad_slice_kernel<{}, Cfg>(arena, in0, out)",
-                a.out_ty()
-            ));
-            k.params(&[In(0), Out]);
-            k.elementwise(n_out);
-            Ok(k.finish())
+                ("pad_slice_kernel", &[a.out_ty()], 1),
+                Elementwise(n_out),
+            ))
         }
         Concat { axis } => {
             let (_, total, inner) = axis_split(&out.shape, *axis);
@@ -515,110 +492,77 @@ fn build(a: &Args) -> Result<Kernel> {
         }
         Softmax { axis } | LogSoftmax { axis } => {
             let log = matches!(a.op, LogSoftmax { .. });
-            let (outer, n, inner) = axis_split(&out.shape, *axis);
-            let mut k = Gen::new(if log { "log_softmax" } else { "softmax" }, &[SOFTMAX]);
-            k.cfg(
-                "Cfg",
-                vec![
-                    c_u64("OUTER", outer),
-                    c_u64("N", n),
-                    c_u64("INNER", inner),
-                    c_bool("LOG", log),
-                ],
-            );
-            k.call(format!(
-                "softmax_kernel<{}, Cfg>(arena, in0, out)",
-                a.out_ty()
-            ));
-            k.params(&[In(0), Out]);
-            k.per_block(outer * inner, pow2_block(n, 32, 256));
-            Ok(k.finish())
+            let (lines, launch) = softmax_cfg(&out.shape, *axis, log);
+            let family = if log { "log_softmax" } else { "softmax" };
+            let entry = ("softmax_kernel", &[a.out_ty()][..], 1);
+            Ok(templated(family, &[SOFTMAX], lines, entry, launch))
         }
         SoftmaxBackward { axis } | LogSoftmaxBackward { axis } => {
             let log = matches!(a.op, LogSoftmaxBackward { .. });
-            let (outer, n, inner) = axis_split(&out.shape, *axis);
-            let mut k = Gen::new(
-                if log {
-                    "log_softmax_backward"
-                } else {
-                    "softmax_backward"
-                },
-                &[SOFTMAX],
-            );
-            k.cfg(
-                "Cfg",
-                vec![
-                    c_u64("OUTER", outer),
-                    c_u64("N", n),
-                    c_u64("INNER", inner),
-                    c_bool("LOG", log),
-                ],
-            );
-            k.call(format!(
-                "softmax_backward_kernel<{}, {}, Cfg>(arena, in0, in1, out)",
-                a.ty(0)?,
-                a.ty(1)?
-            ));
-            k.params(&[In(0), In(1), Out]);
-            k.per_block(outer * inner, pow2_block(n, 32, 256));
-            Ok(k.finish())
+            let (lines, launch) = softmax_cfg(&out.shape, *axis, log);
+            let family = if log {
+                "log_softmax_backward"
+            } else {
+                "softmax_backward"
+            };
+            let entry = ("softmax_backward_kernel", &[a.ty(0)?, a.ty(1)?][..], 2);
+            Ok(templated(family, &[SOFTMAX], lines, entry, launch))
         }
         Norm { kind, eps } => {
             let x = a.at(0)?;
-            let (lines, groups, gsize) = norm_cfg(*kind, *eps, &x.shape, a.inputs.len() == 3);
-            let mut k = Gen::new("norm", &[NORM]);
-            k.cfg("Cfg", lines);
-            let b = if a.inputs.len() == 3 { "in2" } else { "in1" };
-            k.call(format!(
+            let has_bias = a.inputs.len() == 3;
+            let (lines, groups, gsize) = norm_cfg(*kind, *eps, &x.shape, has_bias);
+            let b = if has_bias { "in2" } else { "in1" };
+            let call = format!(
                 "norm_kernel<{}, {}, Cfg>(arena, in0, in1, {b}, out)",
                 a.ty(0)?,
                 a.ty(1)?
-            ));
+            );
             let mut p = vec![In(0), In(1)];
-            if a.inputs.len() == 3 {
+            if has_bias {
                 p.push(In(2));
             }
             p.push(Out);
-            k.params(&p);
-            k.per_block(groups, pow2_block(gsize, 32, 512));
-            Ok(k.finish())
+            let launch = PerBlock(groups, pow2_block(gsize, 32, 512));
+            Ok(single("norm", &[NORM], lines, call, &p, launch))
         }
         NormBackwardInput { kind, eps } => {
             let x = a.at(0)?;
             let (lines, groups, gsize) = norm_cfg(*kind, *eps, &x.shape, false);
-            let mut k = Gen::new("norm_backward_input", &[NORM]);
-            k.cfg("Cfg", lines);
-            k.call(format!(
-                "norm_backward_input_kernel<{}, {}, {}, Cfg>(arena, in0, in1, in2, out)",
-                a.ty(0)?,
-                a.ty(1)?,
-                a.ty(2)?
-            ));
-            k.params(&[In(0), In(1), In(2), Out]);
-            k.per_block(groups, pow2_block(gsize, 32, 512));
-            Ok(k.finish())
+            Ok(templated(
+                "norm_backward_input",
+                &[NORM],
+                lines,
+                (
+                    "norm_backward_input_kernel",
+                    &[a.ty(0)?, a.ty(1)?, a.ty(2)?],
+                    3,
+                ),
+                PerBlock(groups, pow2_block(gsize, 32, 512)),
+            ))
         }
         NormBackwardWeight { kind, eps } => {
             let x = a.at(0)?;
             let (lines, _, gsize) = norm_cfg(*kind, *eps, &x.shape, false);
             let ch = u(norm_channels(*kind, &x.shape));
-            let mut k = Gen::new("norm_backward_weight", &[NORM]);
-            k.cfg("Cfg", lines);
-            k.call(format!(
-                "norm_backward_weight_kernel<{}, {}, {}, Cfg>(arena, in0, in1, out)",
-                a.ty(0)?,
-                a.ty(1)?,
-                a.out_ty()
-            ));
-            k.params(&[In(0), In(1), Out]);
-            match kind {
+            let launch = match kind {
                 NormKind::Layer | NormKind::Rms => {
                     let block = pow2_block(ch, 32, 256);
-                    k.launch([ch.div_ceil(u64::from(block)), 1, 1], block);
+                    Grid([ch.div_ceil(u64::from(block)), 1, 1], block)
                 }
-                NormKind::Batch | NormKind::Group(_) => k.per_block(ch, pow2_block(gsize, 32, 256)),
-            }
-            Ok(k.finish())
+                NormKind::Batch | NormKind::Group(_) => PerBlock(ch, pow2_block(gsize, 32, 256)),
+            };
+            Ok(templated(
+                "norm_backward_weight",
+                &[NORM],
+                lines,
+                (
+                    "norm_backward_weight_kernel",
+                    &[a.ty(0)?, a.ty(1)?, a.out_ty()],
+                    2,
+                ),
+                launch,
+            ))
         }
         NormBackwardBias { kind } => {
             let x = a.at(0)?;
@@ -632,22 +576,17 @@ fn build(a: &Args) -> Result<Kernel> {
         }
         Embedding => {
             let table = a.rank(0, 2)?;
-            let mut k = Gen::new("embedding", &[EMBEDDING]);
-            k.cfg(
-                "Cfg",
+            Ok(templated(
+                "embedding",
+                &[EMBEDDING],
                 vec![
                     c_u64("N", n_out),
                     c_u64("D", u(table.shape[1])),
                     c_u64("ROWS", u(table.shape[0])),
                 ],
-            );
-            k.call(format!(
-                "embedding_kernel<{}, Cfg>(arena, in0, in1, out)",
-                a.out_ty()
-            ));
-            k.params(&[In(0), In(1), Out]);
-            k.elementwise(n_out);
-            Ok(k.finish())
+                ("embedding_kernel", &[a.out_ty()], 2),
+                Elementwise(n_out),
+            ))
         }
         EmbeddingBackward { rows } => {
             let (ids, dy) = (a.at(0)?, a.at(1)?);
@@ -655,93 +594,60 @@ fn build(a: &Args) -> Result<Kernel> {
             if numel(&ids.shape) * d != dy.numel() {
                 return Err(a.err(format!("dy {dy} does not match ids {ids}")));
             }
-            let mut k = Gen::new("embedding_backward", &[EMBEDDING]);
-            k.cfg(
-                "Cfg",
+            let block = pow2_block(d, 32, 256);
+            Ok(templated(
+                "embedding_backward",
+                &[EMBEDDING],
                 vec![
                     c_u64("D", d),
                     c_u64("ROWS", u(*rows)),
                     c_u64("NIDS", ids.numel()),
                 ],
-            );
-            k.call(format!(
-                "embedding_backward_kernel<{}, {}, Cfg>(arena, in0, in1, out)",
-                a.ty(1)?,
-                a.out_ty()
-            ));
-            k.params(&[In(0), In(1), Out]);
-            let block = pow2_block(d, 32, 256);
-            k.launch(
-                [d.div_ceil(u64::from(block)), u(*rows).min(65535), 1],
-                block,
-            );
-            Ok(k.finish())
+                ("embedding_backward_kernel", &[a.ty(1)?, a.out_ty()], 2),
+                Grid(
+                    [d.div_ceil(u64::from(block)), u(*rows).min(65535), 1],
+                    block,
+                ),
+            ))
         }
         CrossEntropy => {
-            let logits = a.at(0)?;
-            let (rows, cl) = rows_classes(&logits.shape);
-            let mut k = Gen::new("cross_entropy", &[LOSS]);
-            k.cfg("Cfg", vec![c_u64("ROWS", rows), c_u64("CL", cl)]);
-            k.call(format!(
-                "cross_entropy_kernel<{}, Cfg>(arena, in0, in1, out)",
-                a.ty(0)?
-            ));
-            k.params(&[In(0), In(1), Out]);
-            k.launch([1, 1, 1], pow2_block(cl, 32, 1024));
-            Ok(k.finish())
+            let (rows, cl) = rows_classes(&a.at(0)?.shape);
+            Ok(templated(
+                "cross_entropy",
+                &[LOSS],
+                vec![c_u64("ROWS", rows), c_u64("CL", cl)],
+                ("cross_entropy_kernel", &[a.ty(0)?], 2),
+                Grid([1, 1, 1], pow2_block(cl, 32, 1024)),
+            ))
         }
         CrossEntropyBackward => {
-            let logits = a.at(0)?;
-            let (rows, cl) = rows_classes(&logits.shape);
-            let mut k = Gen::new("cross_entropy_backward", &[LOSS]);
-            k.cfg(
-                "Cfg",
+            let (rows, cl) = rows_classes(&a.at(0)?.shape);
+            Ok(templated(
+                "cross_entropy_backward",
+                &[LOSS],
                 vec![c_u64("ROWS", rows), c_u64("CL", cl), c_type("TL", a.ty(2)?)],
-            );
-            k.call(format!(
-                "cross_entropy_backward_kernel<{}, Cfg>(arena, in0, in1, in2, out)",
-                a.ty(0)?
-            ));
-            k.params(&[In(0), In(1), In(2), Out]);
-            k.per_block(rows, pow2_block(cl, 32, 256));
-            Ok(k.finish())
+                ("cross_entropy_backward_kernel", &[a.ty(0)?], 3),
+                PerBlock(rows, pow2_block(cl, 32, 256)),
+            ))
         }
-        Mse => {
-            let n = a.at(0)?.numel();
-            let mut k = Gen::new("mse", &[LOSS]);
-            k.cfg("Cfg", vec![c_u64("N", n)]);
-            k.call(format!(
-                "mse_kernel<{}, Cfg>(arena, in0, in1, out)",
-                a.ty(0)?
-            ));
-            k.params(&[In(0), In(1), Out]);
-            k.launch([1, 1, 1], 1024);
-            Ok(k.finish())
-        }
-        MseBackward => {
-            let mut k = Gen::new("mse_backward", &[LOSS]);
-            k.cfg("Cfg", vec![c_u64("N", n_out), c_type("TL", a.ty(2)?)]);
-            k.call(format!(
-                "mse_backward_kernel<{}, Cfg>(arena, in0, in1, in2, out)",
-                a.ty(0)?
-            ));
-            k.params(&[In(0), In(1), In(2), Out]);
-            k.elementwise(n_out);
-            Ok(k.finish())
-        }
+        Mse => Ok(templated(
+            "mse",
+            &[LOSS],
+            vec![c_u64("N", a.at(0)?.numel())],
+            ("mse_kernel", &[a.ty(0)?], 2),
+            Grid([1, 1, 1], 1024),
+        )),
+        MseBackward => Ok(templated(
+            "mse_backward",
+            &[LOSS],
+            vec![c_u64("N", n_out), c_type("TL", a.ty(2)?)],
+            ("mse_backward_kernel", &[a.ty(0)?], 3),
+            Elementwise(n_out),
+        )),
         MatMul { ta, tb } => matmul(a, *ta, *tb),
         Conv2d(c) => {
             let (x, w) = (a.at(0)?, a.at(1)?);
-            conv(
-                a,
-                "conv2d",
-                c,
-                &x.shape,
-                &w.shape,
-                &out.shape,
-                "conv2d_kernel",
-                &[a.ty(0)?],
-            )
+            conv(a, "conv2d", c, &x.shape, &w.shape, &out.shape)
         }
         Conv2dBackwardInput { conv: c, .. } => {
             let (dy, w) = (a.at(0)?, a.at(1)?);
@@ -752,8 +658,6 @@ fn build(a: &Args) -> Result<Kernel> {
                 &out.shape,
                 &w.shape,
                 &dy.shape,
-                "conv2d_backward_input_kernel",
-                &[a.ty(0)?, a.ty(1)?],
             )
         }
         Conv2dBackwardWeight { conv: c, .. } => {
@@ -765,60 +669,54 @@ fn build(a: &Args) -> Result<Kernel> {
                 &x.shape,
                 &out.shape,
                 &dy.shape,
-                "conv2d_backward_weight_kernel",
-                &[a.ty(0)?, a.ty(1)?],
             )
         }
         MaxPool2d(p) | AvgPool2d(p) => {
             let max = matches!(a.op, MaxPool2d(_));
             let x = a.at(0)?;
-            let mut k = Gen::new(if max { "max_pool2d" } else { "avg_pool2d" }, &[POOL]);
-            k.cfg("Cfg", pool_cfg(p, &x.shape, &out.shape, max, n_out));
-            k.call(format!("pool_kernel<{}, Cfg>(arena, in0, out)", a.ty(0)?));
-            k.params(&[In(0), Out]);
-            k.elementwise(n_out);
-            Ok(k.finish())
+            Ok(templated(
+                if max { "max_pool2d" } else { "avg_pool2d" },
+                &[POOL],
+                pool_cfg(p, &x.shape, &out.shape, max, n_out),
+                ("pool_kernel", &[a.ty(0)?], 1),
+                Elementwise(n_out),
+            ))
         }
         MaxPool2dBackward(p) => {
             let (x, dy) = (a.at(0)?, a.at(1)?);
-            let mut k = Gen::new("max_pool2d_backward", &[POOL]);
-            k.cfg("Cfg", pool_cfg(p, &x.shape, &dy.shape, true, n_out));
-            k.call(format!(
-                "pool_backward_kernel<{}, {}, Cfg>(arena, in0, in1, out)",
-                a.ty(0)?,
-                a.ty(1)?
-            ));
-            k.params(&[In(0), In(1), Out]);
-            k.elementwise(n_out);
-            Ok(k.finish())
+            Ok(templated(
+                "max_pool2d_backward",
+                &[POOL],
+                pool_cfg(p, &x.shape, &dy.shape, true, n_out),
+                ("pool_backward_kernel", &[a.ty(0)?, a.ty(1)?], 2),
+                Elementwise(n_out),
+            ))
         }
         AvgPool2dBackward { pool, .. } => {
             let dy = a.at(0)?;
-            let mut k = Gen::new("avg_pool2d_backward", &[POOL]);
-            k.cfg("Cfg", pool_cfg(pool, &out.shape, &dy.shape, false, n_out));
-            k.call(format!(
+            // The template's first input (the forward x) is unread for average pooling.
+            let call = format!(
                 "pool_backward_kernel<{}, {}, Cfg>(arena, in0, in0, out)",
                 a.out_ty(),
                 a.ty(0)?
-            ));
-            k.params(&[In(0), Out]);
-            k.elementwise(n_out);
-            Ok(k.finish())
-        }
-        Dropout { p, seed } => {
-            let mut k = Gen::new("dropout", &[RNG]);
-            k.cfg(
-                "Cfg",
-                vec![c_u64("N", n_out), c_f32("P", *p), c_u64("SEED", *seed)],
             );
-            k.call(format!(
-                "dropout_kernel<{}, Cfg>(arena, in0, out, step)",
-                a.out_ty()
-            ));
-            k.params(&[In(0), Out, Step]);
-            k.elementwise(n_out);
-            Ok(k.finish())
+            Ok(single(
+                "avg_pool2d_backward",
+                &[POOL],
+                pool_cfg(pool, &out.shape, &dy.shape, false, n_out),
+                call,
+                &[In(0), Out],
+                Elementwise(n_out),
+            ))
         }
+        Dropout { p, seed } => Ok(single(
+            "dropout",
+            &[RNG],
+            vec![c_u64("N", n_out), c_f32("P", *p), c_u64("SEED", *seed)],
+            format!("dropout_kernel<{}, Cfg>(arena, in0, out, step)", a.out_ty()),
+            &[In(0), Out, Step],
+            Elementwise(n_out),
+        )),
         Attention(p) => attention(a, p, None),
         AttentionBackward { attn, which } => attention(a, attn, Some(*which)),
         Rope {
@@ -829,9 +727,9 @@ fn build(a: &Args) -> Result<Kernel> {
             let x = a.rank(0, 3)?;
             let (b, t, w) = (u(x.shape[0]), u(x.shape[1]), u(x.shape[2]));
             let hd = w / u(*heads);
-            let mut k = Gen::new("rope", &[ROPE]);
-            k.cfg(
-                "Cfg",
+            Ok(templated(
+                "rope",
+                &[ROPE],
                 vec![
                     c_u64("ROWS", b * t),
                     c_u64("T", t),
@@ -840,11 +738,9 @@ fn build(a: &Args) -> Result<Kernel> {
                     c_f32("BASE", *base),
                     c_bool("INVERSE", *inverse),
                 ],
-            );
-            k.call(format!("rope_kernel<{}, Cfg>(arena, in0, out)", a.out_ty()));
-            k.params(&[In(0), Out]);
-            k.elementwise(b * t * w / 2);
-            Ok(k.finish())
+                ("rope_kernel", &[a.out_ty()], 1),
+                Elementwise(b * t * w / 2),
+            ))
         }
         ClipCoefficient { max_norm } => {
             let mut k = Gen::new("clip_coefficient", &[OPTIM]);
@@ -864,71 +760,141 @@ fn build(a: &Args) -> Result<Kernel> {
             Ok(k.finish())
         }
         AdamW(h) => {
-            let p = a.at(0)?;
-            let clip = a.inputs.len() == 5;
-            let mut k = Gen::new("adamw", &[OPTIM]);
-            k.cfg(
-                "Cfg",
-                vec![
-                    c_u64("N", p.numel()),
-                    c_f32("LR", h.lr),
-                    c_f32("B1", h.beta1),
-                    c_f32("B2", h.beta2),
-                    c_f32("EPS", h.eps),
-                    c_f32("WD", h.weight_decay),
-                    c_bool("HAS_CLIP", clip),
-                ],
-            );
             let (tm, tv) = (a.ty(2)?, a.ty(3)?);
             if tm != tv {
                 return Err(a.err("m and v must share a dtype"));
             }
-            let c = if clip { "in4" } else { "0ull" };
-            k.call(format!(
-                "adamw_kernel<{}, {}, {tm}, Cfg>(arena, in0, in1, in2, in3, {c}, step)",
-                a.ty(0)?,
-                a.ty(1)?
-            ));
-            let mut ps = vec![In(0), In(1), In(2), In(3)];
-            if clip {
-                ps.push(In(4));
-            }
-            ps.push(Step);
-            k.params(&ps);
-            k.elementwise(p.numel());
-            Ok(k.finish())
+            let hyper = vec![
+                c_f32("LR", h.lr),
+                c_f32("B1", h.beta1),
+                c_f32("B2", h.beta2),
+                c_f32("EPS", h.eps),
+                c_f32("WD", h.weight_decay),
+            ];
+            optimizer(a, "adamw", 2, hyper, [a.ty(0)?, a.ty(1)?, tm])
         }
         Sgd(h) => {
-            let p = a.at(0)?;
-            let clip = a.inputs.len() == 4;
-            let mut k = Gen::new("sgd", &[OPTIM]);
-            k.cfg(
-                "Cfg",
-                vec![
-                    c_u64("N", p.numel()),
-                    c_f32("LR", h.lr),
-                    c_f32("MOMENTUM", h.momentum),
-                    c_f32("WD", h.weight_decay),
-                    c_bool("HAS_CLIP", clip),
-                ],
-            );
-            let c = if clip { "in3" } else { "0ull" };
-            k.call(format!(
-                "sgd_kernel<{}, {}, {}, Cfg>(arena, in0, in1, in2, {c}, step)",
-                a.ty(0)?,
-                a.ty(1)?,
-                a.ty(2)?
-            ));
-            let mut ps = vec![In(0), In(1), In(2)];
-            if clip {
-                ps.push(In(3));
-            }
-            ps.push(Step);
-            k.params(&ps);
-            k.elementwise(p.numel());
-            Ok(k.finish())
+            let hyper = vec![
+                c_f32("LR", h.lr),
+                c_f32("MOMENTUM", h.momentum),
+                c_f32("WD", h.weight_decay),
+            ];
+            optimizer(a, "sgd", 1, hyper, [a.ty(0)?, a.ty(1)?, a.ty(2)?])
         }
     }
+}
+
+/// How a kernel is launched: the `Gen` method of the same name, or `Gen::launch`.
+enum Launch {
+    Elementwise(u64),
+    PerBlock(u64, u32),
+    Grid([u64; 3], u32),
+}
+
+/// A kernel with one `Cfg` struct of `lines` and the one entry statement `call`, taking
+/// `params` after the arena.
+fn single(
+    family: &'static str,
+    files: &[&'static str],
+    lines: Vec<String>,
+    call: String,
+    params: &[KernelParam],
+    launch: Launch,
+) -> Kernel {
+    let mut k = Gen::new(family, files);
+    k.cfg("Cfg", lines);
+    k.call(call);
+    k.params(params);
+    match launch {
+        Launch::Elementwise(n) => k.elementwise(n),
+        Launch::PerBlock(items, block) => k.per_block(items, block),
+        Launch::Grid(grid, block) => k.launch(grid, block),
+    }
+    k.finish()
+}
+
+/// Entry arguments `in0` .. `in{n-1}`.
+fn in_names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("in{i}")).collect()
+}
+
+/// [`single`] whose statement is `template<types, Cfg>(arena, in0, .., out)` over the first
+/// `n_in` inputs, for `entry = (template, types, n_in)`.
+fn templated(
+    family: &'static str,
+    files: &[&'static str],
+    lines: Vec<String>,
+    (template, types, n_in): (&str, &[&str], usize),
+    launch: Launch,
+) -> Kernel {
+    let mut args = in_names(n_in);
+    args.push("out".to_string());
+    let mut params: Vec<KernelParam> = (0..n_in).map(In).collect();
+    params.push(Out);
+    let call = format!(
+        "{template}<{}, Cfg>(arena, {})",
+        types.join(", "),
+        args.join(", ")
+    );
+    single(family, files, lines, call, &params, launch)
+}
+
+/// An optimizer step updating `p` in place from `g` and `states` state tensors, with the
+/// clip coefficient as an optional last input; `hyper` are its constants after `N`.
+fn optimizer(
+    a: &Args,
+    family: &'static str,
+    states: usize,
+    hyper: Vec<String>,
+    types: [&str; 3],
+) -> Result<Kernel> {
+    let n = a.at(0)?.numel();
+    let n_in = 2 + states;
+    let clip = a.inputs.len() == n_in + 1;
+    let mut lines = vec![c_u64("N", n)];
+    lines.extend(hyper);
+    lines.push(c_bool("HAS_CLIP", clip));
+    let mut args = in_names(n_in);
+    args.push(if clip {
+        format!("in{n_in}")
+    } else {
+        "0ull".to_string()
+    });
+    let call = format!(
+        "{family}_kernel<{}, Cfg>(arena, {}, step)",
+        types.join(", "),
+        args.join(", ")
+    );
+    let mut params: Vec<KernelParam> = (0..n_in + usize::from(clip)).map(In).collect();
+    params.push(Step);
+    Ok(single(
+        family,
+        &[OPTIM],
+        lines,
+        call,
+        &params,
+        Launch::Elementwise(n),
+    ))
+}
+
+/// `shape` as u64 dims.
+fn dims(shape: &[usize]) -> Vec<u64> {
+    shape.iter().map(|&d| u(d)).collect()
+}
+
+/// Softmax constants over `axis` of `shape` and the launch: a block per row.
+fn softmax_cfg(shape: &[usize], axis: usize, log: bool) -> (Vec<String>, Launch) {
+    let (outer, n, inner) = axis_split(shape, axis);
+    let lines = vec![
+        c_u64("OUTER", outer),
+        c_u64("N", n),
+        c_u64("INNER", inner),
+        c_bool("LOG", log),
+    ];
+    (
+        lines,
+        Launch::PerBlock(outer * inner, pow2_block(n, 32, 256)),
+    )
 }
 
 fn rows_classes(shape: &[usize]) -> (u64, u64) {
@@ -939,12 +905,13 @@ fn rows_classes(shape: &[usize]) -> (u64, u64) {
 fn reduce(a: &Args, family: &'static str, x: &[usize], keep: &[bool], max: bool) -> Result<Kernel> {
     let (mut lines, groups, r) = reduce_cfg(x, keep);
     lines.push(c_bool("MAX", max));
-    let mut k = Gen::new(family, &[REDUCE]);
-    k.cfg("Cfg", lines);
-    k.call(format!("reduce_kernel<{}, Cfg>(arena, in0, out)", a.ty(0)?));
-    k.params(&[In(0), Out]);
-    k.per_block(groups, pow2_block(r, 32, 256));
-    Ok(k.finish())
+    Ok(templated(
+        family,
+        &[REDUCE],
+        lines,
+        ("reduce_kernel", &[a.ty(0)?], 1),
+        Launch::PerBlock(groups, pow2_block(r, 32, 256)),
+    ))
 }
 
 fn gather(
@@ -955,23 +922,18 @@ fn gather(
     base: u64,
 ) -> Result<Kernel> {
     let n = a.output.numel();
-    let mut k = Gen::new(family, &[MOVEMENT]);
-    k.cfg(
-        "Cfg",
+    Ok(templated(
+        family,
+        &[MOVEMENT],
         vec![
             c_u64("N", n),
             c_u64("BASE", base),
             c_dims("OUT", dims),
             c_dims("SX", strides),
         ],
-    );
-    k.call(format!(
-        "gather_kernel<{}, Cfg>(arena, in0, out)",
-        a.out_ty()
-    ));
-    k.params(&[In(0), Out]);
-    k.elementwise(n);
-    Ok(k.finish())
+        ("gather_kernel", &[a.out_ty()], 1),
+        Launch::Elementwise(n),
+    ))
 }
 
 /// Norm geometry constants; returns (lines, statistics groups, group size).
@@ -1024,15 +986,15 @@ fn pool_cfg(p: &PoolParams, x: &[usize], y: &[usize], max: bool, n: u64) -> Vec<
 
 const GEMM_TILE: u64 = 64;
 
-fn gemm_launch(a: &Args, k: &mut Gen, m: u64, n: u64, batch: u64) -> Result<()> {
+/// The tiled GEMM launch for an `m` x `n` output per batch.
+fn gemm_launch(a: &Args, m: u64, n: u64, batch: u64) -> Result<Launch> {
     let (gx, gy) = (n.div_ceil(GEMM_TILE), m.div_ceil(GEMM_TILE));
     if gx > u64::from(u32::MAX >> 1) || gy > 65535 || batch > 65535 {
         return Err(a.unsupported(format!(
             "GEMM grid {gx} x {gy} x {batch} exceeds CUDA limits"
         )));
     }
-    k.launch([gx, gy, batch], 256);
-    Ok(())
+    Ok(Launch::Grid([gx, gy, batch], 256))
 }
 
 fn matmul(a: &Args, ta: bool, tb: bool) -> Result<Kernel> {
@@ -1041,32 +1003,28 @@ fn matmul(a: &Args, ta: bool, tb: bool) -> Result<Kernel> {
     let (m, n) = (u(out.shape[ro - 2]), u(out.shape[ro - 1]));
     let kd = u(if ta { x.shape[rx - 2] } else { x.shape[rx - 1] });
     let batch = &out.shape[..ro - 2];
-    let bdims: Vec<u64> = batch.iter().map(|&d| u(d)).collect();
-    let mut k = Gen::new("matmul", &[MATMUL]);
-    k.cfg(
-        "Cfg",
+    let launch = gemm_launch(a, m, n, numel(batch))?;
+    Ok(templated(
+        "matmul",
+        &[MATMUL],
         vec![
             c_u64("M", m),
             c_u64("N", n),
             c_u64("K", kd),
             c_bool("TA", ta),
             c_bool("TB", tb),
-            c_dims("BATCH", &bdims),
+            c_dims("BATCH", &dims(batch)),
             c_dims("SA", &bcast_strides(&x.shape[..rx - 2], batch)),
             c_dims("SB", &bcast_strides(&y.shape[..ry - 2], batch)),
         ],
-    );
-    k.call(format!(
-        "matmul_kernel<{}, Cfg>(arena, in0, in1, out)",
-        a.out_ty()
-    ));
-    k.params(&[In(0), In(1), Out]);
-    gemm_launch(a, &mut k, m, n, numel(batch))?;
-    Ok(k.finish())
+        ("matmul_kernel", &[a.out_ty()], 2),
+        launch,
+    ))
 }
 
-/// A convolution-family implicit GEMM; `x`, `w`, `y` are the forward geometry's shapes.
-#[allow(clippy::too_many_arguments)]
+/// A convolution-family implicit GEMM; `x`, `w`, `y` are the forward geometry's shapes. The
+/// entry is `{family}_kernel`, templated on the first input's type (and the second's for the
+/// backward kernels).
 fn conv(
     a: &Args,
     family: &'static str,
@@ -1074,8 +1032,6 @@ fn conv(
     x: &[usize],
     w: &[usize],
     y: &[usize],
-    entry: &str,
-    types: &[&str],
 ) -> Result<Kernel> {
     let g = u(c.groups.max(1));
     let (nb, ci, h, wd) = (u(x[0]), u(x[1]), u(x[2]), u(x[3]));
@@ -1085,9 +1041,20 @@ fn conv(
         return Err(a.err("inconsistent convolution shapes"));
     }
     let cog = co / g;
-    let mut k = Gen::new(family, &[MATMUL, CONV]);
-    k.cfg(
-        "Cfg",
+    let (m, n) = match family {
+        "conv2d" => (cog, nb * ho * wo),
+        "conv2d_backward_input" => (cig, nb * h * wd),
+        _ => (cog, cig * kh * kw),
+    };
+    let launch = gemm_launch(a, m, n, g)?;
+    let types = if family == "conv2d" {
+        vec![a.ty(0)?]
+    } else {
+        vec![a.ty(0)?, a.ty(1)?]
+    };
+    Ok(templated(
+        family,
+        &[MATMUL, CONV],
         vec![
             c_u64("NB", nb),
             c_u64("CI", ci),
@@ -1107,19 +1074,9 @@ fn conv(
             c_u64("DH", u(c.dilation[0])),
             c_u64("DW", u(c.dilation[1])),
         ],
-    );
-    k.call(format!(
-        "{entry}<{}, Cfg>(arena, in0, in1, out)",
-        types.join(", ")
-    ));
-    k.params(&[In(0), In(1), Out]);
-    let (m, n) = match family {
-        "conv2d" => (cog, nb * ho * wo),
-        "conv2d_backward_input" => (cig, nb * h * wd),
-        _ => (cog, cig * kh * kw),
-    };
-    gemm_launch(a, &mut k, m, n, g)?;
-    Ok(k.finish())
+        (&format!("{family}_kernel"), &types, 2),
+        launch,
+    ))
 }
 
 fn attention(a: &Args, p: &AttnParams, which: Option<AttnInput>) -> Result<Kernel> {
@@ -1152,33 +1109,29 @@ fn attention(a: &Args, p: &AttnParams, which: Option<AttnInput>) -> Result<Kerne
             kvh,
         ),
     };
-    let mut k = Gen::new(family, &[ATTENTION]);
-    k.cfg(
-        "Cfg",
-        vec![
-            c_u64("TQ", tq),
-            c_u64("TK", tk),
-            c_u64("H", h),
-            c_u64("KVH", kvh),
-            c_u64("DH", dh),
-            c_bool("CAUSAL", p.causal),
-            c_f32("SCALE", p.scale),
-            c_u64("BT", bt),
-            c_u64("BC", bc),
-            c_bool("WHICH_V", matches!(which, Some(AttnInput::V))),
-        ],
-    );
-    let ty = a.ty(0)?;
-    if which.is_none() {
-        k.call(format!("{call}<{ty}, Cfg>(arena, in0, in1, in2, out)"));
-        k.params(&[In(0), In(1), In(2), Out]);
-    } else {
-        k.call(format!("{call}<{ty}, Cfg>(arena, in0, in1, in2, in3, out)"));
-        k.params(&[In(0), In(1), In(2), In(3), Out]);
-    }
-    k.launch(
+    let lines = vec![
+        c_u64("TQ", tq),
+        c_u64("TK", tk),
+        c_u64("H", h),
+        c_u64("KVH", kvh),
+        c_u64("DH", dh),
+        c_bool("CAUSAL", p.causal),
+        c_f32("SCALE", p.scale),
+        c_u64("BT", bt),
+        c_u64("BC", bc),
+        c_bool("WHICH_V", matches!(which, Some(AttnInput::V))),
+    ];
+    // The backward kernels also read dout (in3).
+    let n_in = if which.is_none() { 3 } else { 4 };
+    let launch = Launch::Grid(
         [rows.div_ceil(bt), heads_grid, b],
         u32::try_from(bt).unwrap_or(64),
     );
-    Ok(k.finish())
+    Ok(templated(
+        family,
+        &[ATTENTION],
+        lines,
+        (call, &[a.ty(0)?], n_in),
+        launch,
+    ))
 }

@@ -864,49 +864,12 @@ mod tests {
     //! Forward kernels are checked against naive references; backward kernels against central
     //! finite differences of `sum(forward(x) * r)` (f64 loss accumulation, eps 1e-2, or 1e-3
     //! for max pool on inputs with gaps of 1e-2), with relative L2 error below 1e-2.
+    use super::super::testing::{central_diff, dot, rel_err, Rng};
     use super::*;
 
-    /// Tiny deterministic xorshift RNG.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> f32 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
-        fn vec(&mut self, n: usize) -> Vec<f32> {
-            (0..n).map(|_| self.next()).collect()
-        }
-    }
-
-    fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-        assert_eq!(a.len(), b.len());
-        let num: f32 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
-        let den: f32 = b.iter().map(|y| y * y).sum();
-        (num / den.max(1e-20)).sqrt()
-    }
-
-    fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    fn assert_close<W: Copy + Into<f64>>(got: &[f32], want: &[W], tol: f64, what: &str) {
         let e = rel_err(got, want);
         assert!(e < tol, "{what}: relative error {e}");
-    }
-
-    /// Central finite differences of `sum(f(x) * r)` w.r.t. `x`.
-    fn numeric_grad(f: impl Fn(&[f32]) -> Vec<f32>, x: &[f32], r: &[f32], eps: f32) -> Vec<f32> {
-        let loss =
-            |x: &[f32]| -> f64 { f(x).iter().zip(r).map(|(a, b)| *a as f64 * *b as f64).sum() };
-        let mut xp = x.to_vec();
-        (0..x.len())
-            .map(|i| {
-                xp[i] = x[i] + eps;
-                let up = loss(&xp);
-                xp[i] = x[i] - eps;
-                let down = loss(&xp);
-                xp[i] = x[i];
-                ((up - down) / (2.0 * eps as f64)) as f32
-            })
-            .collect()
     }
 
     fn naive_matmul(
@@ -1105,11 +1068,11 @@ mod tests {
             let mut ws = vec![f32::NAN; conv2d_workspace_len(&g)];
             let mut dx = vec![f32::NAN; x.len()];
             conv2d_backward_input(&g, &r, &w, &mut dx, &mut ws);
-            let want = numeric_grad(|x| conv_fwd(&g, x, &w), &x, &r, 1e-2);
+            let want = central_diff(&x, 1e-2, |x| dot(&conv_fwd(&g, x, &w), &r));
             assert_close(&dx, &want, 1e-2, "conv dx");
             let mut dw = vec![f32::NAN; w.len()];
             conv2d_backward_weight(&g, &x, &r, &mut dw, &mut ws);
-            let want = numeric_grad(|w| conv_fwd(&g, &x, w), &w, &r, 1e-2);
+            let want = central_diff(&w, 1e-2, |w| dot(&conv_fwd(&g, &x, w), &r));
             assert_close(&dw, &want, 1e-2, "conv dw");
         }
     }
@@ -1200,7 +1163,7 @@ mod tests {
                 } else {
                     avg_pool2d_backward(&g, &r, &mut dx);
                 }
-                let want = numeric_grad(|x| fwd(x, max), &x, &r, 1e-3);
+                let want = central_diff(&x, 1e-3, |x| dot(&fwd(x, max), &r));
                 assert_close(&dx, &want, 1e-2, "pool backward");
             }
         }
@@ -1336,9 +1299,9 @@ mod tests {
                 attention_backward(&g, &q, &k, &v, &r, which, &mut d);
                 d
             };
-            let want_q = numeric_grad(|x| attn_fwd(&g, x, &k, &v), &q, &r, 1e-2);
-            let want_k = numeric_grad(|x| attn_fwd(&g, &q, x, &v), &k, &r, 1e-2);
-            let want_v = numeric_grad(|x| attn_fwd(&g, &q, &k, x), &v, &r, 1e-2);
+            let want_q = central_diff(&q, 1e-2, |x| dot(&attn_fwd(&g, x, &k, &v), &r));
+            let want_k = central_diff(&k, 1e-2, |x| dot(&attn_fwd(&g, &q, x, &v), &r));
+            let want_v = central_diff(&v, 1e-2, |x| dot(&attn_fwd(&g, &q, &k, x), &r));
             assert_close(&grad(AttnInput::Q, q.len()), &want_q, 1e-2, "dq");
             assert_close(&grad(AttnInput::K, k.len()), &want_k, 1e-2, "dk");
             assert_close(&grad(AttnInput::V, v.len()), &want_v, 1e-2, "dv");

@@ -7,6 +7,8 @@ pub mod optim;
 pub mod pointwise;
 pub mod reduce;
 pub mod rng;
+#[cfg(test)]
+mod testing;
 
 use crate::ir::{Op, TensorType};
 

@@ -82,19 +82,11 @@ pub fn concat(parts: &[(&[f32], &[usize])], axis: usize, out: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testing::unravel;
     use super::*;
 
     fn iota(n: usize) -> Vec<f32> {
         (0..n).map(|v| v as f32).collect()
-    }
-
-    fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
-        let mut idx = vec![0; shape.len()];
-        for d in (0..shape.len()).rev() {
-            idx[d] = flat % shape[d];
-            flat /= shape[d];
-        }
-        idx
     }
 
     fn ravel(idx: &[usize], shape: &[usize]) -> usize {

@@ -249,20 +249,8 @@ pub fn norm_backward_bias(kind: NormKind, dy: &[f32], shape: &[usize], db: &mut 
 
 #[cfg(test)]
 mod tests {
+    use super::super::testing::{central_diff, dot, rel_err, Rng};
     use super::*;
-
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> f32 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
-        fn vec(&mut self, n: usize) -> Vec<f32> {
-            (0..n).map(|_| self.next()).collect()
-        }
-    }
 
     const EPS: f32 = 1e-5;
 
@@ -343,38 +331,6 @@ mod tests {
         }
     }
 
-    fn rel_err(got: &[f32], want: &[f64]) -> f64 {
-        let num: f64 = got
-            .iter()
-            .zip(want)
-            .map(|(g, w)| (f64::from(*g) - w).powi(2))
-            .sum();
-        let den: f64 = want.iter().map(|w| w * w).sum();
-        (num / den.max(1e-30)).sqrt()
-    }
-
-    /// Central differences (h = 1e-2) of `sum(cot * f(v))` with f64 dot products.
-    fn fd(v: &[f32], cot: &[f32], f: impl Fn(&[f32]) -> Vec<f32>) -> Vec<f64> {
-        let h = 1e-2f32;
-        let loss = |v: &[f32]| {
-            f(v).iter()
-                .zip(cot)
-                .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                .sum::<f64>()
-        };
-        let mut p = v.to_vec();
-        (0..v.len())
-            .map(|i| {
-                p[i] = v[i] + h;
-                let lp = loss(&p);
-                p[i] = v[i] - h;
-                let lm = loss(&p);
-                p[i] = v[i];
-                (lp - lm) / (2.0 * f64::from(h))
-            })
-            .collect()
-    }
-
     /// Tolerance: relative L2 error 1e-2 against h = 1e-2 central differences on f32.
     #[test]
     fn backwards_match_finite_differences() {
@@ -393,16 +349,16 @@ mod tests {
             };
             let mut dx = vec![f32::NAN; n];
             norm_backward_input(kind, EPS, &x, &shape, &w, &dy, &mut dx);
-            let e = rel_err(&dx, &fd(&x, &dy, |x| run(x, &w, &b)));
+            let e = rel_err(&dx, &central_diff(&x, 1e-2, |x| dot(&run(x, &w, &b), &dy)));
             assert!(e < 1e-2, "{kind:?} dx err {e}");
             let mut dw = vec![f32::NAN; c];
             norm_backward_weight(kind, EPS, &x, &shape, &dy, &mut dw);
-            let e = rel_err(&dw, &fd(&w, &dy, |w| run(&x, w, &b)));
+            let e = rel_err(&dw, &central_diff(&w, 1e-2, |w| dot(&run(&x, w, &b), &dy)));
             assert!(e < 1e-2, "{kind:?} dw err {e}");
             if has_bias {
                 let mut db = vec![f32::NAN; c];
                 norm_backward_bias(kind, &dy, &shape, &mut db);
-                let e = rel_err(&db, &fd(&b, &dy, |b| run(&x, &w, b)));
+                let e = rel_err(&db, &central_diff(&b, 1e-2, |b| dot(&run(&x, &w, b), &dy)));
                 assert!(e < 1e-2, "{kind:?} db err {e}");
             }
         }

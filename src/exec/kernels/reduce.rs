@@ -205,29 +205,8 @@ pub fn log_softmax_backward(y: &[f32], dy: &[f32], shape: &[usize], axis: usize,
 #[cfg(test)]
 mod tests {
     use super::super::pointwise::{binary, BinaryFn};
+    use super::super::testing::{central_diff, dot, rel_err, unravel, Rng};
     use super::*;
-
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> f32 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
-        fn vec(&mut self, n: usize) -> Vec<f32> {
-            (0..n).map(|_| self.next()).collect()
-        }
-    }
-
-    fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
-        let mut idx = vec![0; shape.len()];
-        for d in (0..shape.len()).rev() {
-            idx[d] = flat % shape[d];
-            flat /= shape[d];
-        }
-        idx
-    }
 
     /// Flat index in `out_shape` (right-aligned, size-1 dims collapsed) of x multi-index `idx`.
     fn reduced_index(idx: &[usize], out_shape: &[usize]) -> usize {
@@ -300,39 +279,6 @@ mod tests {
         }
     }
 
-    /// Relative L2 error of `got` against `want`.
-    fn rel_err(got: &[f32], want: &[f64]) -> f64 {
-        let num: f64 = got
-            .iter()
-            .zip(want)
-            .map(|(g, w)| (f64::from(*g) - w).powi(2))
-            .sum();
-        let den: f64 = want.iter().map(|w| w * w).sum();
-        (num / den.max(1e-30)).sqrt()
-    }
-
-    /// Central finite differences (h = 1e-2) of `sum(w * f(x))`, evaluated with f64 dot products.
-    fn fd_grad(x: &[f32], w: &[f32], f: impl Fn(&[f32]) -> Vec<f32>) -> Vec<f64> {
-        let h = 1e-2f32;
-        let loss = |x: &[f32]| {
-            f(x).iter()
-                .zip(w)
-                .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                .sum::<f64>()
-        };
-        let mut xp = x.to_vec();
-        (0..x.len())
-            .map(|i| {
-                xp[i] = x[i] + h;
-                let lp = loss(&xp);
-                xp[i] = x[i] - h;
-                let lm = loss(&xp);
-                xp[i] = x[i];
-                (lp - lm) / (2.0 * f64::from(h))
-            })
-            .collect()
-    }
-
     #[test]
     fn softmax_forward_matches_naive_and_sums_to_one() {
         let shape = [2, 5, 3];
@@ -381,7 +327,7 @@ mod tests {
             } else {
                 softmax_backward(&y, &w, &shape, 1, &mut dx);
             }
-            let e = rel_err(&dx, &fd_grad(&x, &w, fwd));
+            let e = rel_err(&dx, &central_diff(&x, 1e-2, |x| dot(&fwd(x), &w)));
             assert!(e < 1e-2, "log={log} err={e}");
         }
     }
@@ -421,11 +367,11 @@ mod tests {
             sum_to(&ga, so, &mut da, sa);
             sum_to(&gb, so, &mut db, sb);
             assert!(
-                rel_err(&da, &fd_grad(&a, &w, |a| run(f, a, &b))) < 1e-2,
+                rel_err(&da, &central_diff(&a, 1e-2, |a| dot(&run(f, a, &b), &w))) < 1e-2,
                 "{f:?} a"
             );
             assert!(
-                rel_err(&db, &fd_grad(&b, &w, |b| run(f, &a, b))) < 1e-2,
+                rel_err(&db, &central_diff(&b, 1e-2, |b| dot(&run(f, &a, b), &w))) < 1e-2,
                 "{f:?} b"
             );
         }
