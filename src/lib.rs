@@ -50,8 +50,6 @@ impl Default for Options {
 #[derive(Debug, Clone)]
 pub struct Compiled {
     pub ast: front::ast::Model,
-    /// The forward graph as the front end built it.
-    pub forward: ir::Graph,
     /// The full graph (forward, backward, updates).
     pub graph: ir::Graph,
     pub plan: VerifiedPlan,
@@ -94,8 +92,16 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
     if let (Some(t), Some(b)) = (module.train.as_mut(), options.budget) {
         t.budget = Some(b);
     }
-    let forward = module.graph.clone();
     let (graph, in_backward) = match &module.train {
+        Some(t) if t.precision != front::train::Precision::Fp32 => {
+            return Err(UserError::at(
+                t.precision_span,
+                format!("precision {:?} is not planned yet: memc plans fp32 steps", t.precision).to_lowercase(),
+                "mixed precision",
+                "use `precision = fp32`; bf16/fp16 plans with fp32 master weights are not implemented",
+            )
+            .into());
+        }
         Some(t) => {
             let loss = module.graph.output("loss").ok_or_else(|| {
                 CompileError::Internal(vec!["training graph without loss".into()])
@@ -137,10 +143,5 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
     let plan = plan::verify(plan).map_err(|errs| {
         CompileError::Internal(errs.into_iter().map(|e| e.to_string()).collect())
     })?;
-    Ok(Compiled {
-        ast,
-        forward,
-        graph,
-        plan,
-    })
+    Ok(Compiled { ast, graph, plan })
 }

@@ -33,6 +33,8 @@ pub struct TrainSpec {
     pub clip_grad_norm: Option<f32>,
     /// Where the section is, for budget diagnostics.
     pub span: Span,
+    /// Where `precision` was set (the section when it was not).
+    pub precision_span: Span,
 }
 
 fn number(e: &Expr) -> Option<f64> {
@@ -161,11 +163,13 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
         budget: None,
         clip_grad_norm: None,
         span,
+        precision_span: span,
     };
     for (name, value) in settings {
         match name.name.as_str() {
             "optimizer" => spec.optimizer = optimizer(value)?,
             "precision" => {
+                spec.precision_span = value.span;
                 spec.precision = match &value.kind {
                     ExprKind::Path(p) if p.len() == 1 && p[0].name == "fp32" => Precision::Fp32,
                     ExprKind::Path(p) if p.len() == 1 && p[0].name == "bf16" => Precision::Bf16,
