@@ -2,6 +2,7 @@
 //!
 //! [`compile`] runs the pipeline: parse, lower, autodiff, optimizer, schedule, liveness,
 //! arena layout, plan verification. Each stage is a pure function of the previous one.
+pub mod advise;
 pub mod arena_csv;
 pub mod bench;
 pub mod budget;

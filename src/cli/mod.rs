@@ -1,6 +1,7 @@
 //! Argument parsing and dispatch to the library; user errors print as miette diagnostics
 //! and exit with code 2, internal errors with code 3.
 
+mod advise;
 mod fit;
 mod output;
 mod run;
@@ -90,6 +91,8 @@ enum Command {
     Run(run::RunArgs),
     /// Find the largest value of a dim (default B) whose plan fits --budget.
     Fit(fit::FitArgs),
+    /// Compare memory-saving options against a budget, each a compiled plan.
+    Advise(advise::AdviseArgs),
     /// Write the arena over time as a self-contained HTML page.
     Viz(viz::VizArgs),
     /// Lay out a MiniMalloc CSV instance.
@@ -287,6 +290,7 @@ fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Run(args) => run::run(args),
         Command::Fit(args) => fit::fit(args),
         Command::Viz(args) => viz::viz(args),
+        Command::Advise(args) => advise::advise(args),
         Command::Emit { args, output } => output::emit(&compile_file(&args)?, &output),
         Command::Arena {
             file,

@@ -1,0 +1,156 @@
+//! `memc advise`: what each memory-saving option does to one model, every row a compiled
+//! plan (nothing estimated): peak arena bytes and the extra compute it costs.
+
+use crate::budget::CheckpointMode;
+use crate::fit::fit_dim;
+use crate::{compile, CompileError, Options};
+use serde::Serialize;
+
+/// One option and the plan it gives.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Advice {
+    pub option: String,
+    /// Arena of the compiled plan, when it compiled.
+    pub arena_bytes: Option<u64>,
+    pub fits: bool,
+    /// Recompute FLOPs as a percentage of the plan's FLOPs.
+    pub extra_compute_percent: f64,
+    /// False for rows that reach the budget by changing the batch size.
+    pub keeps_batch: bool,
+    pub note: String,
+}
+
+fn row(source: &str, option: &str, options: Options, budget: u64, note: &str) -> Advice {
+    match compile(source, &options) {
+        Ok(c) => {
+            let r = &c.plan.plan().report;
+            let extra = r.checkpoint.as_ref().map_or(0.0, |s| {
+                100.0 * s.recompute_flops as f64 / r.flops.max(1) as f64
+            });
+            let arena = c.plan.plan().arena_bytes;
+            Advice {
+                option: option.to_string(),
+                arena_bytes: Some(arena),
+                fits: arena <= budget,
+                extra_compute_percent: extra,
+                keeps_batch: true,
+                note: note.to_string(),
+            }
+        }
+        Err(CompileError::User(e)) => Advice {
+            option: option.to_string(),
+            arena_bytes: None,
+            fits: false,
+            extra_compute_percent: 0.0,
+            keeps_batch: true,
+            note: e.message,
+        },
+        Err(CompileError::Internal(e)) => Advice {
+            option: option.to_string(),
+            arena_bytes: None,
+            fits: false,
+            extra_compute_percent: 0.0,
+            keeps_batch: true,
+            note: e.join("; "),
+        },
+    }
+}
+
+/// Compiles the model under each option against `budget` and returns the rows, best first:
+/// plans that fit before those that do not, then those keeping the batch size, then by
+/// extra compute, then by bytes.
+pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
+    let with =
+        |checkpoint: CheckpointMode, in_backward: Option<bool>, budget: Option<u64>| Options {
+            checkpoint,
+            optimizer_in_backward: in_backward.or(options.optimizer_in_backward),
+            budget,
+            ..options.clone()
+        };
+    let mut rows = vec![
+        row(
+            source,
+            "keep every activation",
+            with(CheckpointMode::KeepAll, None, None),
+            budget,
+            "the naive plan",
+        ),
+        row(
+            source,
+            "optimizer after backward",
+            with(CheckpointMode::KeepAll, Some(false), None),
+            budget,
+            "all gradients coexist",
+        ),
+        row(
+            source,
+            "min-cut checkpointing",
+            with(CheckpointMode::MinCut, None, None),
+            budget,
+            "recomputes cheap ops only",
+        ),
+        row(
+            source,
+            "sqrt(n) block checkpointing",
+            with(CheckpointMode::Segments(0), None, None),
+            budget,
+            "Chen et al. 2016",
+        ),
+        row(
+            source,
+            "checkpointing fitted to the budget",
+            with(CheckpointMode::Auto, None, Some(budget)),
+            budget,
+            "least recompute that fits",
+        ),
+    ];
+    for (mode, label) in [
+        (CheckpointMode::KeepAll, "without recomputation"),
+        (CheckpointMode::Auto, "with checkpointing"),
+    ] {
+        let name = format!("largest batch {label}");
+        match fit_dim(source, &with(mode, None, None), "B", budget) {
+            Ok(f) => {
+                let mut advice = row(
+                    source,
+                    &name,
+                    with(mode, None, Some(budget)).with_override("B", f.value),
+                    budget,
+                    "",
+                );
+                advice.note = format!("B = {} (from B = {})", f.value, f.start);
+                advice.keeps_batch = f.value == f.start;
+                rows.push(advice);
+            }
+            Err(e) => rows.push(Advice {
+                option: name,
+                arena_bytes: None,
+                fits: false,
+                extra_compute_percent: 0.0,
+                keeps_batch: false,
+                note: e.to_string(),
+            }),
+        }
+    }
+    rows.sort_by(|a, b| {
+        b.fits
+            .cmp(&a.fits)
+            .then(b.keeps_batch.cmp(&a.keeps_batch))
+            .then(a.extra_compute_percent.total_cmp(&b.extra_compute_percent))
+            .then(
+                a.arena_bytes
+                    .unwrap_or(u64::MAX)
+                    .cmp(&b.arena_bytes.unwrap_or(u64::MAX)),
+            )
+    });
+    rows
+}
+
+impl Options {
+    /// These options with one more `--set NAME=VALUE` (replacing an earlier one).
+    pub fn with_override(mut self, name: &str, value: i64) -> Options {
+        self.overrides.retain(|(n, _)| n != name);
+        self.overrides.push((name.to_string(), value));
+        self
+    }
+}

@@ -1,0 +1,48 @@
+//! `memc advise`: every row is a compiled plan, judged against the budget, best first.
+#![allow(clippy::panic, clippy::unwrap_used)]
+
+use memc::advise::advise;
+use memc::Options;
+
+#[test]
+fn rows_are_compiled_plans_sorted_best_first() {
+    let src =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/gpt2.mdl")).unwrap();
+    let dims = [
+        ("L", 4),
+        ("D", 32),
+        ("T", 16),
+        ("V", 64),
+        ("H", 4),
+        ("B", 4),
+    ];
+    let options = Options {
+        overrides: dims.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+        ..Options::default()
+    };
+    let keep = memc::compile(&src, &options)
+        .unwrap()
+        .plan
+        .plan()
+        .arena_bytes;
+    let budget = keep * 9 / 10;
+    let rows = advise(&src, &options, budget);
+    assert_eq!(rows.len(), 7);
+    for r in &rows {
+        if let Some(a) = r.arena_bytes {
+            assert_eq!(r.fits, a <= budget, "{r:?}");
+        }
+    }
+    let naive = rows
+        .iter()
+        .find(|r| r.option == "keep every activation")
+        .unwrap();
+    assert_eq!(naive.arena_bytes, Some(keep));
+    assert!(!naive.fits);
+    let first_unfit = rows.iter().position(|r| !r.fits).unwrap_or(rows.len());
+    assert!(
+        rows[first_unfit..].iter().all(|r| !r.fits),
+        "fitting rows come first"
+    );
+    assert!(rows[0].fits && rows[0].keeps_batch, "{:?}", rows[0]);
+}
