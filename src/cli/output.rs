@@ -62,7 +62,16 @@ pub fn arena(
         time_limit: Duration::from_secs_f64(secs.max(0.0)),
         capacity,
     };
+    let spinner = std::io::IsTerminal::is_terminal(&std::io::stderr()).then(|| {
+        let s = indicatif::ProgressBar::new_spinner();
+        s.set_message(format!("laying out {} buffers", inst.requests.len()));
+        s.enable_steady_tick(Duration::from_millis(100));
+        s
+    });
     let l = layout(&inst.requests, &opts);
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
     let ms = start.elapsed().as_secs_f64() * 1e3;
     let ratio = if l.lower_bound > 0 {
         l.size as f64 / l.lower_bound as f64
