@@ -607,15 +607,7 @@ impl Lowerer<'_> {
             }
             "global_avg_pool" => {
                 let x = self.t(args, "input")?;
-                let shape = self.ty(x).shape.clone();
-                if shape.len() != 4 {
-                    return Err(UserError::at(
-                        span,
-                        format!("global_avg_pool needs an NCHW tensor, got {}", self.ty(x)),
-                        "not NCHW",
-                        "pass a [N, C, H, W] tensor",
-                    ));
-                }
+                let shape = self.nchw(x, "global_avg_pool", span)?;
                 let s = self.add(
                     Op::SumTo {
                         shape: vec![shape[0], shape[1], 1, 1],
@@ -643,15 +635,7 @@ impl Lowerer<'_> {
                 let x = self.t(args, "input")?;
                 let fv = args.positional("factor")?;
                 let f = self.dim(&fv, "the upsample factor")?;
-                let s = self.ty(x).shape.clone();
-                if s.len() != 4 {
-                    return Err(UserError::at(
-                        span,
-                        format!("upsample needs an NCHW tensor, got {}", self.ty(x)),
-                        "not NCHW",
-                        "pass a [N, C, H, W] tensor",
-                    ));
-                }
+                let s = self.nchw(x, "upsample", span)?;
                 let r = self.add(
                     Op::Reshape {
                         shape: vec![s[0], s[1], s[2], 1, s[3], 1],
@@ -750,6 +734,20 @@ impl Lowerer<'_> {
                 "see the README for the built-in functions; blocks must be defined before use",
             )),
         }
+    }
+
+    /// The shape of `x`, which `func` needs to be `[N, C, H, W]`.
+    fn nchw(&self, x: ValueId, func: &str, span: Span) -> R<Vec<usize>> {
+        let ty = self.ty(x);
+        if ty.shape.len() != 4 {
+            return Err(UserError::at(
+                span,
+                format!("{func} needs an NCHW tensor, got {ty}"),
+                "not NCHW",
+                "pass a [N, C, H, W] tensor",
+            ));
+        }
+        Ok(ty.shape.clone())
     }
 
     fn shape_with_infer(&self, v: &Spanned, numel: u64) -> R<Vec<usize>> {
