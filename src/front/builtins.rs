@@ -672,15 +672,7 @@ impl Lowerer<'_> {
                 let q = self.t(args, "q")?;
                 let k = self.t(args, "k")?;
                 let v = self.t(args, "v")?;
-                let hv = args.optional("heads").ok_or_else(|| {
-                    UserError::at(
-                        span,
-                        "`attention` needs `heads = N`",
-                        "missing heads",
-                        "write `attention(q, k, v, heads = H)`",
-                    )
-                })?;
-                let heads = self.dim(&hv, "heads")?;
+                let heads = self.heads(args, "attention(q, k, v, heads = H)")?;
                 let kv_heads = match args.optional("kv_heads") {
                     Some(v) => self.dim(&v, "kv_heads")?,
                     None => heads,
@@ -704,15 +696,7 @@ impl Lowerer<'_> {
             }
             "rope" => {
                 let x = self.t(args, "input")?;
-                let hv = args.optional("heads").ok_or_else(|| {
-                    UserError::at(
-                        span,
-                        "`rope` needs `heads = N`",
-                        "missing heads",
-                        "write `rope(q, heads = H)`",
-                    )
-                })?;
-                let heads = self.dim(&hv, "heads")?;
+                let heads = self.heads(args, "rope(q, heads = H)")?;
                 let base = match args.optional("base") {
                     Some(v) => self.float(&v, "base")? as f32,
                     None => 10000.0,
@@ -734,6 +718,19 @@ impl Lowerer<'_> {
                 "see the README for the built-in functions; blocks must be defined before use",
             )),
         }
+    }
+
+    /// The required `heads = N` argument; `usage` shows a correct call.
+    fn heads(&self, args: &mut Args, usage: &str) -> R<usize> {
+        let Some(v) = args.optional("heads") else {
+            return Err(UserError::at(
+                args.span,
+                format!("`{}` needs `heads = N`", args.func),
+                "missing heads",
+                format!("write `{usage}`"),
+            ));
+        };
+        self.dim(&v, "heads")
     }
 
     /// The shape of `x`, which `func` needs to be `[N, C, H, W]`.

@@ -163,14 +163,7 @@ pub fn build(
             scope: node.scope.clone(),
         });
     }
-    let requests: Vec<BufferRequest> = buffers
-        .iter()
-        .map(|b| BufferRequest {
-            size: b.bytes,
-            start: b.first as u64,
-            end: b.last as u64 + 1,
-        })
-        .collect();
+    let requests: Vec<BufferRequest> = buffers.iter().map(Buffer::request).collect();
     let layout = arena::layout(
         &requests,
         &LayoutOptions {

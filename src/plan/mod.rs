@@ -74,6 +74,17 @@ pub struct Buffer {
     pub class: BufferClass,
 }
 
+impl Buffer {
+    /// The layout request of this buffer: its bytes over the half-open steps `first..last+1`.
+    pub fn request(&self) -> crate::passes::arena::BufferRequest {
+        crate::passes::arena::BufferRequest {
+            size: self.bytes,
+            start: self.first as u64,
+            end: self.last as u64 + 1,
+        }
+    }
+}
+
 /// One kernel launch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Step {

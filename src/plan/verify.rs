@@ -85,15 +85,7 @@ pub fn verify(plan: Plan) -> Result<VerifiedPlan, Vec<PlanError>> {
             }
         }
     }
-    let requests: Vec<BufferRequest> = plan
-        .buffers
-        .iter()
-        .map(|b| BufferRequest {
-            size: b.bytes,
-            start: b.first as u64,
-            end: b.last as u64 + 1,
-        })
-        .collect();
+    let requests: Vec<BufferRequest> = plan.buffers.iter().map(super::Buffer::request).collect();
     let offsets: Vec<u64> = plan.buffers.iter().map(|b| b.offset).collect();
     if let Err(violations) = validate(&requests, &offsets, plan.arena_bytes, plan.alignment.max(1))
     {
