@@ -160,3 +160,34 @@ fn arena_command_checks_capacity_and_csv() {
         Some(2)
     );
 }
+
+#[test]
+fn tampered_plan_json_is_refused() {
+    let dir = scratch("tamper");
+    let plan = dir.join("plan.json");
+    let p = plan.to_str().unwrap_or_default();
+    assert!(
+        memc(&["compile", MLP, "--set", "B=4", "--emit", "plan", "-o", p])
+            .status
+            .success()
+    );
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let step = json["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|s| s["op"]["op"] == "mat_mul")
+        .unwrap();
+    let out = json["steps"][step]["output"].as_u64().unwrap() as usize;
+    json["buffers"][out]["ty"]["shape"] = serde_json::json!([1]);
+    json["buffers"][out]["bytes"] = serde_json::json!(4);
+    std::fs::write(&plan, json.to_string()).unwrap();
+    let run = memc(&["run", p]);
+    assert_eq!(run.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&run.stderr).contains("fails plan verification"),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}

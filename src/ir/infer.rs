@@ -506,6 +506,8 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         Conv2dBackwardInput { conv, input } => {
             arity(op, inputs, 2, 2)?;
             let (dy, w) = (at(0), at(1));
+            rank_exactly(dy, 4, "conv2d gradient")?;
+            rank_exactly(w, 4, "conv2d weight")?;
             Ok(TensorType::new(
                 dy.dtype,
                 vec![dy.shape[0], w.shape[1] * conv.groups, input[0], input[1]],
@@ -514,6 +516,8 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         Conv2dBackwardWeight { conv, kernel } => {
             arity(op, inputs, 2, 2)?;
             let (x, dy) = (at(0), at(1));
+            rank_exactly(x, 4, "conv2d input")?;
+            rank_exactly(dy, 4, "conv2d gradient")?;
             Ok(TensorType::new(
                 x.dtype,
                 vec![dy.shape[1], x.shape[1] / conv.groups, kernel[0], kernel[1]],
@@ -531,6 +535,7 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         AvgPool2dBackward { input, .. } => {
             arity(op, inputs, 1, 1)?;
             let dy = at(0);
+            rank_exactly(dy, 4, "pooling gradient")?;
             Ok(TensorType::new(
                 dy.dtype,
                 vec![dy.shape[0], dy.shape[1], input[0], input[1]],

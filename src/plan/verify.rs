@@ -1,5 +1,6 @@
-//! The plan verifier: buffers live when read, written when they start, never overlapping a
-//! live neighbour, aligned and inside the arena. Backends take only a [`VerifiedPlan`].
+//! The plan verifier: every step well-typed for its buffers, buffers live when read,
+//! written when they start, never overlapping a live neighbour, aligned and inside the arena.
+//! Backends take only a [`VerifiedPlan`].
 
 use super::Plan;
 use crate::passes::arena::{validate, BufferRequest};
@@ -74,6 +75,30 @@ pub fn verify(plan: Plan) -> Result<VerifiedPlan, Vec<PlanError>> {
                     )));
                 }
                 Some(_) => {}
+            }
+        }
+        let types: Option<Vec<&crate::ir::TensorType>> = step
+            .inputs
+            .iter()
+            .map(|b| plan.buffers.get(b.index()).map(|x| &x.ty))
+            .collect();
+        if let Some(types) = types {
+            let want = step
+                .output
+                .and_then(|o| plan.buffers.get(o.index()))
+                .map(|b| &b.ty);
+            match crate::ir::infer::infer(&step.op, &types) {
+                Ok(ty) if want.is_none_or(|w| *w == ty) && (want.is_some() || ty.bytes() == 0) => {}
+                Ok(ty) => errors.push(PlanError(format!(
+                    "step {s} ({}) produces {ty}, but its output buffer is {:?}",
+                    step.op.name(),
+                    want.map(|w| w.to_string())
+                ))),
+                Err(e) => errors.push(PlanError(format!(
+                    "step {s} ({}) is ill-typed: {}",
+                    step.op.name(),
+                    e.message
+                ))),
             }
         }
         if let Some(buf) = step.output.and_then(|o| plan.buffers.get(o.index())) {
