@@ -1,7 +1,8 @@
 //! memc: compiles a `.mdl` model spec into a memory-planned training or inference step.
 //!
-//! [`compile`] runs the pipeline: parse, lower, autodiff, optimizer, schedule, liveness,
-//! arena layout, plan verification. Each stage is a pure function of the previous one.
+//! [`compile`] runs the pipeline: parse, lower, autodiff, optimizer, checkpointing chosen to
+//! fit the budget, schedule, liveness, arena layout, plan verification. Each stage is a pure
+//! function of the previous one.
 pub mod advise;
 pub mod arena_csv;
 pub mod bench;
