@@ -10,15 +10,11 @@ template <typename T, typename C> __device__ void cross_entropy_kernel(char* are
     float total = 0.0f;
     for (u64 r = 0; r < C::ROWS; ++r) {
         const u64 base = r * C::CL;
-        float m = MEMC_NEG_INF;
-        for (u64 c = threadIdx.x; c < C::CL; c += blockDim.x) m = fmaxf(m, ld(x, base + c));
-        m = block_max(m);
-        float s = 0.0f;
-        for (u64 c = threadIdx.x; c < C::CL; c += blockDim.x) s += expf(ld(x, base + c) - m);
-        s = block_sum(s);
+        const float2 lse = block_logsumexp(x, base, C::CL, 1);
+        const float m = lse.x, l = lse.y;
         const int t = tg[r];
         const bool ok = t >= 0 && (u64)t < C::CL;
-        total += (m + logf(s)) - (ok ? ld(x, base + (u64)t) : MEMC_NAN);
+        total += (m + l) - (ok ? ld(x, base + (u64)t) : MEMC_NAN);
     }
     if (threadIdx.x == 0) out[0] = C::ROWS == 0 ? 0.0f : total / (float)C::ROWS;
 }
@@ -33,12 +29,8 @@ __device__ void cross_entropy_backward_kernel(char* arena, u64 o_logits, u64 o_t
     const float scale = dl / (float)(C::ROWS == 0 ? 1 : C::ROWS);
     for (u64 r = blockIdx.x; r < C::ROWS; r += gridDim.x) {
         const u64 base = r * C::CL;
-        float m = MEMC_NEG_INF;
-        for (u64 c = threadIdx.x; c < C::CL; c += blockDim.x) m = fmaxf(m, ld(x, base + c));
-        m = block_max(m);
-        float s = 0.0f;
-        for (u64 c = threadIdx.x; c < C::CL; c += blockDim.x) s += expf(ld(x, base + c) - m);
-        const float l = logf(block_sum(s));
+        const float2 lse = block_logsumexp(x, base, C::CL, 1);
+        const float m = lse.x, l = lse.y;
         const int t = tg[r];
         const bool ok = t >= 0 && (u64)t < C::CL;
         for (u64 c = threadIdx.x; c < C::CL; c += blockDim.x) {

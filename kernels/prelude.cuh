@@ -97,6 +97,17 @@ __device__ __forceinline__ float block_max(float v) {
     v = lane < nw ? memc_red_m[lane] : MEMC_NEG_INF;
     return warp_max(v);
 }
+// Block-wide log-sum-exp of x[base + t * stride], t < n: returns {max, log(sum exp(x - max))}
+// to every thread (all threads of the block must call it).
+template <typename T>
+__device__ __forceinline__ float2 block_logsumexp(const T* x, u64 base, u64 n, u64 stride) {
+    float m = MEMC_NEG_INF;
+    for (u64 t = threadIdx.x; t < n; t += blockDim.x) m = fmaxf(m, ld(x, base + t * stride));
+    m = block_max(m);
+    float s = 0.0f;
+    for (u64 t = threadIdx.x; t < n; t += blockDim.x) s += expf(ld(x, base + t * stride) - m);
+    return make_float2(m, logf(block_sum(s)));
+}
 __device__ __forceinline__ u64 block_min_u64(u64 v) {
     __shared__ u64 memc_red_u[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;

@@ -6,12 +6,8 @@ template <typename T, typename C> __device__ void softmax_kernel(char* arena, u6
     T* out = tensor_at<T>(arena, o_out);
     for (u64 lane = blockIdx.x; lane < C::OUTER * C::INNER; lane += gridDim.x) {
         const u64 base = (lane / C::INNER) * C::N * C::INNER + lane % C::INNER;
-        float m = MEMC_NEG_INF;
-        for (u64 t = threadIdx.x; t < C::N; t += blockDim.x) m = fmaxf(m, ld(x, base + t * C::INNER));
-        m = block_max(m);
-        float s = 0.0f;
-        for (u64 t = threadIdx.x; t < C::N; t += blockDim.x) s += expf(ld(x, base + t * C::INNER) - m);
-        const float l = logf(block_sum(s));
+        const float2 lse = block_logsumexp(x, base, C::N, C::INNER);
+        const float m = lse.x, l = lse.y;
         for (u64 t = threadIdx.x; t < C::N; t += blockDim.x) {
             const float z = ld(x, base + t * C::INNER) - m - l;
             st(out, base + t * C::INNER, C::LOG ? z : expf(z));
