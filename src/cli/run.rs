@@ -165,17 +165,6 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Failure::Plain(format!("cannot create {}: {e}", dir.display())))?;
     }
-    let shapes: Vec<(String, Vec<usize>)> = ex
-        .plan()
-        .params
-        .iter()
-        .map(|p| {
-            (
-                p.name.clone(),
-                ex.plan().buffers[p.buffer.index()].ty.shape.clone(),
-            )
-        })
-        .collect();
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = ProgressBar::new(args.steps);
         b.set_style(
@@ -205,12 +194,13 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
             .collect();
         if let (Some(dir), true) = (&args.dump, step == 1) {
             for (name, g) in &dumped {
-                let shape = shapes
+                let plan = ex.plan();
+                let shape = plan
+                    .params
                     .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, s)| s.clone())
-                    .unwrap_or_default();
-                dump_file(dir, &format!("grad.{name}.npy"), &shape, g)?;
+                    .find(|p| p.name == *name)
+                    .map_or(&[][..], |p| &plan.buffers[p.buffer.index()].ty.shape[..]);
+                dump_file(dir, &format!("grad.{name}.npy"), shape, g)?;
             }
             for (name, shape, data) in &outputs {
                 let file = if name == "loss" {
