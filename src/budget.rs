@@ -118,37 +118,8 @@ pub fn plan_with(
     Ok((rewritten.graph, plan))
 }
 
-fn blocks(graph: &Graph) -> usize {
-    let mut instances: Vec<&str> = graph
-        .values()
-        .map(|v| graph.node(v).scope.as_str())
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            let mut it = s.match_indices('.').map(|(i, _)| i);
-            match (it.next(), it.next()) {
-                (Some(_), Some(j)) => &s[..j],
-                _ => s,
-            }
-        })
-        .collect();
-    instances.sort();
-    instances.dedup();
-    instances.len()
-}
-
 fn infeasible(train: &TrainSpec, budget: u64, plan: &Plan) -> FitError {
-    let b = &plan.report.bytes;
-    let parts = [
-        ("parameters", b.params),
-        ("optimizer state", b.optimizer),
-        ("saved activations", b.activations),
-        ("gradients", b.grads),
-    ];
-    let (name, bytes) = parts
-        .iter()
-        .copied()
-        .max_by_key(|&(_, v)| v)
-        .unwrap_or(("parameters", 0));
+    let (name, bytes) = plan.report.bytes.dominant_part();
     FitError::User(UserError::at(
         train.span,
         format!(
@@ -177,7 +148,7 @@ pub fn fit(
         CheckpointMode::MinCut => Some(Policy::MinCut { penalty: None }),
         CheckpointMode::Segments(k) => Some(Policy::Segments {
             every: if k == 0 {
-                ((blocks(graph) as f64).sqrt().round() as usize).max(1)
+                checkpoint::sqrt_segment(graph)
             } else {
                 k
             },
@@ -203,7 +174,7 @@ pub fn fit(
             match chosen {
                 Some(p) => p,
                 None => {
-                    let every = ((blocks(graph) as f64).sqrt().round() as usize).max(1);
+                    let every = checkpoint::sqrt_segment(graph);
                     let mut candidates: Vec<Policy> = (1..=every.max(2))
                         .map(|every| Policy::Segments { every })
                         .collect();

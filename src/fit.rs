@@ -92,29 +92,6 @@ pub enum FitError {
     },
 }
 
-impl FitError {
-    /// The largest part of the step's memory at value 1, for [`FitError::Infeasible`]:
-    /// `(what, bytes)`, e.g. `("optimizer state", 995518464)`.
-    pub fn dominant_part(bytes: &Bytes) -> (&'static str, u64) {
-        parts(bytes)
-            .into_iter()
-            .max_by_key(|&(_, v)| v)
-            .unwrap_or(("parameters", 0))
-    }
-}
-
-/// The named parts of a step's memory, in report order.
-pub fn parts(b: &Bytes) -> [(&'static str, u64); 6] {
-    [
-        ("parameters", b.params),
-        ("optimizer state", b.optimizer),
-        ("gradients", b.grads),
-        ("saved activations", b.activations),
-        ("inputs", b.inputs),
-        ("workspace", b.workspace),
-    ]
-}
-
 impl fmt::Display for FitError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use crate::plan::human_bytes;
@@ -136,7 +113,7 @@ impl fmt::Display for FitError {
                 budget,
                 bytes,
             } => {
-                let (name, part) = FitError::dominant_part(bytes);
+                let (name, part) = bytes.dominant_part();
                 write!(
                     f,
                     "nothing fits: even {dim}=1 needs an arena of {} ({arena_bytes} bytes) but the budget is {} ({budget} bytes); {name} dominate{} at {} ({part} bytes)",

@@ -108,7 +108,7 @@ fn infeasible_budget_names_the_arena_at_one() {
         }) => {
             assert!(arena_bytes > budget);
             assert_eq!(budget, 1 << 20);
-            assert_eq!(FitError::dominant_part(bytes).0, "optimizer state");
+            assert_eq!(bytes.dominant_part().0, "optimizer state");
         }
         other => panic!("expected Infeasible, got {other:?}"),
     }

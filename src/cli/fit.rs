@@ -92,7 +92,8 @@ fn failure(e: FitError, a: &FitArgs, src: &str) -> Failure {
                 .collect(),
         ),
         FitError::Infeasible { ref bytes, .. } => {
-            let parts: Vec<String> = memc::fit::parts(bytes)
+            let parts: Vec<String> = bytes
+                .parts()
                 .iter()
                 .filter(|(_, v)| *v > 0)
                 .map(|(n, v)| format!("{n} {}", human_bytes(*v)))

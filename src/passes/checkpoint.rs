@@ -30,7 +30,7 @@ pub enum Policy {
 }
 
 /// A value's top-level block instance (`layer.3` of `layer.3.attn.0`), empty outside blocks.
-fn instance(scope: &str) -> &str {
+pub fn instance(scope: &str) -> &str {
     let mut dots = scope.match_indices('.').map(|(i, _)| i);
     match (dots.next(), dots.next()) {
         (Some(_), Some(second)) => &scope[..second],
@@ -143,6 +143,17 @@ fn segments(graph: &Graph, every: usize) -> BTreeSet<ValueId> {
         .values()
         .filter(|&v| is_forward_compute(graph, v) && !keep(v))
         .collect()
+}
+
+/// The segment length of Chen et al.'s sqrt(n) checkpointing: round(sqrt(top-level block
+/// instances)), at least 1.
+pub fn sqrt_segment(graph: &Graph) -> usize {
+    let instances: BTreeSet<&str> = graph
+        .values()
+        .map(|v| instance(&graph.node(v).scope))
+        .filter(|s| !s.is_empty())
+        .collect();
+    ((instances.len() as f64).sqrt().round() as usize).max(1)
 }
 
 /// The forward values `policy` recomputes (a superset of what the rewrite clones: only

@@ -30,6 +30,28 @@ pub struct Bytes {
     pub no_reuse: u64,
 }
 
+impl Bytes {
+    /// The named parts of a step's memory, in report order.
+    pub fn parts(&self) -> [(&'static str, u64); 6] {
+        [
+            ("parameters", self.params),
+            ("optimizer state", self.optimizer),
+            ("gradients", self.grads),
+            ("saved activations", self.activations),
+            ("inputs", self.inputs),
+            ("workspace", self.workspace),
+        ]
+    }
+
+    /// The largest part: `(what, bytes)`, e.g. `("optimizer state", 995518464)`.
+    pub fn dominant_part(&self) -> (&'static str, u64) {
+        self.parts()
+            .into_iter()
+            .max_by_key(|&(_, v)| v)
+            .unwrap_or(("parameters", 0))
+    }
+}
+
 /// Peak live bytes during one phase.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PhasePeak {
