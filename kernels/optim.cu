@@ -1,8 +1,9 @@
-//! Optimizer updates in place (torch AdamW, SGD with momentum) and the global-norm clip
-//! coefficient. `step` is the 1-based step counter passed at launch; the optional clip input
-//! scales the gradient.
+//! Optimizer updates in place (torch AdamW, SGD with momentum), the global-norm clip
+//! coefficient, and dynamic loss scaling (the fused overflow check and the scale update).
+//! `step` is the 1-based step counter passed at launch; the optional multiplier input scales
+//! the gradient, and a multiplier of 0 (an overflowed loss-scaled step) skips the update.
 
-// One AdamW step: g *= clip; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr wd p;
+// One AdamW step: g *= multiplier; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr wd p;
 // p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
 template <typename T, typename TG, typename TS, typename C>
 __device__ void adamw_kernel(char* arena, u64 o_p, u64 o_g, u64 o_m, u64 o_v, u64 o_clip, u64 step) {
@@ -11,6 +12,7 @@ __device__ void adamw_kernel(char* arena, u64 o_p, u64 o_g, u64 o_m, u64 o_v, u6
     TS* m = tensor_at<TS>(arena, o_m);
     TS* v = tensor_at<TS>(arena, o_v);
     const float scale = C::HAS_CLIP ? ld(tensor_at<float>(arena, o_clip), 0) : 1.0f;
+    if (scale == 0.0f) return;
     const double t = (double)(step > 0x7fffffffull ? 0x7fffffffull : step);
     const float bc1 = (float)(1.0 - pow((double)C::B1, t));
     const float bc2 = (float)(1.0 - pow((double)C::B2, t));
@@ -27,7 +29,7 @@ __device__ void adamw_kernel(char* arena, u64 o_p, u64 o_g, u64 o_m, u64 o_v, u6
     }
 }
 
-// One SGD step: g' = g clip + wd p; buf = (t <= 1 or momentum == 0) ? g' : momentum buf + g';
+// One SGD step: g' = g multiplier + wd p; buf = (t <= 1 or momentum == 0) ? g' : momentum buf + g';
 // p -= lr buf.
 template <typename T, typename TG, typename TS, typename C>
 __device__ void sgd_kernel(char* arena, u64 o_p, u64 o_g, u64 o_b, u64 o_clip, u64 step) {
@@ -35,6 +37,7 @@ __device__ void sgd_kernel(char* arena, u64 o_p, u64 o_g, u64 o_b, u64 o_clip, u
     const TG* g = tensor_at<TG>(arena, o_g);
     TS* buf = tensor_at<TS>(arena, o_b);
     const float scale = C::HAS_CLIP ? ld(tensor_at<float>(arena, o_clip), 0) : 1.0f;
+    if (scale == 0.0f) return;
     const bool fresh = step <= 1 || C::MOMENTUM == 0.0f;
     MEMC_GRID_LOOP(i, C::N) {
         float pi = ld(p, i);
@@ -69,11 +72,58 @@ template <typename T, typename C> __device__ __forceinline__ void clip_accum(cha
     }
 }
 
-// out[0] = min(1, MAX_NORM / (sqrt(sum of squares) + 1e-6)).
-template <typename C> __device__ __forceinline__ void clip_finish(char* arena, u64 o_out, double acc) {
+// out[0] = m min(1, MAX_NORM / (m sqrt(sum of squares) + 1e-6)), where m is the unscale
+// multiplier when SCALED (its offset is o_mul) and 1 otherwise; m = 0 gives 0.
+template <typename C> __device__ __forceinline__ void clip_finish(char* arena, u64 o_mul, u64 o_out, double acc) {
     const double total = block_sum_f64(acc);
     if (threadIdx.x == 0) {
-        const double c = (double)C::MAX_NORM / (sqrt(total) + 1e-6);
-        tensor_at<float>(arena, o_out)[0] = (float)(c < 1.0 ? c : 1.0);
+        const double m = C::SCALED ? (double)tensor_at<float>(arena, o_mul)[0] : 1.0;
+        const double c = (double)C::MAX_NORM / (m * sqrt(total) + 1e-6);
+        tensor_at<float>(arena, o_out)[0] = m == 0.0 ? 0.0f : (float)(m * (c < 1.0 ? c : 1.0));
+    }
+}
+
+// Counts this thread's non-finite elements of one gradient. Single-block kernel.
+template <typename T, typename C> __device__ __forceinline__ void unscale_accum(char* arena, u64 o_x, double& bad) {
+    const T* x = tensor_at<T>(arena, o_x);
+    for (u64 i = threadIdx.x; i < C::N; i += blockDim.x) {
+        if (!isfinite(ld(x, i))) bad += 1.0;
+    }
+}
+
+// out[0] = 1 / scale when no gradient element was non-finite, else 0.
+__device__ __forceinline__ void unscale_finish(char* arena, u64 o_scale, u64 o_out, double bad) {
+    const double total = block_sum_f64(bad);
+    if (threadIdx.x == 0) {
+        const float s = tensor_at<float>(arena, o_scale)[0];
+        tensor_at<float>(arena, o_out)[0] = total > 0.0 ? 0.0f : 1.0f / s;
+    }
+}
+
+// One micro-step of gradient accumulation: acc = g SCALE on micro-step 0, acc += g SCALE
+// after (SCALE = 1 / micro-steps per step).
+template <typename TG, typename C> __device__ void accumulate_grad_kernel(char* arena, u64 o_acc, u64 o_g, u64 micro) {
+    float* acc = tensor_at<float>(arena, o_acc);
+    const TG* g = tensor_at<TG>(arena, o_g);
+    MEMC_GRID_LOOP(i, C::N) {
+        const float add = ld(g, i) * C::SCALE;
+        acc[i] = micro == 0 ? add : acc[i] + add;
+    }
+}
+
+// torch.amp.GradScaler.update: halve the scale on overflow (multiplier 0) and restart the
+// count; else count the clean step and double the scale after GROWTH clean steps.
+template <typename C> __device__ void loss_scale_update_kernel(char* arena, u64 o_scale, u64 o_clean, u64 o_mul) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    float* scale = tensor_at<float>(arena, o_scale);
+    float* clean = tensor_at<float>(arena, o_clean);
+    if (tensor_at<float>(arena, o_mul)[0] == 0.0f) {
+        scale[0] *= 0.5f;
+        clean[0] = 0.0f;
+    } else if (clean[0] + 1.0f >= (float)C::GROWTH) {
+        scale[0] *= 2.0f;
+        clean[0] = 0.0f;
+    } else {
+        clean[0] += 1.0f;
     }
 }

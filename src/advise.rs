@@ -2,7 +2,8 @@
 //! plan (nothing estimated): peak arena bytes and the extra compute it costs.
 
 use crate::budget::CheckpointMode;
-use crate::fit::fit_dim;
+use crate::fit::{fit_accumulation, fit_dim};
+use crate::front::train::Precision;
 use crate::{compile, CompileError, Options};
 use serde::Serialize;
 
@@ -104,6 +105,56 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
             "least recompute that fits",
         ),
     ];
+    for (precision, master_weights, option, note) in [
+        (
+            Precision::Bf16,
+            true,
+            "bf16 mixed precision",
+            "fp32 master weights",
+        ),
+        (
+            Precision::Fp16,
+            true,
+            "fp16 mixed precision",
+            "dynamic loss scaling",
+        ),
+        (
+            Precision::Bf16,
+            false,
+            "pure bf16",
+            "bf16 weights, updates rounded to bf16",
+        ),
+    ] {
+        let o = Options {
+            precision: Some(precision),
+            master_weights: Some(master_weights),
+            ..with(CheckpointMode::KeepAll, None, None)
+        };
+        rows.push(row(source, option, o, budget, note));
+    }
+    let keep_all = with(CheckpointMode::KeepAll, None, None);
+    match fit_accumulation(source, &keep_all, "B", budget, &mut |_| {}) {
+        Ok(f) => {
+            let o = Options {
+                accumulate: Some(f.accumulate),
+                ..keep_all.clone().with_override("B", f.micro_batch)
+            };
+            let mut advice = row(source, "gradient accumulation", o, budget, "");
+            advice.note = format!(
+                "B = {} as {} micro-batches of {}",
+                f.batch, f.accumulate, f.micro_batch
+            );
+            rows.push(advice);
+        }
+        Err(e) => rows.push(Advice {
+            option: "gradient accumulation".into(),
+            arena_bytes: None,
+            fits: false,
+            extra_compute_percent: 0.0,
+            keeps_batch: true,
+            note: e.to_string(),
+        }),
+    }
     for (mode, label) in [
         (CheckpointMode::KeepAll, "without recomputation"),
         (CheckpointMode::Auto, "with checkpointing"),

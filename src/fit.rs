@@ -53,6 +53,102 @@ pub struct FitResult {
     pub probes: Vec<Probe>,
 }
 
+/// The answer of [`fit_accumulation`]: `batch` reached as `accumulate` micro-batches of
+/// `micro_batch`.
+#[derive(Debug, Clone)]
+pub struct AccumulationFit {
+    /// The batch dim.
+    pub dim: String,
+    /// The dim's value in the file: the batch each update sees.
+    pub batch: i64,
+    /// The largest divisor of `batch` whose plan fits.
+    pub micro_batch: i64,
+    /// `batch / micro_batch`: micro-steps per update.
+    pub accumulate: u32,
+    /// The arena of the fitting plan (at most the budget).
+    pub arena_bytes: u64,
+    /// The next larger divisor of `batch` (none when `micro_batch == batch`) and its arena,
+    /// which exceeds the budget.
+    pub next: Option<Probe>,
+    /// The budget searched against.
+    pub budget: u64,
+    /// The verified plan at `micro_batch`, accumulating `accumulate` micro-steps.
+    pub plan: VerifiedPlan,
+    /// Every compile, largest micro-batch first (`value` is the micro-batch).
+    pub probes: Vec<Probe>,
+}
+
+/// The largest micro-batch for which the file's batch (`dim`'s value) fits `budget` with
+/// gradient accumulation: the divisors of the batch are compiled from the largest down, each
+/// accumulating `batch / divisor` micro-steps, and the first that fits is returned (the
+/// larger divisors compiled before it do not fit). `on_probe` sees every compile.
+///
+/// Errors: as [`fit_dim`]; [`FitError::Infeasible`] when micro-batch 1 does not fit.
+pub fn fit_accumulation(
+    source: &str,
+    options: &Options,
+    dim: &str,
+    budget: u64,
+    on_probe: &mut dyn FnMut(&Probe),
+) -> Result<AccumulationFit, FitError> {
+    let batch = start_value(source, options, dim)?;
+    let mut search = Search {
+        source,
+        options,
+        dim,
+        budget,
+        probes: Vec::new(),
+        on_probe,
+        accumulate_to: Some(batch),
+    };
+    let mut next = None;
+    for micro in divisors_descending(batch) {
+        let (plan, probe) = search.probe(micro)?;
+        if probe.fits {
+            return Ok(AccumulationFit {
+                dim: dim.to_string(),
+                batch,
+                micro_batch: micro,
+                accumulate: (batch / micro) as u32,
+                arena_bytes: probe.arena_bytes,
+                next,
+                budget,
+                plan,
+                probes: search.probes,
+            });
+        }
+        if micro == 1 {
+            return Err(search.infeasible(plan, probe));
+        }
+        next = Some(probe);
+    }
+    Err(FitError::Compile {
+        value: batch,
+        error: CompileError::Internal(vec![format!("{dim}={batch} has no divisor")]),
+    })
+}
+
+/// The divisors of `n` (positive) from the largest down whose quotient fits a `u32`.
+fn divisors_descending(n: i64) -> Vec<i64> {
+    let mut small = Vec::new();
+    let mut large = Vec::new();
+    let mut d = 1;
+    while d * d <= n {
+        if n % d == 0 {
+            small.push(d);
+            if d * d != n {
+                large.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    large
+        .into_iter()
+        .chain(small.into_iter().rev())
+        .filter(|&d| u32::try_from(n / d).is_ok())
+        .collect()
+}
+
 /// Why [`fit_dim`] found no value.
 #[derive(Debug, Clone)]
 pub enum FitError {
@@ -174,6 +270,7 @@ pub fn fit_dim_with(
         budget,
         probes: Vec::new(),
         on_probe,
+        accumulate_to: None,
     };
     // Invariant once found: `lo` fits, `hi` does not, lo < hi.
     let first = search.probe(start)?;
@@ -263,6 +360,8 @@ struct Search<'a> {
     budget: u64,
     probes: Vec<Probe>,
     on_probe: &'a mut dyn FnMut(&Probe),
+    /// With gradient accumulation: the batch each probed micro-batch accumulates to.
+    accumulate_to: Option<i64>,
 }
 
 impl Search<'_> {
@@ -277,6 +376,9 @@ impl Search<'_> {
         opts.overrides.retain(|(n, _)| n != self.dim);
         opts.overrides.push((self.dim.to_string(), value));
         opts.budget = Some(self.budget);
+        if let Some(batch) = self.accumulate_to {
+            opts.accumulate = Some((batch / value.max(1)) as u32);
+        }
         let mut without_budget = false;
         let plan = match compile(self.source, &opts) {
             Ok(c) => c.plan,

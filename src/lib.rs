@@ -1,6 +1,6 @@
 //! memc: compiles a `.mdl` model spec into a memory-planned training or inference step.
 //!
-//! [`compile`] runs the pipeline: parse, lower, autodiff, optimizer, checkpointing chosen to
+//! [`compile`] runs the pipeline: parse, lower, mixed precision, autodiff, optimizer, checkpointing chosen to
 //! fit the budget, schedule, liveness, arena layout, plan verification. Each stage is a pure
 //! function of the previous one.
 pub mod advise;
@@ -34,6 +34,12 @@ pub struct Options {
     pub budget: Option<u64>,
     /// How recomputation is chosen.
     pub checkpoint: budget::CheckpointMode,
+    /// Overrides the `precision` of `train { }`.
+    pub precision: Option<front::train::Precision>,
+    /// Overrides `master_weights` of `train { }`.
+    pub master_weights: Option<bool>,
+    /// Overrides `accumulate` of `train { }` (micro-batches per step).
+    pub accumulate: Option<u32>,
 }
 
 impl Default for Options {
@@ -44,6 +50,9 @@ impl Default for Options {
             layout_time: Duration::from_millis(200),
             budget: None,
             checkpoint: budget::CheckpointMode::Auto,
+            precision: None,
+            master_weights: None,
+            accumulate: None,
         }
     }
 }
@@ -94,33 +103,58 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
     if let (Some(t), Some(b)) = (module.train.as_mut(), options.budget) {
         t.budget = Some(b);
     }
-    let (graph, in_backward) = match &module.train {
-        Some(t) if t.precision != front::train::Precision::Fp32 => {
+    if let Some(t) = module.train.as_mut() {
+        t.precision = options.precision.unwrap_or(t.precision);
+        t.master_weights = options.master_weights.unwrap_or(t.master_weights);
+        t.accumulate = options.accumulate.unwrap_or(t.accumulate);
+        if !t.master_weights && t.precision != front::train::Precision::Bf16 {
             return Err(UserError::at(
                 t.precision_span,
-                format!("precision {:?} is not planned yet: memc plans fp32 steps", t.precision).to_lowercase(),
-                "mixed precision",
-                "use `precision = fp32`; bf16/fp16 plans with fp32 master weights are not implemented",
+                format!(
+                    "master_weights = off needs bf16, not {}",
+                    format!("{:?}", t.precision).to_lowercase()
+                ),
+                "this precision",
+                "use `precision = bf16` (fp16 weights without fp32 masters lose small updates and overflow)",
             )
             .into());
         }
+    }
+    let (graph, in_backward) = match &module.train {
         Some(t) => {
             let loss = module.graph.output("loss").ok_or_else(|| {
                 CompileError::Internal(vec!["training graph without loss".into()])
             })?;
-            let diff = passes::autodiff::run(&module.graph, loss)?;
+            let mixed = passes::precision::run(&module.graph, loss, t.precision, t.master_weights)?;
+            verified(&mixed.graph, "precision")?;
+            let diff = passes::autodiff::run(&mixed.graph, mixed.objective)?;
             verified(&diff.graph, "autodiff")?;
             let opts = passes::optimizer::OptimizerOptions {
                 optimizer: t.optimizer,
                 clip_grad_norm: t.clip_grad_norm,
+                loss_scale: mixed.loss_scale,
+                accumulate: t.accumulate,
             };
             let g = passes::optimizer::run(&diff, &opts)?;
             verified(&g, "optimizer")?;
-            let in_backward = options
-                .optimizer_in_backward
-                .unwrap_or(t.clip_grad_norm.is_none());
-            if in_backward && t.clip_grad_norm.is_some() {
-                return Err(UserError::at(t.span, "the optimizer cannot run in backward with global-norm clipping", "clip_grad_norm is set", "clipping needs every gradient first: drop --optimizer-in-backward or the clipping").into());
+            let needs_all_grads =
+                t.clip_grad_norm.is_some() || mixed.loss_scale.is_some() || t.accumulate > 1;
+            let in_backward = options.optimizer_in_backward.unwrap_or(!needs_all_grads);
+            if in_backward && needs_all_grads {
+                let why = if t.clip_grad_norm.is_some() {
+                    ("global-norm clipping", "clip_grad_norm is set", "clipping needs every gradient first: drop --optimizer-in-backward or the clipping")
+                } else if t.accumulate > 1 {
+                    ("gradient accumulation", "accumulate is set", "the update needs every micro-batch's gradient: drop --optimizer-in-backward or the accumulation")
+                } else {
+                    ("fp16 loss scaling", "precision is fp16", "the overflow check needs every gradient first: drop --optimizer-in-backward or use bf16")
+                };
+                return Err(UserError::at(
+                    t.span,
+                    format!("the optimizer cannot run in backward with {}", why.0),
+                    why.1,
+                    why.2,
+                )
+                .into());
             }
             (g, in_backward)
         }

@@ -27,7 +27,7 @@ fn rows_are_compiled_plans_sorted_best_first() {
         .arena_bytes;
     let budget = keep * 9 / 10;
     let rows = advise(&src, &options, budget);
-    assert_eq!(rows.len(), 7);
+    assert_eq!(rows.len(), 11);
     for r in &rows {
         if let Some(a) = r.arena_bytes {
             assert_eq!(r.fits, a <= budget, "{r:?}");
@@ -45,4 +45,16 @@ fn rows_are_compiled_plans_sorted_best_first() {
         "fitting rows come first"
     );
     assert!(rows[0].fits && rows[0].keeps_batch, "{:?}", rows[0]);
+    let accumulation = rows
+        .iter()
+        .find(|r| r.option == "gradient accumulation")
+        .unwrap();
+    assert!(
+        accumulation.fits && accumulation.keeps_batch,
+        "{accumulation:?}"
+    );
+    assert!(
+        accumulation.note.starts_with("B = 4 as "),
+        "{accumulation:?}"
+    );
 }

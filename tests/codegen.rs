@@ -57,6 +57,7 @@ fn source_ops_have_no_kernel() {
         Op::OptimState {
             name: "m".into(),
             ty: ty.clone(),
+            init: 0.0,
         },
     ] {
         assert_eq!(kernel_for(&op, &[], &ty), Ok(None));

@@ -13,6 +13,7 @@ mod cuda_cases;
 use cuda_cases::*;
 use memc::codegen::nvrtc::{check_all, nvrtc_available, ptxas_path};
 use memc::codegen::{cast_kernel, kernel_for, Kernel};
+use memc::front::train::Precision;
 use memc::ir::DType;
 use std::collections::BTreeMap;
 
@@ -75,6 +76,7 @@ fn kernels_compile_with_nvrtc_and_assemble_with_ptxas() {
     }
 }
 
+/// Every kernel of every example's plan in every precision (fp32, bf16, fp16, pure bf16).
 #[test]
 fn every_example_plan_kernel_compiles() {
     if !nvrtc_ready() {
@@ -96,22 +98,56 @@ fn every_example_plan_kernel_compiles() {
         let src = std::fs::read_to_string(&path).expect("read");
         let ast = memc::front::parse(&src).expect("parse");
         let dims = memc::front::lower(&ast, &[]).expect("lower").dims;
-        let overrides = small
+        let overrides: Vec<(String, i64)> = small
             .iter()
             .filter(|(k, _)| dims.iter().any(|(d, _)| d == k))
             .map(|&(k, v)| (k.to_string(), v))
             .collect();
-        let compiled = memc::compile(
-            &src,
-            &memc::Options {
-                overrides,
+        let precisions = [
+            (Precision::Fp32, true),
+            (Precision::Bf16, true),
+            (Precision::Fp16, true),
+            (Precision::Bf16, false),
+        ];
+        for (precision, master_weights) in precisions {
+            let options = memc::Options {
+                overrides: overrides.clone(),
+                precision: Some(precision),
+                master_weights: Some(master_weights),
                 ..Default::default()
-            },
-        )
-        .expect("compile");
-        for k in memc::codegen::plan_kernels(compiled.plan.plan()).expect("codegen") {
-            kernels.insert(k.name.clone(), (path.display().to_string(), k));
+            };
+            let compiled = memc::compile(&src, &options).expect("compile");
+            for k in memc::codegen::plan_kernels(compiled.plan.plan()).expect("codegen") {
+                let label = format!("{} {precision:?}", path.display());
+                kernels.insert(k.name.clone(), (label, k));
+            }
         }
     }
     check(&kernels.into_values().collect::<Vec<_>>(), "example plans");
+}
+
+/// Kernels are compiled in batches; a broken kernel fails alone and is named.
+#[test]
+fn a_broken_kernel_in_a_batch_is_named() {
+    if !nvrtc_ready() {
+        return;
+    }
+    let good: Vec<(String, Kernel)> = [10, 20]
+        .iter()
+        .map(|&n| (format!("cast {n}"), cast_kernel(DType::F32, DType::BF16, n)))
+        .collect();
+    let mut broken = cast_kernel(DType::F32, DType::BF16, 30);
+    broken.source = broken.source.replace("cast_kernel<", "no_such_template<");
+    broken.name = "broken_cast".into();
+    let mut all = good;
+    all.push(("broken".into(), broken));
+    let dir = std::env::temp_dir().join(format!("memc-ptx-batch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let (checked, failures) = check_all(&all, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(checked, 2, "{failures:?}");
+    assert!(
+        !failures.is_empty() && failures.iter().all(|f| f.contains("broken_cast")),
+        "{failures:?}"
+    );
 }

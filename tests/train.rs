@@ -80,7 +80,7 @@ fn arena_reuse_is_bitwise_identical_to_no_reuse() {
     let separate = verify(separate).expect("no-reuse plan verifies");
     let mut a = executor(&c, 5);
     let mut b = memc::exec::cpu::CpuExecutor::new(&separate).expect("cpu");
-    b.init_params(5);
+    b.init_params(5).expect("init");
     b.synthetic_inputs(5).expect("inputs");
     for _ in 0..3 {
         assert_eq!(loss(&mut a).to_bits(), loss(&mut b).to_bits());
@@ -89,7 +89,7 @@ fn arena_reuse_is_bitwise_identical_to_no_reuse() {
         let same = a
             .read(p.buffer)
             .iter()
-            .zip(b.read(p.buffer))
+            .zip(b.read(p.buffer).iter())
             .all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(same, "parameter {} differs", p.name);
     }

@@ -2,7 +2,7 @@
 //! on a terminal.
 
 use super::{output, CompileArgs, Failure, Format};
-use memc::fit::{fit_dim_with, FitError, FitResult, Probe};
+use memc::fit::{fit_accumulation, fit_dim_with, AccumulationFit, FitError, FitResult, Probe};
 use memc::plan::human_bytes;
 use memc::CompileError;
 use std::io::IsTerminal;
@@ -44,14 +44,26 @@ pub fn fit(a: FitArgs) -> Result<(), Failure> {
             ));
         }
     };
-    let result = fit_dim_with(&src, &opts, &a.dim, budget, &mut on_probe);
-    if let Some(bar) = &bar {
-        bar.finish_and_clear();
-    }
-    let r = result.map_err(|e| failure(e, &a, &src))?;
-    let text = match a.format {
-        Format::Json => json(&r)?,
-        Format::Text => text(&r),
+    let text = if a.args.accumulate_search() {
+        let result = fit_accumulation(&src, &opts, &a.dim, budget, &mut on_probe);
+        if let Some(bar) = &bar {
+            bar.finish_and_clear();
+        }
+        let r = result.map_err(|e| failure(e, &a, &src))?;
+        match a.format {
+            Format::Json => accumulation_json(&r)?,
+            Format::Text => accumulation_text(&r),
+        }
+    } else {
+        let result = fit_dim_with(&src, &opts, &a.dim, budget, &mut on_probe);
+        if let Some(bar) = &bar {
+            bar.finish_and_clear();
+        }
+        let r = result.map_err(|e| failure(e, &a, &src))?;
+        match a.format {
+            Format::Json => json(&r)?,
+            Format::Text => text(&r),
+        }
     };
     output::write(None, &text)
 }
@@ -129,6 +141,56 @@ fn text(r: &FitResult) -> String {
     out
 }
 
+fn accumulation_text(r: &AccumulationFit) -> String {
+    let mut out = format!(
+        "fit {dim} with gradient accumulation: {dim}={} within {} ({} bytes) as {} micro-batches of {dim}={}\n  {dim}={} x {}: arena {} ({} bytes), fits\n",
+        r.batch,
+        human_bytes(r.budget),
+        r.budget,
+        r.accumulate,
+        r.micro_batch,
+        r.micro_batch,
+        r.accumulate,
+        human_bytes(r.arena_bytes),
+        r.arena_bytes,
+        dim = r.dim,
+    );
+    if let Some(n) = &r.next {
+        out.push_str(&format!(
+            "  {dim}={} x {}: arena {} ({} bytes), does not fit\n",
+            n.value,
+            r.batch / n.value,
+            human_bytes(n.arena_bytes),
+            n.arena_bytes,
+            dim = r.dim,
+        ));
+    }
+    out.push_str(&format!("  {} compiles\n\n", r.probes.len()));
+    out.push_str(&memc::plan::render_text(r.plan.plan()));
+    out
+}
+
+fn accumulation_json(r: &AccumulationFit) -> Result<String, Failure> {
+    to_json(serde_json::json!({
+        "dim": r.dim,
+        "batch": r.batch,
+        "micro_batch": r.micro_batch,
+        "accumulate": r.accumulate,
+        "arena_bytes": r.arena_bytes,
+        "next_micro_batch": r.next.map(|p| p.value),
+        "next_arena_bytes": r.next.map(|p| p.arena_bytes),
+        "budget": r.budget,
+        "compiles": r.probes.len(),
+        "report": r.plan.plan().report,
+    }))
+}
+
+fn to_json(v: serde_json::Value) -> Result<String, Failure> {
+    serde_json::to_string_pretty(&v)
+        .map(|s| s + "\n")
+        .map_err(|e| Failure::Internal(vec![format!("cannot serialize: {e}")]))
+}
+
 fn json(r: &FitResult) -> Result<String, Failure> {
     let v = serde_json::json!({
         "dim": r.dim,
@@ -140,7 +202,5 @@ fn json(r: &FitResult) -> Result<String, Failure> {
         "compiles": r.probes.len(),
         "report": r.plan.plan().report,
     });
-    serde_json::to_string_pretty(&v)
-        .map(|s| s + "\n")
-        .map_err(|e| Failure::Internal(vec![format!("cannot serialize: {e}")]))
+    to_json(v)
 }

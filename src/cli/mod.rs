@@ -58,6 +58,32 @@ pub struct CompileArgs {
     /// round(sqrt(blocks))-th block output saved).
     #[arg(long, default_value = "auto", value_parser = ["auto", "none", "mincut", "sqrt"])]
     checkpoint: String,
+    /// Mixed precision, overriding `train { precision }`: matmul, conv and attention in the
+    /// low precision with fp32 master weights and optimizer (fp16 adds dynamic loss scaling).
+    #[arg(long, value_enum)]
+    precision: Option<PrecisionArg>,
+    /// Keep fp32 master weights in a bf16 step (default on); off stores parameters in bf16.
+    #[arg(long, value_name = "on|off")]
+    master_weights: Option<String>,
+    /// Micro-batches per step, overriding `train { accumulate }`: gradients accumulate over
+    /// this many runs of the model as written, then one update. `memc fit --accumulate`
+    /// without N searches the micro-batch instead.
+    #[arg(long, value_name = "N", num_args = 0..=1, value_parser = clap::value_parser!(u32).range(1..))]
+    accumulate: Option<Option<u32>>,
+}
+
+impl CompileArgs {
+    /// Whether `--accumulate` was given without a count (`memc fit`'s accumulation search).
+    pub fn accumulate_search(&self) -> bool {
+        self.accumulate == Some(None)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PrecisionArg {
+    Fp32,
+    Bf16,
+    Fp16,
 }
 
 #[derive(Subcommand)]
@@ -222,16 +248,8 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
         }
         overrides.push((k.trim().to_string(), v));
     }
-    let optimizer_in_backward = match args.optimizer_in_backward.as_deref() {
-        None => None,
-        Some("on") => Some(true),
-        Some("off") => Some(false),
-        Some(o) => {
-            return Err(Failure::Plain(format!(
-                "--optimizer-in-backward takes on or off, not `{o}`"
-            )))
-        }
-    };
+    let optimizer_in_backward = on_off("--optimizer-in-backward", &args.optimizer_in_backward)?;
+    let master_weights = on_off("--master-weights", &args.master_weights)?;
     let budget = args.budget.as_deref().map(parse_size).transpose()?;
     if !(args.layout_time.is_finite() && args.layout_time >= 0.0) {
         return Err(Failure::Plain(
@@ -250,11 +268,34 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
         layout_time: Duration::from_secs_f64(args.layout_time),
         budget,
         checkpoint,
+        precision: args.precision.map(|p| match p {
+            PrecisionArg::Fp32 => memc::front::train::Precision::Fp32,
+            PrecisionArg::Bf16 => memc::front::train::Precision::Bf16,
+            PrecisionArg::Fp16 => memc::front::train::Precision::Fp16,
+        }),
+        master_weights,
+        accumulate: args.accumulate.flatten(),
     })
+}
+
+/// The value of an `on|off` flag, if given.
+fn on_off(flag: &str, value: &Option<String>) -> Result<Option<bool>, Failure> {
+    match value.as_deref() {
+        None => Ok(None),
+        Some("on") => Ok(Some(true)),
+        Some("off") => Ok(Some(false)),
+        Some(o) => Err(Failure::Plain(format!("{flag} takes on or off, not `{o}`"))),
+    }
 }
 
 /// Compiles the file named in `args`.
 pub fn compile_file(args: &CompileArgs) -> Result<Compiled, Failure> {
+    if args.accumulate_search() {
+        return Err(Failure::Plain(
+            "--accumulate needs a count here (e.g. --accumulate 4); only `memc fit` searches it"
+                .into(),
+        ));
+    }
     let src = read_source(&args.file)?;
     let opts = options(args)?;
     compile(&src, &opts).map_err(|e| match e {

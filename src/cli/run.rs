@@ -99,7 +99,12 @@ fn bind_input(ex: &mut CpuExecutor, spec: &str) -> Result<(), Failure> {
             known.join(", ")
         )));
     };
-    let want = ex.plan().buffers[binding.buffer.index()].ty.clone();
+    let mut want = ex.plan().buffers[binding.buffer.index()].ty.clone();
+    // With gradient accumulation a file holds every micro-batch of a step, one after another
+    // along the first axis.
+    if let Some(first) = want.shape.first_mut() {
+        *first *= ex.micro_steps() as usize;
+    }
     let data = read_npy(&read_file(Path::new(file))?)
         .map_err(|e| Failure::Plain(format!("{file}: {e}")))?;
     let mismatch = |shape: &[usize], dtype: &str| {
@@ -152,7 +157,8 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
         ));
     }
     let mut ex = CpuExecutor::new(&plan).map_err(|e| Failure::Plain(e.to_string()))?;
-    ex.init_params(args.seed);
+    ex.init_params(args.seed)
+        .map_err(|e| Failure::Plain(e.to_string()))?;
     ex.synthetic_inputs(args.seed)
         .map_err(|e| Failure::Plain(e.to_string()))?;
     if let Some(p) = &args.params {

@@ -39,6 +39,9 @@ pub struct Kernel {
     pub params: Vec<KernelParam>,
 }
 
+/// The line that separates a kernel's shared templates from its own constants and entry.
+pub(crate) const GENERATED: &str = "\n// ---- generated constants ----\n";
+
 /// Most blocks a grid-stride kernel launches along x.
 const MAX_GRID_X: u64 = 1 << 20;
 
@@ -164,7 +167,7 @@ impl Gen {
             src.push('\n');
             src.push_str(f);
         }
-        src.push_str("\n// ---- generated constants ----\n");
+        src.push_str(GENERATED);
         for (name, lines) in &self.cfgs {
             src.push_str(&format!("struct {name} {{\n"));
             for l in lines {
@@ -182,6 +185,7 @@ impl Gen {
                 KernelParam::Input(i) => format!("u64 in{i}"),
                 KernelParam::Output => "u64 out".to_string(),
                 KernelParam::Step => "u64 step".to_string(),
+                KernelParam::MicroStep => "u64 micro".to_string(),
             })
             .collect();
         let threads = self.block[0] * self.block[1] * self.block[2];

@@ -4,7 +4,7 @@
 //!
 //! Every kernel takes one `char* arena` base pointer followed by `unsigned long long` byte
 //! offsets of its tensors (inputs in op order, then the output) and, for dropout and the
-//! optimizers, the step counter. Nothing allocates; there is no scratch memory.
+//! optimizers, the step counter (gradient accumulation: the micro-step). Nothing allocates; there is no scratch memory.
 
 mod build;
 pub mod nvrtc;
@@ -23,8 +23,11 @@ pub enum KernelParam {
     Input(usize),
     /// `unsigned long long` byte offset into the arena of the op's output.
     Output,
-    /// `unsigned long long` 1-based training step (dropout stream, AdamW bias correction).
+    /// `unsigned long long` 1-based training step (AdamW bias correction); for dropout, the
+    /// 1-based count of micro-steps run so far (the step when nothing accumulates).
     Step,
+    /// `unsigned long long` 0-based micro-step within the step (gradient accumulation).
+    MicroStep,
 }
 
 /// Why no kernel could be generated or compiled.

@@ -10,7 +10,7 @@ use crate::ir::{
 
 type Result<T> = std::result::Result<T, CodegenError>;
 
-use KernelParam::{Input as In, Output as Out, Step};
+use KernelParam::{Input as In, MicroStep, Output as Out, Step};
 
 /// Checked accessors over an op's input types.
 struct Args<'a> {
@@ -316,7 +316,12 @@ fn pre_check(a: &Args) -> Result<()> {
                 return Err(a.err("operand must be floating"));
             }
         }
-        ClipCoefficient { .. } | AdamW(_) | Sgd(_)
+        ClipCoefficient { .. }
+        | UnscaleGrads
+        | LossScaleUpdate { .. }
+        | AccumulateGrad { .. }
+        | AdamW(_)
+        | Sgd(_)
             if a.inputs.iter().any(|t| !t.dtype.is_float()) =>
         {
             return Err(a.err("optimizer operands must be floating"));
@@ -742,22 +747,54 @@ fn build(a: &Args) -> Result<Kernel> {
                 Elementwise(b * t * w / 2),
             ))
         }
-        ClipCoefficient { max_norm } => {
-            let mut k = Gen::new("clip_coefficient", &[OPTIM]);
-            k.call("double acc = 0.0".to_string());
-            for (i, t) in a.inputs.iter().enumerate() {
-                k.cfg(&format!("Cfg{i}"), vec![c_u64("N", t.numel())]);
-                k.call(format!(
-                    "clip_accum<{}, Cfg{i}>(arena, in{i}, acc)",
-                    ctype(t.dtype)
-                ));
-                k.params(&[In(i)]);
-            }
-            k.cfg("Cfg", vec![c_f32("MAX_NORM", *max_norm)]);
-            k.call("clip_finish<Cfg>(arena, out, acc)".to_string());
+        ClipCoefficient { max_norm, scaled } => {
+            let grads = a.inputs.len() - usize::from(*scaled);
+            let mut k = multi_tensor_reduce(a, "clip_coefficient", "clip_accum", 0..grads);
+            k.cfg(
+                "Cfg",
+                vec![c_f32("MAX_NORM", *max_norm), c_bool("SCALED", *scaled)],
+            );
+            let mul = if *scaled {
+                k.params(&[In(grads)]);
+                format!("in{grads}")
+            } else {
+                "0ull".to_string()
+            };
+            k.call(format!("clip_finish<Cfg>(arena, {mul}, out, acc)"));
             k.params(&[Out]);
-            k.launch([1, 1, 1], 1024);
             Ok(k.finish())
+        }
+        UnscaleGrads => {
+            let mut k = multi_tensor_reduce(a, "unscale_grads", "unscale_accum", 1..a.inputs.len());
+            k.params(&[In(0), Out]);
+            k.call("unscale_finish(arena, in0, out, acc)".to_string());
+            Ok(k.finish())
+        }
+        LossScaleUpdate { growth_interval } => Ok(single(
+            "loss_scale_update",
+            &[OPTIM],
+            vec![c_u64("GROWTH", u64::from(*growth_interval))],
+            "loss_scale_update_kernel<Cfg>(arena, in0, in1, in2)".to_string(),
+            &[In(0), In(1), In(2)],
+            Launch::Grid([1, 1, 1], 32),
+        )),
+        Cast { to } => Ok(super::cast_kernel(a.at(0)?.dtype, *to, n_out)),
+        AccumulateGrad { micro_steps } => {
+            let g = a.at(1)?;
+            Ok(single(
+                "accumulate_grad",
+                &[OPTIM],
+                vec![
+                    c_u64("N", g.numel()),
+                    c_f32("SCALE", 1.0 / *micro_steps as f32),
+                ],
+                format!(
+                    "accumulate_grad_kernel<{}, Cfg>(arena, in0, in1, micro)",
+                    ctype(g.dtype)
+                ),
+                &[In(0), In(1), MicroStep],
+                Elementwise(g.numel()),
+            ))
         }
         AdamW(h) => {
             let (tm, tv) = (a.ty(2)?, a.ty(3)?);
@@ -875,6 +912,28 @@ fn optimizer(
         &params,
         Launch::Elementwise(n),
     ))
+}
+
+/// A single-block kernel that accumulates `accum<T, CfgI>(arena, inI, acc)` over the inputs
+/// in `range` (each becomes a parameter); the caller adds the finishing call.
+fn multi_tensor_reduce(
+    a: &Args,
+    family: &'static str,
+    accum: &str,
+    range: std::ops::Range<usize>,
+) -> Gen {
+    let mut k = Gen::new(family, &[OPTIM]);
+    k.call("double acc = 0.0".to_string());
+    for i in range {
+        k.cfg(&format!("Cfg{i}"), vec![c_u64("N", a.inputs[i].numel())]);
+        k.call(format!(
+            "{accum}<{}, Cfg{i}>(arena, in{i}, acc)",
+            ctype(a.inputs[i].dtype)
+        ));
+        k.params(&[In(i)]);
+    }
+    k.launch([1, 1, 1], 1024);
+    k
 }
 
 /// `shape` as u64 dims.

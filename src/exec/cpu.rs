@@ -3,9 +3,10 @@
 //! kernels' O(row) scratch.
 
 use super::kernels::{dense, loss, movement, norm, optim, pointwise, reduce, rng};
-use super::ExecError;
-use crate::ir::{AttnParams, DType, Init, Op, PoolParams};
+use super::{lowp, ExecError};
+use crate::ir::{AttnParams, DType, Init, Op, Phase, PoolParams};
 use crate::plan::{Buffer, BufferId, Plan, Step, VerifiedPlan};
+use std::borrow::Cow;
 
 /// Executes a plan step after step, keeping parameters and optimizer state in the arena.
 pub struct CpuExecutor {
@@ -14,8 +15,10 @@ pub struct CpuExecutor {
     arena: Vec<f32>,
     /// The 1-based number of the next training step (AdamW bias correction, dropout keys).
     step: u64,
-    /// Host copies of the inputs, rebound at the start of every step (their arena bytes are
-    /// reused after their last reader).
+    /// The 0-based micro-step running within the step (gradient accumulation).
+    micro: u32,
+    /// Host copies of the inputs, one micro-batch after another, rebound at the start of
+    /// every micro-step (their arena bytes are reused after their last reader).
     bound: Vec<(BufferId, Vec<f32>)>,
 }
 
@@ -59,26 +62,29 @@ fn index_error(e: loss::IndexOutOfRange) -> ExecError {
 }
 
 impl CpuExecutor {
-    /// Allocates the arena (zeroed) for `plan`. Only f32 and i32 buffers run on the CPU.
+    /// Allocates the arena (zeroed) for `plan`. Every dtype runs: 16-bit tensors are stored
+    /// as 16-bit words at their planned offsets.
     pub fn new(plan: &VerifiedPlan) -> Result<CpuExecutor, ExecError> {
         let plan = plan.plan().clone();
-        if let Some(b) = plan
-            .buffers
-            .iter()
-            .find(|b| !matches!(b.ty.dtype, DType::F32 | DType::I32))
-        {
-            return Err(ExecError::Unsupported(format!(
-                "buffer `{}` is {}; the CPU backend runs f32 plans",
-                b.name, b.ty
-            )));
-        }
         let words = plan.arena_bytes.div_ceil(4) as usize;
         Ok(CpuExecutor {
             plan,
             arena: vec![0.0; words],
             step: 1,
+            micro: 0,
             bound: Vec::new(),
         })
+    }
+
+    /// Micro-batches per step: `accumulate` of the plan's training spec (1 for inference).
+    pub fn micro_steps(&self) -> u32 {
+        self.plan.train.as_ref().map_or(1, |t| t.accumulate.max(1))
+    }
+
+    /// The dropout stream of the running micro-step: the 1-based count of micro-steps so far
+    /// (the step number when nothing accumulates).
+    fn stream(&self) -> u64 {
+        (self.step - 1) * u64::from(self.micro_steps()) + u64::from(self.micro) + 1
     }
 
     /// Sets the 1-based number of the next step (it keys dropout masks and bias correction).
@@ -91,36 +97,67 @@ impl CpuExecutor {
         &self.plan
     }
 
+    fn buffer(&self, b: BufferId) -> &Buffer {
+        &self.plan.buffers[b.index()]
+    }
+
+    /// The word range of a 32-bit buffer.
     fn range(&self, b: BufferId) -> (usize, usize) {
-        let buf: &Buffer = &self.plan.buffers[b.index()];
+        let buf = self.buffer(b);
         let start = (buf.offset / 4) as usize;
         (start, start + buf.ty.numel() as usize)
     }
 
-    /// The f32 contents of a buffer.
-    pub fn read(&self, b: BufferId) -> &[f32] {
-        let (s, e) = self.range(b);
-        &self.arena[s..e]
+    /// The contents of a buffer as f32 (16-bit tensors decoded exactly; i32 ids as their
+    /// bit patterns).
+    pub fn read(&self, b: BufferId) -> Cow<'_, [f32]> {
+        let buf = self.buffer(b);
+        if is_half(buf.ty.dtype) {
+            let dtype = buf.ty.dtype;
+            let words = half_words(&self.arena, buf.offset, buf.ty.numel() as usize);
+            Cow::Owned(words.iter().map(|&w| lowp::decode(dtype, w)).collect())
+        } else {
+            let (s, e) = self.range(b);
+            Cow::Borrowed(&self.arena[s..e])
+        }
     }
 
-    /// Overwrites a buffer's contents (length must match).
+    /// Overwrites a buffer's contents (length must match); 16-bit tensors store each value
+    /// rounded to nearest even.
     pub fn write(&mut self, b: BufferId, data: &[f32]) -> Result<(), ExecError> {
-        let (s, e) = self.range(b);
-        if data.len() != e - s {
+        let buf = self.buffer(b);
+        let n = buf.ty.numel() as usize;
+        if data.len() != n {
             return Err(ExecError::Shape(format!(
-                "`{}` holds {} elements, got {}",
-                self.plan.buffers[b.index()].name,
-                e - s,
+                "`{}` holds {n} elements, got {}",
+                buf.name,
                 data.len()
             )));
         }
-        self.arena[s..e].copy_from_slice(data);
+        if is_half(buf.ty.dtype) {
+            let (dtype, offset) = (buf.ty.dtype, buf.offset);
+            encode_into(half_words_mut(&mut self.arena, offset, n), dtype, data);
+        } else {
+            let (s, e) = self.range(b);
+            self.arena[s..e].copy_from_slice(data);
+        }
         Ok(())
     }
 
-    /// Binds an input for every following step (f32 data, or i32 ids as their bit patterns).
+    /// Binds an input for every following step (float data, or i32 ids as their bit
+    /// patterns): one micro-batch after another, so `micro_steps()` times the buffer's
+    /// elements.
     pub fn bind_input(&mut self, b: BufferId, words: Vec<f32>) -> Result<(), ExecError> {
-        self.write(b, &words)?;
+        let n = self.buffer(b).ty.numel() as usize;
+        let micro = self.micro_steps() as usize;
+        if words.len() != n * micro {
+            return Err(ExecError::Shape(format!(
+                "`{}` takes {micro} micro-batch(es) of {n} elements, got {}",
+                self.buffer(b).name,
+                words.len()
+            )));
+        }
+        self.write(b, &words[..n])?;
         self.bound.retain(|(id, _)| *id != b);
         self.bound.push((b, words));
         Ok(())
@@ -132,34 +169,34 @@ impl CpuExecutor {
     }
 
     /// Initializes every parameter from its initializer, keyed by `seed` and its position,
-    /// and zeroes the optimizer state.
-    pub fn init_params(&mut self, seed: u64) {
+    /// and sets the persistent state (moments, loss scale) to its initial value.
+    pub fn init_params(&mut self, seed: u64) -> Result<(), ExecError> {
         for (k, p) in self.plan.params.clone().iter().enumerate() {
-            let (s, e) = self.range(p.buffer);
+            let n = self.buffer(p.buffer).ty.numel() as usize;
             let key = seed.wrapping_mul(1_000_003).wrapping_add(k as u64);
-            for (i, x) in self.arena[s..e].iter_mut().enumerate() {
-                *x = match p.init {
+            let values: Vec<f32> = (0..n as u64)
+                .map(|i| match p.init {
                     Init::Zeros => 0.0,
                     Init::Ones => 1.0,
-                    Init::Normal { std } => rng::normal01(key, 0, i as u64) * std,
-                    Init::Uniform { low, high } => {
-                        low + (high - low) * rng::uniform01(key, 0, i as u64)
-                    }
-                };
-            }
+                    Init::Normal { std } => rng::normal01(key, 0, i) * std,
+                    Init::Uniform { low, high } => low + (high - low) * rng::uniform01(key, 0, i),
+                })
+                .collect();
+            self.write(p.buffer, &values)?;
         }
-        for b in self.plan.optim_state.clone() {
-            let (s, e) = self.range(b);
-            self.arena[s..e].fill(0.0);
+        for state in self.plan.optim_state.clone() {
+            let n = self.buffer(state.buffer).ty.numel() as usize;
+            self.write(state.buffer, &vec![state.init; n])?;
         }
         self.step = 1;
+        Ok(())
     }
-
-    /// Fills every input with seeded synthetic data: ids uniform below their limit, floats
-    /// standard normal.
+    /// Fills every input with seeded synthetic data (every micro-batch of a step): ids
+    /// uniform below their limit, floats standard normal.
     pub fn synthetic_inputs(&mut self, seed: u64) -> Result<(), ExecError> {
+        let micro = self.micro_steps() as usize;
         for (k, input) in self.plan.inputs.clone().iter().enumerate() {
-            let n = self.plan.buffers[input.buffer.index()].ty.numel() as usize;
+            let n = micro * self.plan.buffers[input.buffer.index()].ty.numel() as usize;
             let key = seed ^ (0x5151_0000 + k as u64);
             match self.plan.buffers[input.buffer.index()].ty.dtype {
                 DType::I32 => {
@@ -182,7 +219,7 @@ impl CpuExecutor {
     }
 
     /// The value of the named output after a step (the loss is a 1-element output).
-    pub fn output(&self, name: &str) -> Option<&[f32]> {
+    pub fn output(&self, name: &str) -> Option<Cow<'_, [f32]>> {
         self.plan
             .outputs
             .iter()
@@ -190,47 +227,126 @@ impl CpuExecutor {
             .map(|&(_, b)| self.read(b))
     }
 
-    /// Runs every step of the plan once; `on_gradient` sees each complete gradient just
-    /// before the update that consumes it.
+    /// Runs one training step: every step of the plan on each micro-batch in turn, the
+    /// update-phase steps only after the last. `on_gradient` sees each complete gradient
+    /// just before the update that consumes it. With accumulation the `loss` output is
+    /// the mean over the micro-batches.
     pub fn run_step(&mut self, mut on_gradient: Option<GradientHook>) -> Result<(), ExecError> {
-        for (b, words) in std::mem::take(&mut self.bound) {
-            let (s, e) = self.range(b);
-            self.arena[s..e].copy_from_slice(&words);
-            self.bound.push((b, words));
-        }
         let steps = std::mem::take(&mut self.plan.steps);
-        let result = steps.iter().try_for_each(|step| {
-            if let (Some(hook), Op::AdamW(_) | Op::Sgd(_)) = (on_gradient.as_mut(), &step.op) {
-                if let Some(p) = self.plan.params.iter().find(|p| p.buffer == step.inputs[0]) {
-                    hook(&p.name, self.read(step.inputs[1]));
-                }
+        let micro_steps = self.micro_steps();
+        let mut loss_sum = 0.0f64;
+        let mut result = Ok(());
+        for micro in 0..micro_steps {
+            self.micro = micro;
+            let last = micro + 1 == micro_steps;
+            let run = steps.iter().filter(|s| last || s.phase != Phase::Update);
+            result = self
+                .rebind(micro)
+                .and_then(|()| self.run_steps(run, &mut on_gradient));
+            if result.is_err() {
+                break;
             }
-            self.execute(step)
-        });
+            loss_sum += self.output("loss").map_or(0.0, |l| f64::from(l[0]));
+        }
         self.plan.steps = steps;
+        self.micro = 0;
         self.step += 1;
+        let loss = self.plan.outputs.iter().find(|(n, _)| n == "loss");
+        if let (Ok(()), true, Some(&(_, b))) = (&result, micro_steps > 1, loss) {
+            result = self.write(b, &[(loss_sum / f64::from(micro_steps)) as f32]);
+        }
         result
     }
 
-    /// Raw views into the arena for one step. The plan verifier guarantees that buffers live
-    /// at the same step never share bytes, so the output, workspace and in-place inputs are
-    /// disjoint from every other view taken here.
+    /// Writes micro-batch `micro` of every bound input into its buffer.
+    fn rebind(&mut self, micro: u32) -> Result<(), ExecError> {
+        for (b, words) in std::mem::take(&mut self.bound) {
+            let n = self.buffer(b).ty.numel() as usize;
+            let start = micro as usize * n;
+            self.write(b, &words[start..start + n])?;
+            self.bound.push((b, words));
+        }
+        Ok(())
+    }
+
+    fn run_steps<'s>(
+        &mut self,
+        steps: impl Iterator<Item = &'s Step>,
+        on_gradient: &mut Option<GradientHook>,
+    ) -> Result<(), ExecError> {
+        for step in steps {
+            if let (Some(hook), Op::AdamW(_) | Op::Sgd(_)) = (on_gradient.as_mut(), &step.op) {
+                if let Some(p) = self.plan.params.iter().find(|p| p.buffer == step.inputs[0]) {
+                    hook(&p.name, &self.read(step.inputs[1]));
+                }
+            }
+            let views = self.views(step);
+            self.execute(step, &views)?;
+            views.write_back();
+        }
+        Ok(())
+    }
+
+    /// Views of one step's buffers. 32-bit buffers are viewed in place; 16-bit ones are
+    /// decoded into staging copies, and the output's copy is encoded back by
+    /// [`Views::write_back`], so every kernel computes in f32 and rounds once per store, as
+    /// the CUDA kernels do. The plan verifier guarantees that buffers live at the same step
+    /// never share bytes, so the output, workspace and in-place inputs are disjoint from every
+    /// other view taken here.
     fn views(&mut self, step: &Step) -> Views {
         let base = self.arena.as_mut_ptr();
-        let span = |b: BufferId| {
-            let buf = &self.plan.buffers[b.index()];
-            ((buf.offset / 4) as usize, buf.ty.numel() as usize)
+        let mut staged = Vec::new();
+        let mut slot = |buf: &Buffer| {
+            let len = buf.ty.numel() as usize;
+            if !is_half(buf.ty.dtype) {
+                // SAFETY: the plan verifier checked every buffer ends within `arena_bytes`,
+                // and the arena holds that many bytes.
+                return (unsafe { base.add((buf.offset / 4) as usize) }, len);
+            }
+            let words = half_words(&self.arena, buf.offset, len);
+            let mut copy: Vec<f32> = words
+                .iter()
+                .map(|&w| lowp::decode(buf.ty.dtype, w))
+                .collect();
+            let ptr = copy.as_mut_ptr();
+            staged.push(copy);
+            (ptr, len)
         };
+        let buffers = &self.plan.buffers;
+        let inputs: Vec<_> = step
+            .inputs
+            .iter()
+            .map(|&b| slot(&buffers[b.index()]))
+            .collect();
+        let output = step.output.map(|b| slot(&buffers[b.index()]));
+        let workspace = step.workspace.map(|b| slot(&buffers[b.index()]));
+        // The output and the inputs an update writes in place, paired with their slots.
+        let written = step
+            .op
+            .mutated_inputs()
+            .iter()
+            .map(|&i| (step.inputs[i], inputs[i]))
+            .chain(step.output.zip(output));
+        let write_back = written
+            .filter(|(b, _)| is_half(buffers[b.index()].ty.dtype))
+            .map(|(b, slot)| {
+                let buf = &buffers[b.index()];
+                // SAFETY: as above; 16-bit buffers are 2-byte aligned (every offset is a
+                // multiple of the plan's alignment).
+                let ptr = unsafe { base.cast::<u8>().add(buf.offset as usize).cast::<u16>() };
+                (ptr, buf.ty.dtype, slot)
+            })
+            .collect();
         Views {
-            base,
-            inputs: step.inputs.iter().map(|&b| span(b)).collect(),
-            output: step.output.map(span),
-            workspace: step.workspace.map(span),
+            inputs,
+            output,
+            workspace,
+            _staged: staged,
+            write_back,
         }
     }
 
-    fn execute(&mut self, step: &Step) -> Result<(), ExecError> {
-        let v = self.views(step);
+    fn execute(&self, step: &Step, v: &Views) -> Result<(), ExecError> {
         let plan = &self.plan;
         let s = |i: usize| shape(plan, step.inputs[i]);
         let out_shape: &[usize] = step.output.map(|b| shape(plan, b)).unwrap_or(&[]);
@@ -327,7 +443,7 @@ impl CpuExecutor {
             AvgPool2dBackward { pool, .. } => {
                 dense::avg_pool2d_backward(&pool_geom(pool, out_shape), x(0), out())
             }
-            Dropout { p, seed } => rng::dropout(x(0), *p, *seed, self.step, out()),
+            Dropout { p, seed } => rng::dropout(x(0), *p, *seed, self.stream(), out()),
             Attention(a) => {
                 dense::attention_forward(&attn_geom(a, s(0), s(1)), x(0), x(1), x(2), out())
             }
@@ -357,12 +473,26 @@ impl CpuExecutor {
                     out(),
                 )
             }
-            ClipCoefficient { max_norm } => {
-                let total: f64 = (0..step.inputs.len())
-                    .map(|i| optim::sum_squares(x(i)))
-                    .sum();
-                out()[0] = (*max_norm as f64 / (total.sqrt() + 1e-6)).min(1.0) as f32;
+            Cast { .. } => out().copy_from_slice(x(0)),
+            ClipCoefficient { max_norm, scaled } => {
+                let grads = step.inputs.len() - usize::from(*scaled);
+                let m = if *scaled { f64::from(x(grads)[0]) } else { 1.0 };
+                let total: f64 = (0..grads).map(|i| optim::sum_squares(x(i))).sum();
+                out()[0] = optim::clip_coefficient(*max_norm, total, m);
             }
+            UnscaleGrads => {
+                let finite = (1..step.inputs.len()).all(|i| optim::all_finite(x(i)));
+                out()[0] = if finite { 1.0 / x(0)[0] } else { 0.0 };
+            }
+            AccumulateGrad { micro_steps } => {
+                optim::accumulate_grad(v.input_mut(0), x(1), *micro_steps, self.micro == 0)
+            }
+            LossScaleUpdate { growth_interval } => optim::loss_scale_update(
+                &mut v.input_mut(0)[0],
+                &mut v.input_mut(1)[0],
+                x(2)[0],
+                *growth_interval,
+            ),
             AdamW(p) => {
                 let clip = if step.inputs.len() > 4 { x(4)[0] } else { 1.0 };
                 optim::adamw_update(
@@ -397,28 +527,33 @@ impl CpuExecutor {
     }
 }
 
-/// Word ranges of one step's buffers inside the arena, handed out as slices.
+/// One step's buffers as f32 slices: `(pointer, elements)` into the arena or into a
+/// staging copy of a 16-bit tensor.
 struct Views {
-    base: *mut f32,
-    inputs: Vec<(usize, usize)>,
-    output: Option<(usize, usize)>,
-    workspace: Option<(usize, usize)>,
+    inputs: Vec<(*mut f32, usize)>,
+    output: Option<(*mut f32, usize)>,
+    workspace: Option<(*mut f32, usize)>,
+    /// Decoded copies of the 16-bit tensors; the slots above point into them (their heap
+    /// storage does not move while `Views` lives).
+    _staged: Vec<Vec<f32>>,
+    /// Where the staging copies of 16-bit buffers the kernel writes (its output, in-place
+    /// updates) are encoded back after it runs.
+    write_back: Vec<(*mut u16, DType, (*mut f32, usize))>,
 }
 
 impl Views {
-    fn slice<'a>(&self, (start, len): (usize, usize)) -> &'a [f32] {
-        // SAFETY: the range lies inside the arena (the plan verifier checked every buffer
-        // ends within `arena_bytes`, and the arena holds that many bytes), and the arena
-        // outlives the step.
-        unsafe { std::slice::from_raw_parts(self.base.add(start), len) }
+    fn slice<'a>(&self, (ptr, len): (*mut f32, usize)) -> &'a [f32] {
+        // SAFETY: the slot lies inside the arena or a staging copy, both of which outlive
+        // the step.
+        unsafe { std::slice::from_raw_parts(ptr, len) }
     }
 
     #[allow(clippy::mut_from_ref)]
-    fn slice_mut<'a>(&self, (start, len): (usize, usize)) -> &'a mut [f32] {
+    fn slice_mut<'a>(&self, (ptr, len): (*mut f32, usize)) -> &'a mut [f32] {
         // SAFETY: as in `slice`; additionally the verifier guarantees that buffers live at
         // the same step are disjoint, and each mutable range (output, workspace, in-place
         // update inputs) is requested once per step, so no other view aliases it.
-        unsafe { std::slice::from_raw_parts_mut(self.base.add(start), len) }
+        unsafe { std::slice::from_raw_parts_mut(ptr, len) }
     }
 
     fn input<'a>(&self, i: usize) -> &'a [f32] {
@@ -430,17 +565,73 @@ impl Views {
     }
 
     fn ids<'a>(&self, i: usize) -> &'a [i32] {
-        let (start, len) = self.inputs[i];
-        // SAFETY: as in `slice`; i32 and f32 have the same size and alignment, and ids are
-        // stored as their bit patterns.
-        unsafe { std::slice::from_raw_parts(self.base.add(start) as *const i32, len) }
+        let (ptr, len) = self.inputs[i];
+        // SAFETY: as in `slice`; i32 buffers are 32-bit and viewed in place, i32 and f32
+        // have the same size and alignment, and ids are stored as their bit patterns.
+        unsafe { std::slice::from_raw_parts(ptr as *const i32, len) }
     }
 
     fn output<'a>(&self) -> &'a mut [f32] {
-        self.slice_mut(self.output.unwrap_or((0, 0)))
+        self.slice_mut(
+            self.output
+                .unwrap_or((std::ptr::NonNull::dangling().as_ptr(), 0)),
+        )
     }
 
     fn workspace<'a>(&self) -> &'a mut [f32] {
-        self.slice_mut(self.workspace.unwrap_or((0, 0)))
+        self.slice_mut(
+            self.workspace
+                .unwrap_or((std::ptr::NonNull::dangling().as_ptr(), 0)),
+        )
+    }
+
+    /// Encodes the staging copies of written 16-bit buffers into their arena words.
+    fn write_back(self) {
+        for &(dst, dtype, (src, len)) in &self.write_back {
+            // SAFETY: `dst` addresses the buffer's `len` 16-bit words inside the arena,
+            // which no other live view aliases.
+            let words = unsafe { std::slice::from_raw_parts_mut(dst, len) };
+            encode_into(words, dtype, self.slice((src, len)));
+        }
+    }
+}
+
+fn is_half(dtype: DType) -> bool {
+    dtype.size() == 2
+}
+
+/// The `len` 16-bit words at byte `offset` of the arena.
+fn half_words(arena: &[f32], offset: u64, len: usize) -> &[u16] {
+    assert_in_arena(arena, offset, len);
+    // SAFETY: the range lies inside the arena (checked above) and is 2-byte aligned (every
+    // buffer offset is a multiple of the plan's alignment).
+    unsafe {
+        std::slice::from_raw_parts(arena.as_ptr().cast::<u8>().add(offset as usize).cast(), len)
+    }
+}
+
+/// The `len` 16-bit words at byte `offset` of the arena, writable.
+fn half_words_mut(arena: &mut [f32], offset: u64, len: usize) -> &mut [u16] {
+    assert_in_arena(arena, offset, len);
+    // SAFETY: as in `half_words`, and the slice borrows the arena mutably.
+    unsafe {
+        std::slice::from_raw_parts_mut(
+            arena.as_mut_ptr().cast::<u8>().add(offset as usize).cast(),
+            len,
+        )
+    }
+}
+
+fn assert_in_arena(arena: &[f32], offset: u64, len: usize) {
+    let end = offset as usize + 2 * len;
+    assert!(
+        offset.is_multiple_of(2) && end <= 4 * arena.len(),
+        "16-bit view {offset}..{end} outside the arena (the plan verifier admits no such plan)"
+    );
+}
+
+fn encode_into(words: &mut [u16], dtype: DType, values: &[f32]) {
+    for (w, &x) in words.iter_mut().zip(values) {
+        *w = lowp::encode(dtype, x);
     }
 }

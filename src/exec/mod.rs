@@ -3,6 +3,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod io;
 pub mod kernels;
+pub mod lowp;
 
 use std::fmt;
 

@@ -27,6 +27,14 @@ pub enum Precision {
 pub struct TrainSpec {
     pub optimizer: Optimizer,
     pub precision: Precision,
+    /// Whether bf16/fp16 steps keep fp32 master weights (parameters stored in the low
+    /// precision when not).
+    #[serde(default = "yes")]
+    pub master_weights: bool,
+    /// Micro-batches per step: the step runs the model as written this many times on
+    /// successive micro-batches, accumulating gradients, then updates once.
+    #[serde(default = "one")]
+    pub accumulate: u32,
     /// Bytes the step must fit in, if set.
     pub budget: Option<u64>,
     /// Global-norm clipping threshold, if set.
@@ -35,6 +43,14 @@ pub struct TrainSpec {
     pub span: Span,
     /// Where `precision` was set (the section when it was not).
     pub precision_span: Span,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn one() -> u32 {
+    1
 }
 
 fn number(e: &Expr) -> Option<f64> {
@@ -160,6 +176,8 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
             weight_decay: 0.01,
         }),
         precision: Precision::Fp32,
+        master_weights: true,
+        accumulate: 1,
         budget: None,
         clip_grad_norm: None,
         span,
@@ -183,6 +201,32 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
                         ))
                     }
                 }
+            }
+            "master_weights" => {
+                spec.master_weights = match &value.kind {
+                    ExprKind::Path(p) if p.len() == 1 && p[0].name == "on" => true,
+                    ExprKind::Path(p) if p.len() == 1 && p[0].name == "off" => false,
+                    _ => {
+                        return Err(UserError::at(
+                            value.span,
+                            "`master_weights` is `on` or `off`",
+                            "not on/off",
+                            "write `master_weights = off` to store bf16 parameters",
+                        ))
+                    }
+                }
+            }
+            "accumulate" => {
+                let n = number(value).unwrap_or(0.0);
+                if !(n >= 1.0 && n.fract() == 0.0 && n <= f64::from(u32::MAX)) {
+                    return Err(UserError::at(
+                        value.span,
+                        "`accumulate` must be a positive whole number of micro-batches",
+                        "not a count",
+                        "write e.g. `accumulate = 4`: four micro-batches per update",
+                    ));
+                }
+                spec.accumulate = n as u32;
             }
             "budget" => match &value.kind {
                 ExprKind::Size(b) if *b > 0 => spec.budget = Some(*b),
@@ -212,7 +256,7 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
                     name.span,
                     format!("unknown train option `{other}`"),
                     "unknown option",
-                    "accepted: optimizer, precision, budget, clip_grad_norm",
+                    "accepted: optimizer, precision, master_weights, accumulate, budget, clip_grad_norm",
                 ))
             }
         }

@@ -47,6 +47,8 @@ pub fn flops(op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
         | LogSoftmaxBackward { .. }
         | CrossEntropy
         | CrossEntropyBackward => 5 * first,
+        AccumulateGrad { .. } => 2 * first,
+        ClipCoefficient { .. } | UnscaleGrads => 2 * inputs.iter().map(|t| t.numel()).sum::<u64>(),
         AdamW(_) => 12 * first,
         Sgd(_) => 4 * first,
         Unary(_) | UnaryBackward(_) => 4 * n,

@@ -143,6 +143,18 @@ impl Graph {
             .collect()
     }
 
+    /// For each value (by index), whether it depends on a step input; values that do not are
+    /// computed from parameters and constants alone.
+    pub fn input_dependent(&self) -> Vec<bool> {
+        let mut dependent = vec![false; self.len()];
+        for v in self.values() {
+            let node = self.node(v);
+            dependent[v.index()] = matches!(node.op, Op::Input { .. })
+                || node.inputs.iter().any(|i| dependent[i.index()]);
+        }
+        dependent
+    }
+
     /// The value named `name` among the outputs.
     pub fn output(&self, name: &str) -> Option<ValueId> {
         self.outputs

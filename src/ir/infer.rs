@@ -45,6 +45,16 @@ fn float(t: &TensorType, what: &str) -> Result<()> {
     Ok(())
 }
 
+fn scalar_f32(t: &TensorType, what: &str) -> Result<()> {
+    if t.dtype != DType::F32 || t.numel() != 1 {
+        return fail(
+            format!("{what} must be one f32 element, found {t}"),
+            "loss scaling state is a single fp32 value",
+        );
+    }
+    Ok(())
+}
+
 fn same_dtype(a: &TensorType, b: &TensorType) -> Result<()> {
     if a.dtype != b.dtype {
         return fail(
@@ -567,9 +577,53 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
             }
             Ok(x.clone())
         }
-        ClipCoefficient { .. } => {
-            arity(op, inputs, 1, usize::MAX)?;
+        Cast { to } => {
+            arity(op, inputs, 1, 1)?;
+            float(at(0), "a cast's input")?;
+            if !to.is_float() {
+                return fail(
+                    format!("cannot cast {} to {to}", at(0)),
+                    "casts convert between floating types",
+                );
+            }
+            Ok(at(0).with_dtype(*to))
+        }
+        ClipCoefficient { scaled, .. } => {
+            arity(op, inputs, 1 + usize::from(*scaled), usize::MAX)?;
             Ok(TensorType::new(DType::F32, vec![]))
+        }
+        UnscaleGrads => {
+            arity(op, inputs, 2, usize::MAX)?;
+            scalar_f32(at(0), "the loss scale")?;
+            Ok(TensorType::new(DType::F32, vec![]))
+        }
+        AccumulateGrad { micro_steps } => {
+            arity(op, inputs, 2, 2)?;
+            if at(0).dtype != DType::F32 {
+                return fail(
+                    format!("gradient accumulator {} must be f32", at(0)),
+                    "gradients accumulate in fp32",
+                );
+            }
+            float(at(1), "an accumulated gradient")?;
+            same_shape(at(0), at(1), op.name())?;
+            if *micro_steps == 0 {
+                return fail(
+                    "gradient accumulation over 0 micro-steps",
+                    "accumulate over at least one micro-batch",
+                );
+            }
+            Ok(TensorType::new(DType::F32, vec![0]))
+        }
+        LossScaleUpdate { .. } => {
+            arity(op, inputs, 3, 3)?;
+            for (i, what) in ["the loss scale", "the clean-step count", "the multiplier"]
+                .into_iter()
+                .enumerate()
+            {
+                scalar_f32(at(i), what)?;
+            }
+            Ok(TensorType::new(DType::F32, vec![0]))
         }
         AdamW(_) | Sgd(_) => {
             let state = if matches!(op, AdamW(_)) { 4 } else { 3 };

@@ -1,6 +1,6 @@
 //! The closed set of operations a graph node can perform.
 
-use super::TensorType;
+use super::{DType, TensorType};
 use serde::{Deserialize, Serialize};
 
 /// Unary elementwise functions. `GeluTanh` is the tanh approximation (GPT-2), `GeluErf` exact.
@@ -120,8 +120,15 @@ pub enum Op {
         ty: TensorType,
         init: Init,
     },
-    /// Optimizer state of a parameter (a moment), persistent, zero-initialised. No inputs.
-    OptimState { name: String, ty: TensorType },
+    /// Persistent state of the step that is not trained: a parameter's moments (init 0) or
+    /// the fp16 loss scale and its clean-step counter. No inputs.
+    OptimState {
+        name: String,
+        ty: TensorType,
+        /// The value every element holds before the first step.
+        #[serde(default)]
+        init: f32,
+    },
     /// A tensor filled with one value (the gradient seed of the loss). No inputs; a step.
     Fill { value: f32, ty: TensorType },
     /// `f(x)`.
@@ -218,11 +225,32 @@ pub enum Op {
         base: f32,
         inverse: bool,
     },
-    /// `(grads...) -> min(1, max_norm / (global L2 norm + 1e-6))`, a scalar.
-    ClipCoefficient { max_norm: f32 },
-    /// `(param, grad, m, v[, clip]) -> ()`: AdamW step writing param, m, v in place.
+    /// `x -> x` converted to `to` (round to nearest even when narrowing).
+    Cast { to: DType },
+    /// `(grads...) -> min(1, max_norm / (global L2 norm + 1e-6))`, a scalar. When `scaled`,
+    /// the last input is the multiplier of [`Op::UnscaleGrads`]: the norm is that of the
+    /// gradients times the multiplier, the result is multiplied by it, and 0 stays 0.
+    ClipCoefficient {
+        max_norm: f32,
+        #[serde(default)]
+        scaled: bool,
+    },
+    /// `(scale, grads...) -> 1/scale` when every gradient element is finite, else 0: the
+    /// gradient multiplier of a loss-scaled step (0 means "skip the update").
+    UnscaleGrads,
+    /// `(scale, clean_steps, multiplier) -> ()`: dynamic loss scaling as `torch.amp.GradScaler`:
+    /// on overflow (multiplier 0) halve the scale and reset the count; otherwise count the
+    /// step and double the scale after `growth_interval` clean steps. Writes both in place.
+    LossScaleUpdate { growth_interval: u32 },
+    /// `(acc, grad) -> ()`: gradient accumulation over `micro_steps` micro-batches, in place:
+    /// `acc = grad / micro_steps` on the first micro-step of a step, `acc += grad /
+    /// micro_steps` on the others, so after the last `acc` is the full batch's gradient.
+    AccumulateGrad { micro_steps: u32 },
+    /// `(param, grad, m, v[, multiplier]) -> ()`: AdamW step writing param, m, v in place on
+    /// the gradient times the multiplier; a multiplier of 0 skips the step.
     AdamW(AdamWParams),
-    /// `(param, grad, momentum[, clip]) -> ()`: SGD step writing param and momentum in place.
+    /// `(param, grad, momentum[, multiplier]) -> ()`: SGD step writing param and momentum in
+    /// place, the multiplier as for AdamW.
     Sgd(SgdParams),
 }
 
@@ -254,7 +282,12 @@ impl Op {
             | Attention(_)
             | AttentionBackward { .. } => OpClass::Heavy,
             Dropout { .. } => OpClass::Random,
-            ClipCoefficient { .. } | AdamW(_) | Sgd(_) => OpClass::Update,
+            ClipCoefficient { .. }
+            | UnscaleGrads
+            | LossScaleUpdate { .. }
+            | AccumulateGrad { .. }
+            | AdamW(_)
+            | Sgd(_) => OpClass::Update,
             Fill { .. }
             | Unary(_)
             | UnaryBackward(_)
@@ -287,7 +320,8 @@ impl Op {
             | MaxPool2dBackward(_)
             | AvgPool2d(_)
             | AvgPool2dBackward { .. }
-            | Rope { .. } => OpClass::Cheap,
+            | Rope { .. }
+            | Cast { .. } => OpClass::Cheap,
         }
     }
 
@@ -296,6 +330,8 @@ impl Op {
         match self {
             Op::AdamW(_) => &[0, 2, 3],
             Op::Sgd(_) => &[0, 2],
+            Op::LossScaleUpdate { .. } => &[0, 1],
+            Op::AccumulateGrad { .. } => &[0],
             _ => &[],
         }
     }
@@ -347,7 +383,11 @@ impl Op {
             Attention(_) => "attention",
             AttentionBackward { .. } => "attention_backward",
             Rope { .. } => "rope",
+            Cast { .. } => "cast",
             ClipCoefficient { .. } => "clip_coefficient",
+            UnscaleGrads => "unscale_grads",
+            LossScaleUpdate { .. } => "loss_scale_update",
+            AccumulateGrad { .. } => "accumulate_grad",
             AdamW(_) => "adamw",
             Sgd(_) => "sgd",
         }

@@ -356,6 +356,10 @@ impl Rewriter {
                     );
                 }
             }
+            Cast { .. } => {
+                let to = self.graph.node(x[0]).ty.dtype;
+                set!(0, self.add(Cast { to }, vec![dy])?)
+            }
             Rope {
                 heads,
                 base,
@@ -387,6 +391,9 @@ impl Rewriter {
             | AvgPool2dBackward { .. }
             | AttentionBackward { .. }
             | ClipCoefficient { .. }
+            | UnscaleGrads
+            | LossScaleUpdate { .. }
+            | AccumulateGrad { .. }
             | AdamW(_)
             | Sgd(_) => {
                 return Err(StageError::internal(

@@ -6,7 +6,8 @@
 //! price of recomputing `v`: nothing for cheap ops, `penalty x FLOPs` for heavy and random
 //! ops (infinite when they are banned); values that flow from one block instance into
 //! another are never recomputed (saved when needed), so recomputation stays inside a block
-//! and backward recomputes one block at a time. Values whose `v_in` ends on the sink side are
+//! and backward recomputes one block at a time; nor are low-precision copies of parameters
+//! (one cast per parameter and step). Values whose `v_in` ends on the sink side are
 //! recomputed; the rewrite clones them just before their first backward reader, from the
 //! saved values, with identical kernels (and dropout keys), so results are bitwise equal.
 
@@ -55,8 +56,16 @@ fn needed(graph: &Graph) -> BTreeSet<ValueId> {
 
 const INF: u64 = u64::MAX / 8;
 
+/// Whether `v` is a low-precision copy of a weight (a cast computed from parameters alone;
+/// `input_dependent` as [`Graph::input_dependent`] gives it): made once per step and shared
+/// by its recomputed readers, as autocast's weight cache is, so never recomputed.
+pub fn is_weight_copy(graph: &Graph, input_dependent: &[bool], v: ValueId) -> bool {
+    matches!(graph.node(v).op, Op::Cast { .. }) && !input_dependent[v.index()]
+}
+
 fn min_cut(graph: &Graph, penalty: Option<f64>) -> BTreeSet<ValueId> {
     let needed = needed(graph);
+    let dependent = graph.input_dependent();
     let mut net: DiGraph<(), u64> = DiGraph::new();
     let source = net.add_node(());
     let sink = net.add_node(());
@@ -75,7 +84,7 @@ fn min_cut(graph: &Graph, penalty: Option<f64>) -> BTreeSet<ValueId> {
             graph.node(u).phase == Phase::Forward && instance(&graph.node(u).scope) != own
         });
         let recompute_cost = match node.op.class() {
-            _ if crosses_block => INF,
+            _ if crosses_block || is_weight_copy(graph, &dependent, v) => INF,
             OpClass::Heavy | OpClass::Random => {
                 let types: Vec<&TensorType> =
                     node.inputs.iter().map(|&i| &graph.node(i).ty).collect();
@@ -123,6 +132,7 @@ use petgraph::visit::EdgeRef;
 
 fn segments(graph: &Graph, every: usize) -> BTreeSet<ValueId> {
     let every = every.max(1);
+    let dependent = graph.input_dependent();
     let keep = |v: ValueId| {
         let own = instance(&graph.node(v).scope);
         if own.is_empty() {
@@ -141,7 +151,9 @@ fn segments(graph: &Graph, every: usize) -> BTreeSet<ValueId> {
     };
     graph
         .values()
-        .filter(|&v| is_forward_compute(graph, v) && !keep(v))
+        .filter(|&v| {
+            is_forward_compute(graph, v) && !keep(v) && !is_weight_copy(graph, &dependent, v)
+        })
         .collect()
 }
 

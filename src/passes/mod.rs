@@ -4,6 +4,7 @@ pub mod autodiff;
 pub mod checkpoint;
 pub mod liveness;
 pub mod optimizer;
+pub mod precision;
 pub mod schedule;
 
 use std::fmt;

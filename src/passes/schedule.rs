@@ -25,8 +25,19 @@ pub fn is_step(graph: &Graph, v: ValueId) -> bool {
     graph.node(v).op.class() != OpClass::Source
 }
 
-/// Dependencies of `v`: its inputs, plus, for in-place updates, every other reader of the
-/// values it overwrites.
+/// Whether step `w` writes value `i` in place.
+fn writes(graph: &Graph, w: ValueId, i: ValueId) -> bool {
+    let node = graph.node(w);
+    node.op
+        .mutated_inputs()
+        .iter()
+        .any(|&s| node.inputs[s] == i)
+}
+
+/// Dependencies of `v`: its inputs; for in-place steps, every other reader, in the same or an
+/// earlier phase, of the values it overwrites; and every in-place writer, in an earlier
+/// phase, of a value `v` reads (gradient accumulation writes its accumulator in backward,
+/// the update reads it after).
 fn dependencies(graph: &Graph, users: &[Vec<ValueId>], v: ValueId) -> Vec<ValueId> {
     let node = graph.node(v);
     let mut deps: Vec<ValueId> = node.inputs.clone();
@@ -35,7 +46,15 @@ fn dependencies(graph: &Graph, users: &[Vec<ValueId>], v: ValueId) -> Vec<ValueI
             users[node.inputs[slot].index()]
                 .iter()
                 .copied()
-                .filter(|&u| u != v),
+                .filter(|&u| u != v && graph.node(u).phase <= node.phase),
+        );
+    }
+    for &i in &node.inputs {
+        deps.extend(
+            users[i.index()]
+                .iter()
+                .copied()
+                .filter(|&w| w != v && graph.node(w).phase < node.phase && writes(graph, w, i)),
         );
     }
     deps.retain(|&d| is_step(graph, d));

@@ -1,7 +1,7 @@
 //! Graph + schedule to Plan: buffers from lifetimes, offsets from the arena layout, steps
 //! with FLOPs, and the memory report.
 
-use super::report::{live_bytes, Bytes, PhasePeak, Report, SavedKind};
+use super::report::{live_bytes, Bytes, PhasePeak, PrecisionSummary, Report, SavedKind};
 use super::*;
 use crate::exec::kernels::workspace_bytes;
 use crate::ir::cost::flops;
@@ -34,10 +34,11 @@ fn gradient_values(graph: &Graph) -> Vec<ValueId> {
 
 fn class_of(graph: &Graph, v: ValueId, grads: &[ValueId]) -> BufferClass {
     match graph.node(v).op {
+        // Gradient accumulators are persistent state read by the updates.
+        _ if grads.contains(&v) => BufferClass::Gradient,
         Op::Param { .. } => BufferClass::Param,
         Op::OptimState { .. } => BufferClass::OptimState,
         Op::Input { .. } => BufferClass::Input,
-        _ if grads.contains(&v) => BufferClass::Gradient,
         _ if graph.node(v).phase == crate::ir::Phase::Forward => BufferClass::Activation,
         _ => BufferClass::Temporary,
     }
@@ -214,8 +215,11 @@ pub fn build(
         .collect();
     let optim_state = buffers
         .iter()
-        .filter(|b| b.class == BufferClass::OptimState)
-        .map(|b| b.id)
+        .zip(&buffer_values)
+        .filter_map(|(b, &v)| match graph.node(v).op {
+            Op::OptimState { init, .. } => Some(StateBinding { buffer: b.id, init }),
+            _ => None,
+        })
         .collect();
     let alt_peak = (train.is_some()
         && options.optimizer_in_backward
@@ -230,7 +234,7 @@ pub fn build(
         .map(|s| peak_of(graph, &s))
     })
     .transpose()?;
-    let report = report(
+    let mut report = report(
         graph,
         &buffers,
         &buffer_values,
@@ -239,6 +243,7 @@ pub fn build(
         alt_peak,
         options.optimizer_in_backward,
     );
+    report.precision = train.and_then(|t| precision_summary(graph, &sched, t.precision));
     Ok(Plan {
         model: model.to_string(),
         buffers,
@@ -252,6 +257,42 @@ pub fn build(
         train: train.cloned(),
         report,
     })
+}
+
+/// The casts of a mixed-precision step (none for fp32).
+fn precision_summary(
+    graph: &Graph,
+    schedule: &Schedule,
+    precision: crate::front::train::Precision,
+) -> Option<PrecisionSummary> {
+    if precision == crate::front::train::Precision::Fp32 {
+        return None;
+    }
+    let mut summary = PrecisionSummary {
+        precision,
+        casts: 0,
+        cast_bytes: 0,
+        weight_copies: 0,
+        weight_copy_bytes: 0,
+        loss_scaling: false,
+    };
+    let dependent = graph.input_dependent();
+    for &v in &schedule.order {
+        let node = graph.node(v);
+        match node.op {
+            Op::Cast { .. } => {
+                summary.casts += 1;
+                summary.cast_bytes += node.ty.bytes();
+                if crate::passes::checkpoint::is_weight_copy(graph, &dependent, v) {
+                    summary.weight_copies += 1;
+                    summary.weight_copy_bytes += node.ty.bytes();
+                }
+            }
+            Op::LossScaleUpdate { .. } => summary.loss_scaling = true,
+            _ => {}
+        }
+    }
+    Some(summary)
 }
 
 /// The exclusive bound on valid ids of an integer input, from the ops that read it.
@@ -364,5 +405,6 @@ fn report(
         steps: steps.len(),
         layout_optimal: layout.optimal,
         checkpoint: None,
+        precision: None,
     }
 }

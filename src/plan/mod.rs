@@ -8,7 +8,7 @@ mod verify;
 pub use build::{build, BuildOptions};
 pub use report::{
     grouped, human_bytes, live_bytes, render_text, Bytes, CheckpointSummary, PhasePeak,
-    RecomputedGroup, Report, SavedKind,
+    PrecisionSummary, RecomputedGroup, Report, SavedKind,
 };
 pub use verify::{verify, PlanError, VerifiedPlan};
 
@@ -107,6 +107,14 @@ pub struct ParamBinding {
     pub grad: Option<BufferId>,
 }
 
+/// Persistent state that is not trained (optimizer moments, the loss scale) and the value
+/// each of its elements holds before the first step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateBinding {
+    pub buffer: BufferId,
+    pub init: f32,
+}
+
 /// An input: its buffer, and for integer inputs the exclusive upper bound of valid ids.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InputBinding {
@@ -124,7 +132,7 @@ pub struct Plan {
     pub arena_bytes: u64,
     pub alignment: u64,
     pub params: Vec<ParamBinding>,
-    pub optim_state: Vec<BufferId>,
+    pub optim_state: Vec<StateBinding>,
     pub inputs: Vec<InputBinding>,
     pub outputs: Vec<(String, BufferId)>,
     pub train: Option<TrainSpec>,

@@ -90,6 +90,24 @@ pub struct CheckpointSummary {
     pub recomputed: Vec<RecomputedGroup>,
 }
 
+/// What mixed precision decided: the casts it inserted and whether the loss is scaled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrecisionSummary {
+    /// `fp32`, `bf16` or `fp16`.
+    pub precision: crate::front::train::Precision,
+    /// Cast launches in the step (recomputed casts included).
+    pub casts: u64,
+    /// Bytes the casts write.
+    pub cast_bytes: u64,
+    /// Of those, the low-precision copies of weights (casts of values computed from
+    /// parameters alone; one per weight and step).
+    pub weight_copies: u64,
+    /// Bytes of the weight copies.
+    pub weight_copy_bytes: u64,
+    /// Whether the step carries dynamic loss scaling (fp16).
+    pub loss_scaling: bool,
+}
+
 /// What the plan needs and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
@@ -104,6 +122,9 @@ pub struct Report {
     pub steps: usize,
     pub layout_optimal: bool,
     pub checkpoint: Option<CheckpointSummary>,
+    /// Mixed precision, for training plans in bf16 or fp16.
+    #[serde(default)]
+    pub precision: Option<PrecisionSummary>,
 }
 
 /// `474.7 MiB` style size with binary units.
@@ -162,10 +183,22 @@ pub fn render_text(plan: &Plan) -> String {
         r.steps,
         r.flops as f64 / 1e9
     );
+    let accumulate = plan.train.as_ref().map_or(1, |t| t.accumulate);
+    if accumulate > 1 {
+        let _ = writeln!(
+            out,
+            "  gradient accumulation: {accumulate} micro-batches per update (steps, FLOPs, activations and inputs are per micro-batch)"
+        );
+    }
     let _ = writeln!(out, "  {:<22} {:>12} {:>20}", "memory", "size", "bytes");
     row(&mut out, "params", b.params, "persistent");
     if plan.train.is_some() {
-        row(&mut out, "grads", b.grads, "each until its update");
+        let grads_note = if accumulate > 1 {
+            "fp32 accumulators, persistent"
+        } else {
+            "each until its update"
+        };
+        row(&mut out, "grads", b.grads, grads_note);
         row(&mut out, "optimizer state", b.optimizer, "persistent");
         row(
             &mut out,
@@ -226,6 +259,33 @@ pub fn render_text(plan: &Plan) -> String {
                 grouped(s.bytes)
             );
         }
+    }
+    if let Some(p) = &r.precision {
+        let scaling = if p.loss_scaling {
+            ", dynamic loss scaling"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "  precision: {} (matmul/conv/attention in {0}; fp32 master weights, norms, losses, optimizer{scaling})",
+            format!("{:?}", p.precision).to_lowercase()
+        );
+        row(
+            &mut out,
+            "  casts",
+            p.cast_bytes,
+            &format!("{} launches", grouped(p.casts)),
+        );
+        row(
+            &mut out,
+            "  weight copies",
+            p.weight_copy_bytes,
+            &format!(
+                "{} weights, each cast once per step",
+                grouped(p.weight_copies)
+            ),
+        );
     }
     if let Some(c) = &r.checkpoint {
         let pct = 100.0 * c.recompute_flops as f64 / r.flops.max(1) as f64;

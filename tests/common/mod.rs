@@ -23,7 +23,7 @@ pub fn compiled_with(src: &str, options: &Options) -> Compiled {
 /// An executor with parameters and synthetic inputs initialised from `seed`.
 pub fn executor(c: &Compiled, seed: u64) -> CpuExecutor {
     let mut ex = CpuExecutor::new(&c.plan).expect("cpu plan");
-    ex.init_params(seed);
+    ex.init_params(seed).expect("init");
     ex.synthetic_inputs(seed).expect("inputs");
     ex
 }

@@ -377,8 +377,36 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ),
         (
             "clip",
-            Op::ClipCoefficient { max_norm: 1.0 },
+            Op::ClipCoefficient {
+                max_norm: 1.0,
+                scaled: false,
+            },
             vec![f(&[10, 3]), f(&[7])],
+        ),
+        (
+            "clip_scaled",
+            Op::ClipCoefficient {
+                max_norm: 1.0,
+                scaled: true,
+            },
+            vec![f(&[10, 3]), f(&[7]), t(F32, &[])],
+        ),
+        (
+            "unscale",
+            Op::UnscaleGrads,
+            vec![t(F32, &[]), f(&[10, 3]), f(&[7])],
+        ),
+        (
+            "accumulate_grad",
+            Op::AccumulateGrad { micro_steps: 4 },
+            vec![t(F32, &[10, 3]), f(&[10, 3])],
+        ),
+        (
+            "loss_scale_update",
+            Op::LossScaleUpdate {
+                growth_interval: 2000,
+            },
+            vec![t(F32, &[]), t(F32, &[]), t(F32, &[])],
         ),
         (
             "adamw",
@@ -399,10 +427,12 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
     ]
 }
 
-/// `inputs` with every floating tensor switched to `dtype`.
+/// `inputs` with every floating tensor switched to `dtype`, but for scalars (clip and unscale
+/// multipliers, the loss scale) and gradient accumulators, which the optimizer pass always
+/// makes f32.
 pub fn with_dtype(op: &Op, inputs: &[TensorType], dtype: DType) -> (Op, Vec<TensorType>) {
     let conv = |x: &TensorType| {
-        if x.dtype.is_float() {
+        if x.dtype.is_float() && !x.shape.is_empty() {
             x.with_dtype(dtype)
         } else {
             x.clone()
@@ -415,7 +445,13 @@ pub fn with_dtype(op: &Op, inputs: &[TensorType], dtype: DType) -> (Op, Vec<Tens
         },
         other => other.clone(),
     };
-    (op, inputs.iter().map(conv).collect())
+    let accumulator = |i: usize| matches!(op, Op::AccumulateGrad { .. }) && i == 0;
+    let inputs = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, x)| if accumulator(i) { x.clone() } else { conv(x) })
+        .collect();
+    (op, inputs)
 }
 
 /// The output type shape inference assigns.

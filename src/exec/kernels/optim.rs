@@ -1,5 +1,5 @@
-//! Optimizer updates applied in place (AdamW, SGD with momentum) and the sum of squares used
-//! for global-norm gradient clipping.
+//! Optimizer updates applied in place (AdamW, SGD with momentum), the global-norm clip
+//! coefficient, and dynamic loss scaling (overflow check and scale update).
 
 use rayon::prelude::*;
 
@@ -7,7 +7,7 @@ use rayon::prelude::*;
 const CHUNK: usize = 4096;
 
 /// One torch.optim.AdamW step `t` (1-based), in place, with `g` first multiplied by
-/// `grad_scale`: `m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr*wd*p;
+/// `grad_scale` (0 skips the step: an overflowed loss-scaled step): `m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr*wd*p;
 /// p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)`.
 #[allow(clippy::too_many_arguments)]
 pub fn adamw_update(
@@ -23,6 +23,9 @@ pub fn adamw_update(
     t: u64,
     grad_scale: f32,
 ) {
+    if grad_scale == 0.0 {
+        return;
+    }
     let t = i32::try_from(t).unwrap_or(i32::MAX);
     let bc1 = (1.0 - f64::from(b1).powi(t)) as f32;
     let bc2 = (1.0 - f64::from(b2).powi(t)) as f32;
@@ -42,7 +45,7 @@ pub fn adamw_update(
 
 /// One torch.optim.SGD step `t` (1-based) with momentum (dampening 0, no nesterov), in place:
 /// `g' = g*grad_scale + wd*p; buf = momentum*buf + g'` (`buf = g'` at t == 1 or when momentum
-/// is 0); `p -= lr*buf`.
+/// is 0); `p -= lr*buf`. A `grad_scale` of 0 skips the step.
 #[allow(clippy::too_many_arguments)]
 pub fn sgd_update(
     p: &mut [f32],
@@ -54,6 +57,9 @@ pub fn sgd_update(
     t: u64,
     grad_scale: f32,
 ) {
+    if grad_scale == 0.0 {
+        return;
+    }
     let fresh = t <= 1 || momentum == 0.0;
     p.par_chunks_mut(CHUNK)
         .zip(g.par_chunks(CHUNK).zip(buf.par_chunks_mut(CHUNK)))
@@ -74,6 +80,51 @@ pub fn sum_squares(x: &[f32]) -> f64 {
         .map(|c| c.iter().map(|&v| f64::from(v) * f64::from(v)).sum())
         .collect();
     partials.iter().sum()
+}
+
+/// `m * min(1, max_norm / (m * sqrt(sum_squares) + 1e-6))`: the clip coefficient of
+/// gradients whose squares sum to `sum_squares` once multiplied by `m` (the loss-scale
+/// multiplier, 1 without loss scaling), times `m`. An `m` of 0 (skipped step) gives 0.
+pub fn clip_coefficient(max_norm: f32, sum_squares: f64, m: f64) -> f32 {
+    if m == 0.0 {
+        return 0.0;
+    }
+    let c = f64::from(max_norm) / (m * sum_squares.sqrt() + 1e-6);
+    (m * c.min(1.0)) as f32
+}
+
+/// One micro-step of gradient accumulation over `micro_steps` micro-batches: `acc = g /
+/// micro_steps` on the first micro-step of a step (`first`), `acc += g / micro_steps` after.
+pub fn accumulate_grad(acc: &mut [f32], g: &[f32], micro_steps: u32, first: bool) {
+    let scale = 1.0 / micro_steps as f32;
+    acc.par_chunks_mut(CHUNK)
+        .zip(g.par_chunks(CHUNK))
+        .for_each(|(acc, g)| {
+            for (a, &gi) in acc.iter_mut().zip(g) {
+                *a = if first { gi * scale } else { *a + gi * scale };
+            }
+        });
+}
+
+/// Whether every element of `x` is finite (no inf, no NaN).
+pub fn all_finite(x: &[f32]) -> bool {
+    x.par_chunks(1 << 16)
+        .all(|c| c.iter().all(|v| v.is_finite()))
+}
+
+/// torch.amp.GradScaler.update on one step's `multiplier` (0 after an overflow): halve the
+/// scale and reset the clean-step count on overflow; otherwise count the step and double the
+/// scale once `growth_interval` clean steps have passed.
+pub fn loss_scale_update(scale: &mut f32, clean: &mut f32, multiplier: f32, growth_interval: u32) {
+    if multiplier == 0.0 {
+        *scale *= 0.5;
+        *clean = 0.0;
+    } else if *clean + 1.0 >= growth_interval as f32 {
+        *scale *= 2.0;
+        *clean = 0.0;
+    } else {
+        *clean += 1.0;
+    }
 }
 
 #[cfg(test)]
@@ -139,5 +190,52 @@ mod tests {
         let want: f64 = (0..200_000u64).map(|i| ((i % 7) * (i % 7)) as f64).sum();
         assert_eq!(sum_squares(&x), want);
         assert_eq!(sum_squares(&[]), 0.0);
+    }
+
+    #[test]
+    fn zero_multiplier_skips_the_update() {
+        let (mut p, mut m, mut v) = ([1.0f32, 2.0], [0.5f32; 2], [0.25f32; 2]);
+        adamw_update(
+            &mut p,
+            &[1.0, 1.0],
+            &mut m,
+            &mut v,
+            0.1,
+            0.9,
+            0.99,
+            1e-8,
+            0.1,
+            3,
+            0.0,
+        );
+        assert_eq!((p, m, v), ([1.0, 2.0], [0.5; 2], [0.25; 2]));
+        let (mut p, mut buf) = ([1.0f32], [0.5f32]);
+        sgd_update(&mut p, &[1.0], &mut buf, 0.1, 0.9, 0.0, 2, 0.0);
+        assert_eq!((p, buf), ([1.0], [0.5]));
+    }
+
+    #[test]
+    fn scaled_clip_coefficient_folds_the_unscale_multiplier() {
+        // Gradients of norm 8 at scale 4 are norm 2 unscaled: clip to 1 gives 1/2, times 1/4.
+        let c = clip_coefficient(1.0, 64.0, 0.25);
+        assert!((c - 0.125).abs() < 1e-6, "{c}");
+        // Under the threshold the coefficient is just the multiplier.
+        assert_eq!(clip_coefficient(10.0, 64.0, 0.25), 0.25);
+        assert_eq!(clip_coefficient(1.0, 64.0, 0.0), 0.0);
+        assert!((clip_coefficient(1.0, 16.0, 1.0) - 0.25).abs() < 1e-6);
+    }
+
+    #[test]
+    fn loss_scale_halves_on_overflow_and_doubles_after_the_interval() {
+        let (mut scale, mut clean) = (65536.0f32, 5.0f32);
+        loss_scale_update(&mut scale, &mut clean, 0.0, 3);
+        assert_eq!((scale, clean), (32768.0, 0.0));
+        loss_scale_update(&mut scale, &mut clean, 1.0 / 32768.0, 3);
+        loss_scale_update(&mut scale, &mut clean, 1.0 / 32768.0, 3);
+        assert_eq!((scale, clean), (32768.0, 2.0));
+        loss_scale_update(&mut scale, &mut clean, 1.0 / 32768.0, 3);
+        assert_eq!((scale, clean), (65536.0, 0.0));
+        assert!(all_finite(&[1.0, -2.0]) && !all_finite(&[1.0, f32::INFINITY]));
+        assert!(!all_finite(&[f32::NAN]));
     }
 }
