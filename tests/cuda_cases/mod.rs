@@ -399,8 +399,14 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
     ]
 }
 
-/// `inputs` with every floating tensor switched to `dtype`.
+/// `inputs` with every floating tensor switched to `dtype`, except an optimizer's clip
+/// coefficient, which stays f32 as `ClipCoefficient` always produces it.
 pub fn with_dtype(op: &Op, inputs: &[TensorType], dtype: DType) -> (Op, Vec<TensorType>) {
+    let clip = match op {
+        Op::AdamW(_) => Some(4),
+        Op::Sgd(_) => Some(3),
+        _ => None,
+    };
     let conv = |x: &TensorType| {
         if x.dtype.is_float() {
             x.with_dtype(dtype)
@@ -415,7 +421,12 @@ pub fn with_dtype(op: &Op, inputs: &[TensorType], dtype: DType) -> (Op, Vec<Tens
         },
         other => other.clone(),
     };
-    (op, inputs.iter().map(conv).collect())
+    let inputs = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, x)| if clip == Some(i) { x.clone() } else { conv(x) })
+        .collect();
+    (op, inputs)
 }
 
 /// The output type shape inference assigns.
