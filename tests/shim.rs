@@ -31,6 +31,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 const SIM_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/sim");
 const ALIGN: u64 = 256;
+/// The byte the shim's arenas start filled with outside initialized tensors.
+const POISON: u8 = 0xff;
 /// The 1-based training step passed to every launch (exercises SGD momentum and AdamW bias
 /// correction past the first step in the op cases).
 const CASE_STEP: u64 = 3;
@@ -292,13 +294,16 @@ fn shim_run(
     mutated: &[usize],
     arena_file: &Path,
 ) -> Result<Results, String> {
+    // Each tensor is followed by at least one guard block; the arena starts as POISON bytes
+    // (NaN in every float type), so an unwritten output element fails the comparison and a
+    // write outside a tensor shows in the guards.
     let mut offsets = Vec::new();
     let mut end = 0u64;
     for t in inputs.iter().chain(std::iter::once(output)) {
         offsets.push(end);
-        end += t.bytes().div_ceil(ALIGN).max(1) * ALIGN;
+        end += (t.bytes().div_ceil(ALIGN) + 1) * ALIGN;
     }
-    let mut arena = vec![0u8; end as usize];
+    let mut arena = vec![POISON; end as usize];
     for (i, values) in data.iter().enumerate() {
         put(&mut arena, offsets[i], inputs[i].dtype, values);
     }
@@ -309,7 +314,17 @@ fn shim_run(
         KernelParam::Output => offsets[inputs.len()],
         KernelParam::Step => CASE_STEP,
     })?;
-    let arena = std::fs::read(arena_file).map_err(|e| e.to_string())?;
+    let after = std::fs::read(arena_file).map_err(|e| e.to_string())?;
+    let types = inputs.iter().chain(std::iter::once(output));
+    for ((t, &at), next) in types.zip(&offsets).zip(offsets[1..].iter().chain([&end])) {
+        let guard = (at + t.bytes()) as usize..*next as usize;
+        if after[guard.clone()] != arena[guard.clone()] {
+            return Err(format!(
+                "the kernel wrote outside its tensors (bytes {guard:?})"
+            ));
+        }
+    }
+    let arena = after;
     let read = |off: u64, t: &TensorType| get(&arena, off, t.dtype, t.numel() as usize);
     Ok(Results {
         output: (output.bytes() > 0).then(|| read(offsets[inputs.len()], output)),
@@ -623,14 +638,16 @@ fn small_gpt_training_step_through_the_shim_matches_the_cpu_backend() {
     let c = tiny_gpt();
     let plan = c.plan.plan();
     let mut ex = common::executor(&c, 5);
-    // The arena before the step: parameters, zeroed optimizer state, bound inputs (the CPU
-    // plan's buffers are all 4-byte words; ids are stored as their bit patterns).
-    let mut arena = vec![0u8; plan.arena_bytes as usize];
+    // The arena before the step: parameters, zeroed optimizer state and bound inputs (the
+    // CPU plan's buffers are all 4-byte words; ids are stored as their bit patterns); every
+    // other byte is POISON, so a kernel reading a buffer before it is written yields NaN.
+    let mut arena = vec![POISON; plan.arena_bytes as usize];
     for b in plan
         .params
         .iter()
         .map(|p| p.buffer)
         .chain(plan.inputs.iter().map(|i| i.buffer))
+        .chain(plan.optim_state.iter().copied())
     {
         let at = plan.buffers[b.index()].offset as usize;
         for (i, w) in ex.read(b).iter().enumerate() {
