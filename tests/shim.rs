@@ -1,7 +1,8 @@
 //! Runs the generated CUDA kernels on the CPU through the g++ host shim
 //! (`kernels/sim/cuda_sim.h`) and compares them with the CPU backend: every op case of
-//! `tests/cuda_cases` in f32, f16 and bf16, and one whole small-GPT training step launched
-//! kernel by kernel over one arena in plan order. Without g++ the tests print SKIP.
+//! `tests/cuda_cases` in f32, f16 and bf16, the casts, and whole training steps of tiny
+//! GPT-2, Llama and MLP plans launched kernel by kernel over one arena in plan order.
+//! Without g++ the tests print SKIP.
 //!
 //! Tolerances: an element passes when |shim - cpu| <= rtol * (|cpu| + 0.1 * max|cpu|), with
 //! rtol = 1e-4 for f32 outputs and two units of the format's epsilon for 16-bit outputs
@@ -234,7 +235,7 @@ fn origin(phase: Phase) -> Origin {
 }
 
 /// The CPU backend on a one-step plan of `op` over f32/i32 `inputs` holding `data`.
-fn cpu_reference(op: &Op, inputs: &[TensorType], data: &[Vec<f32>]) -> Results {
+fn cpu_reference(op: &Op, inputs: &[TensorType], data: &[Vec<f32>], step: u64) -> Results {
     let mut g = Graph::new();
     let ins = inputs
         .iter()
@@ -273,7 +274,7 @@ fn cpu_reference(op: &Op, inputs: &[TensorType], data: &[Vec<f32>]) -> Results {
             ex.bind_input(buffer(i), values.clone()).unwrap();
         }
     }
-    ex.set_step_number(CASE_STEP);
+    ex.set_step_number(step);
     ex.run_step(None).unwrap();
     Results {
         output: ex.output("out").map(<[f32]>::to_vec),
@@ -408,7 +409,7 @@ fn all_cases() -> Vec<Case> {
 fn run_case(case: &Case, dir: &Path) -> Result<(f32, f32), String> {
     let exe = compile(&case.kernel, dir)?;
     let data = case_data(&case.op, &case.inputs, 7);
-    let want = cpu_reference(&case.f32_op, &case.f32_inputs, &data);
+    let want = cpu_reference(&case.f32_op, &case.f32_inputs, &data, CASE_STEP);
     let arena = dir.join(format!("{}.arena", case.kernel.name));
     let got = shim_run(
         &exe,
@@ -418,14 +419,24 @@ fn run_case(case: &Case, dir: &Path) -> Result<(f32, f32), String> {
         case.op.mutated_inputs(),
         &arena,
     )?;
+    compare_results(&got, &want, &case.output, &case.inputs)
+}
+
+/// (max error, max error ratio) over a step's output and updated inputs.
+fn compare_results(
+    got: &Results,
+    want: &Results,
+    output: &TensorType,
+    inputs: &[TensorType],
+) -> Result<(f32, f32), String> {
     let mut pairs = Vec::new();
     if let (Some(g), Some(w)) = (&got.output, &want.output) {
-        pairs.push((g, w, case.output.dtype));
+        pairs.push((g, w, output.dtype));
     } else if got.output.is_some() != want.output.is_some() {
         return Err("output presence differs".to_string());
     }
     for ((i, g), (_, w)) in got.updated.iter().zip(&want.updated) {
-        pairs.push((g, w, case.inputs[*i].dtype));
+        pairs.push((g, w, inputs[*i].dtype));
     }
     if pairs.is_empty() {
         return Err("nothing to compare".to_string());
@@ -567,11 +578,10 @@ fn cast_kernels_round_like_the_half_crate() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// A small GPT-2 (2 layers, width 32, 2 heads, 8 tokens, 64-word vocabulary).
-fn tiny_gpt() -> memc::Compiled {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/gpt2.mdl");
-    let src = std::fs::read_to_string(path).expect("gpt2.mdl");
-    let dims = [("B", 2), ("T", 8), ("D", 32), ("H", 2), ("V", 64), ("L", 2)];
+/// An example model compiled with the given dims.
+fn example(name: &str, dims: &[(&str, i64)]) -> memc::Compiled {
+    let path = format!("{}/examples/{name}.mdl", env!("CARGO_MANIFEST_DIR"));
+    let src = std::fs::read_to_string(&path).expect("example");
     common::compiled_with(
         &src,
         &memc::Options {
@@ -581,13 +591,20 @@ fn tiny_gpt() -> memc::Compiled {
     )
 }
 
+/// A whole plan step run through the shim.
+struct PlanRun {
+    /// Each parameter's gradient as read just before its update.
+    grads: HashMap<String, Vec<f32>>,
+    /// The largest error ratio of one step's results against the CPU backend's kernel on
+    /// the same inputs, and which step.
+    worst_step: (f32, String),
+    /// Distinct kernels launched.
+    kernels: usize,
+}
+
 /// Runs every step of `plan` in order through the shim over `arena` (in place, as a file in
-/// `dir`); returns each parameter's gradient as read just before its update.
-fn shim_plan_step(
-    plan: &Plan,
-    arena: &mut Vec<u8>,
-    dir: &Path,
-) -> Result<HashMap<String, Vec<f32>>, String> {
+/// `dir`), checking each step against the CPU backend's kernel on the same inputs.
+fn shim_plan_step(plan: &Plan, arena: &mut Vec<u8>, dir: &Path) -> Result<PlanRun, String> {
     let uses = plan_kernel_uses(plan).map_err(|e| e.to_string())?;
     let exes = par_map(&uses, |(k, _)| compile(k, dir));
     let mut kernel_of = vec![None; plan.steps.len()];
@@ -599,45 +616,89 @@ fn shim_plan_step(
     }
     let file = dir.join("plan.arena");
     std::fs::write(&file, &*arena).map_err(|e| e.to_string())?;
-    let offset = |b: memc::plan::BufferId| plan.buffers[b.index()].offset;
-    let mut grads = HashMap::new();
+    let buffer = |b: memc::plan::BufferId| &plan.buffers[b.index()];
+    let read = |bytes: &[u8], b| {
+        let buf = buffer(b);
+        get(bytes, buf.offset, buf.ty.dtype, buf.ty.numel() as usize)
+    };
+    let mut run = PlanRun {
+        grads: HashMap::new(),
+        worst_step: (0.0, String::new()),
+        kernels: uses.len(),
+    };
     for (s, step) in plan.steps.iter().enumerate() {
+        let types: Vec<TensorType> = step.inputs.iter().map(|&b| buffer(b).ty.clone()).collect();
+        let data: Vec<Vec<f32>> = step.inputs.iter().map(|&b| read(arena, b)).collect();
         if let Op::AdamW(_) | Op::Sgd(_) = step.op {
-            let bytes = std::fs::read(&file).map_err(|e| e.to_string())?;
-            let g = &plan.buffers[step.inputs[1].index()];
             let name = plan
                 .params
                 .iter()
                 .find(|p| p.buffer == step.inputs[0])
                 .map(|p| p.name.clone())
                 .ok_or("update of a non-parameter")?;
-            grads.insert(
-                name,
-                get(&bytes, g.offset, g.ty.dtype, g.ty.numel() as usize),
-            );
+            run.grads.insert(name, data[1].clone());
         }
         let (kernel, exe) = kernel_of[s].ok_or_else(|| format!("step {s} has no kernel"))?;
         launch(exe, kernel, &file, |p| match p {
             KernelParam::Arena => 0,
-            KernelParam::Input(i) => offset(step.inputs[i]),
-            KernelParam::Output => step.output.map_or(0, offset),
+            KernelParam::Input(i) => buffer(step.inputs[i]).offset,
+            KernelParam::Output => step.output.map_or(0, |b| buffer(b).offset),
             KernelParam::Step => 1,
         })?;
+        *arena = std::fs::read(&file).map_err(|e| e.to_string())?;
+        let got = Results {
+            output: step.output.map(|b| read(arena, b)),
+            updated: step
+                .op
+                .mutated_inputs()
+                .iter()
+                .map(|&i| (i, read(arena, step.inputs[i])))
+                .collect(),
+        };
+        let want = cpu_reference(&step.op, &types, &data, 1);
+        let out_ty = step
+            .output
+            .map_or_else(|| types[0].clone(), |b| buffer(b).ty.clone());
+        let (_, ratio) = compare_results(&got, &want, &out_ty, &types)
+            .map_err(|e| format!("step {s} ({}): {e}", step.op.name()))?;
+        if ratio >= run.worst_step.0 {
+            run.worst_step = (ratio, format!("step {s} ({})", step.op.name()));
+        }
     }
-    *arena = std::fs::read(&file).map_err(|e| e.to_string())?;
-    Ok(grads)
+    Ok(run)
 }
 
 #[test]
-fn small_gpt_training_step_through_the_shim_matches_the_cpu_backend() {
+fn small_training_steps_through_the_shim_match_the_cpu_backend() {
     if let Some(why) = gxx_missing() {
         println!("SKIP: {why}");
         return;
     }
+    // GPT-2 (learned positions, layernorm, gelu MLP, causal attention, tied embeddings;
+    // AdamW), Llama (rmsnorm, rope, silu gating) and the MLP (SGD), all tiny.
+    let gpt2 = [("B", 2), ("T", 8), ("D", 32), ("H", 2), ("V", 64), ("L", 2)];
+    let llama = [
+        ("B", 1),
+        ("T", 8),
+        ("D", 32),
+        ("H", 2),
+        ("V", 64),
+        ("L", 1),
+        ("F", 48),
+    ];
+    let mlp = [("B", 4), ("H", 32)];
+    for (name, dims) in [("gpt2", &gpt2[..]), ("llama7b", &llama), ("mlp", &mlp)] {
+        training_step_matches(name, &example(name, dims));
+    }
+}
+
+/// Runs one training step of `c` through the shim, kernel by kernel in plan order over one
+/// arena, and checks every step's results against the CPU backend's kernel on the same
+/// inputs, then the loss, gradients and updated parameters against a CPU backend step.
+fn training_step_matches(name: &str, c: &memc::Compiled) {
     let start = std::time::Instant::now();
-    let c = tiny_gpt();
     let plan = c.plan.plan();
-    let mut ex = common::executor(&c, 5);
+    let mut ex = common::executor(c, 5);
     // The arena before the step: parameters, zeroed optimizer state and bound inputs (the
     // CPU plan's buffers are all 4-byte words; ids are stored as their bit patterns); every
     // other byte is POISON, so a kernel reading a buffer before it is written yields NaN.
@@ -660,7 +721,8 @@ fn small_gpt_training_step_through_the_shim_matches_the_cpu_backend() {
     }))
     .expect("cpu step");
     let dir = tempfile::tempdir().expect("temp dir");
-    let got = shim_plan_step(plan, &mut arena, dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let run =
+        shim_plan_step(plan, &mut arena, dir.path()).unwrap_or_else(|e| panic!("{name}: {e}"));
 
     let (_, loss_buf) = plan
         .outputs
@@ -672,31 +734,28 @@ fn small_gpt_training_step_through_the_shim_matches_the_cpu_backend() {
         get(&arena, loss_at, DType::F32, 1)[0],
         ex.output("loss").expect("loss")[0],
     );
-    println!("loss: shim {shim_loss}, cpu {cpu_loss}");
-    assert!(
-        (shim_loss - cpu_loss).abs() <= 1e-5 * cpu_loss.abs(),
-        "loss {shim_loss} vs {cpu_loss}"
-    );
     assert_eq!(
-        got.len(),
+        run.grads.len(),
         plan.params.len(),
-        "every parameter gets a gradient"
+        "{name}: every parameter gets a gradient"
     );
     // Gradients: the f32 tolerance. Updated parameters: within lr / 30 absolutely, since
     // AdamW's first step normalizes each gradient element, so where a gradient is pure
     // rounding noise (the key bias: softmax ignores a constant shift) only the absolute
     // change is meaningful.
-    let lr = match &plan.steps.iter().find_map(|s| match &s.op {
-        Op::AdamW(h) => Some(*h),
-        _ => None,
-    }) {
-        Some(h) => h.lr,
-        None => panic!("the plan has AdamW updates"),
-    };
+    let lr = plan
+        .steps
+        .iter()
+        .find_map(|s| match &s.op {
+            Op::AdamW(h) => Some(h.lr),
+            Op::Sgd(h) => Some(h.lr),
+            _ => None,
+        })
+        .expect("a training plan has updates");
     let mut worst = (0f32, 0f32, String::new());
     let mut worst_param = (0f32, String::new());
     for p in &plan.params {
-        let (err, ratio) = compare(&got[&p.name], &want[&p.name], DType::F32);
+        let (err, ratio) = compare(&run.grads[&p.name], &want[&p.name], DType::F32);
         if ratio >= worst.1 {
             worst = (err, ratio, p.name.clone());
         }
@@ -711,10 +770,13 @@ fn small_gpt_training_step_through_the_shim_matches_the_cpu_backend() {
         }
     }
     println!(
-        "{} steps, {} kernels, {} gradients: worst {} (max error {:e}, {:.3} of the \
+        "{name}: {} steps, {} kernels; worst {} ({:.3} of the tolerance); loss shim \
+         {shim_loss} cpu {cpu_loss}; {} gradients, worst {} (max error {:e}, {:.3} of the \
          tolerance); worst updated parameter {} (max error {:e}); {:.1?}",
         plan.steps.len(),
-        plan_kernel_uses(plan).map_or(0, |u| u.len()),
+        run.kernels,
+        run.worst_step.1,
+        run.worst_step.0,
         plan.params.len(),
         worst.2,
         worst.0,
@@ -724,14 +786,23 @@ fn small_gpt_training_step_through_the_shim_matches_the_cpu_backend() {
         start.elapsed()
     );
     assert!(
+        run.worst_step.0 <= 1.0,
+        "{name}: {} differs from the CPU kernel",
+        run.worst_step.1
+    );
+    assert!(
+        (shim_loss - cpu_loss).abs() <= 1e-4 * cpu_loss.abs(),
+        "{name}: loss {shim_loss} vs {cpu_loss}"
+    );
+    assert!(
         worst.1 <= 1.0,
-        "gradient of {} off by {:e}",
+        "{name}: gradient of {} off by {:e}",
         worst.2,
         worst.0
     );
     assert!(
         worst_param.0 <= lr / 30.0,
-        "updated {} off by {:e}",
+        "{name}: updated {} off by {:e}",
         worst_param.1,
         worst_param.0
     );

@@ -275,8 +275,8 @@ inline int run_main(int argc, char** argv, int nargs, void (*entry)(char*, const
     block.x = (unsigned)strtoul(argv[5], nullptr, 10);
     block.y = (unsigned)strtoul(argv[6], nullptr, 10);
     block.z = (unsigned)strtoul(argv[7], nullptr, 10);
-    unsigned long long args[64];
-    if (nargs > 64) fail("too many arguments");
+    unsigned long long* args = static_cast<unsigned long long*>(calloc((size_t)nargs + 1, 8));
+    if (!args) fail("out of memory");
     for (int i = 0; i < nargs; ++i) args[i] = strtoull(argv[8 + i], nullptr, 10);
     struct Call {
         void (*entry)(char*, const unsigned long long*);
@@ -286,6 +286,7 @@ inline int run_main(int argc, char** argv, int nargs, void (*entry)(char*, const
     launch(grid, block, [](void* p) { const Call* c = static_cast<const Call*>(p); c->entry(c->arena, c->args); }, &call);
     f = fopen(argv[1], "wb");
     if (!f || fwrite(arena, 1, (size_t)size, f) != (size_t)size || fclose(f) != 0) fail("cannot write the arena file");
+    free(args);
     free(arena);
     return 0;
 }
