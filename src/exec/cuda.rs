@@ -26,7 +26,9 @@ fn device_error(e: DriverError) -> ExecError {
 /// Free and total device memory in bytes, from `cuMemGetInfo`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemInfo {
+    /// Bytes not allocated by anyone.
     pub free: u64,
+    /// Bytes of the device.
     pub total: u64,
 }
 
