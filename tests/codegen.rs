@@ -86,6 +86,23 @@ fn mismatched_output_is_an_error() {
 }
 
 #[test]
+fn optimizer_clip_coefficient_must_be_f32() {
+    let h = t(DType::F16, &[10]);
+    let adam = Op::AdamW(AdamWParams {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+    });
+    let empty = t(DType::F32, &[0]);
+    for (clip, ok) in [(DType::F32, true), (DType::F16, false)] {
+        let inputs = vec![h.clone(), h.clone(), h.clone(), h.clone(), t(clip, &[])];
+        assert_eq!(kernel_for(&adam, &inputs, &empty).is_ok(), ok, "{clip}");
+    }
+}
+
+#[test]
 fn conv_gradients_must_match_the_forward_output() {
     let conv = ConvParams {
         stride: [2, 1],

@@ -851,6 +851,9 @@ fn optimizer(
     let n = a.at(0)?.numel();
     let n_in = 2 + states;
     let clip = a.inputs.len() == n_in + 1;
+    if clip && a.at(n_in)?.dtype != DType::F32 {
+        return Err(a.err("the clip coefficient must be f32 (the kernel reads it as float)"));
+    }
     let mut lines = vec![c_u64("N", n)];
     lines.extend(hyper);
     lines.push(c_bool("HAS_CLIP", clip));
