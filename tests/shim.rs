@@ -4,6 +4,9 @@
 //! GPT-2, Llama and MLP plans launched kernel by kernel over one arena in plan order.
 //! Without g++ the tests print SKIP.
 //!
+//! Each op case also runs with blocks and threads in reverse order and must give bit-identical
+//! results (a race between threads or blocks would not).
+//!
 //! Tolerances: an element passes when |shim - cpu| <= rtol * (|cpu| + 0.1 * max|cpu|), with
 //! rtol = 1e-4 for f32 outputs and two units of the format's epsilon for 16-bit outputs
 //! (f16: 2^-9, bf16: 2^-6): the 16-bit kernels compute in fp32 from the same rounded inputs
@@ -111,15 +114,21 @@ fn compile(kernel: &Kernel, dir: &Path) -> Result<PathBuf, String> {
 }
 
 /// Runs one launch of `kernel` over the arena file with the given values for its params.
+/// `reverse` runs blocks and threads in reverse order (see `cuda_sim.h`).
 fn launch(
     exe: &Path,
     kernel: &Kernel,
     arena: &Path,
+    reverse: bool,
     value: impl Fn(KernelParam) -> u64,
 ) -> Result<(), String> {
     let geometry = kernel.grid.iter().chain(&kernel.block).map(u32::to_string);
     let args = kernel.params[1..].iter().map(|&p| value(p).to_string());
-    let out = Command::new(exe)
+    let mut cmd = Command::new(exe);
+    if reverse {
+        cmd.env("MEMC_SIM_REVERSE", "1");
+    }
+    let out = cmd
         .arg(arena)
         .args(geometry)
         .args(args)
@@ -226,6 +235,19 @@ struct Results {
     updated: Vec<(usize, Vec<f32>)>,
 }
 
+impl Results {
+    /// Every value's bits, in order.
+    fn bits(&self) -> Vec<u32> {
+        let updated = self.updated.iter().flat_map(|(_, v)| v);
+        self.output
+            .iter()
+            .flatten()
+            .chain(updated)
+            .map(|v| v.to_bits())
+            .collect()
+    }
+}
+
 fn origin(phase: Phase) -> Origin {
     Origin {
         span: Span { start: 0, end: 0 },
@@ -294,6 +316,7 @@ fn shim_run(
     data: &[Vec<f32>],
     mutated: &[usize],
     arena_file: &Path,
+    reverse: bool,
 ) -> Result<Results, String> {
     // Each tensor is followed by at least one guard block; the arena starts as POISON bytes
     // (NaN in every float type), so an unwritten output element fails the comparison and a
@@ -309,7 +332,7 @@ fn shim_run(
         put(&mut arena, offsets[i], inputs[i].dtype, values);
     }
     std::fs::write(arena_file, &arena).map_err(|e| e.to_string())?;
-    launch(exe, kernel, arena_file, |p| match p {
+    launch(exe, kernel, arena_file, reverse, |p| match p {
         KernelParam::Arena => 0,
         KernelParam::Input(i) => offsets[i],
         KernelParam::Output => offsets[inputs.len()],
@@ -411,14 +434,21 @@ fn run_case(case: &Case, dir: &Path) -> Result<(f32, f32), String> {
     let data = case_data(&case.op, &case.inputs, 7);
     let want = cpu_reference(&case.f32_op, &case.f32_inputs, &data, CASE_STEP);
     let arena = dir.join(format!("{}.arena", case.kernel.name));
-    let got = shim_run(
-        &exe,
-        &case.kernel,
-        (&case.inputs, &case.output),
-        &data,
-        case.op.mutated_inputs(),
-        &arena,
-    )?;
+    let run = |reverse| {
+        shim_run(
+            &exe,
+            &case.kernel,
+            (&case.inputs, &case.output),
+            &data,
+            case.op.mutated_inputs(),
+            &arena,
+            reverse,
+        )
+    };
+    let got = run(false)?;
+    if run(true)?.bits() != got.bits() {
+        return Err("the result depends on the order of threads or blocks (a race)".to_string());
+    }
     compare_results(&got, &want, &case.output, &case.inputs)
 }
 
@@ -552,6 +582,7 @@ fn cast_kernels_round_like_the_half_crate() {
             std::slice::from_ref(&xs),
             &[],
             &arena,
+            false,
         )?;
         let got = got.output.ok_or("no output")?;
         let bad = xs
@@ -639,7 +670,7 @@ fn shim_plan_step(plan: &Plan, arena: &mut Vec<u8>, dir: &Path) -> Result<PlanRu
             run.grads.insert(name, data[1].clone());
         }
         let (kernel, exe) = kernel_of[s].ok_or_else(|| format!("step {s} has no kernel"))?;
-        launch(exe, kernel, &file, |p| match p {
+        launch(exe, kernel, &file, false, |p| match p {
             KernelParam::Arena => 0,
             KernelParam::Input(i) => buffer(step.inputs[i]).offset,
             KernelParam::Output => step.output.map_or(0, |b| buffer(b).offset),

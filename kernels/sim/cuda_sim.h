@@ -10,6 +10,9 @@
 //!
 //! `memc_sim::run_main` is the launcher: `prog ARENA gx gy gz bx by bz ARG...` loads the arena
 //! file, launches the entry once with the arena base and the u64 arguments, writes it back.
+//! With `MEMC_SIM_REVERSE` set in the environment, blocks and the threads within a block run
+//! in reverse order, which changes the result of a kernel with a race between threads (a
+//! missing barrier) or between blocks (overlapping non-atomic writes).
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -132,6 +135,9 @@ inline ucontext_t scheduler;
 inline Fiber* fibers;
 inline Fiber* current;
 inline unsigned nthreads;
+// Run blocks, and the ready threads of a block, in reverse order: a race-free kernel gives
+// bit-identical results either way.
+inline bool reverse_order;
 inline void (*body)(void*);
 inline void* body_arg;
 // Values in flight through a warp shuffle: [warp][lane], 8 bytes each.
@@ -195,8 +201,8 @@ inline void run_block() {
     }
     for (;;) {
         bool live = false;
-        for (unsigned t = 0; t < nthreads; ++t) {
-            Fiber& f = fibers[t];
+        for (unsigned i = 0; i < nthreads; ++i) {
+            Fiber& f = fibers[reverse_order ? nthreads - 1 - i : i];
             if (f.state != State::Ready) {
                 live = live || f.state != State::Done;
                 continue;
@@ -211,7 +217,7 @@ inline void run_block() {
     }
 }
 
-// Launches `fn(arg)` over the grid, blocks in order.
+// Launches `fn(arg)` over the grid, blocks in order (reversed under reverse_order).
 inline void launch(dim3 grid, dim3 block, void (*fn)(void*), void* arg) {
     nthreads = block.x * block.y * block.z;
     if (nthreads == 0 || nthreads > kMaxThreads) fail("block size must be 1..1024");
@@ -227,12 +233,12 @@ inline void launch(dim3 grid, dim3 block, void (*fn)(void*), void* arg) {
         fibers[t].linear = t;
         fibers[t].tid = uint3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
     }
-    for (unsigned z = 0; z < grid.z; ++z)
-        for (unsigned y = 0; y < grid.y; ++y)
-            for (unsigned x = 0; x < grid.x; ++x) {
-                blockIdx = uint3{x, y, z};
-                run_block();
-            }
+    const unsigned long long blocks = (unsigned long long)grid.x * grid.y * grid.z;
+    for (unsigned long long i = 0; i < blocks; ++i) {
+        const unsigned long long b = reverse_order ? blocks - 1 - i : i;
+        blockIdx = uint3{(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / grid.x / grid.y)};
+        run_block();
+    }
     for (unsigned t = 0; t < nthreads; ++t) free(fibers[t].stack);
     free(fibers);
     fibers = nullptr;
@@ -268,6 +274,7 @@ inline int run_main(int argc, char** argv, int nargs, void (*entry)(char*, const
     char* arena = static_cast<char*>(aligned_alloc(256, ((size_t)size + 255) / 256 * 256 + 256));
     if (!arena || fread(arena, 1, (size_t)size, f) != (size_t)size) fail("cannot read the arena file");
     fclose(f);
+    reverse_order = getenv("MEMC_SIM_REVERSE") != nullptr;
     dim3 grid, block;
     grid.x = (unsigned)strtoul(argv[2], nullptr, 10);
     grid.y = (unsigned)strtoul(argv[3], nullptr, 10);
