@@ -87,6 +87,52 @@ fn mismatched_output_is_an_error() {
 }
 
 #[test]
+fn optimizer_clip_coefficient_must_be_f32() {
+    let h = t(DType::F16, &[10]);
+    let adam = Op::AdamW(AdamWParams {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+    });
+    let empty = t(DType::F32, &[0]);
+    for (clip, ok) in [(DType::F32, true), (DType::F16, false)] {
+        let inputs = vec![h.clone(), h.clone(), h.clone(), h.clone(), t(clip, &[])];
+        assert_eq!(kernel_for(&adam, &inputs, &empty).is_ok(), ok, "{clip}");
+    }
+}
+
+#[test]
+fn conv_gradients_must_match_the_forward_output() {
+    let conv = ConvParams {
+        stride: [2, 1],
+        padding: [1, 1],
+        dilation: [1, 2],
+        groups: 2,
+    };
+    let w = t(DType::F32, &[6, 2, 3, 3]);
+    let x = t(DType::F32, &[2, 4, 9, 9]);
+    let bwd_in = Op::Conv2dBackwardInput {
+        conv,
+        input: [9, 9],
+    };
+    let bwd_w = Op::Conv2dBackwardWeight {
+        conv,
+        kernel: [3, 3],
+    };
+    // The forward output is [2, 6, 5, 7]; a [2, 6, 5, 5] gradient is refused.
+    for dy in [[2, 6, 5, 7], [2, 6, 5, 5]] {
+        let dy = t(DType::F32, &dy);
+        let ok = dy.shape[3] == 7;
+        let refs = [&dy, &w];
+        assert_eq!(infer::infer(&bwd_in, &refs).is_ok(), ok, "{dy}");
+        let refs = [&x, &dy];
+        assert_eq!(infer::infer(&bwd_w, &refs).is_ok(), ok, "{dy}");
+    }
+}
+
+#[test]
 fn distinct_shapes_get_distinct_names_and_casts_are_keyed_by_dtype() {
     let a = cast_kernel(DType::F32, DType::F16, 100);
     let b = cast_kernel(DType::F32, DType::BF16, 100);

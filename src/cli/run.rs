@@ -1,10 +1,12 @@
-//! `memc run`: executes training steps of a model (or of a saved plan JSON) on the CPU.
+//! `memc run`: executes training steps of a model (or of a saved plan JSON) on the CPU
+//! reference backend or, with `--device cuda`, on the GPU.
 
 use super::{compile_file, output::write_atomic, CompileArgs, Failure};
 use indicatif::{ProgressBar, ProgressStyle};
 use memc::exec::cpu::CpuExecutor;
+use memc::exec::cuda::CudaExecutor;
 use memc::exec::io::{read_npy, read_safetensors, write_npy, write_safetensors, TensorData};
-use memc::plan::{verify, Plan, VerifiedPlan};
+use memc::plan::{human_bytes, verify, BufferId, Plan, VerifiedPlan};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
@@ -140,15 +142,109 @@ fn dump_file(dir: &Path, name: &str, shape: &[usize], data: &[f32]) -> Result<()
     write_atomic(&dir.join(name), &bytes)
 }
 
+/// Shows one step's loss on the progress bar, or prints it when stderr is not a terminal.
+fn show_loss(bar: Option<&ProgressBar>, step: u64, loss: f32) -> Result<(), Failure> {
+    let line = format!("step {step} loss {loss:.6}");
+    match bar {
+        Some(b) => {
+            b.set_message(line);
+            b.inc(1);
+            Ok(())
+        }
+        None => super::output::write(None, &format!("{line}\n")),
+    }
+}
+
+/// Writes every parameter, read through `read`, as safetensors.
+fn save_params(
+    path: &Path,
+    plan: &Plan,
+    read: impl Fn(BufferId) -> Result<Vec<f32>, Failure>,
+) -> Result<(), Failure> {
+    let tensors = plan
+        .params
+        .iter()
+        .map(|p| {
+            let shape = plan.buffers[p.buffer.index()].ty.shape.clone();
+            Ok((p.name.clone(), shape, read(p.buffer)?))
+        })
+        .collect::<Result<Vec<(String, Vec<usize>, Vec<f32>)>, Failure>>()?;
+    let bytes = write_safetensors(&tensors)
+        .map_err(|e| Failure::Plain(format!("cannot encode parameters: {e}")))?;
+    write_atomic(path, &bytes)
+}
+
+fn plain(e: impl std::fmt::Display) -> Failure {
+    Failure::Plain(e.to_string())
+}
+
+/// Runs the steps on the GPU: the arena starts as the host executor's (initialized
+/// parameters, zeroed optimizer state, bound inputs).
+fn run_cuda(
+    args: &RunArgs,
+    plan: &VerifiedPlan,
+    host: &CpuExecutor,
+    bar: Option<&ProgressBar>,
+) -> Result<(), Failure> {
+    let mut dev = CudaExecutor::new(plan).map_err(plain)?;
+    let words =
+        |b: BufferId| -> Vec<u8> { host.read(b).iter().flat_map(|w| w.to_le_bytes()).collect() };
+    let plan = plan.plan();
+    for p in &plan.params {
+        dev.write(p.buffer, &words(p.buffer)).map_err(plain)?;
+    }
+    for i in &plan.inputs {
+        dev.bind_input(i.buffer, words(i.buffer)).map_err(plain)?;
+    }
+    let (before, after) = dev.memory;
+    let used = |m: memc::exec::cuda::MemInfo| human_bytes(m.total - m.free);
+    super::output::write(
+        None,
+        &format!(
+            "cuda: arena {} in one allocation; device memory in use {} -> {} of {}\n",
+            human_bytes(plan.arena_bytes),
+            used(before),
+            used(after),
+            human_bytes(after.total)
+        ),
+    )?;
+    let f32s = |bytes: Vec<u8>| -> Vec<f32> {
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    let loss = plan
+        .outputs
+        .iter()
+        .find(|(n, _)| n == "loss")
+        .map(|&(_, b)| b);
+    for step in 1..=args.steps {
+        dev.run_step()
+            .map_err(|e| Failure::Plain(format!("step {step}: {e}")))?;
+        if let Some(b) = loss {
+            let value = f32s(dev.read(b).map_err(plain)?);
+            show_loss(bar, step, value.first().copied().unwrap_or(f32::NAN))?;
+        }
+    }
+    if let Some(path) = &args.save_params {
+        save_params(path, plan, |b| dev.read(b).map(f32s).map_err(plain))?;
+    }
+    Ok(())
+}
+
 /// Runs the command.
 pub fn run(args: RunArgs) -> Result<(), Failure> {
-    if args.device == "cuda" {
-        let why = if memc::exec::cuda::driver_present() {
-            "plans do not execute on CUDA yet (`memc emit` writes and NVRTC-checks the kernels)"
-        } else {
-            "no CUDA driver found"
-        };
-        return Err(Failure::Plain(format!("{why}; use --device cpu")));
+    let cuda = args.device == "cuda";
+    if cuda && !memc::exec::cuda::driver_present() {
+        return Err(Failure::Plain(
+            "no CUDA driver found; use --device cpu".into(),
+        ));
+    }
+    if cuda && args.dump.is_some() {
+        return Err(Failure::Plain(
+            "--dump reads gradients before their in-backward update; use --device cpu".into(),
+        ));
     }
     let plan = load_plan(&args)?;
     if plan.plan().train.is_none() && args.steps > 1 {
@@ -179,7 +275,18 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
         );
         b
     });
-    let mut out = Vec::new();
+    if cuda {
+        run_cuda(&args, &plan, &ex, bar.as_ref())?;
+    } else {
+        run_cpu(&args, &mut ex, bar.as_ref())?;
+    }
+    if let Some(b) = bar {
+        b.finish();
+    }
+    Ok(())
+}
+
+fn run_cpu(args: &RunArgs, ex: &mut CpuExecutor, bar: Option<&ProgressBar>) -> Result<(), Failure> {
     for step in 1..=args.steps {
         let mut dumped: Vec<(String, Vec<f32>)> = Vec::new();
         let mut hook = |name: &str, g: &[f32]| dumped.push((name.to_string(), g.to_vec()));
@@ -218,38 +325,11 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
             }
         }
         if let Some((_, _, loss)) = outputs.iter().find(|(n, _, _)| n == "loss") {
-            let line = format!("step {step} loss {:.6}", loss[0]);
-            match &bar {
-                Some(b) => {
-                    b.set_message(line.clone());
-                    b.inc(1);
-                }
-                None => out.push(line),
-            }
-            if bar.is_none() {
-                super::output::write(None, &format!("{}\n", out.pop().unwrap_or_default()))?;
-            }
+            show_loss(bar, step, loss[0])?;
         }
     }
-    if let Some(b) = bar {
-        b.finish();
-    }
     if let Some(path) = &args.save_params {
-        let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = ex
-            .plan()
-            .params
-            .iter()
-            .map(|p| {
-                (
-                    p.name.clone(),
-                    ex.plan().buffers[p.buffer.index()].ty.shape.clone(),
-                    ex.read(p.buffer).to_vec(),
-                )
-            })
-            .collect();
-        let bytes = write_safetensors(&tensors)
-            .map_err(|e| Failure::Plain(format!("cannot encode parameters: {e}")))?;
-        write_atomic(path, &bytes)?;
+        save_params(path, ex.plan(), |b| Ok(ex.read(b).to_vec()))?;
     }
     Ok(())
 }

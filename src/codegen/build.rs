@@ -186,6 +186,7 @@ impl Gen {
                 KernelParam::Output => "u64 out".to_string(),
                 KernelParam::Step => "u64 step".to_string(),
                 KernelParam::MicroStep => "u64 micro".to_string(),
+                KernelParam::Stream => "u64 stream".to_string(),
             })
             .collect();
         let threads = self.block[0] * self.block[1] * self.block[2];

@@ -23,9 +23,11 @@ pub enum KernelParam {
     Input(usize),
     /// `unsigned long long` byte offset into the arena of the op's output.
     Output,
-    /// `unsigned long long` 1-based training step (AdamW bias correction); for dropout, the
-    /// 1-based count of micro-steps run so far (the step when nothing accumulates).
+    /// `unsigned long long` 1-based training step (AdamW/SGD bias correction and momentum).
     Step,
+    /// `unsigned long long` dropout stream: the 1-based count of micro-steps run so far (the
+    /// training step when nothing accumulates).
+    Stream,
     /// `unsigned long long` 0-based micro-step within the step (gradient accumulation).
     MicroStep,
 }

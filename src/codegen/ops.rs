@@ -10,7 +10,7 @@ use crate::ir::{
 
 type Result<T> = std::result::Result<T, CodegenError>;
 
-use KernelParam::{Input as In, MicroStep, Output as Out, Step};
+use KernelParam::{Input as In, MicroStep, Output as Out, Step, Stream};
 
 /// Checked accessors over an op's input types.
 struct Args<'a> {
@@ -718,8 +718,11 @@ fn build(a: &Args) -> Result<Kernel> {
             "dropout",
             &[RNG],
             vec![c_u64("N", n_out), c_f32("P", *p), c_u64("SEED", *seed)],
-            format!("dropout_kernel<{}, Cfg>(arena, in0, out, step)", a.out_ty()),
-            &[In(0), Out, Step],
+            format!(
+                "dropout_kernel<{}, Cfg>(arena, in0, out, stream)",
+                a.out_ty()
+            ),
+            &[In(0), Out, Stream],
             Elementwise(n_out),
         )),
         Attention(p) => attention(a, p, None),
@@ -888,6 +891,9 @@ fn optimizer(
     let n = a.at(0)?.numel();
     let n_in = 2 + states;
     let clip = a.inputs.len() == n_in + 1;
+    if clip && a.at(n_in)?.dtype != DType::F32 {
+        return Err(a.err("the clip coefficient must be f32 (the kernel reads it as float)"));
+    }
     let mut lines = vec![c_u64("N", n)];
     lines.extend(hyper);
     lines.push(c_bool("HAS_CLIP", clip));

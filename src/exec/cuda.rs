@@ -1,7 +1,233 @@
-//! The CUDA backend's entry: detects the driver without letting cudarc panic when it is absent.
+//! The CUDA backend: one device allocation holds the plan's whole arena; every step launches
+//! its generated kernel (NVRTC PTX, loaded through the driver API) with the arena base and
+//! the byte offsets the plan assigned. Nothing else is allocated on the device.
+//!
+//! Every entry point checks that the driver library loads before calling into cudarc, whose
+//! dynamically loaded symbols panic when it is absent.
+
+use super::ExecError;
+use crate::codegen::{nvrtc, plan_kernel_uses, Kernel, KernelParam};
+use crate::plan::{BufferId, Plan, VerifiedPlan};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+};
+use std::sync::Arc;
 
 /// True when the CUDA driver library can be loaded on this machine.
 pub fn driver_present() -> bool {
     // SAFETY: only tries to open the library with libloading; no symbol is called.
     unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+fn device_error(e: DriverError) -> ExecError {
+    ExecError::Device(format!("CUDA driver: {e}"))
+}
+
+/// Free and total device memory in bytes, from `cuMemGetInfo`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemInfo {
+    /// Bytes not allocated by anyone.
+    pub free: u64,
+    /// Bytes of the device.
+    pub total: u64,
+}
+
+/// Executes a plan on device 0, keeping parameters and optimizer state in the device arena.
+pub struct CudaExecutor {
+    plan: Plan,
+    stream: Arc<CudaStream>,
+    arena: CudaSlice<u8>,
+    /// Distinct kernels with their loaded functions; `kernel_of[step]` indexes this list.
+    kernels: Vec<(Kernel, CudaFunction)>,
+    kernel_of: Vec<Option<usize>>,
+    /// The 1-based number of the next training step.
+    step: u64,
+    /// Host copies of the inputs, one micro-batch after another, uploaded at the start of
+    /// every micro-step.
+    bound: Vec<(BufferId, Vec<u8>)>,
+    /// Device memory just before and just after the arena was allocated.
+    pub memory: (MemInfo, MemInfo),
+}
+
+impl CudaExecutor {
+    /// Compiles every kernel of `plan` with NVRTC for the device's architecture (compute_80
+    /// or compute_90), loads them and allocates the zeroed arena.
+    pub fn new(plan: &VerifiedPlan) -> Result<CudaExecutor, ExecError> {
+        if !driver_present() {
+            return Err(ExecError::Device("no CUDA driver found".to_string()));
+        }
+        let plan = plan.plan().clone();
+        let ctx = CudaContext::new(0).map_err(device_error)?;
+        let (major, minor) = ctx.compute_capability().map_err(device_error)?;
+        let arch = match major {
+            8 => "compute_80",
+            9.. => "compute_90",
+            _ => {
+                return Err(ExecError::Device(format!(
+                    "compute capability {major}.{minor}: the kernels need sm_80 or newer"
+                )))
+            }
+        };
+        let uses = plan_kernel_uses(&plan).map_err(|e| ExecError::Unsupported(e.to_string()))?;
+        let mut kernels = Vec::with_capacity(uses.len());
+        let mut kernel_of = vec![None; plan.steps.len()];
+        for (kernel, steps) in uses {
+            let ptx = nvrtc::compile_ptx(&kernel, arch)
+                .map_err(|e| ExecError::Unsupported(e.to_string()))?;
+            let module = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .map_err(device_error)?;
+            let function = module.load_function(&kernel.entry).map_err(device_error)?;
+            for s in steps {
+                kernel_of[s] = Some(kernels.len());
+            }
+            kernels.push((kernel, function));
+        }
+        let stream = ctx.default_stream();
+        let info = |ctx: &CudaContext| {
+            ctx.mem_get_info()
+                .map_err(device_error)
+                .map(|(free, total)| MemInfo {
+                    free: free as u64,
+                    total: total as u64,
+                })
+        };
+        let before = info(&ctx)?;
+        let arena = stream
+            .alloc_zeros::<u8>(plan.arena_bytes.max(1) as usize)
+            .map_err(device_error)?;
+        stream.synchronize().map_err(device_error)?;
+        let after = info(&ctx)?;
+        Ok(CudaExecutor {
+            plan,
+            stream,
+            arena,
+            kernels,
+            kernel_of,
+            step: 1,
+            bound: Vec::new(),
+            memory: (before, after),
+        })
+    }
+
+    /// The plan being executed.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn range(&self, b: BufferId) -> std::ops::Range<usize> {
+        let buf = &self.plan.buffers[b.index()];
+        buf.offset as usize..(buf.offset + buf.bytes) as usize
+    }
+
+    /// Overwrites a buffer with `bytes` (its exact size, in the buffer's element type).
+    pub fn write(&mut self, b: BufferId, bytes: &[u8]) -> Result<(), ExecError> {
+        let range = self.range(b);
+        if bytes.len() != range.len() {
+            return Err(ExecError::Shape(format!(
+                "`{}` holds {} bytes, got {}",
+                self.plan.buffers[b.index()].name,
+                range.len(),
+                bytes.len()
+            )));
+        }
+        let mut view = self.arena.slice_mut(range);
+        self.stream
+            .memcpy_htod(bytes, &mut view)
+            .map_err(device_error)
+    }
+
+    /// Micro-batches per step: `accumulate` of the plan's training spec (1 for inference).
+    pub fn micro_steps(&self) -> u32 {
+        self.plan.train.as_ref().map_or(1, |t| t.accumulate.max(1))
+    }
+
+    /// Binds an input for every following step: one micro-batch after another, so
+    /// `micro_steps()` times the buffer's bytes.
+    pub fn bind_input(&mut self, b: BufferId, bytes: Vec<u8>) -> Result<(), ExecError> {
+        let n = self.range(b).len();
+        let micro = self.micro_steps() as usize;
+        if bytes.len() != n * micro {
+            return Err(ExecError::Shape(format!(
+                "`{}` takes {micro} micro-batch(es) of {n} bytes, got {}",
+                self.plan.buffers[b.index()].name,
+                bytes.len()
+            )));
+        }
+        self.write(b, &bytes[..n])?;
+        self.bound.retain(|(id, _)| *id != b);
+        self.bound.push((b, bytes));
+        Ok(())
+    }
+
+    /// The bytes of a buffer.
+    pub fn read(&self, b: BufferId) -> Result<Vec<u8>, ExecError> {
+        self.stream
+            .clone_dtoh(&self.arena.slice(self.range(b)))
+            .map_err(device_error)
+    }
+
+    /// Runs one training step and waits for the device: every step of the plan on each
+    /// micro-batch in turn, the update-phase steps only after the last.
+    pub fn run_step(&mut self) -> Result<(), ExecError> {
+        let micro_steps = self.micro_steps();
+        for micro in 0..micro_steps {
+            for (b, bytes) in std::mem::take(&mut self.bound) {
+                let range = self.range(b);
+                let start = micro as usize * range.len();
+                let mut view = self.arena.slice_mut(range.clone());
+                self.stream
+                    .memcpy_htod(&bytes[start..start + range.len()], &mut view)
+                    .map_err(device_error)?;
+                self.bound.push((b, bytes));
+            }
+            self.launch_steps(micro, micro + 1 == micro_steps)?;
+        }
+        self.stream.synchronize().map_err(device_error)?;
+        self.step += 1;
+        Ok(())
+    }
+
+    /// Launches every step of micro-step `micro` (update-phase steps only when `last`).
+    fn launch_steps(&self, micro: u32, last: bool) -> Result<(), ExecError> {
+        let stream = (self.step - 1) * u64::from(self.micro_steps()) + u64::from(micro) + 1;
+        for (s, step) in self.plan.steps.iter().enumerate() {
+            let Some(k) = self.kernel_of[s] else {
+                continue;
+            };
+            if !last && step.phase == crate::ir::Phase::Update {
+                continue;
+            }
+            let (kernel, function) = &self.kernels[k];
+            let offset = |b: BufferId| self.plan.buffers[b.index()].offset;
+            let values: Vec<u64> = kernel.params[1..]
+                .iter()
+                .map(|p| match p {
+                    KernelParam::Input(i) => offset(step.inputs[*i]),
+                    KernelParam::Output => step.output.map_or(0, offset),
+                    KernelParam::Step => self.step,
+                    KernelParam::Stream => stream,
+                    KernelParam::MicroStep => u64::from(micro),
+                    KernelParam::Arena => 0,
+                })
+                .collect();
+            let mut launch = self.stream.launch_builder(function);
+            launch.arg(&self.arena);
+            for v in &values {
+                launch.arg(v);
+            }
+            let [gx, gy, gz] = kernel.grid;
+            let [bx, by, bz] = kernel.block;
+            let cfg = LaunchConfig {
+                grid_dim: (gx, gy, gz),
+                block_dim: (bx, by, bz),
+                shared_mem_bytes: kernel.shared_bytes,
+            };
+            // SAFETY: the entry's signature is `char*` followed by one `unsigned long long`
+            // per remaining `kernel.params` entry, exactly the arguments pushed above; every
+            // offset is a buffer the plan verifier placed inside the arena.
+            unsafe { launch.launch(cfg) }.map_err(device_error)?;
+        }
+        Ok(())
+    }
 }

@@ -10,9 +10,14 @@ use std::fmt;
 /// Why a plan could not run: bad data reached a kernel, or the plan needs what the backend lacks.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ExecError {
-    IdOutOfRange { value: i64, limit: usize },
+    IdOutOfRange {
+        value: i64,
+        limit: usize,
+    },
     Shape(String),
     Unsupported(String),
+    /// The device or its driver failed (or is absent).
+    Device(String),
 }
 
 impl fmt::Display for ExecError {
@@ -21,7 +26,9 @@ impl fmt::Display for ExecError {
             ExecError::IdOutOfRange { value, limit } => {
                 write!(f, "id {value} is out of range 0..{limit}")
             }
-            ExecError::Shape(m) | ExecError::Unsupported(m) => f.write_str(m),
+            ExecError::Shape(m) | ExecError::Unsupported(m) | ExecError::Device(m) => {
+                f.write_str(m)
+            }
         }
     }
 }

@@ -145,6 +145,18 @@ fn conv_out(x: &TensorType, w: &TensorType, c: &ConvParams) -> Result<TensorType
     }
 }
 
+/// A conv2d gradient `dy` must have the shape the forward conv of `x` and `w` produces.
+fn conv_grad_check(dy: &TensorType, x: &TensorType, w: &TensorType, c: &ConvParams) -> Result<()> {
+    let y = conv_out(x, w, c)?;
+    if y.shape != dy.shape {
+        return fail(
+            format!("conv2d gradient {dy} does not match the forward output {y}"),
+            "the gradient must have the shape of the convolution's output",
+        );
+    }
+    Ok(())
+}
+
 fn pool_out(x: &TensorType, p: &PoolParams) -> Result<TensorType> {
     rank_exactly(x, 4, "pooling input")?;
     let ho = window_out(x.shape[2], p.kernel[0], p.stride[0], p.padding[0], 1);
@@ -518,20 +530,24 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
             let (dy, w) = (at(0), at(1));
             rank_exactly(dy, 4, "conv2d gradient")?;
             rank_exactly(w, 4, "conv2d weight")?;
-            Ok(TensorType::new(
+            let dx = TensorType::new(
                 dy.dtype,
                 vec![dy.shape[0], w.shape[1] * conv.groups, input[0], input[1]],
-            ))
+            );
+            conv_grad_check(dy, &dx, w, conv)?;
+            Ok(dx)
         }
         Conv2dBackwardWeight { conv, kernel } => {
             arity(op, inputs, 2, 2)?;
             let (x, dy) = (at(0), at(1));
             rank_exactly(x, 4, "conv2d input")?;
             rank_exactly(dy, 4, "conv2d gradient")?;
-            Ok(TensorType::new(
+            let dw = TensorType::new(
                 x.dtype,
                 vec![dy.shape[1], x.shape[1] / conv.groups, kernel[0], kernel[1]],
-            ))
+            );
+            conv_grad_check(dy, x, &dw, conv)?;
+            Ok(dw)
         }
         MaxPool2d(p) | AvgPool2d(p) => {
             arity(op, inputs, 1, 1)?;

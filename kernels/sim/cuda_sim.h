@@ -1,0 +1,325 @@
+//! memc CUDA host shim: lets g++ compile the generated kernel sources (the exact text NVRTC
+//! compiles) as C++17 and run them on the CPU.
+//!
+//! Execution model: the blocks of a launch run one after another; within a block every CUDA
+//! thread is a fiber (ucontext) on one OS thread, so `__syncthreads` is a real barrier over
+//! the block's live threads and the warp shuffles exchange values through a per-warp buffer
+//! between two warp barriers. `__shared__` is `static`: one copy shared by a block's threads,
+//! reused by the next block (blocks never overlap). A barrier that can never complete (a
+//! divergent `__syncthreads` or shuffle) aborts with a message instead of hanging.
+//!
+//! `memc_sim::run_main` is the launcher: `prog ARENA gx gy gz bx by bz ARG...` loads the arena
+//! file, launches the entry once with the arena base and the u64 arguments, writes it back.
+//! With `MEMC_SIM_REVERSE` set in the environment, blocks and the threads within a block run
+//! in reverse order, which changes the result of a kernel with a race between threads (a
+//! missing barrier) or between blocks (overlapping non-atomic writes).
+#pragma once
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+// ---- CUDA qualifiers ---------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+
+// ---- vector types and launch coordinates -------------------------------------------------
+struct uint3 {
+    unsigned x, y, z;
+};
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+struct float2 {
+    float x, y;
+};
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+
+inline uint3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+
+// ---- float intrinsics ----------------------------------------------------------------------
+inline float __int_as_float(int v) {
+    float f;
+    memcpy(&f, &v, 4);
+    return f;
+}
+inline int __float_as_int(float f) {
+    int v;
+    memcpy(&v, &f, 4);
+    return v;
+}
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+
+// ---- 16-bit floats: storage types with round-to-nearest-even conversions -------------------
+struct __half {
+    uint16_t bits;
+};
+struct __nv_bfloat16 {
+    uint16_t bits;
+};
+
+inline float __half2float(__half h) {
+    const uint32_t sign = (uint32_t)(h.bits & 0x8000u) << 16;
+    const uint32_t exp = (h.bits >> 10) & 0x1fu, mant = h.bits & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0) {
+        float f = ldexpf((float)mant, -24);
+        memcpy(&bits, &f, 4);
+    } else if (exp == 31) {
+        bits = 0x7f800000u | (mant << 13);
+    } else {
+        bits = ((exp + 112u) << 23) | (mant << 13);
+    }
+    bits |= sign;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+inline __half __float2half_rn(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return __half{(uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu))};
+    if (ax >= 0x477ff000u) return __half{(uint16_t)(sign | 0x7c00u)};  // >= 65520: inf
+    if (ax < 0x38800000u) {                                               // subnormal half
+        float a;
+        memcpy(&a, &ax, 4);
+        return __half{(uint16_t)(sign | (uint16_t)nearbyintf(a * 16777216.0f))};
+    }
+    uint32_t h = ((((ax >> 23) - 112u) << 10) | ((ax >> 13) & 0x3ffu));
+    const uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+    return __half{(uint16_t)(sign | h)};
+}
+inline float __bfloat162float(__nv_bfloat16 b) {
+    const uint32_t bits = (uint32_t)b.bits << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return __nv_bfloat16{(uint16_t)((x >> 16) | 0x40u)};
+    return __nv_bfloat16{(uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16)};
+}
+
+// ---- the block scheduler -------------------------------------------------------------------
+namespace memc_sim {
+
+enum class State { Ready, AtBlockBarrier, AtWarpBarrier, Done };
+
+struct Fiber {
+    ucontext_t ctx;
+    char* stack;
+    uint3 tid;
+    unsigned linear;
+    State state;
+};
+
+constexpr size_t kStackBytes = 256 * 1024;
+constexpr unsigned kMaxThreads = 1024;
+
+inline ucontext_t scheduler;
+inline Fiber* fibers;
+inline Fiber* current;
+inline unsigned nthreads;
+// Run blocks, and the ready threads of a block, in reverse order: a race-free kernel gives
+// bit-identical results either way.
+inline bool reverse_order;
+inline void (*body)(void*);
+inline void* body_arg;
+// Values in flight through a warp shuffle: [warp][lane], 8 bytes each.
+inline unsigned char shuffle_buf[kMaxThreads / 32][32][8];
+
+[[noreturn]] inline void fail(const char* what) {
+    fprintf(stderr, "cuda_sim: %s (block %u,%u,%u)\n", what, blockIdx.x, blockIdx.y, blockIdx.z);
+    exit(70);
+}
+
+inline void wait(State s) {
+    current->state = s;
+    if (swapcontext(&current->ctx, &scheduler) != 0) fail("swapcontext failed");
+}
+
+inline void fiber_entry() {
+    body(body_arg);
+    current->state = State::Done;
+}
+
+// Completes the barriers every live participant has reached; false when none could.
+inline bool release() {
+    bool progress = false;
+    for (unsigned w = 0; w * 32 < nthreads; ++w) {
+        const unsigned lo = w * 32, hi = lo + 32 < nthreads ? lo + 32 : nthreads;
+        bool all = true, any = false;
+        for (unsigned t = lo; t < hi; ++t) {
+            if (fibers[t].state == State::Done) continue;
+            any = true;
+            all = all && fibers[t].state == State::AtWarpBarrier;
+        }
+        if (any && all) {
+            for (unsigned t = lo; t < hi; ++t)
+                if (fibers[t].state == State::AtWarpBarrier) fibers[t].state = State::Ready;
+            progress = true;
+        }
+    }
+    if (progress) return true;
+    bool all = true, any = false;
+    for (unsigned t = 0; t < nthreads; ++t) {
+        if (fibers[t].state == State::Done) continue;
+        any = true;
+        all = all && fibers[t].state == State::AtBlockBarrier;
+    }
+    if (any && all)
+        for (unsigned t = 0; t < nthreads; ++t)
+            if (fibers[t].state == State::AtBlockBarrier) fibers[t].state = State::Ready;
+    return any && all;
+}
+
+// Runs one block: every thread until it finishes, completing barriers as they fill.
+inline void run_block() {
+    for (unsigned t = 0; t < nthreads; ++t) {
+        Fiber& f = fibers[t];
+        if (getcontext(&f.ctx) != 0) fail("getcontext failed");
+        f.ctx.uc_stack.ss_sp = f.stack;
+        f.ctx.uc_stack.ss_size = kStackBytes;
+        f.ctx.uc_link = &scheduler;
+        makecontext(&f.ctx, fiber_entry, 0);
+        f.state = State::Ready;
+    }
+    for (;;) {
+        bool live = false;
+        for (unsigned i = 0; i < nthreads; ++i) {
+            Fiber& f = fibers[reverse_order ? nthreads - 1 - i : i];
+            if (f.state != State::Ready) {
+                live = live || f.state != State::Done;
+                continue;
+            }
+            current = &f;
+            threadIdx = f.tid;
+            if (swapcontext(&scheduler, &f.ctx) != 0) fail("swapcontext failed");
+            live = live || f.state != State::Done;
+        }
+        if (!live) return;
+        if (!release()) fail("deadlock: threads wait at barriers that cannot complete");
+    }
+}
+
+// Launches `fn(arg)` over the grid, blocks in order (reversed under reverse_order).
+inline void launch(dim3 grid, dim3 block, void (*fn)(void*), void* arg) {
+    nthreads = block.x * block.y * block.z;
+    if (nthreads == 0 || nthreads > kMaxThreads) fail("block size must be 1..1024");
+    gridDim = grid;
+    blockDim = block;
+    body = fn;
+    body_arg = arg;
+    fibers = static_cast<Fiber*>(calloc(nthreads, sizeof(Fiber)));
+    if (!fibers) fail("out of memory");
+    for (unsigned t = 0; t < nthreads; ++t) {
+        fibers[t].stack = static_cast<char*>(malloc(kStackBytes));
+        if (!fibers[t].stack) fail("out of memory");
+        fibers[t].linear = t;
+        fibers[t].tid = uint3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+    }
+    const unsigned long long blocks = (unsigned long long)grid.x * grid.y * grid.z;
+    for (unsigned long long i = 0; i < blocks; ++i) {
+        const unsigned long long b = reverse_order ? blocks - 1 - i : i;
+        blockIdx = uint3{(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / grid.x / grid.y)};
+        run_block();
+    }
+    for (unsigned t = 0; t < nthreads; ++t) free(fibers[t].stack);
+    free(fibers);
+    fibers = nullptr;
+}
+
+// Warp shuffle: publishes v, waits for the warp, reads lane `src` (own value when out of
+// range), waits again so the buffer can be reused.
+template <typename T> inline T shuffle(T v, int src) {
+    static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
+    const unsigned lane = current->linear & 31u, warp = current->linear >> 5;
+    memcpy(shuffle_buf[warp][lane], &v, sizeof(T));
+    wait(State::AtWarpBarrier);
+    T r = v;
+    if (src >= 0 && src < 32 && warp * 32 + (unsigned)src < nthreads) memcpy(&r, shuffle_buf[warp][src], sizeof(T));
+    wait(State::AtWarpBarrier);
+    return r;
+}
+
+inline unsigned lane() { return current->linear & 31u; }
+
+// `prog ARENA gx gy gz bx by bz ARG...`: runs `entry(arena, args)` on the arena file in
+// place. `nargs` is the number of u64 arguments the entry takes after the arena.
+inline int run_main(int argc, char** argv, int nargs, void (*entry)(char*, const unsigned long long*)) {
+    if (argc != 8 + nargs) {
+        fprintf(stderr, "usage: %s ARENA gx gy gz bx by bz (%d u64 arguments)\n", argv[0], nargs);
+        return 64;
+    }
+    FILE* f = fopen(argv[1], "rb");
+    if (!f) fail("cannot open the arena file");
+    fseek(f, 0, SEEK_END);
+    const long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char* arena = static_cast<char*>(aligned_alloc(256, ((size_t)size + 255) / 256 * 256 + 256));
+    if (!arena || fread(arena, 1, (size_t)size, f) != (size_t)size) fail("cannot read the arena file");
+    fclose(f);
+    reverse_order = getenv("MEMC_SIM_REVERSE") != nullptr;
+    dim3 grid, block;
+    grid.x = (unsigned)strtoul(argv[2], nullptr, 10);
+    grid.y = (unsigned)strtoul(argv[3], nullptr, 10);
+    grid.z = (unsigned)strtoul(argv[4], nullptr, 10);
+    block.x = (unsigned)strtoul(argv[5], nullptr, 10);
+    block.y = (unsigned)strtoul(argv[6], nullptr, 10);
+    block.z = (unsigned)strtoul(argv[7], nullptr, 10);
+    unsigned long long* args = static_cast<unsigned long long*>(calloc((size_t)nargs + 1, 8));
+    if (!args) fail("out of memory");
+    for (int i = 0; i < nargs; ++i) args[i] = strtoull(argv[8 + i], nullptr, 10);
+    struct Call {
+        void (*entry)(char*, const unsigned long long*);
+        char* arena;
+        const unsigned long long* args;
+    } call{entry, arena, args};
+    launch(grid, block, [](void* p) { const Call* c = static_cast<const Call*>(p); c->entry(c->arena, c->args); }, &call);
+    f = fopen(argv[1], "wb");
+    if (!f || fwrite(arena, 1, (size_t)size, f) != (size_t)size || fclose(f) != 0) fail("cannot write the arena file");
+    free(args);
+    free(arena);
+    return 0;
+}
+
+}  // namespace memc_sim
+
+inline void __syncthreads() { memc_sim::wait(memc_sim::State::AtBlockBarrier); }
+inline void __syncwarp(unsigned = 0xffffffffu) { memc_sim::wait(memc_sim::State::AtWarpBarrier); }
+template <typename T> inline T __shfl_sync(unsigned, T v, int src, int = 32) { return memc_sim::shuffle(v, src & 31); }
+template <typename T> inline T __shfl_xor_sync(unsigned, T v, int mask, int = 32) {
+    return memc_sim::shuffle(v, (int)(memc_sim::lane() ^ (unsigned)mask));
+}
+template <typename T> inline T __shfl_down_sync(unsigned, T v, unsigned delta, int = 32) {
+    return memc_sim::shuffle(v, (int)(memc_sim::lane() + delta));
+}
+template <typename T> inline T __shfl_up_sync(unsigned, T v, unsigned delta, int = 32) {
+    return memc_sim::shuffle(v, (int)memc_sim::lane() - (int)delta);
+}
+// Only one fiber runs at a time, so read-modify-write is atomic.
+template <typename T> inline T atomicAdd(T* p, T v) {
+    const T old = *p;
+    *p = old + v;
+    return old;
+}
+template <typename T> inline T atomicMax(T* p, T v) {
+    const T old = *p;
+    if (v > old) *p = v;
+    return old;
+}
