@@ -6,6 +6,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use memc::exec::cpu::CpuExecutor;
 use memc::exec::cuda::CudaExecutor;
 use memc::exec::io::{read_npy, read_safetensors, write_npy, write_safetensors, TensorData};
+use memc::exec::lowp;
+use memc::ir::DType;
 use memc::plan::{human_bytes, verify, BufferId, Plan, VerifiedPlan};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -115,10 +117,10 @@ fn bind_input(ex: &mut CpuExecutor, spec: &str) -> Result<(), Failure> {
         ))
     };
     let result = match (data, want.dtype) {
-        (TensorData::F32(shape, v), memc::ir::DType::F32) if shape == want.shape => {
+        (TensorData::F32(shape, v), DType::F32) if shape == want.shape => {
             ex.bind_input(binding.buffer, v)
         }
-        (TensorData::I32(shape, v), memc::ir::DType::I32) if shape == want.shape => {
+        (TensorData::I32(shape, v), DType::I32) if shape == want.shape => {
             if let (Some(limit), Some(bad)) = (
                 binding.id_limit,
                 v.iter()
@@ -178,8 +180,34 @@ fn plain(e: impl std::fmt::Display) -> Failure {
     Failure::Plain(e.to_string())
 }
 
+/// `values` stored as `dtype` (16-bit floats rounded to nearest even; i32 ids arrive as
+/// their bit patterns), little-endian.
+fn encode(dtype: DType, values: &[f32]) -> Vec<u8> {
+    match dtype {
+        DType::F16 | DType::BF16 => values
+            .iter()
+            .flat_map(|&v| lowp::encode(dtype, v).to_le_bytes())
+            .collect(),
+        DType::F32 | DType::I32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+/// The f32 values of little-endian `bytes` stored as `dtype`.
+fn decode(dtype: DType, bytes: &[u8]) -> Vec<f32> {
+    match dtype {
+        DType::F16 | DType::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| lowp::decode(dtype, u16::from_le_bytes([c[0], c[1]])))
+            .collect(),
+        DType::F32 | DType::I32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    }
+}
+
 /// Runs the steps on the GPU: the arena starts as the host executor's (initialized
-/// parameters, zeroed optimizer state, bound inputs).
+/// parameters and persistent state, bound inputs with every micro-batch).
 fn run_cuda(
     args: &RunArgs,
     plan: &VerifiedPlan,
@@ -187,14 +215,17 @@ fn run_cuda(
     bar: Option<&ProgressBar>,
 ) -> Result<(), Failure> {
     let mut dev = CudaExecutor::new(plan).map_err(plain)?;
-    let words =
-        |b: BufferId| -> Vec<u8> { host.read(b).iter().flat_map(|w| w.to_le_bytes()).collect() };
     let plan = plan.plan();
-    for p in &plan.params {
-        dev.write(p.buffer, &words(p.buffer)).map_err(plain)?;
+    let dtype = |b: BufferId| plan.buffers[b.index()].ty.dtype;
+    let persistent = plan.params.iter().map(|p| p.buffer);
+    for b in persistent.chain(plan.optim_state.iter().map(|s| s.buffer)) {
+        dev.write(b, &encode(dtype(b), &host.read(b)))
+            .map_err(plain)?;
     }
     for i in &plan.inputs {
-        dev.bind_input(i.buffer, words(i.buffer)).map_err(plain)?;
+        let all = host.bound(i.buffer).unwrap_or(&[]);
+        dev.bind_input(i.buffer, encode(dtype(i.buffer), all))
+            .map_err(plain)?;
     }
     let (before, after) = dev.memory;
     let used = |m: memc::exec::cuda::MemInfo| human_bytes(m.total - m.free);
@@ -208,12 +239,6 @@ fn run_cuda(
             human_bytes(after.total)
         ),
     )?;
-    let f32s = |bytes: Vec<u8>| -> Vec<f32> {
-        bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    };
     let loss = plan
         .outputs
         .iter()
@@ -223,12 +248,14 @@ fn run_cuda(
         dev.run_step()
             .map_err(|e| Failure::Plain(format!("step {step}: {e}")))?;
         if let Some(b) = loss {
-            let value = f32s(dev.read(b).map_err(plain)?);
+            let value = decode(dtype(b), &dev.read(b).map_err(plain)?);
             show_loss(bar, step, value.first().copied().unwrap_or(f32::NAN))?;
         }
     }
     if let Some(path) = &args.save_params {
-        save_params(path, plan, |b| dev.read(b).map(f32s).map_err(plain))?;
+        save_params(path, plan, |b| {
+            dev.read(b).map(|v| decode(dtype(b), &v)).map_err(plain)
+        })?;
     }
     Ok(())
 }

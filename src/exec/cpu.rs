@@ -163,6 +163,14 @@ impl CpuExecutor {
         Ok(())
     }
 
+    /// The data bound to input `b`, every micro-batch of a step one after another.
+    pub fn bound(&self, b: BufferId) -> Option<&[f32]> {
+        self.bound
+            .iter()
+            .find(|(id, _)| *id == b)
+            .map(|(_, words)| words.as_slice())
+    }
+
     /// Binds an i32 input for every following step.
     pub fn bind_ids(&mut self, b: BufferId, ids: &[i32]) -> Result<(), ExecError> {
         self.bind_input(b, ids.iter().map(|&i| f32::from_bits(i as u32)).collect())
