@@ -92,15 +92,7 @@ pub fn fit_accumulation(
     on_probe: &mut dyn FnMut(&Probe),
 ) -> Result<AccumulationFit, FitError> {
     let batch = start_value(source, options, dim)?;
-    let mut search = Search {
-        source,
-        options,
-        dim,
-        budget,
-        probes: Vec::new(),
-        on_probe,
-        accumulate_to: Some(batch),
-    };
+    let mut search = Search::new(source, options, (dim, budget), on_probe, Some(batch));
     let mut next = None;
     for micro in divisors_descending(batch) {
         let (plan, probe) = search.probe(micro)?;
@@ -263,15 +255,7 @@ pub fn fit_dim_with(
     on_probe: &mut dyn FnMut(&Probe),
 ) -> Result<FitResult, FitError> {
     let start = start_value(source, options, dim)?;
-    let mut search = Search {
-        source,
-        options,
-        dim,
-        budget,
-        probes: Vec::new(),
-        on_probe,
-        accumulate_to: None,
-    };
+    let mut search = Search::new(source, options, (dim, budget), on_probe, None);
     // Invariant once found: `lo` fits, `hi` does not, lo < hi.
     let first = search.probe(start)?;
     let (mut lo, mut hi) = if first.1.fits {
@@ -364,7 +348,27 @@ struct Search<'a> {
     accumulate_to: Option<i64>,
 }
 
-impl Search<'_> {
+impl<'a> Search<'a> {
+    /// A search over `dim` against `budget`, with gradient accumulation to `accumulate_to`
+    /// when given.
+    fn new(
+        source: &'a str,
+        options: &'a Options,
+        (dim, budget): (&'a str, u64),
+        on_probe: &'a mut dyn FnMut(&Probe),
+        accumulate_to: Option<i64>,
+    ) -> Search<'a> {
+        Search {
+            source,
+            options,
+            dim,
+            budget,
+            probes: Vec::new(),
+            on_probe,
+            accumulate_to,
+        }
+    }
+
     /// Compiles at `value` and records the probe.
     ///
     /// The compile gets `budget` as its budget, so it may recompute (checkpoint) to fit.

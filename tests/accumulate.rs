@@ -5,22 +5,14 @@
 
 mod common;
 
-use common::{compiled_with, loss};
+use common::{compiled_with, example, loss};
 use memc::exec::cpu::CpuExecutor;
 use memc::fit::fit_accumulation;
 use memc::Options;
 
-fn source(name: &str) -> String {
-    std::fs::read_to_string(format!(
-        "{}/examples/{name}.mdl",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .expect("example")
-}
-
 fn options(overrides: &[(&str, i64)], accumulate: u32) -> Options {
     Options {
-        overrides: overrides.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+        overrides: common::overrides(overrides),
         accumulate: Some(accumulate),
         ..Options::default()
     }
@@ -38,7 +30,7 @@ fn executor(
 ) -> CpuExecutor {
     let mut overrides = dims.to_vec();
     overrides.push(("B", batch));
-    let c = compiled_with(&source(model), &options(&overrides, accumulate));
+    let c = compiled_with(&example(model), &options(&overrides, accumulate));
     let mut ex = CpuExecutor::new(&c.plan).unwrap();
     ex.init_params(11).unwrap();
     let Some(data) = data else {
@@ -103,8 +95,8 @@ fn small_gpt_accumulates_like_the_full_batch() {
 
 #[test]
 fn accumulators_are_persistent_and_activations_shrink() {
-    let full = compiled_with(&source("mlp"), &options(&[], 1));
-    let micro = compiled_with(&source("mlp"), &options(&[("B", 16)], 4));
+    let full = compiled_with(&example("mlp"), &options(&[], 1));
+    let micro = compiled_with(&example("mlp"), &options(&[("B", 16)], 4));
     let (f, m) = (&full.plan.plan().report, &micro.plan.plan().report);
     let n = f.param_count;
     assert_eq!(m.bytes.grads, 4 * n, "one fp32 accumulator per parameter");
@@ -131,7 +123,7 @@ fn accumulation_refuses_the_optimizer_in_backward() {
         optimizer_in_backward: Some(true),
         ..options(&[], 2)
     };
-    match memc::compile(&source("mlp"), &o) {
+    match memc::compile(&example("mlp"), &o) {
         Err(memc::CompileError::User(e)) => assert_eq!(
             e.message,
             "the optimizer cannot run in backward with gradient accumulation"
@@ -147,7 +139,7 @@ fn fit_finds_the_largest_micro_batch() {
         checkpoint: memc::budget::CheckpointMode::KeepAll,
         ..Options::default()
     };
-    let r = fit_accumulation(&source("gpt2"), &o, "B", budget, &mut |_| {}).unwrap();
+    let r = fit_accumulation(&example("gpt2"), &o, "B", budget, &mut |_| {}).unwrap();
     assert_eq!((r.batch, r.micro_batch, r.accumulate), (8, 2, 4));
     assert!(r.arena_bytes <= budget);
     assert_eq!(r.plan.plan().train.as_ref().unwrap().accumulate, 4);

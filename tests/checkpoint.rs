@@ -5,18 +5,10 @@
 
 mod common;
 
-use common::{compiled_with, executor};
+use common::{compiled_with, example, executor};
 use memc::budget::CheckpointMode;
 use memc::{CompileError, Options};
 use std::collections::BTreeMap;
-
-fn source(name: &str) -> String {
-    std::fs::read_to_string(format!(
-        "{}/examples/{name}.mdl",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .expect("example")
-}
 
 fn small_gpt(checkpoint: CheckpointMode, budget: Option<u64>) -> Options {
     let dims = [
@@ -28,7 +20,7 @@ fn small_gpt(checkpoint: CheckpointMode, budget: Option<u64>) -> Options {
         ("B", 2),
     ];
     Options {
-        overrides: dims.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+        overrides: common::overrides(&dims),
         checkpoint,
         budget,
         ..Options::default()
@@ -84,7 +76,7 @@ const DROPOUT_GPT: &str = "model g {
 
 #[test]
 fn recomputation_is_bitwise_identical() {
-    for src in [source("gpt2"), DROPOUT_GPT.to_string()] {
+    for src in [example("gpt2"), DROPOUT_GPT.to_string()] {
         let base = fingerprint(&src, &small_gpt(CheckpointMode::KeepAll, None));
         for mode in [CheckpointMode::MinCut, CheckpointMode::Segments(2)] {
             let other = fingerprint(&src, &small_gpt(mode, None));
@@ -133,7 +125,7 @@ fn auto_meets_a_tight_budget_with_identical_results() {
 #[test]
 fn impossible_budget_names_the_minimum() {
     let result = memc::compile(
-        &source("gpt2"),
+        &example("gpt2"),
         &small_gpt(CheckpointMode::Auto, Some(1 << 16)),
     );
     let Err(CompileError::User(e)) = result else {

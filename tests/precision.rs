@@ -4,24 +4,16 @@
 
 mod common;
 
-use common::{compiled_with, executor, loss};
+use common::{compiled_with, example, executor, loss};
 use memc::exec::cpu::CpuExecutor;
 use memc::front::train::Precision;
 use memc::plan::{BufferId, Plan};
 use memc::Options;
 
-fn source(name: &str) -> String {
-    std::fs::read_to_string(format!(
-        "{}/examples/{name}.mdl",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .expect("example")
-}
-
 fn with(precision: Precision, overrides: &[(&str, i64)]) -> Options {
     Options {
         precision: Some(precision),
-        overrides: overrides.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+        overrides: common::overrides(overrides),
         ..Options::default()
     }
 }
@@ -37,7 +29,7 @@ const SMALL_GPT: &[(&str, i64)] = &[
 
 /// The losses of `steps` steps of `model` in `precision`, from seed 7.
 fn losses(model: &str, precision: Precision, overrides: &[(&str, i64)], steps: usize) -> Vec<f32> {
-    let c = compiled_with(&source(model), &with(precision, overrides));
+    let c = compiled_with(&example(model), &with(precision, overrides));
     let mut ex = executor(&c, 7);
     (0..steps).map(|_| loss(&mut ex)).collect()
 }
@@ -92,7 +84,7 @@ fn persistent(ex: &CpuExecutor) -> Vec<Vec<f32>> {
 
 #[test]
 fn fp16_overflow_skips_the_update_and_halves_the_scale() {
-    let c = compiled_with(&source("mlp"), &with(Precision::Fp16, &[]));
+    let c = compiled_with(&example("mlp"), &with(Precision::Fp16, &[]));
     let plan = c.plan.plan().clone();
     let summary = plan.report.precision.as_ref().expect("precision summary");
     assert!(summary.loss_scaling);
@@ -135,9 +127,9 @@ fn fp16_overflow_skips_the_update_and_halves_the_scale() {
 
 #[test]
 fn gpt2_bytes_per_precision_are_exact() {
-    let fp32 = compiled_with(&source("gpt2"), &Options::default());
-    let bf16 = compiled_with(&source("gpt2"), &with(Precision::Bf16, &[]));
-    let fp16 = compiled_with(&source("gpt2"), &with(Precision::Fp16, &[]));
+    let fp32 = compiled_with(&example("gpt2"), &Options::default());
+    let bf16 = compiled_with(&example("gpt2"), &with(Precision::Bf16, &[]));
+    let fp16 = compiled_with(&example("gpt2"), &with(Precision::Fp16, &[]));
     let (a, b, h) = (
         &fp32.plan.plan().report,
         &bf16.plan.plan().report,
@@ -207,7 +199,7 @@ fn pure_bf16_stores_parameters_in_bf16_and_trains() {
         master_weights: Some(false),
         ..with(Precision::Bf16, &[])
     };
-    let c = compiled_with(&source("mlp"), &options);
+    let c = compiled_with(&example("mlp"), &options);
     let report = &c.plan.plan().report;
     let n = report.param_count;
     assert_eq!(
@@ -237,7 +229,7 @@ fn fp16_without_master_weights_is_refused() {
         master_weights: Some(false),
         ..with(Precision::Fp16, &[])
     };
-    match memc::compile(&source("mlp"), &options) {
+    match memc::compile(&example("mlp"), &options) {
         Err(memc::CompileError::User(e)) => {
             assert_eq!(e.message, "master_weights = off needs bf16, not fp16")
         }

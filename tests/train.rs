@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{compiled_with, executor, loss};
+use common::{compiled_with, example, executor, loss};
 use memc::plan::verify;
 use memc::Options;
 
@@ -18,22 +18,14 @@ fn small_gpt() -> Options {
         ("B", 4),
     ];
     Options {
-        overrides: dims.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+        overrides: common::overrides(&dims),
         ..Options::default()
     }
 }
 
-fn source(name: &str) -> String {
-    std::fs::read_to_string(format!(
-        "{}/examples/{name}.mdl",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .expect("example")
-}
-
 #[test]
 fn mlp_memorizes_a_fixed_batch() {
-    let c = compiled_with(&source("mlp"), &Options::default());
+    let c = compiled_with(&example("mlp"), &Options::default());
     let mut ex = executor(&c, 1);
     let first = loss(&mut ex);
     let mut last = first;
@@ -49,7 +41,7 @@ fn mlp_memorizes_a_fixed_batch() {
 
 #[test]
 fn small_gpt_trains() {
-    let c = compiled_with(&source("gpt2"), &small_gpt());
+    let c = compiled_with(&example("gpt2"), &small_gpt());
     let mut ex = executor(&c, 3);
     let first = loss(&mut ex);
     let mut last = first;
@@ -65,7 +57,7 @@ fn small_gpt_trains() {
 
 #[test]
 fn arena_reuse_is_bitwise_identical_to_no_reuse() {
-    let c = compiled_with(&source("gpt2"), &small_gpt());
+    let c = compiled_with(&example("gpt2"), &small_gpt());
     let mut separate = c.plan.plan().clone();
     let mut offset = 0;
     for b in &mut separate.buffers {
@@ -97,7 +89,7 @@ fn arena_reuse_is_bitwise_identical_to_no_reuse() {
 
 #[test]
 fn optimizer_in_backward_frees_gradients_early() {
-    let src = source("mlp");
+    let src = example("mlp");
     let on = compiled_with(
         &src,
         &Options {

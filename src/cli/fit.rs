@@ -44,27 +44,28 @@ pub fn fit(a: FitArgs) -> Result<(), Failure> {
             ));
         }
     };
-    let text = if a.args.accumulate_search() {
-        let result = fit_accumulation(&src, &opts, &a.dim, budget, &mut on_probe);
-        if let Some(bar) = &bar {
-            bar.finish_and_clear();
-        }
-        let r = result.map_err(|e| failure(e, &a, &src))?;
-        match a.format {
-            Format::Json => accumulation_json(&r)?,
-            Format::Text => accumulation_text(&r),
-        }
+    let json_format = a.format == Format::Json;
+    let result = if a.args.accumulate_search() {
+        fit_accumulation(&src, &opts, &a.dim, budget, &mut on_probe).map(|r| {
+            if json_format {
+                accumulation_json(&r)
+            } else {
+                Ok(accumulation_text(&r))
+            }
+        })
     } else {
-        let result = fit_dim_with(&src, &opts, &a.dim, budget, &mut on_probe);
-        if let Some(bar) = &bar {
-            bar.finish_and_clear();
-        }
-        let r = result.map_err(|e| failure(e, &a, &src))?;
-        match a.format {
-            Format::Json => json(&r)?,
-            Format::Text => text(&r),
-        }
+        fit_dim_with(&src, &opts, &a.dim, budget, &mut on_probe).map(|r| {
+            if json_format {
+                json(&r)
+            } else {
+                Ok(text(&r))
+            }
+        })
     };
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let text = result.map_err(|e| failure(e, &a, &src))??;
     output::write(None, &text)
 }
 

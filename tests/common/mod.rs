@@ -4,6 +4,17 @@
 use memc::exec::cpu::CpuExecutor;
 use memc::{compile, Compiled, Options};
 
+/// The source of `examples/NAME.mdl`.
+pub fn example(name: &str) -> String {
+    let path = format!("{}/examples/{name}.mdl", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// `--set` style overrides from `(name, value)` pairs.
+pub fn overrides(dims: &[(&str, i64)]) -> Vec<(String, i64)> {
+    dims.iter().map(|&(k, v)| (k.to_string(), v)).collect()
+}
+
 /// Compiles `src` with default options, panicking with the diagnostic on failure.
 pub fn compiled(src: &str) -> Compiled {
     compiled_with(src, &Options::default())
