@@ -96,7 +96,7 @@ pub(super) fn reshape_target(node: &Node, input: &[usize], target: &[i64]) -> R<
     }
     let known: usize = out.iter().product();
     if let Some(i) = infer {
-        if known == 0 || numel % known != 0 {
+        if known == 0 || !numel.is_multiple_of(known) {
             return Err(node.err(
                 format!("cannot reshape {input:?} to {target:?}"),
                 "the element counts differ",
@@ -462,7 +462,10 @@ fn unary(op: &str) -> Option<fn(f64) -> f64> {
     })
 }
 
-fn binary(op: &str) -> Option<(fn(f64, f64) -> f64, bool)> {
+/// A binary function and whether it yields booleans.
+type BinaryFn = (fn(f64, f64) -> f64, bool);
+
+fn binary(op: &str) -> Option<BinaryFn> {
     Some(match op {
         "Add" => (|a, b| a + b, false),
         "Sub" => (|a, b| a - b, false),
