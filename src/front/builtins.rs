@@ -184,6 +184,7 @@ fn unary_fn(name: &str) -> Option<UnaryFn> {
         "relu" => UnaryFn::Relu,
         "silu" => UnaryFn::Silu,
         "gelu" => UnaryFn::GeluTanh,
+        "erf" => UnaryFn::Erf,
         _ => return None,
     })
 }

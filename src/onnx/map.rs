@@ -11,7 +11,7 @@ type R<T> = Result<T, UserError>;
 
 /// The ops `map` handles (constant-only ops are folded instead), for the help line.
 const SUPPORTED: &str = "Conv, Gemm, MatMul, BatchNormalization, Relu, Sigmoid, Tanh, Exp, Log, \
-Sqrt, Neg, Gelu, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, LRN, \
+Sqrt, Neg, Erf, Gelu, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, LRN, \
 LayerNormalization, Softmax, LogSoftmax, Add, Sub, Mul, Div, Sum, Concat, Reshape, Flatten, \
 Squeeze, Unsqueeze, Transpose, ReduceMean, ReduceSum, ReduceMax, Gather (embedding), Dropout, \
 Identity, Cast (to float), and any op on constants that folding evaluates";
@@ -462,7 +462,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
     let op = node.op();
     let same = |d: &Dyn, expr: String| (expr, d.shape.clone(), d.syms.clone());
     let (expr, shape, syms) = match op {
-        "Relu" | "Sigmoid" | "Tanh" | "Exp" | "Log" | "Sqrt" | "Neg" => {
+        "Relu" | "Sigmoid" | "Tanh" | "Exp" | "Log" | "Sqrt" | "Neg" | "Erf" => {
             let x = operand(node, env, w, 0)?;
             same(&x, format!("{}({})", op.to_lowercase(), x.expr))
         }
