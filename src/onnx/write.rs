@@ -235,7 +235,8 @@ impl Writer {
         let count: usize = self.weights.iter().map(|(_, _, d)| d.len()).sum();
         let mut out = format!(
             "# Imported from ONNX (opset {opset}) by `memc import`: {count} parameters in {} tensors.\n\
-             # Run with the weights: memc run THIS.mdl --params WEIGHTS.safetensors --input NAME=X.npy\n",
+             # Run with the weights: memc run THIS.mdl --params WEIGHTS.safetensors --input NAME=X.npy\n\
+             # To train: replace the output by a loss on the logits (`loss = cross_entropy(...)`) and add `train {{ }}`.\n",
             self.weights.len()
         );
         out += &format!("model {} {{\n", sanitize(name));
