@@ -335,3 +335,167 @@ fn broken_files_get_diagnostics() {
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Small xorshift64 generator: the same mutants on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n.max(1) as u64) as usize
+    }
+}
+
+/// Flipped, overwritten, deleted and truncated bytes of the test models never panic the
+/// importer, and what it writes compiles or gets a user error (never an internal error).
+#[test]
+fn mutated_files_never_panic() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let mut files = vec![Path::new(ROOT).join("tests/onnx/dynamic_batch.onnx")];
+    files.extend(
+        std::fs::read_dir(Path::new(ROOT).join("tests/onnx/errors"))
+            .expect("corpus")
+            .filter_map(Result::ok)
+            .map(|e| e.path()),
+    );
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let (mut imported, mut total) = (0, 0);
+    for file in &files {
+        let original = std::fs::read(file).expect("model");
+        for _ in 0..500 {
+            let mut bytes = original.clone();
+            for _ in 0..1 + rng.below(3) {
+                let at = rng.below(bytes.len());
+                match rng.below(4) {
+                    0 => bytes[at] ^= 1 << rng.below(8),
+                    1 => bytes[at] = rng.below(256) as u8,
+                    2 => {
+                        bytes.remove(at);
+                    }
+                    _ => bytes.truncate(at.max(1)),
+                }
+                if bytes.is_empty() {
+                    break;
+                }
+            }
+            total += 1;
+            let result = catch_unwind(AssertUnwindSafe(|| memc::onnx::import(&bytes, "fuzz")));
+            let Ok(result) = result else {
+                panic!("import panicked on a mutant of {}", file.display());
+            };
+            let Ok(model) = result else { continue };
+            imported += 1;
+            let compiled = catch_unwind(AssertUnwindSafe(|| {
+                memc::compile(&model.mdl, &memc::Options::default())
+            }));
+            match compiled {
+                Err(_) => panic!("compile panicked on:\n{}", model.mdl),
+                Ok(Err(memc::CompileError::Internal(e))) => {
+                    panic!("internal error {e:?} on:\n{}", model.mdl)
+                }
+                Ok(_) => {}
+            }
+        }
+    }
+    eprintln!("{imported} of {total} mutants imported");
+}
+
+/// Structural mutants of the dynamic-batch model (attribute values, tensor dims, op types,
+/// dropped inputs) never panic the importer or make it write a model that fails compiling
+/// with an internal error.
+#[test]
+fn mutated_graphs_never_panic() {
+    use memc::onnx::proto::ModelProto;
+    use prost::Message;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    const OPS: &[&str] = &[
+        "Conv",
+        "Relu",
+        "MaxPool",
+        "AveragePool",
+        "Shape",
+        "Gather",
+        "Unsqueeze",
+        "Concat",
+        "Reshape",
+        "Gemm",
+        "Softmax",
+        "Flatten",
+        "Transpose",
+        "Sum",
+        "LRN",
+        "BatchNormalization",
+        "GlobalAveragePool",
+        "Squeeze",
+        "MatMul",
+        "Slice",
+        "ReduceMean",
+    ];
+    let bytes =
+        std::fs::read(Path::new(ROOT).join("tests/onnx/dynamic_batch.onnx")).expect("model");
+    let original = ModelProto::decode(&bytes[..]).expect("decode");
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let (mut imported, mut compiled_ok, total) = (0, 0, 3000);
+    for _ in 0..total {
+        let mut m = original.clone();
+        let g = m.graph.as_mut().expect("graph");
+        for _ in 0..1 + rng.below(2) {
+            let n = rng.below(g.node.len());
+            let node = &mut g.node[n];
+            match rng.below(5) {
+                0 if !node.attribute.is_empty() => {
+                    let a = rng.below(node.attribute.len());
+                    let attr = &mut node.attribute[a];
+                    attr.i = rng.below(12) as i64 - 3;
+                    if !attr.ints.is_empty() {
+                        let k = rng.below(attr.ints.len());
+                        attr.ints[k] = rng.below(12) as i64 - 3;
+                    }
+                }
+                1 => node.op_type = OPS[rng.below(OPS.len())].to_string(),
+                2 if !node.input.is_empty() => {
+                    let k = rng.below(node.input.len());
+                    node.input.remove(k);
+                }
+                3 => {
+                    let t = rng.below(g.initializer.len());
+                    let init = &mut g.initializer[t];
+                    if !init.dims.is_empty() {
+                        let k = rng.below(init.dims.len());
+                        init.dims[k] = rng.below(6) as i64;
+                    }
+                }
+                _ => {
+                    let k = rng.below(g.node.len());
+                    let from = g.node[k].output[0].clone();
+                    let node = &mut g.node[n];
+                    if !node.input.is_empty() {
+                        let i = rng.below(node.input.len());
+                        node.input[i] = from;
+                    }
+                }
+            }
+        }
+        let bytes = m.encode_to_vec();
+        let result = catch_unwind(AssertUnwindSafe(|| memc::onnx::import(&bytes, "fuzz")));
+        let Ok(result) = result else {
+            panic!("import panicked on {m:#?}");
+        };
+        let Ok(model) = result else { continue };
+        imported += 1;
+        let compiled = catch_unwind(AssertUnwindSafe(|| {
+            memc::compile(&model.mdl, &memc::Options::default())
+        }));
+        match compiled {
+            Err(_) => panic!("compile panicked on:\n{}", model.mdl),
+            Ok(Err(memc::CompileError::Internal(e))) => {
+                panic!("internal error {e:?} on:\n{}", model.mdl)
+            }
+            Ok(Ok(_)) => compiled_ok += 1,
+            Ok(Err(_)) => {}
+        }
+    }
+    eprintln!("{imported} of {total} graph mutants imported, {compiled_ok} compiled");
+}

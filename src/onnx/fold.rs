@@ -64,7 +64,7 @@ fn broadcast_index(out: &[usize], inp: &[usize]) -> Vec<usize> {
 /// An axis attribute in `-rank..rank`, normalized.
 pub(super) fn axis(node: &Node, a: i64, rank: usize) -> R<usize> {
     let r = rank as i64;
-    if a < -r || a >= r.max(1) {
+    if a < -r || a >= r {
         return Err(node.err(
             format!("axis {a} is out of range for rank {rank}"),
             "the file is malformed",
@@ -285,12 +285,27 @@ fn concat(node: &Node, ins: &[Rc<Const>]) -> R<Const> {
     Ok(c)
 }
 
+/// True when `perm` holds each of `0..rank` once.
+pub(super) fn is_permutation(perm: &[usize], rank: usize) -> bool {
+    let mut seen = vec![false; rank];
+    perm.len() == rank
+        && perm
+            .iter()
+            .all(|&p| p < rank && !std::mem::replace(&mut seen[p], true))
+}
+
 fn transpose(node: &Node, c: &Const) -> R<Const> {
     let rank = c.shape.len();
     let perm: Vec<usize> = match node.ints("perm") {
         Some(p) => p.iter().map(|&a| axis(node, a, rank)).collect::<R<_>>()?,
         None => (0..rank).rev().collect(),
     };
+    if !is_permutation(&perm, rank) {
+        return Err(node.err(
+            format!("perm {perm:?} is not a permutation of {rank} axes"),
+            "the file is malformed",
+        ));
+    }
     let out: Vec<usize> = perm.iter().map(|&p| c.shape[p]).collect();
     let numel: usize = out.iter().product();
     let src: Vec<usize> = (0..numel)
@@ -321,6 +336,12 @@ fn slice(node: &Node, env: &Env, c: &Const) -> R<Const> {
     let ends = list(2, "ends")?.unwrap_or_default();
     let axes = list(3, "axes")?.unwrap_or_else(|| (0..starts.len() as i64).collect());
     let steps = list(4, "steps")?.unwrap_or_else(|| vec![1; starts.len()]);
+    if [ends.len(), axes.len(), steps.len()] != [starts.len(); 3] {
+        return Err(node.err(
+            "starts, ends, axes and steps differ in length",
+            "the file is malformed",
+        ));
+    }
     let mut ranges: Vec<(i64, i64, i64)> = c.shape.iter().map(|&d| (0, d as i64, 1)).collect();
     for (k, &a) in axes.iter().enumerate() {
         let ax = axis(node, a, rank)?;
@@ -405,7 +426,7 @@ fn constant_of_shape(node: &Node, shape: &Const) -> R<Const> {
     let numel = dims
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .filter(|&n| n < 1 << 34)
+        .filter(|&n| n < 1 << 28)
         .ok_or_else(|| node.err(format!("shape {dims:?} is too large"), "check the model"))?;
     let value = match node.attr("value").and_then(|a| a.t.as_ref()) {
         Some(t) => tensor::decode(t)

@@ -1,7 +1,9 @@
 //! Maps each run-time ONNX node to `.mdl` expressions with exactly its semantics; constant
 //! operands become parameters. Every unsupported op or attribute is a diagnostic.
 
-use super::fold::{axes_arg, axis, broadcast, reshape_target, squeezed, unsqueezed};
+use super::fold::{
+    axes_arg, axis, broadcast, is_permutation, reshape_target, squeezed, unsqueezed,
+};
 use super::tensor::Const;
 use super::write::{number, shape_text, Writer};
 use super::{Dyn, Env, Node, Value};
@@ -62,13 +64,13 @@ fn rank_is(node: &Node, d: &Dyn, rank: usize, what: &str) -> R<()> {
     Ok(())
 }
 
-/// Two values of a per-axis attribute, defaulting to `default`.
-fn two(node: &Node, name: &str, default: usize) -> R<[usize; 2]> {
+/// Two positive values of a per-axis attribute (strides, dilations), defaulting to 1.
+fn two(node: &Node, name: &str) -> R<[usize; 2]> {
     match node.ints(name).as_deref() {
-        None => Ok([default; 2]),
-        Some(&[a, b]) if a >= 0 && b >= 0 => Ok([a as usize, b as usize]),
+        None => Ok([1; 2]),
+        Some(&[a, b]) if a > 0 && b > 0 => Ok([a as usize, b as usize]),
         Some(v) => Err(node.err(
-            format!("attribute `{name}` = {v:?} is not two non-negative values"),
+            format!("attribute `{name}` = {v:?} is not two positive values"),
             "memc imports 2-D convolutions and pooling",
         )),
     }
@@ -168,6 +170,9 @@ fn conv(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
             "memc imports 2-D convolutions",
         ));
     };
+    if kh == 0 || kw == 0 {
+        return Err(node.err("the kernel is empty", "the file is malformed"));
+    }
     let groups = usize::try_from(node.int("group", 1)).unwrap_or(0);
     let c = x.shape[1];
     if groups == 0 || cg * groups != c || o % groups != 0 {
@@ -176,8 +181,8 @@ fn conv(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
             "the file is malformed",
         ));
     }
-    let stride = two(node, "strides", 1)?;
-    let dilation = two(node, "dilations", 1)?;
+    let stride = two(node, "strides")?;
+    let dilation = two(node, "dilations")?;
     let span = [dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1];
     let input = [x.shape[2], x.shape[3]];
     let p = pads(node, input, span, stride)?;
@@ -198,8 +203,8 @@ fn conv(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
     ctor.push(')');
     let g = w.group(&group_name(node, 1), ctor, parts);
     let mut call = format!("conv2d({}, {g}", x.expr);
-    for (name, v, default) in [("stride", stride, 1), ("dilation", dilation, 1)] {
-        if v != [default; 2] {
+    for (name, v) in [("stride", stride), ("dilation", dilation)] {
+        if v != [1; 2] {
             call += &format!(", {name} = {}", pair_text(v));
         }
     }
@@ -228,7 +233,7 @@ fn pool(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
             ))
         }
     };
-    let stride = two(node, "strides", 1)?;
+    let stride = two(node, "strides")?;
     let input = [x.shape[2], x.shape[3]];
     let is_max = node.op() == "MaxPool";
     let count_pad = node.int("count_include_pad", 0) != 0;
@@ -507,8 +512,11 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
             for i in 0..node.p.input.len() {
                 ds.push(operand(node, env, w, i)?);
             }
-            if ds.len() == 1 {
-                return Ok(vec![Value::Dyn(ds.remove(0))]);
+            if ds.len() <= 1 {
+                return ds
+                    .pop()
+                    .map(|d| vec![Value::Dyn(d)])
+                    .ok_or_else(|| node.err("has no inputs", "the file is malformed"));
             }
             let shapes: Vec<&[usize]> = ds.iter().map(|d| &d.shape[..]).collect();
             let out = broadcast(&shapes).ok_or_else(|| {
@@ -676,7 +684,9 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
             for i in 0..node.p.input.len() {
                 ds.push(operand(node, env, w, i)?);
             }
-            let rank = ds.first().map_or(0, |d| d.shape.len());
+            let Some(rank) = ds.first().map(|d| d.shape.len()) else {
+                return Err(node.err("has no inputs", "the file is malformed"));
+            };
             let ax = axis(node, node.int("axis", 0), rank)?;
             let mut shape = ds[0].shape.clone();
             for d in &ds[1..] {
@@ -757,6 +767,12 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
                 Some(p) => p.iter().map(|&a| axis(node, a, rank)).collect::<R<_>>()?,
                 None => (0..rank).rev().collect(),
             };
+            if !is_permutation(&perm, rank) {
+                return Err(node.err(
+                    format!("perm {perm:?} is not a permutation of {rank} axes"),
+                    "the file is malformed",
+                ));
+            }
             if perm.iter().enumerate().all(|(i, &p)| i == p) {
                 return Ok(vec![Value::Dyn(x)]);
             }
