@@ -247,6 +247,13 @@ fn light_models_match_onnxruntime() {
                 }
             }
         }
+        if name == "light_resnet50" {
+            // Its identical bottleneck blocks become `block`s repeated per stage.
+            let text = std::fs::read_to_string(dir.join("m.mdl")).expect("mdl");
+            for count in [2, 3, 5] {
+                assert!(text.contains(&format!("= repeat {count} unit")), "{text}");
+            }
+        }
         eprintln!("{line} ({:.1} s)", start.elapsed().as_secs_f64());
         if err >= RTOL {
             failures.push(line);

@@ -3,6 +3,7 @@
 //! (`write`). Anything memc cannot express exactly is a [`UserError`] naming the node, its
 //! op type and opset: the importer never approximates.
 
+mod blocks;
 mod fold;
 mod map;
 pub mod proto;

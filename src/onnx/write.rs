@@ -1,6 +1,7 @@
 //! The `.mdl` text of an imported model and its weights: unique readable names, parameter
 //! declarations placed just before their first use, one `let` per computed value.
 
+use super::blocks::{self, Line};
 use super::proto::{GraphProto, ValueInfoProto};
 use super::tensor::{dtype_name, is_integer, Const, FLOAT};
 use super::Dyn;
@@ -21,8 +22,10 @@ pub(super) struct Writer {
     used: HashSet<String>,
     dims: Vec<(String, String)>,
     inputs: Vec<String>,
-    body: Vec<String>,
+    input_names: Vec<String>,
+    body: Vec<Line>,
     outputs: Vec<String>,
+    output_values: Vec<String>,
     output_names: HashSet<String>,
     weights: Weights,
     params: HashMap<String, Dyn>,
@@ -92,8 +95,10 @@ impl Writer {
             used: HashSet::new(),
             dims: Vec::new(),
             inputs: Vec::new(),
+            input_names: Vec::new(),
             body: Vec::new(),
             outputs: Vec::new(),
+            output_values: Vec::new(),
             output_names: HashSet::new(),
             weights: Vec::new(),
             params: HashMap::new(),
@@ -161,6 +166,7 @@ impl Writer {
             syms.push(Some(name));
         }
         let name = self.ident(&vi.name);
+        self.input_names.push(name.clone());
         self.inputs.push(format!(
             "input {name}: {dtype}[{}]",
             shape_text(&shape, &syms)
@@ -181,7 +187,11 @@ impl Writer {
         syms: Vec<Option<String>>,
     ) -> Dyn {
         let id = self.ident(name);
-        self.body.push(format!("let {id} = {expr}"));
+        self.body.push(Line {
+            text: format!("let {id} = {expr}"),
+            defines: id.clone(),
+            param: false,
+        });
         Dyn {
             expr: id,
             shape,
@@ -195,8 +205,11 @@ impl Writer {
             return d.clone();
         }
         let id = self.ident(name);
-        self.body
-            .push(format!("param {id}: [{}]", shape_text(&c.shape, &[])));
+        self.body.push(Line {
+            text: format!("param {id}: [{}]", shape_text(&c.shape, &[])),
+            defines: id.clone(),
+            param: true,
+        });
         self.weights.push((id.clone(), c.shape.clone(), c.floats()));
         let d = Dyn {
             expr: id,
@@ -210,7 +223,11 @@ impl Writer {
     /// A parameter group `param <name>: ctor` whose tensors are `<name>.<suffix>`.
     pub(super) fn group(&mut self, name: &str, ctor: String, parts: Weights) -> String {
         let id = self.ident(name);
-        self.body.push(format!("param {id}: {ctor}"));
+        self.body.push(Line {
+            text: format!("param {id}: {ctor}"),
+            defines: id.clone(),
+            param: true,
+        });
         for (suffix, shape, data) in parts {
             self.weights.push((format!("{id}.{suffix}"), shape, data));
         }
@@ -227,11 +244,12 @@ impl Writer {
             n += 1;
         }
         self.outputs.push(format!("output {s} = {}", d.expr));
+        self.output_values.push(d.expr.clone());
         s
     }
 
     /// The `.mdl` text of model `name` and its weights.
-    pub(super) fn finish(self, name: &str, opset: i64) -> (String, Weights) {
+    pub(super) fn finish(mut self, name: &str, opset: i64) -> (String, Weights) {
         let count: usize = self.weights.iter().map(|(_, _, d)| d.len()).sum();
         let mut out = format!(
             "# Imported from ONNX (opset {opset}) by `memc import`: {count} parameters in {} tensors.\n\
@@ -244,7 +262,22 @@ impl Writer {
             let dims: Vec<String> = self.dims.iter().map(|(_, n)| format!("{n} = 1")).collect();
             out += &format!("  dim {}\n", dims.join(", "));
         }
-        for section in [&self.inputs, &self.body, &self.outputs] {
+        let used = &mut self.used;
+        let mut fresh = || {
+            let mut k = 1;
+            while !used.insert(format!("unit{k}")) {
+                k += 1;
+            }
+            format!("unit{k}")
+        };
+        let body = blocks::fold(
+            &self.body,
+            &self.input_names,
+            &self.output_values,
+            &mut self.weights,
+            &mut fresh,
+        );
+        for section in [&self.inputs, &body, &self.outputs] {
             if section.is_empty() {
                 continue;
             }
