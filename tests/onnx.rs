@@ -355,11 +355,31 @@ impl Rng {
     }
 }
 
+/// Imports `bytes` and compiles the result: `None` when the import refuses them, else
+/// whether the model compiled. Panics (naming `what`) on a panic or an internal error.
+fn import_and_compile(bytes: &[u8], what: impl Fn() -> String) -> Option<bool> {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let result = catch_unwind(AssertUnwindSafe(|| memc::onnx::import(bytes, "fuzz")));
+    let Ok(result) = result else {
+        panic!("import panicked on {}", what());
+    };
+    let model = result.ok()?;
+    let compiled = catch_unwind(AssertUnwindSafe(|| {
+        memc::compile(&model.mdl, &memc::Options::default())
+    }));
+    match compiled {
+        Err(_) => panic!("compile panicked on:\n{}", model.mdl),
+        Ok(Err(memc::CompileError::Internal(e))) => {
+            panic!("internal error {e:?} on:\n{}", model.mdl)
+        }
+        Ok(result) => Some(result.is_ok()),
+    }
+}
+
 /// Flipped, overwritten, deleted and truncated bytes of the test models never panic the
 /// importer, and what it writes compiles or gets a user error (never an internal error).
 #[test]
 fn mutated_files_never_panic() {
-    use std::panic::{catch_unwind, AssertUnwindSafe};
     let mut files = vec![Path::new(ROOT).join("tests/onnx/dynamic_batch.onnx")];
     files.extend(
         std::fs::read_dir(Path::new(ROOT).join("tests/onnx/errors"))
@@ -388,21 +408,8 @@ fn mutated_files_never_panic() {
                 }
             }
             total += 1;
-            let result = catch_unwind(AssertUnwindSafe(|| memc::onnx::import(&bytes, "fuzz")));
-            let Ok(result) = result else {
-                panic!("import panicked on a mutant of {}", file.display());
-            };
-            let Ok(model) = result else { continue };
-            imported += 1;
-            let compiled = catch_unwind(AssertUnwindSafe(|| {
-                memc::compile(&model.mdl, &memc::Options::default())
-            }));
-            match compiled {
-                Err(_) => panic!("compile panicked on:\n{}", model.mdl),
-                Ok(Err(memc::CompileError::Internal(e))) => {
-                    panic!("internal error {e:?} on:\n{}", model.mdl)
-                }
-                Ok(_) => {}
+            if import_and_compile(&bytes, || file.display().to_string()).is_some() {
+                imported += 1;
             }
         }
     }
@@ -416,7 +423,6 @@ fn mutated_files_never_panic() {
 fn mutated_graphs_never_panic() {
     use memc::onnx::proto::ModelProto;
     use prost::Message;
-    use std::panic::{catch_unwind, AssertUnwindSafe};
     const OPS: &[&str] = &[
         "Conv",
         "Relu",
@@ -485,23 +491,10 @@ fn mutated_graphs_never_panic() {
                 }
             }
         }
-        let bytes = m.encode_to_vec();
-        let result = catch_unwind(AssertUnwindSafe(|| memc::onnx::import(&bytes, "fuzz")));
-        let Ok(result) = result else {
-            panic!("import panicked on {m:#?}");
-        };
-        let Ok(model) = result else { continue };
-        imported += 1;
-        let compiled = catch_unwind(AssertUnwindSafe(|| {
-            memc::compile(&model.mdl, &memc::Options::default())
-        }));
-        match compiled {
-            Err(_) => panic!("compile panicked on:\n{}", model.mdl),
-            Ok(Err(memc::CompileError::Internal(e))) => {
-                panic!("internal error {e:?} on:\n{}", model.mdl)
-            }
-            Ok(Ok(_)) => compiled_ok += 1,
-            Ok(Err(_)) => {}
+        match import_and_compile(&m.encode_to_vec(), || format!("{m:#?}")) {
+            Some(true) => (imported, compiled_ok) = (imported + 1, compiled_ok + 1),
+            Some(false) => imported += 1,
+            None => {}
         }
     }
     eprintln!("{imported} of {total} graph mutants imported, {compiled_ok} compiled");

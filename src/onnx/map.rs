@@ -26,6 +26,13 @@ fn operand(node: &Node, env: &Env, w: &mut Writer, i: usize) -> R<Dyn> {
     }
 }
 
+/// Every input as an operand, in order.
+fn operands(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Dyn>> {
+    (0..node.p.input.len())
+        .map(|i| operand(node, env, w, i))
+        .collect()
+}
+
 /// `a` or `(a, b)`.
 fn pair_text(p: [usize; 2]) -> String {
     if p[0] == p[1] {
@@ -508,10 +515,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
         }
         "Add" | "Sub" | "Mul" | "Div" => arithmetic(node, env, w, op)?,
         "Sum" => {
-            let mut ds = Vec::new();
-            for i in 0..node.p.input.len() {
-                ds.push(operand(node, env, w, i)?);
-            }
+            let mut ds = operands(node, env, w)?;
             if ds.len() <= 1 {
                 return ds
                     .pop()
@@ -680,10 +684,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
             }
         }
         "Concat" => {
-            let mut ds = Vec::new();
-            for i in 0..node.p.input.len() {
-                ds.push(operand(node, env, w, i)?);
-            }
+            let ds = operands(node, env, w)?;
             let Some(rank) = ds.first().map(|d| d.shape.len()) else {
                 return Err(node.err("has no inputs", "the file is malformed"));
             };
