@@ -194,11 +194,10 @@ fn light_models_match_onnxruntime() {
             false,
         )
     }));
-    cases.push((
-        "dynamic_batch".into(),
-        Path::new(ROOT).join("tests/onnx/dynamic_batch.onnx"),
-        false,
-    ));
+    for small in ["dynamic_batch", "attention_mix"] {
+        let path = Path::new(ROOT).join(format!("tests/onnx/{small}.onnx"));
+        cases.push((small.into(), path, false));
+    }
     for (name, model, random) in &cases {
         let start = Instant::now();
         let dir = scratch(&name.replace([' ', '(', ')'], "_"));
@@ -380,7 +379,10 @@ fn import_and_compile(bytes: &[u8], what: impl Fn() -> String) -> Option<bool> {
 /// importer, and what it writes compiles or gets a user error (never an internal error).
 #[test]
 fn mutated_files_never_panic() {
-    let mut files = vec![Path::new(ROOT).join("tests/onnx/dynamic_batch.onnx")];
+    let mut files = vec![
+        Path::new(ROOT).join("tests/onnx/dynamic_batch.onnx"),
+        Path::new(ROOT).join("tests/onnx/attention_mix.onnx"),
+    ];
     files.extend(
         std::fs::read_dir(Path::new(ROOT).join("tests/onnx/errors"))
             .expect("corpus")
@@ -416,8 +418,8 @@ fn mutated_files_never_panic() {
     eprintln!("{imported} of {total} mutants imported");
 }
 
-/// Structural mutants of the dynamic-batch model (attribute values, tensor dims, op types,
-/// dropped inputs) never panic the importer or make it write a model that fails compiling
+/// Structural mutants of the small test models (attribute values, tensor dims, op types,
+/// dropped or rewired inputs) never panic the importer or make it write a model that fails compiling
 /// with an internal error.
 #[test]
 fn mutated_graphs_never_panic() {
@@ -445,14 +447,24 @@ fn mutated_graphs_never_panic() {
         "MatMul",
         "Slice",
         "ReduceMean",
+        "Split",
+        "Pow",
+        "Erf",
+        "LayerNormalization",
+        "Div",
     ];
-    let bytes =
-        std::fs::read(Path::new(ROOT).join("tests/onnx/dynamic_batch.onnx")).expect("model");
-    let original = ModelProto::decode(&bytes[..]).expect("decode");
+    let originals: Vec<ModelProto> = ["dynamic_batch", "attention_mix"]
+        .iter()
+        .map(|name| {
+            let path = Path::new(ROOT).join(format!("tests/onnx/{name}.onnx"));
+            let bytes = std::fs::read(path).expect("model");
+            ModelProto::decode(&bytes[..]).expect("decode")
+        })
+        .collect();
     let mut rng = Rng(0x2545_F491_4F6C_DD1D);
-    let (mut imported, mut compiled_ok, total) = (0, 0, 3000);
-    for _ in 0..total {
-        let mut m = original.clone();
+    let (mut imported, mut compiled_ok, total) = (0, 0, 4000);
+    for i in 0..total {
+        let mut m = originals[i % originals.len()].clone();
         let g = m.graph.as_mut().expect("graph");
         for _ in 0..1 + rng.below(2) {
             let n = rng.below(g.node.len());

@@ -15,8 +15,9 @@ type R<T> = Result<T, UserError>;
 const SUPPORTED: &str = "Conv, Gemm, MatMul, BatchNormalization, Relu, Sigmoid, Tanh, Exp, Log, \
 Sqrt, Neg, Erf, Gelu, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, LRN, \
 LayerNormalization, Softmax, LogSoftmax, Add, Sub, Mul, Div, Sum, Concat, Reshape, Flatten, \
-Squeeze, Unsqueeze, Transpose, ReduceMean, ReduceSum, ReduceMax, Gather (embedding), Dropout, \
-Identity, Cast (to float), and any op on constants that folding evaluates";
+Squeeze, Unsqueeze, Transpose, Split, Pow (x^2), ReduceMean, ReduceSum, ReduceMax, \
+Gather (embedding), Dropout, Identity, Cast (to float), and any op on constants that folding \
+evaluates";
 
 /// One `.mdl` operand: a computed value, or a constant declared as a parameter.
 fn operand(node: &Node, env: &Env, w: &mut Writer, i: usize) -> R<Dyn> {
@@ -463,6 +464,51 @@ fn arithmetic(
     Ok((format!("{} {sym} {}", texts[0], texts[1]), out, syms))
 }
 
+/// `Split` into `slice`s: sizes from the `split` attribute (input 1 from opset 13), else equal
+/// parts, one per output.
+fn split(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
+    let x = operand(node, env, w, 0)?;
+    let ax = axis(node, node.int("axis", 0), x.shape.len())?;
+    let outs = node.p.output.len();
+    let sizes: Vec<i64> = match node.opset {
+        o if o < 13 => node.ints("split").unwrap_or_default(),
+        _ if node.input_name(1).is_some() => node.konst(env, 1)?.ints(),
+        _ => Vec::new(),
+    };
+    let extent = x.shape[ax];
+    let sizes: Vec<usize> = if sizes.is_empty() {
+        let part = extent.div_ceil(outs.max(1));
+        (0..outs)
+            .map(|i| part.min(extent.saturating_sub(i * part)))
+            .collect()
+    } else {
+        sizes
+            .iter()
+            .map(|&s| usize::try_from(s).unwrap_or(usize::MAX))
+            .collect()
+    };
+    if sizes.len() != outs
+        || sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s)) != Some(extent)
+    {
+        return Err(node.err(
+            format!("sizes {sizes:?} do not split {extent} elements into {outs} outputs"),
+            "the file is malformed",
+        ));
+    }
+    let mut start = 0;
+    let mut values = Vec::new();
+    for (name, size) in node.p.output.iter().zip(sizes) {
+        let mut shape = x.shape.clone();
+        shape[ax] = size;
+        let mut syms = x.syms.clone();
+        syms[ax] = None;
+        let expr = format!("slice({}, {start}, {}, axis = {ax})", x.expr, start + size);
+        values.push(Value::Dyn(w.bind(name, expr, shape, syms)));
+        start += size;
+    }
+    Ok(values)
+}
+
 /// Maps `node` to `.mdl` statements; returns its output values.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
     let out_name = node.p.output.first().cloned().unwrap_or_default();
@@ -795,6 +841,18 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
                 .chain([a.syms[a.shape.len() - 2].clone(), None])
                 .collect();
             (format!("{} @ {}", a.expr, b.expr), shape, syms)
+        }
+        "Split" => return split(node, env, w),
+        "Pow" => {
+            let x = operand(node, env, w, 0)?;
+            let e = node.konst(env, 1)?;
+            if e.data.len() != 1 || e.data.get(0) != 2.0 {
+                return Err(node.err(
+                    "raises to a power other than a constant 2",
+                    "memc imports Pow(x, 2) as x * x",
+                ));
+            }
+            same(&x, format!("{} * {}", x.expr, x.expr))
         }
         "Gather" => {
             let table = node.konst(env, 0).map_err(|_| {

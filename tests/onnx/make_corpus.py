@@ -2,7 +2,9 @@
 
 tests/onnx/errors/*.onnx: each must be refused with a diagnostic (tests/onnx.rs);
 tests/onnx/dynamic_batch.onnx: a tiny CNN whose batch dim is symbolic (`N`) and whose
-flatten target is computed by Shape -> Gather -> Unsqueeze -> Concat.
+flatten target is computed by Shape -> Gather -> Unsqueeze -> Concat;
+tests/onnx/attention_mix.onnx: LayerNormalization, MatMul, Split, Transpose, Softmax, an
+Erf-based GELU, Pow, ReduceMean, Sqrt, Div, Flatten and a Gemm with alpha and beta (opset 17).
 """
 import os
 
@@ -95,6 +97,43 @@ def main():
         numpy_helper.from_array(np.array([-1], dtype=np.int64), "minus1"),
     ]
     save(model(nodes, [tensor("x", ["N", 3, 8, 8])], [tensor("prob", ["N", 5])], inits), "dynamic_batch.onnx")
+    mk = helper.make_node
+    nodes = [
+        mk("LayerNormalization", ["x", "ln_s", "ln_b"], ["ln"], name="ln", axis=-1, epsilon=1e-5),
+        mk("MatMul", ["ln", "qkv_w"], ["h"], name="qkv"),
+        mk("Split", ["h", "sizes"], ["q", "k", "v"], name="split", axis=-1),
+        mk("Transpose", ["k"], ["kt"], name="kt", perm=[0, 2, 1]),
+        mk("MatMul", ["q", "kt"], ["s"], name="scores"),
+        mk("Softmax", ["s"], ["p"], name="softmax", axis=-1),
+        mk("MatMul", ["p", "v"], ["o"], name="attend"),
+        mk("Div", ["o", "sqrt2"], ["o_s"], name="gelu_div"),
+        mk("Erf", ["o_s"], ["e"], name="gelu_erf"),
+        mk("Add", ["e", "one"], ["e1"], name="gelu_add"),
+        mk("Mul", ["o", "e1"], ["g0"], name="gelu_mul"),
+        mk("Mul", ["g0", "half"], ["g"], name="gelu_half"),
+        mk("Pow", ["g", "two"], ["sq"], name="square"),
+        mk("ReduceMean", ["sq"], ["ms"], name="mean_square", axes=[-1], keepdims=1),
+        mk("Add", ["ms", "eps"], ["ms_e"], name="eps"),
+        mk("Sqrt", ["ms_e"], ["rms"], name="rms"),
+        mk("Div", ["g", "rms"], ["n"], name="normalize"),
+        mk("Flatten", ["n"], ["f"], name="flatten", axis=1),
+        mk("Gemm", ["f", "out_w", "out_b"], ["y"], name="head", alpha=0.5, beta=2.0),
+    ]
+    scalar = lambda v, name: numpy_helper.from_array(np.array(v, dtype=np.float32), name)
+    inits = [
+        numpy_helper.from_array(rng.uniform(0.5, 1.5, [8]).astype(np.float32), "ln_s"),
+        weight("ln_b", [8]),
+        weight("qkv_w", [8, 12]),
+        numpy_helper.from_array(np.array([4, 4, 4], dtype=np.int64), "sizes"),
+        scalar(1.4142135, "sqrt2"),
+        scalar(1.0, "one"),
+        scalar(0.5, "half"),
+        scalar(2.0, "two"),
+        scalar(1e-5, "eps"),
+        weight("out_w", [24, 3]),
+        weight("out_b", [3]),
+    ]
+    save(model(nodes, [tensor("x", [2, 6, 8])], [tensor("y", [2, 3])], inits, opset=17), "attention_mix.onnx")
 
 
 if __name__ == "__main__":
