@@ -194,7 +194,7 @@ fn light_models_match_onnxruntime() {
             false,
         )
     }));
-    for small in ["dynamic_batch", "attention_mix"] {
+    for small in ["dynamic_batch", "attention_mix", "resize"] {
         let path = Path::new(ROOT).join(format!("tests/onnx/{small}.onnx"));
         cases.push((small.into(), path, false));
     }
@@ -382,6 +382,7 @@ fn mutated_files_never_panic() {
     let mut files = vec![
         Path::new(ROOT).join("tests/onnx/dynamic_batch.onnx"),
         Path::new(ROOT).join("tests/onnx/attention_mix.onnx"),
+        Path::new(ROOT).join("tests/onnx/resize.onnx"),
     ];
     files.extend(
         std::fs::read_dir(Path::new(ROOT).join("tests/onnx/errors"))
@@ -452,8 +453,9 @@ fn mutated_graphs_never_panic() {
         "Erf",
         "LayerNormalization",
         "Div",
+        "Resize",
     ];
-    let originals: Vec<ModelProto> = ["dynamic_batch", "attention_mix"]
+    let originals: Vec<ModelProto> = ["dynamic_batch", "attention_mix", "resize"]
         .iter()
         .map(|name| {
             let path = Path::new(ROOT).join(format!("tests/onnx/{name}.onnx"));

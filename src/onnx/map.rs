@@ -8,6 +8,7 @@ use super::tensor::Const;
 use super::write::{number, shape_text, Writer};
 use super::{Dyn, Env, Node, Value};
 use crate::diagnostic::UserError;
+use std::rc::Rc;
 
 type R<T> = Result<T, UserError>;
 
@@ -15,7 +16,7 @@ type R<T> = Result<T, UserError>;
 const SUPPORTED: &str = "Conv, Gemm, MatMul, BatchNormalization, Relu, Sigmoid, Tanh, Exp, Log, \
 Sqrt, Neg, Erf, Gelu, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, LRN, \
 LayerNormalization, Softmax, LogSoftmax, Add, Sub, Mul, Div, Sum, Concat, Reshape, Flatten, \
-Squeeze, Unsqueeze, Transpose, Split, Pow (x^2), ReduceMean, ReduceSum, ReduceMax, \
+Squeeze, Unsqueeze, Transpose, Split, Pow (x^2), Resize/Upsample (nearest, integer factor), ReduceMean, ReduceSum, ReduceMax, \
 Gather (embedding), Dropout, Identity, Cast (to float), and any op on constants that folding \
 evaluates";
 
@@ -509,6 +510,83 @@ fn split(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
     Ok(values)
 }
 
+/// The integer factor of a nearest-neighbour `Resize`/`Upsample` that repeats each pixel
+/// `f x f` times (N and C unscaled), or a diagnostic for anything that is not exactly that.
+fn upsample_factor(node: &Node, env: &Env, shape: &[usize]) -> R<usize> {
+    let refuse = |what: String| {
+        node.err(
+            what,
+            "memc imports nearest-neighbour upsampling of H and W by one integer factor",
+        )
+    };
+    let mode = node.string("mode").unwrap_or_else(|| "nearest".into());
+    if mode != "nearest" {
+        return Err(refuse(format!("mode `{mode}` is not supported")));
+    }
+    let scales: Vec<f64> = match (node.op(), node.opset) {
+        ("Upsample", o) if o < 9 => node
+            .attr("scales")
+            .map(|a| a.floats.iter().map(|&v| f64::from(v)).collect())
+            .unwrap_or_default(),
+        ("Resize", o) if o >= 11 => {
+            let from = |i: usize| -> R<Option<Rc<Const>>> {
+                match node.input_name(i) {
+                    Some(_) => node.konst(env, i).map(|c| Some(c.clone())),
+                    None => Ok(None),
+                }
+            };
+            match (from(2)?.filter(|c| c.data.len() > 0), from(3)?) {
+                (Some(s), _) => s.floats().iter().map(|&v| f64::from(v)).collect(),
+                (None, Some(sizes)) => sizes
+                    .ints()
+                    .iter()
+                    .zip(shape)
+                    .map(|(&o, &i)| o as f64 / i as f64)
+                    .collect(),
+                (None, None) => Vec::new(),
+            }
+        }
+        _ => node
+            .konst(env, 1)?
+            .floats()
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect(),
+    };
+    let f = scales.get(2).copied().unwrap_or(0.0);
+    if scales.len() != 4
+        || scales[0] != 1.0
+        || scales[1] != 1.0
+        || scales[3] != f
+        || f < 1.0
+        || f.fract() != 0.0
+    {
+        return Err(refuse(format!(
+            "scales {scales:?} are not (1, 1, f, f) with an integer f"
+        )));
+    }
+    let f = f as usize;
+    // Which source pixel each output pixel reads must be floor(x / f).
+    let coord = node
+        .string("coordinate_transformation_mode")
+        .unwrap_or_else(|| "half_pixel".into());
+    let nearest = node
+        .string("nearest_mode")
+        .unwrap_or_else(|| "round_prefer_floor".into());
+    let exact = node.op() == "Upsample"
+        || match coord.as_str() {
+            "half_pixel" | "pytorch_half_pixel" => nearest != "floor" && nearest != "ceil",
+            "asymmetric" => nearest == "floor" || (nearest == "round_prefer_floor" && f <= 2),
+            _ => false,
+        };
+    if !exact {
+        return Err(refuse(format!(
+            "coordinate_transformation_mode `{coord}` with nearest_mode `{nearest}` does not repeat pixels"
+        )));
+    }
+    Ok(f)
+}
+
 /// Maps `node` to `.mdl` statements; returns its output values.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
     let out_name = node.p.output.first().cloned().unwrap_or_default();
@@ -843,6 +921,15 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
             (format!("{} @ {}", a.expr, b.expr), shape, syms)
         }
         "Split" => return split(node, env, w),
+        "Resize" | "Upsample" => {
+            let x = operand(node, env, w, 0)?;
+            rank_is(node, &x, 4, op)?;
+            let f = upsample_factor(node, env, &x.shape)?;
+            let shape = vec![x.shape[0], x.shape[1], x.shape[2] * f, x.shape[3] * f];
+            let mut syms = vec![None; 4];
+            syms[..2].clone_from_slice(&x.syms[..2]);
+            (format!("upsample({}, {f})", x.expr), shape, syms)
+        }
         "Pow" => {
             let x = operand(node, env, w, 0)?;
             let e = node.konst(env, 1)?;

@@ -4,7 +4,9 @@ tests/onnx/errors/*.onnx: each must be refused with a diagnostic (tests/onnx.rs)
 tests/onnx/dynamic_batch.onnx: a tiny CNN whose batch dim is symbolic (`N`) and whose
 flatten target is computed by Shape -> Gather -> Unsqueeze -> Concat;
 tests/onnx/attention_mix.onnx: LayerNormalization, MatMul, Split, Transpose, Softmax, an
-Erf-based GELU, Pow, ReduceMean, Sqrt, Div, Flatten and a Gemm with alpha and beta (opset 17).
+Erf-based GELU, Pow, ReduceMean, Sqrt, Div, Flatten and a Gemm with alpha and beta (opset 17);
+tests/onnx/resize.onnx: nearest Resize by scales (half_pixel) and by sizes (asymmetric, floor)
+around a Conv.
 """
 import os
 
@@ -134,6 +136,21 @@ def main():
         weight("out_b", [3]),
     ]
     save(model(nodes, [tensor("x", [2, 6, 8])], [tensor("y", [2, 3])], inits, opset=17), "attention_mix.onnx")
+    floats = lambda v, name: numpy_helper.from_array(np.array(v, dtype=np.float32), name)
+    ints = lambda v, name: numpy_helper.from_array(np.array(v, dtype=np.int64), name)
+    nodes = [
+        mk("Resize", ["x", "", "scales"], ["u"], name="up2", mode="nearest"),
+        mk("Conv", ["u", "w"], ["c"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        mk("Resize", ["c", "", "", "sizes"], ["y"], name="up3", mode="nearest",
+           coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+    ]
+    inits = [floats([1, 1, 2, 2], "scales"), weight("w", [3, 2, 3, 3]), ints([1, 3, 24, 24], "sizes")]
+    save(model(nodes, [tensor("x", [1, 2, 4, 4])], [tensor("y", [1, 3, 24, 24])], inits), "resize.onnx")
+    linear = mk("Resize", ["x", "", "scales"], ["y"], name="bilinear", mode="linear")
+    save(
+        model([linear], [tensor("x", [1, 2, 4, 4])], [tensor("y", [1, 2, 8, 8])], [floats([1, 1, 2, 2], "scales")]),
+        "errors/resize_linear.onnx",
+    )
 
 
 if __name__ == "__main__":
