@@ -647,6 +647,17 @@ impl Lowerer<'_> {
                 self.op(Op::Binary(BinaryFn::Div), vec![y, share], span)
             }
             "lrn" => self.lrn(args, span),
+            "pad" => {
+                let x = self.t(args, "input")?;
+                let pv = args.positional("padding")?;
+                let pads = pads4(self, Some(pv))?;
+                let value = match args.optional("value") {
+                    Some(v) => self.float(&v, "value")? as f32,
+                    None => 0.0,
+                };
+                self.nchw(x, "pad", span)?;
+                Ok(Val::Tensor(self.pad(x, pads, value, span)?))
+            }
             "global_avg_pool" => {
                 let x = self.t(args, "input")?;
                 let shape = self.nchw(x, "global_avg_pool", span)?;
@@ -775,6 +786,13 @@ impl Lowerer<'_> {
         if top == bottom && left == right {
             return Ok((x, [top, left]));
         }
+        Ok((self.pad(x, pads, value, span)?, [0, 0]))
+    }
+
+    /// `x` (NCHW) with `(top, left, bottom, right)` rows and columns of `value` around it,
+    /// concatenated from filled tensors.
+    fn pad(&mut self, x: ValueId, pads: [usize; 4], value: f32, span: Span) -> R<ValueId> {
+        let [top, left, bottom, right] = pads;
         let mut y = x;
         for (axis, before, after) in [(2, top, bottom), (3, left, right)] {
             let shape = self.nchw(y, "padding", span)?;
@@ -796,7 +814,7 @@ impl Lowerer<'_> {
                 y = self.add(Op::Concat { axis }, parts, span)?;
             }
         }
-        Ok((y, [0, 0]))
+        Ok(y)
     }
 
     /// Local response normalization across channels (ONNX `LRN`):

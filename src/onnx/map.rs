@@ -16,7 +16,8 @@ type R<T> = Result<T, UserError>;
 const SUPPORTED: &str = "Conv, Gemm, MatMul, BatchNormalization, Relu, Sigmoid, Tanh, Exp, Log, \
 Sqrt, Neg, Erf, Gelu, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, LRN, \
 LayerNormalization, Softmax, LogSoftmax, Add, Sub, Mul, Div, Sum, Concat, Reshape, Flatten, \
-Squeeze, Unsqueeze, Transpose, Split, Pow (x^2), Resize/Upsample (nearest, integer factor), ReduceMean, ReduceSum, ReduceMax, \
+Squeeze, Unsqueeze, Transpose, Split, Pow (x^2), Resize/Upsample (nearest, integer factor), \
+Pad (constant, H and W), ReduceMean, ReduceSum, ReduceMax, \
 Gather (embedding), Dropout, Identity, Cast (to float), and any op on constants that folding \
 evaluates";
 
@@ -510,6 +511,41 @@ fn split(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
     Ok(values)
 }
 
+/// `(top, left, bottom, right)` and the fill value of a constant-mode `Pad` of H and W.
+fn pad_args(node: &Node, env: &Env) -> R<([usize; 4], f32)> {
+    let refuse = |what: String| {
+        node.err(
+            what,
+            "memc imports constant padding of H and W (NCHW) by non-negative amounts",
+        )
+    };
+    let mode = node.string("mode").unwrap_or_else(|| "constant".into());
+    if mode != "constant" {
+        return Err(refuse(format!("mode `{mode}` is not supported")));
+    }
+    let (pads, value) = if node.opset < 11 {
+        (
+            node.ints("pads").unwrap_or_default(),
+            node.float("value", 0.0),
+        )
+    } else {
+        if node.input_name(3).is_some() {
+            return Err(refuse("the `axes` input is not supported".into()));
+        }
+        let value = match node.input_name(2) {
+            Some(_) => node.konst(env, 2)?.floats().first().copied().unwrap_or(0.0),
+            None => 0.0,
+        };
+        (node.konst(env, 1)?.ints(), value)
+    };
+    match pads[..] {
+        [0, 0, t, l, 0, 0, b, r] if [t, l, b, r].iter().all(|&v| v >= 0) && value.is_finite() => {
+            Ok(([t as usize, l as usize, b as usize, r as usize], value))
+        }
+        _ => Err(refuse(format!("pads {pads:?} with value {value}"))),
+    }
+}
+
 /// The integer factor of a nearest-neighbour `Resize`/`Upsample` that repeats each pixel
 /// `f x f` times (N and C unscaled), or a diagnostic for anything that is not exactly that.
 fn upsample_factor(node: &Node, env: &Env, shape: &[usize]) -> R<usize> {
@@ -921,6 +957,32 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
             (format!("{} @ {}", a.expr, b.expr), shape, syms)
         }
         "Split" => return split(node, env, w),
+        "Pad" => {
+            let x = operand(node, env, w, 0)?;
+            rank_is(node, &x, 4, "Pad")?;
+            let (p, value) = pad_args(node, env)?;
+            let v = if value == 0.0 {
+                String::new()
+            } else {
+                format!(", value = {}", number(value))
+            };
+            let shape = vec![
+                x.shape[0],
+                x.shape[1],
+                x.shape[2] + p[0] + p[2],
+                x.shape[3] + p[1] + p[3],
+            ];
+            let mut syms = vec![None; 4];
+            syms[..2].clone_from_slice(&x.syms[..2]);
+            (
+                format!(
+                    "pad({}, ({}, {}, {}, {}){v})",
+                    x.expr, p[0], p[1], p[2], p[3]
+                ),
+                shape,
+                syms,
+            )
+        }
         "Resize" | "Upsample" => {
             let x = operand(node, env, w, 0)?;
             rank_is(node, &x, 4, op)?;

@@ -6,7 +6,7 @@ flatten target is computed by Shape -> Gather -> Unsqueeze -> Concat;
 tests/onnx/attention_mix.onnx: LayerNormalization, MatMul, Split, Transpose, Softmax, an
 Erf-based GELU, Pow, ReduceMean, Sqrt, Div, Flatten and a Gemm with alpha and beta (opset 17);
 tests/onnx/resize.onnx: nearest Resize by scales (half_pixel) and by sizes (asymmetric, floor)
-around a Conv.
+around a Conv, and an asymmetric constant Pad.
 """
 import os
 
@@ -140,12 +140,24 @@ def main():
     ints = lambda v, name: numpy_helper.from_array(np.array(v, dtype=np.int64), name)
     nodes = [
         mk("Resize", ["x", "", "scales"], ["u"], name="up2", mode="nearest"),
-        mk("Conv", ["u", "w"], ["c"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        mk("Pad", ["u", "pads", "pad_value"], ["up"], name="pad", mode="constant"),
+        mk("Conv", ["up", "w"], ["c"], name="conv", kernel_shape=[3, 3], pads=[0, 1, 1, 0]),
         mk("Resize", ["c", "", "", "sizes"], ["y"], name="up3", mode="nearest",
            coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
     ]
-    inits = [floats([1, 1, 2, 2], "scales"), weight("w", [3, 2, 3, 3]), ints([1, 3, 24, 24], "sizes")]
+    inits = [
+        floats([1, 1, 2, 2], "scales"),
+        ints([0, 0, 1, 0, 0, 0, 0, 1], "pads"),
+        floats(0.5, "pad_value"),
+        weight("w", [3, 2, 3, 3]),
+        ints([1, 3, 24, 24], "sizes"),
+    ]
     save(model(nodes, [tensor("x", [1, 2, 4, 4])], [tensor("y", [1, 3, 24, 24])], inits), "resize.onnx")
+    reflect = mk("Pad", ["x", "pads"], ["y"], name="reflect", mode="reflect")
+    save(
+        model([reflect], [tensor("x", [1, 2, 4, 4])], [tensor("y", [1, 2, 5, 5])], [ints([0, 0, 1, 0, 0, 0, 0, 1], "pads")]),
+        "errors/pad_reflect.onnx",
+    )
     linear = mk("Resize", ["x", "", "scales"], ["y"], name="bilinear", mode="linear")
     save(
         model([linear], [tensor("x", [1, 2, 4, 4])], [tensor("y", [1, 2, 8, 8])], [floats([1, 1, 2, 2], "scales")]),
