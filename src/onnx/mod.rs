@@ -23,7 +23,9 @@ pub const OPSETS: RangeInclusive<i64> = 7..=21;
 /// An imported model: `.mdl` source and its weights (names as the `.mdl` declares them).
 #[derive(Debug, Clone)]
 pub struct Imported {
+    /// The model: it declares every parameter of `weights`, with these shapes.
     pub mdl: String,
+    /// Each parameter's name (as `memc run --params` looks it up), shape and f32 values.
     pub weights: Vec<(String, Vec<usize>, Vec<f32>)>,
     /// Graph output names of the ONNX file, each with the `.mdl` output name it became.
     pub outputs: Vec<(String, String)>,
