@@ -13,11 +13,13 @@
 #define U_GELU_TANH 8
 #define U_GELU_ERF 9
 #define U_SILU 10
+#define U_ERF 11
 
 #define MEMC_SQRT_2_OVER_PI 0.7978846f
 #define MEMC_GELU_C 0.044715f
 #define MEMC_INV_SQRT_2PI 0.3989423f
 #define MEMC_FRAC_1_SQRT_2 0.70710678f
+#define MEMC_2_OVER_SQRT_PI 1.1283792f
 
 __device__ __forceinline__ float memc_sigmoid(float x) {
     if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
@@ -37,6 +39,7 @@ template <int OP> __device__ __forceinline__ float unary_eval(float x) {
     case U_RELU: return fmaxf(x, 0.0f);
     case U_GELU_TANH: return 0.5f * x * (1.0f + tanhf(MEMC_SQRT_2_OVER_PI * (x + MEMC_GELU_C * x * x * x)));
     case U_GELU_ERF: return 0.5f * x * (1.0f + erff(x * MEMC_FRAC_1_SQRT_2));
+    case U_ERF: return erff(x);
     default: return x * memc_sigmoid(x);
     }
 }
@@ -59,6 +62,7 @@ template <int OP> __device__ __forceinline__ float unary_deriv(float x) {
         const float cdf = 0.5f * (1.0f + erff(x * MEMC_FRAC_1_SQRT_2));
         return cdf + x * MEMC_INV_SQRT_2PI * expf(-0.5f * x * x);
     }
+    case U_ERF: return MEMC_2_OVER_SQRT_PI * expf(-x * x);
     default: { const float s = memc_sigmoid(x); return s * (1.0f + x * (1.0f - s)); }
     }
 }

@@ -13,6 +13,7 @@ pub mod exec;
 pub mod fit;
 pub mod front;
 pub mod ir;
+pub mod onnx;
 pub mod passes;
 pub mod plan;
 pub mod viz;

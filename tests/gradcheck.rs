@@ -90,6 +90,7 @@ gradcheck! {
     gelu_tanh: ("A = 3, B = 4", X, "gelu(x)", "[A, B]", 1e-2, 1e-2);
     gelu_exact: ("A = 3, B = 4", X, "gelu(x, exact = true)", "[A, B]", 1e-2, 1e-2);
     silu: ("A = 3, B = 4", X, "silu(x)", "[A, B]", 1e-2, 1e-2);
+    erf: ("A = 3, B = 4", X, "erf(x)", "[A, B]", 1e-2, 1e-2);
     sum_axis: ("A = 3, B = 4", X, "sum(x, axis = 0)", "[B]", 1e-2, 1e-2);
     mean_keepdim: ("A = 3, B = 4", X, "mean(x, axis = -1, keepdim = true)", "[A, 1]", 1e-2, 1e-2);
     max_axis: ("A = 3, B = 4", X, "max(x, axis = 1)", "[A]", 1e-3, 1e-2);
@@ -108,6 +109,12 @@ gradcheck! {
     conv2d: ("N = 2, C = 4, H = 6", "  param x: [N, C, H, H] = normal(1.0)\n  param c: conv2d(C, 6, 3, groups = 2, bias = true)", "conv2d(x, c, stride = 2, padding = 1, dilation = 1)", "[N, 6, 3, 3]", 1e-2, 1e-2);
     max_pool2d: ("N = 1, C = 2, H = 5", "  param x: [N, C, H, H] = uniform(-3.0, 3.0)", "max_pool2d(x, 3, stride = 2, padding = 1)", "[N, C, 3, 3]", 1e-3, 1e-2);
     avg_pool2d: ("N = 1, C = 2, H = 5", "  param x: [N, C, H, H] = normal(1.0)", "avg_pool2d(x, 3, stride = 2, padding = 1)", "[N, C, 3, 3]", 1e-2, 1e-2);
+    lrn: ("N = 1, C = 6, H = 3", "  param x: [N, C, H, H] = normal(1.0)", "lrn(x, size = 3, alpha = 0.5, beta = 0.75, bias = 1)", "[N, C, H, H]", 1e-2, 1e-2);
+    lrn_even_window: ("N = 1, C = 5, H = 2", "  param x: [N, C, H, H] = normal(1.0)", "lrn(x, size = 4, alpha = 0.3, beta = 0.5, bias = 2)", "[N, C, H, H]", 1e-2, 1e-2);
+    max_pool2d_asymmetric: ("N = 1, C = 2, H = 5", "  param x: [N, C, H, H] = uniform(-3.0, 3.0)", "max_pool2d(x, 3, stride = 2, padding = (0, 0, 1, 1))", "[N, C, 2, 2]", 1e-3, 1e-2);
+    avg_pool2d_pad_not_counted: ("N = 1, C = 2, H = 5", "  param x: [N, C, H, H] = normal(1.0)", "avg_pool2d(x, 3, stride = 2, padding = (1, 0, 1, 1), count_pad = false)", "[N, C, 3, 2]", 1e-2, 1e-2);
+    pad: ("N = 1, C = 2, H = 3", "  param x: [N, C, H, H] = normal(1.0)", "pad(x, (1, 0, 2, 1), value = 0.5)", "[N, C, 6, 4]", 1e-2, 1e-2);
+    conv2d_asymmetric: ("N = 1, C = 2, H = 6", "  param x: [N, C, H, H] = normal(1.0)\n  param c: conv2d(C, 2, (2, 3))", "conv2d(x, c, padding = (0, 1, 1, 0))", "[N, 2, 6, 5]", 1e-2, 1e-2);
     global_avg_pool: ("N = 2, C = 3, H = 4", "  param x: [N, C, H, H] = normal(1.0)", "global_avg_pool(x)", "[N, C]", 1e-2, 1e-2);
     upsample: ("N = 1, C = 2, H = 3", "  param x: [N, C, H, H] = normal(1.0)", "upsample(x, 2)", "[N, C, 6, 6]", 1e-2, 1e-2);
     attention_causal_gqa: ("B = 2, T = 5, D = 8", "  param q: [B, T, D] = normal(1.0)\n  param k: [B, T, 4] = normal(1.0)\n  param v: [B, T, 4] = normal(1.0)", "attention(q, k, v, heads = 4, kv_heads = 2, causal = true)", "[B, T, D]", 1e-2, 1e-2);

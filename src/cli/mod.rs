@@ -3,6 +3,7 @@
 
 mod advise;
 mod fit;
+mod import;
 mod output;
 mod run;
 mod viz;
@@ -115,6 +116,8 @@ enum Command {
     },
     /// Execute training steps of a model or a plan JSON on the CPU.
     Run(run::RunArgs),
+    /// Import an ONNX model as a .mdl and its weights (.safetensors).
+    Import(import::ImportArgs),
     /// Find the largest value of a dim (default B) whose plan fits --budget.
     Fit(fit::FitArgs),
     /// Compare memory-saving options against a budget, each a compiled plan.
@@ -329,6 +332,7 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             Ok(())
         }
         Command::Run(args) => run::run(args),
+        Command::Import(args) => import::import(args),
         Command::Fit(args) => fit::fit(args),
         Command::Viz(args) => viz::viz(args),
         Command::Advise(args) => advise::advise(args),

@@ -201,6 +201,7 @@ fn unary_code(f: UnaryFn) -> i64 {
         UnaryFn::GeluTanh => 8,
         UnaryFn::GeluErf => 9,
         UnaryFn::Silu => 10,
+        UnaryFn::Erf => 11,
     }
 }
 

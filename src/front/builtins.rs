@@ -129,6 +129,29 @@ fn pair(l: &Lowerer, v: Option<Spanned>, default: usize, what: &str) -> R<[usize
     }
 }
 
+/// Padding as `p`, `(rows, cols)` or `(top, left, bottom, right)` (ONNX order).
+fn pads4(l: &Lowerer, v: Option<Spanned>) -> R<[usize; 4]> {
+    if let Some(Spanned {
+        val: Val::Tuple(items),
+        span,
+    }) = &v
+    {
+        if items.len() == 4 {
+            let mut out = [0; 4];
+            for (o, item) in out.iter_mut().zip(items) {
+                let s = Spanned {
+                    val: item.clone(),
+                    span: *span,
+                };
+                *o = pair(l, Some(s), 0, "padding")?[0];
+            }
+            return Ok(out);
+        }
+    }
+    let [r, c] = pair(l, v, 0, "padding")?;
+    Ok([r, c, r, c])
+}
+
 fn boolean(v: Option<Spanned>, default: bool) -> R<bool> {
     match v {
         None => Ok(default),
@@ -161,6 +184,7 @@ fn unary_fn(name: &str) -> Option<UnaryFn> {
         "relu" => UnaryFn::Relu,
         "silu" => UnaryFn::Silu,
         "gelu" => UnaryFn::GeluTanh,
+        "erf" => UnaryFn::Erf,
         _ => return None,
     })
 }
@@ -545,9 +569,11 @@ impl Lowerer<'_> {
                         "declare it as `param c: conv2d(in, out, k)`",
                     ));
                 };
+                let pads = pads4(self, args.optional("padding"))?;
+                let (x, padding) = self.pad_for(x, pads, 0.0, span)?;
                 let conv = ConvParams {
                     stride: pair(self, args.optional("stride"), 1, "stride")?,
-                    padding: pair(self, args.optional("padding"), 0, "padding")?,
+                    padding,
                     dilation: pair(self, args.optional("dilation"), 1, "dilation")?,
                     groups,
                 };
@@ -581,7 +607,8 @@ impl Lowerer<'_> {
                 let kernel = pair(self, Some(kv), 1, "kernel")?;
                 let stride = pair(self, args.optional("stride"), 0, "stride")?;
                 let stride = if stride == [0, 0] { kernel } else { stride };
-                let padding = pair(self, args.optional("padding"), 0, "padding")?;
+                let pads = pads4(self, args.optional("padding"))?;
+                let count_pad = boolean(args.optional("count_pad"), true)?;
                 if kernel.contains(&0) || stride.contains(&0) {
                     return Err(UserError::at(
                         span,
@@ -590,20 +617,46 @@ impl Lowerer<'_> {
                         "use 1 or more",
                     ));
                 }
+                let shape = self.nchw(x, name, span)?;
+                let is_max = name == "max_pool2d";
+                let fill = if is_max { f32::NEG_INFINITY } else { 0.0 };
+                let (xp, padding) = self.pad_for(x, pads, fill, span)?;
                 let p = PoolParams {
                     kernel,
                     stride,
                     padding,
                 };
-                self.op(
-                    if name == "max_pool2d" {
-                        Op::MaxPool2d(p)
-                    } else {
-                        Op::AvgPool2d(p)
+                if is_max {
+                    return self.op(Op::MaxPool2d(p), vec![xp], span);
+                }
+                let y = self.add(Op::AvgPool2d(p), vec![xp], span)?;
+                if count_pad || pads == [0; 4] {
+                    return Ok(Val::Tensor(y));
+                }
+                // Padding not counted: divide by the share of each window inside the input.
+                let ones = self.add(
+                    Op::Fill {
+                        value: 1.0,
+                        ty: TensorType::new(DType::F32, vec![1, 1, shape[2], shape[3]]),
                     },
-                    vec![x],
+                    vec![],
                     span,
-                )
+                )?;
+                let (ones, _) = self.pad_for(ones, pads, 0.0, span)?;
+                let share = self.add(Op::AvgPool2d(p), vec![ones], span)?;
+                self.op(Op::Binary(BinaryFn::Div), vec![y, share], span)
+            }
+            "lrn" => self.lrn(args, span),
+            "pad" => {
+                let x = self.t(args, "input")?;
+                let pv = args.positional("padding")?;
+                let pads = pads4(self, Some(pv))?;
+                let value = match args.optional("value") {
+                    Some(v) => self.float(&v, "value")? as f32,
+                    None => 0.0,
+                };
+                self.nchw(x, "pad", span)?;
+                Ok(Val::Tensor(self.pad(x, pads, value, span)?))
             }
             "global_avg_pool" => {
                 let x = self.t(args, "input")?;
@@ -718,6 +771,101 @@ impl Lowerer<'_> {
                 "see the README for the built-in functions; blocks must be defined before use",
             )),
         }
+    }
+
+    /// `(x, pads)` ready for a conv or pool: symmetric padding stays with the op; asymmetric
+    /// `(top, left, bottom, right)` becomes explicit rows and columns of `value` around x.
+    fn pad_for(
+        &mut self,
+        x: ValueId,
+        pads: [usize; 4],
+        value: f32,
+        span: Span,
+    ) -> R<(ValueId, [usize; 2])> {
+        let [top, left, bottom, right] = pads;
+        if top == bottom && left == right {
+            return Ok((x, [top, left]));
+        }
+        Ok((self.pad(x, pads, value, span)?, [0, 0]))
+    }
+
+    /// `x` (NCHW) with `(top, left, bottom, right)` rows and columns of `value` around it,
+    /// concatenated from filled tensors.
+    fn pad(&mut self, x: ValueId, pads: [usize; 4], value: f32, span: Span) -> R<ValueId> {
+        let [top, left, bottom, right] = pads;
+        let mut y = x;
+        for (axis, before, after) in [(2, top, bottom), (3, left, right)] {
+            let shape = self.nchw(y, "padding", span)?;
+            let fill = |l: &mut Self, rows: usize| {
+                let mut s = shape.clone();
+                s[axis] = rows;
+                let ty = TensorType::new(DType::F32, s);
+                l.add(Op::Fill { value, ty }, vec![], span)
+            };
+            let mut parts = Vec::new();
+            if before > 0 {
+                parts.push(fill(self, before)?);
+            }
+            parts.push(y);
+            if after > 0 {
+                parts.push(fill(self, after)?);
+            }
+            if parts.len() > 1 {
+                y = self.add(Op::Concat { axis }, parts, span)?;
+            }
+        }
+        Ok(y)
+    }
+
+    /// Local response normalization across channels (ONNX `LRN`):
+    /// `x / (bias + alpha / size * sum of x^2 over the size-channel window)^beta`, lowered to
+    /// square, an average pool over channels, affine, log, scale, exp and multiply.
+    fn lrn(&mut self, args: &mut Args, span: Span) -> R<Val> {
+        let x = self.t(args, "input")?;
+        let s = self.nchw(x, "lrn", span)?;
+        let size = match args.optional("size") {
+            Some(v) => self.dim(&v, "size")?,
+            None => 5,
+        };
+        let mut num = |name: &str, default: f64| -> R<f32> {
+            Ok(match args.optional(name) {
+                Some(v) => self.float(&v, name)? as f32,
+                None => default as f32,
+            })
+        };
+        let (alpha, beta, bias) = (num("alpha", 1e-4)?, num("beta", 0.75)?, num("bias", 1.0)?);
+        let sq = self.add(Op::Binary(BinaryFn::Mul), vec![x, x], span)?;
+        let r = self.add(
+            Op::Reshape {
+                shape: vec![s[0], 1, s[1], s[2] * s[3]],
+            },
+            vec![sq],
+            span,
+        )?;
+        let before = (size - 1) / 2;
+        let (rp, padding) = self.pad_for(r, [before, 0, size - 1 - before, 0], 0.0, span)?;
+        let pool = PoolParams {
+            kernel: [size, 1],
+            stride: [1, 1],
+            padding,
+        };
+        let mut d = self.add(Op::AvgPool2d(pool), vec![rp], span)?;
+        for op in [
+            Op::Affine {
+                scale: alpha,
+                shift: bias,
+            },
+            Op::Unary(UnaryFn::Log),
+            Op::Affine {
+                scale: -beta,
+                shift: 0.0,
+            },
+            Op::Unary(UnaryFn::Exp),
+            Op::Reshape { shape: s },
+        ] {
+            d = self.add(op, vec![d], span)?;
+        }
+        self.op(Op::Binary(BinaryFn::Mul), vec![x, d], span)
     }
 
     /// The required `heads = N` argument; `usage` shows a correct call.
@@ -848,7 +996,11 @@ impl Lowerer<'_> {
             "conv2d" => {
                 let i = dim(self, &mut args, "input channels")?;
                 let o = dim(self, &mut args, "output channels")?;
-                let k = dim(self, &mut args, "kernel size")?;
+                let kv = args.positional("kernel size")?;
+                let k = pair(self, Some(kv), 1, "kernel size")?;
+                if k.contains(&0) {
+                    return Err(UserError::at(call.span, "kernel size must be at least 1", "zero", "use 1 or more"));
+                }
                 let groups = match args.optional("groups") {
                     Some(v) => self.dim(&v, "groups")?,
                     None => 1,
@@ -857,9 +1009,9 @@ impl Lowerer<'_> {
                     return Err(UserError::at(call.span, format!("groups = {groups} must divide both {i} input and {o} output channels"), "does not divide", "choose groups dividing both channel counts"));
                 }
                 let has_bias = boolean(args.optional("bias"), false)?;
-                let fan_in = (i / groups * k * k) as f32;
+                let fan_in = (i / groups * k[0] * k[1]) as f32;
                 let bound = 1.0 / fan_in.sqrt();
-                let weight = self.new_param(&sub("weight"), f32t(vec![o, i / groups, k, k]), Init::Uniform { low: -bound, high: bound })?;
+                let weight = self.new_param(&sub("weight"), f32t(vec![o, i / groups, k[0], k[1]]), Init::Uniform { low: -bound, high: bound })?;
                 let bias = if has_bias { Some(self.new_param(&sub("bias"), f32t(vec![o]), Init::Zeros)?) } else { None };
                 Group { kind: GroupKind::Conv2d { groups }, weight, bias }
             }

@@ -3,7 +3,8 @@
 use super::{DType, TensorType};
 use serde::{Deserialize, Serialize};
 
-/// Unary elementwise functions. `GeluTanh` is the tanh approximation (GPT-2), `GeluErf` exact.
+/// Unary elementwise functions. `GeluTanh` is the tanh approximation (GPT-2), `GeluErf` exact;
+/// `Erf` is the error function (ONNX `Erf`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum UnaryFn {
@@ -18,6 +19,7 @@ pub enum UnaryFn {
     GeluTanh,
     GeluErf,
     Silu,
+    Erf,
 }
 
 /// Binary elementwise functions with numpy broadcasting.

@@ -53,6 +53,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ),
         ("unary", Op::Unary(UnaryFn::GeluTanh), vec![f(&[4, 33])]),
         ("unary_erf", Op::Unary(UnaryFn::GeluErf), vec![f(&[7])]),
+        ("unary_erf_fn", Op::Unary(UnaryFn::Erf), vec![f(&[7])]),
         (
             "unary_bwd",
             Op::UnaryBackward(UnaryFn::Silu),

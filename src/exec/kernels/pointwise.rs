@@ -36,6 +36,7 @@ fn eval(f: UnaryFn, x: f32) -> f32 {
         UnaryFn::GeluTanh => 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + GELU_C * x * x * x)).tanh()),
         UnaryFn::GeluErf => 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)),
         UnaryFn::Silu => x * sigmoid(x),
+        UnaryFn::Erf => libm::erff(x),
     }
 }
 
@@ -74,6 +75,7 @@ fn derivative(f: UnaryFn, x: f32) -> f32 {
             let s = sigmoid(x);
             s * (1.0 + x * (1.0 - s))
         }
+        UnaryFn::Erf => std::f32::consts::FRAC_2_SQRT_PI * (-x * x).exp(),
     }
 }
 
@@ -222,7 +224,7 @@ mod tests {
     use super::super::testing::{central_diff, Rng};
     use super::*;
 
-    const ALL: [UnaryFn; 11] = [
+    const ALL: [UnaryFn; 12] = [
         UnaryFn::Neg,
         UnaryFn::Exp,
         UnaryFn::Log,
@@ -234,6 +236,7 @@ mod tests {
         UnaryFn::GeluTanh,
         UnaryFn::GeluErf,
         UnaryFn::Silu,
+        UnaryFn::Erf,
     ];
 
     fn input_for(f: UnaryFn, rng: &mut Rng, n: usize) -> Vec<f32> {

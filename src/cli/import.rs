@@ -1,0 +1,52 @@
+//! `memc import`: an ONNX model to a readable `.mdl` plus its weights as safetensors.
+
+use super::{output::write_atomic, Failure};
+use memc::exec::io::write_safetensors;
+use std::path::PathBuf;
+
+/// Arguments of `memc import`.
+#[derive(clap::Args)]
+pub struct ImportArgs {
+    /// The .onnx file.
+    file: PathBuf,
+    /// The .mdl to write.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Where the weights go (default: the output path with extension .safetensors).
+    #[arg(long)]
+    weights: Option<PathBuf>,
+}
+
+/// Runs the command: both files are written atomically, the weights first.
+pub fn import(args: ImportArgs) -> Result<(), Failure> {
+    let bytes = std::fs::read(&args.file)
+        .map_err(|e| Failure::Plain(format!("cannot read {}: {e}", args.file.display())))?;
+    let name = args
+        .file
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("model");
+    let imported = memc::onnx::import(&bytes, name)
+        .map_err(|e| Failure::user(e, &args.file.display().to_string(), ""))?;
+    let weights = args
+        .weights
+        .clone()
+        .unwrap_or_else(|| args.output.with_extension("safetensors"));
+    let data = write_safetensors(&imported.weights)
+        .map_err(|e| Failure::Plain(format!("cannot encode the weights: {e}")))?;
+    write_atomic(&weights, &data)?;
+    write_atomic(&args.output, imported.mdl.as_bytes())?;
+    let count: usize = imported.weights.iter().map(|(_, _, d)| d.len()).sum();
+    eprintln!(
+        "wrote {} and {} ({count} parameters); outputs: {}",
+        args.output.display(),
+        weights.display(),
+        imported
+            .outputs
+            .iter()
+            .map(|(onnx, mdl)| format!("{onnx} -> output.{mdl}.npy"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
+}

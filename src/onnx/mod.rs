@@ -1,0 +1,230 @@
+//! ONNX import: decodes a model (`proto`), folds constant subgraphs (`fold`), maps every
+//! other node to `.mdl` expressions (`map`) and writes a readable model with its weights
+//! (`write`). Anything memc cannot express exactly is a [`UserError`] naming the node, its
+//! op type and opset: the importer never approximates.
+
+mod blocks;
+mod fold;
+mod map;
+pub mod proto;
+mod tensor;
+mod write;
+
+use crate::diagnostic::UserError;
+use prost::Message;
+use std::collections::HashMap;
+use std::ops::RangeInclusive;
+use std::rc::Rc;
+use tensor::Const;
+
+/// The default-domain opsets the importer understands.
+pub const OPSETS: RangeInclusive<i64> = 7..=21;
+
+/// An imported model: `.mdl` source and its weights (names as the `.mdl` declares them).
+#[derive(Debug, Clone)]
+pub struct Imported {
+    /// The model: it declares every parameter of `weights`, with these shapes.
+    pub mdl: String,
+    /// Each parameter's name (as `memc run --params` looks it up), shape and f32 values.
+    pub weights: Vec<(String, Vec<usize>, Vec<f32>)>,
+    /// Graph output names of the ONNX file, each with the `.mdl` output name it became.
+    pub outputs: Vec<(String, String)>,
+}
+
+/// A value computed at run time: its `.mdl` expression (a name), shape, and for each dim
+/// the model `dim` it equals, if any.
+#[derive(Debug, Clone, PartialEq)]
+struct Dyn {
+    expr: String,
+    shape: Vec<usize>,
+    syms: Vec<Option<String>>,
+}
+
+/// An ONNX value during import: folded to a constant, or computed by the `.mdl`.
+#[derive(Debug, Clone)]
+enum Value {
+    Const(Rc<Const>),
+    Dyn(Dyn),
+}
+
+type Env = HashMap<String, Value>;
+
+/// A node being imported, with what its diagnostics need.
+struct Node<'a> {
+    p: &'a proto::NodeProto,
+    opset: i64,
+    index: usize,
+}
+
+impl Node<'_> {
+    fn op(&self) -> &str {
+        &self.p.op_type
+    }
+
+    /// `node `conv1` (Conv, opset 9)`, or by index and first output when unnamed.
+    fn label(&self) -> String {
+        let who = if self.p.name.is_empty() {
+            let out = self.p.output.first().map(String::as_str).unwrap_or("");
+            format!("node #{} (output `{out}`)", self.index)
+        } else {
+            format!("node `{}`", self.p.name)
+        };
+        format!("{who} ({}, opset {})", self.p.op_type, self.opset)
+    }
+
+    fn err(&self, what: impl std::fmt::Display, help: impl Into<String>) -> UserError {
+        UserError::general(format!("{}: {what}", self.label()), help)
+    }
+
+    fn attr(&self, name: &str) -> Option<&proto::AttributeProto> {
+        self.p.attribute.iter().find(|a| a.name == name)
+    }
+
+    fn int(&self, name: &str, default: i64) -> i64 {
+        self.attr(name).map_or(default, |a| a.i)
+    }
+
+    fn float(&self, name: &str, default: f32) -> f32 {
+        self.attr(name).map_or(default, |a| a.f)
+    }
+
+    fn ints(&self, name: &str) -> Option<Vec<i64>> {
+        self.attr(name).map(|a| a.ints.clone())
+    }
+
+    fn string(&self, name: &str) -> Option<String> {
+        self.attr(name)
+            .map(|a| String::from_utf8_lossy(&a.s).into_owned())
+    }
+
+    /// The name of input `i`, when present and not the empty "absent" name.
+    fn input_name(&self, i: usize) -> Option<&str> {
+        self.p
+            .input
+            .get(i)
+            .map(String::as_str)
+            .filter(|n| !n.is_empty())
+    }
+
+    /// Input `i`'s value; a missing input or one no earlier node produced is an error.
+    fn input<'e>(&self, env: &'e Env, i: usize) -> Result<&'e Value, UserError> {
+        let Some(name) = self.input_name(i) else {
+            return Err(self.err(
+                format!("input {i} is missing"),
+                "the operator requires it; the file is malformed",
+            ));
+        };
+        env.get(name).ok_or_else(|| {
+            self.err(
+                format!("reads `{name}`, which no graph input, initializer or earlier node produces"),
+                "the graph is malformed or uses an output memc does not produce (e.g. a training-mode output)",
+            )
+        })
+    }
+
+    /// Input `i`, which must be a constant.
+    fn konst<'e>(&self, env: &'e Env, i: usize) -> Result<&'e Rc<Const>, UserError> {
+        match self.input(env, i)? {
+            Value::Const(c) => Ok(c),
+            Value::Dyn(_) => Err(self.err(
+                format!(
+                    "input {i} (`{}`) is computed at run time; memc needs it constant",
+                    self.input_name(i).unwrap_or("")
+                ),
+                "export the model with this input as an initializer (e.g. weights, shapes, axes)",
+            )),
+        }
+    }
+}
+
+fn malformed(what: impl std::fmt::Display) -> UserError {
+    UserError::general(
+        format!("the file is not a valid ONNX model: {what}"),
+        "check that it was written by `torch.onnx.export` or `onnx.save` and is complete",
+    )
+}
+
+/// Imports an ONNX model file's bytes as a `.mdl` model named `name`.
+pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
+    let model = proto::ModelProto::decode(bytes).map_err(malformed)?;
+    let graph = model
+        .graph
+        .as_ref()
+        .ok_or_else(|| malformed("it has no graph"))?;
+    let opset = model
+        .opset_import
+        .iter()
+        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .map(|o| o.version)
+        .ok_or_else(|| malformed("it imports no version of the default operator set"))?;
+    if !OPSETS.contains(&opset) {
+        return Err(UserError::general(
+            format!("the model uses opset {opset} of the default domain, which memc does not import"),
+            format!(
+                "memc imports opsets {} to {}; convert it with `onnx.version_converter.convert_version(model, 17)`",
+                OPSETS.start(),
+                OPSETS.end()
+            ),
+        ));
+    }
+    let mut w = write::Writer::new(graph);
+    let mut env = Env::new();
+    for t in &graph.initializer {
+        let c = tensor::decode(t).map_err(|e| {
+            UserError::general(
+                format!("initializer `{}`: {e}", t.name),
+                "memc imports float32 weights and integer shape constants",
+            )
+        })?;
+        env.insert(t.name.clone(), Value::Const(Rc::new(c)));
+    }
+    for input in &graph.input {
+        if env.contains_key(&input.name) {
+            continue;
+        }
+        let d = w.input(input)?;
+        env.insert(input.name.clone(), Value::Dyn(d));
+    }
+    for (index, p) in graph.node.iter().enumerate() {
+        let node = Node { p, opset, index };
+        if !(p.domain.is_empty() || p.domain == "ai.onnx") {
+            return Err(node.err(
+                format!("operators of domain `{}` are not supported", p.domain),
+                "memc imports operators of the default ONNX domain only",
+            ));
+        }
+        let outs = match fold::fold(&node, &env)? {
+            Some(c) => vec![Value::Const(Rc::new(c))],
+            None => map::map(&node, &env, &mut w)?,
+        };
+        for (name, v) in p.output.iter().zip(outs) {
+            if !name.is_empty() {
+                env.insert(name.clone(), v);
+            }
+        }
+    }
+    let mut outputs = Vec::new();
+    for out in &graph.output {
+        match env.get(&out.name) {
+            Some(Value::Dyn(d)) => outputs.push((out.name.clone(), w.output(&out.name, d))),
+            Some(Value::Const(_)) => {
+                return Err(UserError::general(
+                    format!("graph output `{}` is a constant", out.name),
+                    "memc plans computations; a constant output needs no model",
+                ))
+            }
+            None => {
+                return Err(malformed(format!(
+                    "no node produces graph output `{}`",
+                    out.name
+                )))
+            }
+        }
+    }
+    let (mdl, weights) = w.finish(name, opset);
+    Ok(Imported {
+        mdl,
+        weights,
+        outputs,
+    })
+}

@@ -1,0 +1,292 @@
+//! The `.mdl` text of an imported model and its weights: unique readable names, parameter
+//! declarations placed just before their first use, one `let` per computed value.
+
+use super::blocks::{self, Line};
+use super::proto::{GraphProto, ValueInfoProto};
+use super::tensor::{dtype_name, is_integer, Const, FLOAT};
+use super::Dyn;
+use crate::diagnostic::UserError;
+use std::collections::{HashMap, HashSet};
+
+const KEYWORDS: &[&str] = &[
+    "model", "dim", "input", "output", "param", "block", "train", "let", "return", "repeat",
+    "true", "false",
+];
+
+/// Weights by `.mdl` parameter name, with shapes.
+pub type Weights = Vec<(String, Vec<usize>, Vec<f32>)>;
+
+/// Collects the model's lines and weights while nodes are mapped.
+pub(super) struct Writer {
+    prefix: String,
+    used: HashSet<String>,
+    dims: Vec<(String, String)>,
+    inputs: Vec<String>,
+    input_names: Vec<String>,
+    body: Vec<Line>,
+    outputs: Vec<String>,
+    output_values: Vec<String>,
+    output_names: HashSet<String>,
+    weights: Weights,
+    params: HashMap<String, Dyn>,
+}
+
+/// The longest prefix ending in `/` shared by every value name (`gpu_0/`), dropped from names.
+fn common_prefix(graph: &GraphProto) -> String {
+    let mut names = graph
+        .node
+        .iter()
+        .flat_map(|n| n.output.iter())
+        .chain(graph.input.iter().map(|i| &i.name));
+    let Some(first) = names.next() else {
+        return String::new();
+    };
+    let mut prefix = first.as_str();
+    for n in names {
+        while !n.starts_with(prefix) {
+            prefix = &prefix[..prefix.len() - 1];
+        }
+    }
+    match prefix.rfind('/') {
+        Some(i) => prefix[..=i].to_string(),
+        None => String::new(),
+    }
+}
+
+/// `name` as an `.mdl` identifier: other characters become `_`, never a keyword or a number.
+fn sanitize(name: &str) -> String {
+    let mut s: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
+        s.insert(0, 'v');
+    }
+    if KEYWORDS.contains(&s.as_str()) {
+        s.push('_');
+    }
+    s
+}
+
+/// A shape as `.mdl` text, with dim names where known.
+pub(super) fn shape_text(shape: &[usize], syms: &[Option<String>]) -> String {
+    let items: Vec<String> = shape
+        .iter()
+        .enumerate()
+        .map(|(i, d)| match syms.get(i) {
+            Some(Some(name)) => name.clone(),
+            _ => d.to_string(),
+        })
+        .collect();
+    items.join(", ")
+}
+
+/// An f32 as an `.mdl` number literal (shortest round-trip form).
+pub(super) fn number(x: f32) -> String {
+    let s = format!("{x:?}");
+    s.strip_suffix(".0").map_or(s.clone(), str::to_string)
+}
+
+impl Writer {
+    /// A writer for `graph`.
+    pub(super) fn new(graph: &GraphProto) -> Writer {
+        Writer {
+            prefix: common_prefix(graph),
+            used: HashSet::new(),
+            dims: Vec::new(),
+            inputs: Vec::new(),
+            input_names: Vec::new(),
+            body: Vec::new(),
+            outputs: Vec::new(),
+            output_values: Vec::new(),
+            output_names: HashSet::new(),
+            weights: Vec::new(),
+            params: HashMap::new(),
+        }
+    }
+
+    /// A fresh identifier derived from the ONNX name `name`.
+    fn ident(&mut self, name: &str) -> String {
+        let base = sanitize(name.strip_prefix(&self.prefix).unwrap_or(name));
+        let mut s = base.clone();
+        let mut n = 2;
+        while !self.used.insert(s.clone()) {
+            s = format!("{base}_{n}");
+            n += 1;
+        }
+        s
+    }
+
+    /// Declares a graph input; symbolic dims become `dim` declarations (default 1).
+    pub(super) fn input(&mut self, vi: &ValueInfoProto) -> Result<Dyn, UserError> {
+        let t = vi.r#type.as_ref().and_then(|t| t.tensor_type.as_ref());
+        let Some(t) = t else {
+            return Err(UserError::general(
+                format!("graph input `{}` is not a tensor", vi.name),
+                "memc imports models whose inputs are tensors",
+            ));
+        };
+        let dtype = match t.elem_type {
+            FLOAT => "",
+            code if is_integer(code) => "i32",
+            code => {
+                return Err(UserError::general(
+                    format!(
+                        "graph input `{}` has element type {}",
+                        vi.name,
+                        dtype_name(code)
+                    ),
+                    "memc imports float inputs (and integer ids)",
+                ))
+            }
+        };
+        let dims = t.shape.as_ref().map(|s| s.dim.clone()).unwrap_or_default();
+        let mut shape = Vec::new();
+        let mut syms = Vec::new();
+        for (i, d) in dims.iter().enumerate() {
+            if d.dim_value > 0 {
+                shape.push(d.dim_value as usize);
+                syms.push(None);
+                continue;
+            }
+            let param = if d.dim_param.is_empty() {
+                format!("{}_dim{i}", vi.name)
+            } else {
+                d.dim_param.clone()
+            };
+            let name = match self.dims.iter().find(|(p, _)| *p == param) {
+                Some((_, n)) => n.clone(),
+                None => {
+                    let n = self.ident(&param);
+                    self.dims.push((param, n.clone()));
+                    n
+                }
+            };
+            shape.push(1);
+            syms.push(Some(name));
+        }
+        let name = self.ident(&vi.name);
+        self.input_names.push(name.clone());
+        self.inputs.push(format!(
+            "input {name}: {dtype}[{}]",
+            shape_text(&shape, &syms)
+        ));
+        Ok(Dyn {
+            expr: name,
+            shape,
+            syms,
+        })
+    }
+
+    /// `let <name> = expr`, the value named after ONNX value `name`.
+    pub(super) fn bind(
+        &mut self,
+        name: &str,
+        expr: String,
+        shape: Vec<usize>,
+        syms: Vec<Option<String>>,
+    ) -> Dyn {
+        let id = self.ident(name);
+        self.body.push(Line {
+            text: format!("let {id} = {expr}"),
+            defines: id.clone(),
+            param: false,
+        });
+        Dyn {
+            expr: id,
+            shape,
+            syms,
+        }
+    }
+
+    /// A parameter holding the constant `c` (ONNX value `name`), declared once.
+    pub(super) fn param(&mut self, name: &str, c: &Const) -> Dyn {
+        if let Some(d) = self.params.get(name) {
+            return d.clone();
+        }
+        let id = self.ident(name);
+        self.body.push(Line {
+            text: format!("param {id}: [{}]", shape_text(&c.shape, &[])),
+            defines: id.clone(),
+            param: true,
+        });
+        self.weights.push((id.clone(), c.shape.clone(), c.floats()));
+        let d = Dyn {
+            expr: id,
+            shape: c.shape.clone(),
+            syms: vec![None; c.shape.len()],
+        };
+        self.params.insert(name.to_string(), d.clone());
+        d
+    }
+
+    /// A parameter group `param <name>: ctor` whose tensors are `<name>.<suffix>`.
+    pub(super) fn group(&mut self, name: &str, ctor: String, parts: Weights) -> String {
+        let id = self.ident(name);
+        self.body.push(Line {
+            text: format!("param {id}: {ctor}"),
+            defines: id.clone(),
+            param: true,
+        });
+        for (suffix, shape, data) in parts {
+            self.weights.push((format!("{id}.{suffix}"), shape, data));
+        }
+        id
+    }
+
+    /// `output <name> = value`; returns the output's `.mdl` name.
+    pub(super) fn output(&mut self, name: &str, d: &Dyn) -> String {
+        let base = sanitize(name.strip_prefix(&self.prefix).unwrap_or(name));
+        let mut s = base.clone();
+        let mut n = 2;
+        while !self.output_names.insert(s.clone()) {
+            s = format!("{base}_{n}");
+            n += 1;
+        }
+        self.outputs.push(format!("output {s} = {}", d.expr));
+        self.output_values.push(d.expr.clone());
+        s
+    }
+
+    /// The `.mdl` text of model `name` and its weights.
+    pub(super) fn finish(mut self, name: &str, opset: i64) -> (String, Weights) {
+        let count: usize = self.weights.iter().map(|(_, _, d)| d.len()).sum();
+        let mut out = format!(
+            "# Imported from ONNX (opset {opset}) by `memc import`: {count} parameters in {} tensors.\n\
+             # Run with the weights: memc run THIS.mdl --params WEIGHTS.safetensors --input NAME=X.npy\n\
+             # To train: replace the output by a loss on the logits (`loss = cross_entropy(...)`) and add `train {{ }}`.\n",
+            self.weights.len()
+        );
+        out += &format!("model {} {{\n", sanitize(name));
+        if !self.dims.is_empty() {
+            let dims: Vec<String> = self.dims.iter().map(|(_, n)| format!("{n} = 1")).collect();
+            out += &format!("  dim {}\n", dims.join(", "));
+        }
+        let used = &mut self.used;
+        let mut fresh = || {
+            let mut k = 1;
+            while !used.insert(format!("unit{k}")) {
+                k += 1;
+            }
+            format!("unit{k}")
+        };
+        let body = blocks::fold(
+            &self.body,
+            &self.input_names,
+            &self.output_values,
+            &mut self.weights,
+            &mut fresh,
+        );
+        for section in [&self.inputs, &body, &self.outputs] {
+            if section.is_empty() {
+                continue;
+            }
+            out.push('\n');
+            for line in section {
+                out += &format!("  {line}\n");
+            }
+        }
+        out += "}\n";
+        (out, self.weights)
+    }
+}

@@ -1,0 +1,516 @@
+//! ONNX import: the nine light models of the `onnx` wheel are imported, compiled and run on
+//! the CPU backend, and their outputs compared with onnxruntime on the same inputs (with
+//! seeded random weights, and with the shipped weights against the shipped reference
+//! output where that output does not depend on the input); a corpus of broken files must
+//! each get a diagnostic (exit 2). onnx and onnxruntime come from `.venv` (`scripts/test`
+//! installs them); without them the comparison prints SKIP, unless
+//! MEMC_REQUIRE_ONNXRUNTIME=1 makes it fail.
+#![allow(clippy::panic, clippy::unwrap_used)]
+
+use memc::exec::io::{read_npy, TensorData};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Instant;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// Element-wise tolerance: |memc - onnxruntime| <= RTOL * (|onnxruntime| + 1e-6 max|onnxruntime|).
+const RTOL: f64 = 1e-3;
+
+const LIGHT: &[&str] = &[
+    "light_bvlc_alexnet",
+    "light_densenet121",
+    "light_inception_v1",
+    "light_inception_v2",
+    "light_resnet50",
+    "light_shufflenet",
+    "light_squeezenet",
+    "light_vgg19",
+    "light_zfnet512",
+];
+
+/// Models cheap enough to also run with their shipped (constant) weights.
+const SHIPPED: &[&str] = &[
+    "light_inception_v1",
+    "light_inception_v2",
+    "light_resnet50",
+    "light_shufflenet",
+    "light_squeezenet",
+];
+
+fn memc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memc"))
+        .args(args)
+        .current_dir(ROOT)
+        .env("NO_COLOR", "1")
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run memc: {e}"))
+}
+
+fn ok(out: Output, what: &str) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{what} failed:\n{stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memc-onnx-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap_or_default()
+}
+
+/// The venv python with onnx and onnxruntime, or `None` after printing why (SKIP).
+fn python() -> Option<PathBuf> {
+    let py = Path::new(ROOT).join(".venv/bin/python");
+    let usable = Command::new(&py)
+        .args(["-c", "import onnx, onnxruntime"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if usable {
+        return Some(py);
+    }
+    let why = format!("{} cannot import onnx and onnxruntime", py.display());
+    if std::env::var("MEMC_REQUIRE_ONNXRUNTIME").as_deref() == Ok("1") {
+        panic!("{why} (MEMC_REQUIRE_ONNXRUNTIME=1); run scripts/test to install them");
+    }
+    eprintln!("SKIP: {why}; run scripts/test to install them");
+    None
+}
+
+fn light_dir(py: &Path) -> PathBuf {
+    let out = Command::new(py)
+        .args([
+            "-c",
+            "import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), 'backend', 'test', 'data', 'light'))",
+        ])
+        .output()
+        .expect("python");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn floats(path: &Path) -> (Vec<usize>, Vec<f32>) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    match read_npy(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display())) {
+        TensorData::F32(shape, data) => (shape, data),
+        TensorData::I32(..) => panic!("{}: expected f32", path.display()),
+    }
+}
+
+/// The largest element-wise error relative to the tolerance's scale.
+fn max_rel_error(got: &[f32], want: &[f32]) -> f64 {
+    let scale = want.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| {
+            let w = f64::from(w);
+            (f64::from(g) - w).abs() / (w.abs() + 1e-6 * scale)
+        })
+        .fold(0.0, f64::max)
+}
+
+/// `.mdl` names declared by lines starting with `keyword ` (inputs or outputs), in order.
+fn declared(mdl: &str, keyword: &str) -> Vec<String> {
+    mdl.lines()
+        .filter_map(|l| l.trim().strip_prefix(keyword))
+        .filter_map(|rest| rest.split([':', ' ']).next().map(str::to_string))
+        .collect()
+}
+
+/// Runs `model` through onnxruntime (reference.py) and memc on the same inputs; returns the
+/// largest relative error over all outputs, and onnxruntime's outputs' paths.
+fn compare(py: &Path, model: &Path, dir: &Path, random: bool) -> (f64, Vec<PathBuf>) {
+    let mut args = vec![
+        format!("{ROOT}/tests/onnx/reference.py"),
+        s(model).to_string(),
+        s(dir).to_string(),
+    ];
+    if random {
+        args.push("--random-weights".into());
+    }
+    let out = Command::new(py).args(&args).output().expect("python");
+    assert!(
+        out.status.success(),
+        "reference.py {}:\n{}",
+        model.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mdl = dir.join("m.mdl");
+    ok(
+        memc(&["import", s(&dir.join("model.onnx")), "-o", s(&mdl)]),
+        "memc import",
+    );
+    let text = std::fs::read_to_string(&mdl).expect("mdl");
+    let mut run = vec![
+        "run".to_string(),
+        s(&mdl).to_string(),
+        "--params".into(),
+        s(&dir.join("m.safetensors")).to_string(),
+        "--dump".into(),
+        s(&dir.join("out")).to_string(),
+    ];
+    for (i, name) in declared(&text, "input ").iter().enumerate() {
+        run.push("--input".into());
+        run.push(format!(
+            "{name}={}",
+            dir.join(format!("input.{i}.npy")).display()
+        ));
+    }
+    let run: Vec<&str> = run.iter().map(String::as_str).collect();
+    ok(memc(&run), "memc run");
+    let mut worst = 0.0f64;
+    let mut refs = Vec::new();
+    for (i, name) in declared(&text, "output ").iter().enumerate() {
+        let (gs, got) = floats(&dir.join(format!("out/output.{name}.npy")));
+        let reference = dir.join(format!("ref.{i}.npy"));
+        let (ws, want) = floats(&reference);
+        assert_eq!(gs, ws, "{}: output {name} shape", model.display());
+        worst = worst.max(max_rel_error(&got, &want));
+        refs.push(reference);
+    }
+    (worst, refs)
+}
+
+#[test]
+fn light_models_match_onnxruntime() {
+    let Some(py) = python() else { return };
+    let light = light_dir(&py);
+    let mut failures = Vec::new();
+    let mut cases: Vec<(String, PathBuf, bool)> = LIGHT
+        .iter()
+        .map(|m| (m.to_string(), light.join(format!("{m}.onnx")), true))
+        .collect();
+    cases.extend(SHIPPED.iter().map(|m| {
+        (
+            format!("{m} (shipped weights)"),
+            light.join(format!("{m}.onnx")),
+            false,
+        )
+    }));
+    for small in ["dynamic_batch", "attention_mix", "resize"] {
+        let path = Path::new(ROOT).join(format!("tests/onnx/{small}.onnx"));
+        cases.push((small.into(), path, false));
+    }
+    for (name, model, random) in &cases {
+        let start = Instant::now();
+        let dir = scratch(&name.replace([' ', '(', ')'], "_"));
+        let (err, refs) = compare(&py, model, &dir, *random);
+        let mut line = format!("{name}: max rel error vs onnxruntime {err:.2e}");
+        if !random {
+            // The shipped reference was computed on an input that is not shipped: it applies
+            // when onnxruntime reproduces it on ours (a uniform softmax of constant weights).
+            let pb = model.with_file_name(format!(
+                "{}_output_0.pb",
+                model
+                    .file_stem()
+                    .and_then(|f| f.to_str())
+                    .unwrap_or_default()
+            ));
+            if pb.exists() {
+                let shipped = dir.join("shipped.npy");
+                let status = Command::new(&py)
+                    .args([
+                        "-c",
+                        "import sys, onnx, numpy; from onnx import numpy_helper; t = onnx.TensorProto(); t.ParseFromString(open(sys.argv[1], 'rb').read()); numpy.save(sys.argv[2], numpy_helper.to_array(t).astype(numpy.float32))",
+                        s(&pb),
+                        s(&shipped),
+                    ])
+                    .status()
+                    .expect("python");
+                assert!(status.success(), "cannot read {}", pb.display());
+                let (_, want) = floats(&shipped);
+                let (_, ort) = floats(&refs[0]);
+                if max_rel_error(&ort, &want) < 1e-5 {
+                    let (_, got) = floats(
+                        &dir.join("out").join(
+                            std::fs::read_dir(dir.join("out"))
+                                .expect("out")
+                                .filter_map(Result::ok)
+                                .map(|e| e.file_name())
+                                .next()
+                                .expect("an output"),
+                        ),
+                    );
+                    let e = max_rel_error(&got, &want);
+                    line += &format!(", vs shipped output {e:.2e}");
+                    if e >= RTOL {
+                        failures.push(format!("{name}: shipped reference error {e:.2e}"));
+                    }
+                }
+            }
+        }
+        if name == "light_resnet50" {
+            // Its identical bottleneck blocks become `block`s repeated per stage.
+            let text = std::fs::read_to_string(dir.join("m.mdl")).expect("mdl");
+            for count in [2, 3, 5] {
+                assert!(text.contains(&format!("= repeat {count} unit")), "{text}");
+            }
+        }
+        eprintln!("{line} ({:.1} s)", start.elapsed().as_secs_f64());
+        if err >= RTOL {
+            failures.push(line);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn dynamic_batch_becomes_a_settable_dim() {
+    let dir = scratch("dynamic");
+    let mdl = dir.join("m.mdl");
+    ok(
+        memc(&["import", "tests/onnx/dynamic_batch.onnx", "-o", s(&mdl)]),
+        "import",
+    );
+    let text = std::fs::read_to_string(&mdl).expect("mdl");
+    for want in ["dim N = 1", "input x: [N, 3, 8, 8]", "reshape(p, (N, 64))"] {
+        assert!(text.contains(want), "no `{want}` in:\n{text}");
+    }
+    let out = dir.join("out");
+    ok(
+        memc(&[
+            "run",
+            s(&mdl),
+            "--set",
+            "N=3",
+            "--params",
+            s(&dir.join("m.safetensors")),
+            "--dump",
+            s(&out),
+        ]),
+        "run with N=3",
+    );
+    let (shape, prob) = floats(&out.join("output.prob.npy"));
+    assert_eq!(shape, [3, 5]);
+    for row in prob.chunks(5) {
+        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5, "{row:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn inference_plan_frees_every_value_after_its_last_use() {
+    let dir = scratch("report");
+    let mdl = dir.join("m.mdl");
+    ok(
+        memc(&["import", "tests/onnx/dynamic_batch.onnx", "-o", s(&mdl)]),
+        "import",
+    );
+    let report = ok(memc(&["compile", s(&mdl), "--format", "json"]), "compile");
+    let v: serde_json::Value = serde_json::from_str(&report).expect("json");
+    let r = &v["report"];
+    assert_eq!(r["bytes"]["activations"].as_u64(), Some(0), "{r:#}");
+    assert_eq!(r["saved"].as_array().map(Vec::len), Some(0), "{r:#}");
+    let (arena, no_reuse) = (
+        r["bytes"]["arena"].as_u64(),
+        r["bytes"]["no_reuse"].as_u64(),
+    );
+    assert!(arena < no_reuse, "{r:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn broken_files_get_diagnostics() {
+    let dir = scratch("errors");
+    insta::glob!("onnx/errors", "*.onnx", |path| {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let mdl = dir.join(format!("{name}.mdl"));
+        let out = memc(&["import", s(path), "-o", s(&mdl)]);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{name}: exit code, stderr:\n{stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{name}: panic:\n{stderr}");
+        assert!(stderr.contains("help:"), "{name}: no help line:\n{stderr}");
+        assert!(!mdl.exists(), "{name}: wrote a model anyway");
+        insta::assert_snapshot!("stderr", stderr);
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Small xorshift64 generator: the same mutants on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n.max(1) as u64) as usize
+    }
+}
+
+/// Imports `bytes` and compiles the result: `None` when the import refuses them, else
+/// whether the model compiled. Panics (naming `what`) on a panic or an internal error.
+fn import_and_compile(bytes: &[u8], what: impl Fn() -> String) -> Option<bool> {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let result = catch_unwind(AssertUnwindSafe(|| memc::onnx::import(bytes, "fuzz")));
+    let Ok(result) = result else {
+        panic!("import panicked on {}", what());
+    };
+    let model = result.ok()?;
+    let compiled = catch_unwind(AssertUnwindSafe(|| {
+        memc::compile(&model.mdl, &memc::Options::default())
+    }));
+    match compiled {
+        Err(_) => panic!("compile panicked on:\n{}", model.mdl),
+        Ok(Err(memc::CompileError::Internal(e))) => {
+            panic!("internal error {e:?} on:\n{}", model.mdl)
+        }
+        Ok(result) => Some(result.is_ok()),
+    }
+}
+
+/// Flipped, overwritten, deleted and truncated bytes of the test models never panic the
+/// importer, and what it writes compiles or gets a user error (never an internal error).
+#[test]
+fn mutated_files_never_panic() {
+    let mut files = vec![
+        Path::new(ROOT).join("tests/onnx/dynamic_batch.onnx"),
+        Path::new(ROOT).join("tests/onnx/attention_mix.onnx"),
+        Path::new(ROOT).join("tests/onnx/resize.onnx"),
+    ];
+    files.extend(
+        std::fs::read_dir(Path::new(ROOT).join("tests/onnx/errors"))
+            .expect("corpus")
+            .filter_map(Result::ok)
+            .map(|e| e.path()),
+    );
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let (mut imported, mut total) = (0, 0);
+    for file in &files {
+        let original = std::fs::read(file).expect("model");
+        for _ in 0..500 {
+            let mut bytes = original.clone();
+            for _ in 0..1 + rng.below(3) {
+                let at = rng.below(bytes.len());
+                match rng.below(4) {
+                    0 => bytes[at] ^= 1 << rng.below(8),
+                    1 => bytes[at] = rng.below(256) as u8,
+                    2 => {
+                        bytes.remove(at);
+                    }
+                    _ => bytes.truncate(at.max(1)),
+                }
+                if bytes.is_empty() {
+                    break;
+                }
+            }
+            total += 1;
+            if import_and_compile(&bytes, || file.display().to_string()).is_some() {
+                imported += 1;
+            }
+        }
+    }
+    eprintln!("{imported} of {total} mutants imported");
+}
+
+/// Structural mutants of the small test models (attribute values, tensor dims, op types,
+/// dropped or rewired inputs) never panic the importer or make it write a model that fails compiling
+/// with an internal error.
+#[test]
+fn mutated_graphs_never_panic() {
+    use memc::onnx::proto::ModelProto;
+    use prost::Message;
+    const OPS: &[&str] = &[
+        "Conv",
+        "Relu",
+        "MaxPool",
+        "AveragePool",
+        "Shape",
+        "Gather",
+        "Unsqueeze",
+        "Concat",
+        "Reshape",
+        "Gemm",
+        "Softmax",
+        "Flatten",
+        "Transpose",
+        "Sum",
+        "LRN",
+        "BatchNormalization",
+        "GlobalAveragePool",
+        "Squeeze",
+        "MatMul",
+        "Slice",
+        "ReduceMean",
+        "Split",
+        "Pow",
+        "Erf",
+        "LayerNormalization",
+        "Div",
+        "Resize",
+        "Pad",
+    ];
+    let originals: Vec<ModelProto> = ["dynamic_batch", "attention_mix", "resize"]
+        .iter()
+        .map(|name| {
+            let path = Path::new(ROOT).join(format!("tests/onnx/{name}.onnx"));
+            let bytes = std::fs::read(path).expect("model");
+            ModelProto::decode(&bytes[..]).expect("decode")
+        })
+        .collect();
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let (mut imported, mut compiled_ok, total) = (0, 0, 4000);
+    for i in 0..total {
+        let mut m = originals[i % originals.len()].clone();
+        let g = m.graph.as_mut().expect("graph");
+        for _ in 0..1 + rng.below(2) {
+            let n = rng.below(g.node.len());
+            let node = &mut g.node[n];
+            match rng.below(5) {
+                0 if !node.attribute.is_empty() => {
+                    let a = rng.below(node.attribute.len());
+                    let attr = &mut node.attribute[a];
+                    attr.i = rng.below(12) as i64 - 3;
+                    if !attr.ints.is_empty() {
+                        let k = rng.below(attr.ints.len());
+                        attr.ints[k] = rng.below(12) as i64 - 3;
+                    }
+                }
+                1 => node.op_type = OPS[rng.below(OPS.len())].to_string(),
+                2 if !node.input.is_empty() => {
+                    let k = rng.below(node.input.len());
+                    node.input.remove(k);
+                }
+                3 => {
+                    let t = rng.below(g.initializer.len());
+                    let init = &mut g.initializer[t];
+                    if !init.dims.is_empty() {
+                        let k = rng.below(init.dims.len());
+                        init.dims[k] = rng.below(6) as i64;
+                    }
+                }
+                _ => {
+                    let k = rng.below(g.node.len());
+                    let from = g.node[k].output[0].clone();
+                    let node = &mut g.node[n];
+                    if !node.input.is_empty() {
+                        let i = rng.below(node.input.len());
+                        node.input[i] = from;
+                    }
+                }
+            }
+        }
+        match import_and_compile(&m.encode_to_vec(), || format!("{m:#?}")) {
+            Some(true) => (imported, compiled_ok) = (imported + 1, compiled_ok + 1),
+            Some(false) => imported += 1,
+            None => {}
+        }
+    }
+    eprintln!("{imported} of {total} graph mutants imported, {compiled_ok} compiled");
+}

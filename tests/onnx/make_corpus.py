@@ -1,0 +1,169 @@
+"""Writes the small ONNX files memc's import tests use (run once; the files are committed).
+
+tests/onnx/errors/*.onnx: each must be refused with a diagnostic (tests/onnx.rs);
+tests/onnx/dynamic_batch.onnx: a tiny CNN whose batch dim is symbolic (`N`) and whose
+flatten target is computed by Shape -> Gather -> Unsqueeze -> Concat;
+tests/onnx/attention_mix.onnx: LayerNormalization, MatMul, Split, Transpose, Softmax, an
+Erf-based GELU, Pow, ReduceMean, Sqrt, Div, Flatten and a Gemm with alpha and beta (opset 17);
+tests/onnx/resize.onnx: nearest Resize by scales (half_pixel) and by sizes (asymmetric, floor)
+around a Conv, and an asymmetric constant Pad.
+"""
+import os
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+rng = np.random.default_rng(1)
+
+
+def model(nodes, inputs, outputs, inits=(), opset=13, domain_opsets=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in domain_opsets]
+    return helper.make_model(graph, opset_imports=opsets, producer_name="memc-tests")
+
+
+def tensor(name, shape, dtype=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def weight(name, shape):
+    return numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
+
+
+def save(m, name):
+    with open(os.path.join(HERE, name), "wb") as f:
+        f.write(m.SerializeToString())
+
+
+def relu_model(op="Relu", **kw):
+    return model([helper.make_node(op, ["x"], ["y"], name="act")], [tensor("x", [1, 4])], [tensor("y", [1, 4])], **kw)
+
+
+def main():
+    good = relu_model().SerializeToString()
+    with open(os.path.join(HERE, "errors/truncated.onnx"), "wb") as f:
+        f.write(good[: len(good) // 2])
+    with open(os.path.join(HERE, "errors/not_protobuf.onnx"), "wb") as f:
+        f.write(b"this is a text file, not an ONNX model\n")
+    save(relu_model("TopK"), "errors/unsupported_op.onnx")
+    save(relu_model(opset=3), "errors/old_opset.onnx")
+    save(
+        model([helper.make_node("Relu", ["x"], ["y"], name="act")], [tensor("x", [1, 4], TensorProto.FLOAT16)], [tensor("y", [1, 4], TensorProto.FLOAT16)]),
+        "errors/float16_input.onnx",
+    )
+    half = numpy_helper.from_array(np.ones([4], dtype=np.float16), "b")
+    save(
+        model([helper.make_node("Add", ["x", "b"], ["y"], name="add")], [tensor("x", [1, 4])], [tensor("y", [1, 4])], [half]),
+        "errors/float16_weight.onnx",
+    )
+    save(
+        model([helper.make_node("Relu", ["nowhere"], ["y"], name="act")], [tensor("x", [1, 4])], [tensor("y", [1, 4])]),
+        "errors/undefined_value.onnx",
+    )
+    custom = helper.make_node("FusedGelu", ["x"], ["y"], name="gelu", domain="com.microsoft")
+    save(
+        model([custom], [tensor("x", [1, 4])], [tensor("y", [1, 4])], domain_opsets=[("com.microsoft", 1)]),
+        "errors/custom_domain.onnx",
+    )
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", kernel_shape=[3, 3])
+    save(
+        model([conv], [tensor("x", [1, 2, 5, 5]), tensor("w", [3, 2, 3, 3])], [tensor("y", [1, 3, 3, 3])]),
+        "errors/computed_weight.onnx",
+    )
+    cast = helper.make_node("Cast", ["x"], ["y"], name="to_half", to=TensorProto.FLOAT16)
+    save(
+        model([cast], [tensor("x", [1, 4])], [tensor("y", [1, 4], TensorProto.FLOAT16)]),
+        "errors/cast_to_float16.onnx",
+    )
+    # A tiny CNN with a symbolic batch and a computed flatten target.
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("MaxPool", ["r"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Shape", ["p"], ["s"], name="shape"),
+        helper.make_node("Gather", ["s", "zero"], ["n"], name="batch", axis=0),
+        helper.make_node("Unsqueeze", ["n", "axes"], ["n1"], name="batch1"),
+        helper.make_node("Concat", ["n1", "minus1"], ["target"], name="target", axis=0),
+        helper.make_node("Reshape", ["p", "target"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "fc_w", "fc_b"], ["logits"], name="fc", transB=1),
+        helper.make_node("Softmax", ["logits"], ["prob"], name="softmax", axis=1),
+    ]
+    inits = [
+        weight("w", [4, 3, 3, 3]),
+        weight("b", [4]),
+        weight("fc_w", [5, 64]),
+        weight("fc_b", [5]),
+        numpy_helper.from_array(np.array(0, dtype=np.int64), "zero"),
+        numpy_helper.from_array(np.array([0], dtype=np.int64), "axes"),
+        numpy_helper.from_array(np.array([-1], dtype=np.int64), "minus1"),
+    ]
+    save(model(nodes, [tensor("x", ["N", 3, 8, 8])], [tensor("prob", ["N", 5])], inits), "dynamic_batch.onnx")
+    mk = helper.make_node
+    nodes = [
+        mk("LayerNormalization", ["x", "ln_s", "ln_b"], ["ln"], name="ln", axis=-1, epsilon=1e-5),
+        mk("MatMul", ["ln", "qkv_w"], ["h"], name="qkv"),
+        mk("Split", ["h", "sizes"], ["q", "k", "v"], name="split", axis=-1),
+        mk("Transpose", ["k"], ["kt"], name="kt", perm=[0, 2, 1]),
+        mk("MatMul", ["q", "kt"], ["s"], name="scores"),
+        mk("Softmax", ["s"], ["p"], name="softmax", axis=-1),
+        mk("MatMul", ["p", "v"], ["o"], name="attend"),
+        mk("Div", ["o", "sqrt2"], ["o_s"], name="gelu_div"),
+        mk("Erf", ["o_s"], ["e"], name="gelu_erf"),
+        mk("Add", ["e", "one"], ["e1"], name="gelu_add"),
+        mk("Mul", ["o", "e1"], ["g0"], name="gelu_mul"),
+        mk("Mul", ["g0", "half"], ["g"], name="gelu_half"),
+        mk("Pow", ["g", "two"], ["sq"], name="square"),
+        mk("ReduceMean", ["sq"], ["ms"], name="mean_square", axes=[-1], keepdims=1),
+        mk("Add", ["ms", "eps"], ["ms_e"], name="eps"),
+        mk("Sqrt", ["ms_e"], ["rms"], name="rms"),
+        mk("Div", ["g", "rms"], ["n"], name="normalize"),
+        mk("Flatten", ["n"], ["f"], name="flatten", axis=1),
+        mk("Gemm", ["f", "out_w", "out_b"], ["y"], name="head", alpha=0.5, beta=2.0),
+    ]
+    scalar = lambda v, name: numpy_helper.from_array(np.array(v, dtype=np.float32), name)
+    inits = [
+        numpy_helper.from_array(rng.uniform(0.5, 1.5, [8]).astype(np.float32), "ln_s"),
+        weight("ln_b", [8]),
+        weight("qkv_w", [8, 12]),
+        numpy_helper.from_array(np.array([4, 4, 4], dtype=np.int64), "sizes"),
+        scalar(1.4142135, "sqrt2"),
+        scalar(1.0, "one"),
+        scalar(0.5, "half"),
+        scalar(2.0, "two"),
+        scalar(1e-5, "eps"),
+        weight("out_w", [24, 3]),
+        weight("out_b", [3]),
+    ]
+    save(model(nodes, [tensor("x", [2, 6, 8])], [tensor("y", [2, 3])], inits, opset=17), "attention_mix.onnx")
+    floats = lambda v, name: numpy_helper.from_array(np.array(v, dtype=np.float32), name)
+    ints = lambda v, name: numpy_helper.from_array(np.array(v, dtype=np.int64), name)
+    nodes = [
+        mk("Resize", ["x", "", "scales"], ["u"], name="up2", mode="nearest"),
+        mk("Pad", ["u", "pads", "pad_value"], ["up"], name="pad", mode="constant"),
+        mk("Conv", ["up", "w"], ["c"], name="conv", kernel_shape=[3, 3], pads=[0, 1, 1, 0]),
+        mk("Resize", ["c", "", "", "sizes"], ["y"], name="up3", mode="nearest",
+           coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+    ]
+    inits = [
+        floats([1, 1, 2, 2], "scales"),
+        ints([0, 0, 1, 0, 0, 0, 0, 1], "pads"),
+        floats(0.5, "pad_value"),
+        weight("w", [3, 2, 3, 3]),
+        ints([1, 3, 24, 24], "sizes"),
+    ]
+    save(model(nodes, [tensor("x", [1, 2, 4, 4])], [tensor("y", [1, 3, 24, 24])], inits), "resize.onnx")
+    reflect = mk("Pad", ["x", "pads"], ["y"], name="reflect", mode="reflect")
+    save(
+        model([reflect], [tensor("x", [1, 2, 4, 4])], [tensor("y", [1, 2, 5, 5])], [ints([0, 0, 1, 0, 0, 0, 0, 1], "pads")]),
+        "errors/pad_reflect.onnx",
+    )
+    linear = mk("Resize", ["x", "", "scales"], ["y"], name="bilinear", mode="linear")
+    save(
+        model([linear], [tensor("x", [1, 2, 4, 4])], [tensor("y", [1, 2, 8, 8])], [floats([1, 1, 2, 2], "scales")]),
+        "errors/resize_linear.onnx",
+    )
+
+
+if __name__ == "__main__":
+    main()
