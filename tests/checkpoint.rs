@@ -7,6 +7,7 @@ mod common;
 
 use common::{compiled_with, example, executor};
 use memc::budget::CheckpointMode;
+use memc::front::train::Precision;
 use memc::{CompileError, Options};
 use std::collections::BTreeMap;
 
@@ -74,12 +75,25 @@ const DROPOUT_GPT: &str = "model g {
   train { optimizer = adamw(lr = 1e-2) }
 }";
 
+/// Checkpointing options in `precision` (the file's when None).
+fn checkpointed(mode: CheckpointMode, precision: Option<Precision>) -> Options {
+    Options {
+        precision,
+        ..small_gpt(mode, None)
+    }
+}
+
 #[test]
 fn recomputation_is_bitwise_identical() {
-    for src in [example("gpt2"), DROPOUT_GPT.to_string()] {
-        let base = fingerprint(&src, &small_gpt(CheckpointMode::KeepAll, None));
+    let cases = [
+        (example("gpt2"), None),
+        (DROPOUT_GPT.to_string(), None),
+        (DROPOUT_GPT.to_string(), Some(Precision::Bf16)),
+    ];
+    for (src, precision) in cases {
+        let base = fingerprint(&src, &checkpointed(CheckpointMode::KeepAll, precision));
         for mode in [CheckpointMode::MinCut, CheckpointMode::Segments(2)] {
-            let other = fingerprint(&src, &small_gpt(mode, None));
+            let other = fingerprint(&src, &checkpointed(mode, precision));
             assert_eq!(base.0, other.0, "{mode:?}: gradients differ");
             assert_eq!(base.1, other.1, "{mode:?}: parameters differ");
             assert!(
@@ -138,4 +152,24 @@ fn impossible_budget_names_the_minimum() {
     );
     assert!(e.help.contains("minimum feasible budget"), "{}", e.help);
     assert!(e.span.is_some());
+}
+
+#[test]
+fn weight_copies_are_made_once_per_step_under_recomputation() {
+    let copies = |mode| {
+        let c = compiled_with(DROPOUT_GPT, &checkpointed(mode, Some(Precision::Bf16)));
+        let p = c
+            .plan
+            .plan()
+            .report
+            .precision
+            .clone()
+            .expect("bf16 summary");
+        (p.weight_copies, p.weight_copy_bytes)
+    };
+    let keep = copies(CheckpointMode::KeepAll);
+    assert!(keep.0 > 0);
+    for mode in [CheckpointMode::MinCut, CheckpointMode::Segments(2)] {
+        assert_eq!(copies(mode), keep, "{mode:?} recomputed a weight copy");
+    }
 }
