@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{compiled_with, example, executor, loss};
+use common::{compiled_with, example, executor, loss, SMALL_GPT};
 use memc::exec::cpu::CpuExecutor;
 use memc::front::train::Precision;
 use memc::plan::{BufferId, Plan};
@@ -17,15 +17,6 @@ fn with(precision: Precision, overrides: &[(&str, i64)]) -> Options {
         ..Options::default()
     }
 }
-
-const SMALL_GPT: &[(&str, i64)] = &[
-    ("L", 2),
-    ("D", 64),
-    ("T", 32),
-    ("V", 256),
-    ("H", 4),
-    ("B", 4),
-];
 
 /// The losses of `steps` steps of `model` in `precision`, from seed 7.
 fn losses(model: &str, precision: Precision, overrides: &[(&str, i64)], steps: usize) -> Vec<f32> {

@@ -9,16 +9,8 @@ use memc::plan::verify;
 use memc::Options;
 
 fn small_gpt() -> Options {
-    let dims = [
-        ("L", 2),
-        ("D", 64),
-        ("T", 32),
-        ("V", 256),
-        ("H", 4),
-        ("B", 4),
-    ];
     Options {
-        overrides: common::overrides(&dims),
+        overrides: common::overrides(common::SMALL_GPT),
         ..Options::default()
     }
 }

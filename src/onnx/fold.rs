@@ -286,7 +286,7 @@ fn concat(node: &Node, ins: &[Rc<Const>]) -> R<Const> {
 }
 
 /// True when `perm` holds each of `0..rank` once.
-pub(super) fn is_permutation(perm: &[usize], rank: usize) -> bool {
+fn is_permutation(perm: &[usize], rank: usize) -> bool {
     let mut seen = vec![false; rank];
     perm.len() == rank
         && perm
@@ -294,8 +294,9 @@ pub(super) fn is_permutation(perm: &[usize], rank: usize) -> bool {
             .all(|&p| p < rank && !std::mem::replace(&mut seen[p], true))
 }
 
-fn transpose(node: &Node, c: &Const) -> R<Const> {
-    let rank = c.shape.len();
+/// A Transpose node's `perm` over `rank` axes (reversed when absent), checked to be a
+/// permutation.
+pub(super) fn transpose_perm(node: &Node, rank: usize) -> R<Vec<usize>> {
     let perm: Vec<usize> = match node.ints("perm") {
         Some(p) => p.iter().map(|&a| axis(node, a, rank)).collect::<R<_>>()?,
         None => (0..rank).rev().collect(),
@@ -306,6 +307,12 @@ fn transpose(node: &Node, c: &Const) -> R<Const> {
             "the file is malformed",
         ));
     }
+    Ok(perm)
+}
+
+fn transpose(node: &Node, c: &Const) -> R<Const> {
+    let rank = c.shape.len();
+    let perm = transpose_perm(node, rank)?;
     let out: Vec<usize> = perm.iter().map(|&p| c.shape[p]).collect();
     let numel: usize = out.iter().product();
     let src: Vec<usize> = (0..numel)

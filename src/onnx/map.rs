@@ -2,7 +2,7 @@
 //! operands become parameters. Every unsupported op or attribute is a diagnostic.
 
 use super::fold::{
-    axes_arg, axis, broadcast, is_permutation, reshape_target, squeezed, unsqueezed,
+    axes_arg, axis, broadcast, reshape_target, squeezed, transpose_perm, unsqueezed,
 };
 use super::tensor::Const;
 use super::write::{number, shape_text, Writer};
@@ -924,16 +924,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
         "Transpose" => {
             let x = operand(node, env, w, 0)?;
             let rank = x.shape.len();
-            let perm: Vec<usize> = match node.ints("perm") {
-                Some(p) => p.iter().map(|&a| axis(node, a, rank)).collect::<R<_>>()?,
-                None => (0..rank).rev().collect(),
-            };
-            if !is_permutation(&perm, rank) {
-                return Err(node.err(
-                    format!("perm {perm:?} is not a permutation of {rank} axes"),
-                    "the file is malformed",
-                ));
-            }
+            let perm = transpose_perm(node, rank)?;
             if perm.iter().enumerate().all(|(i, &p)| i == p) {
                 return Ok(vec![Value::Dyn(x)]);
             }

@@ -10,6 +10,16 @@ pub fn example(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
+/// A GPT-2 small enough to train in tests: 2 layers, D=64, T=32, V=256, 4 heads, B=4.
+pub const SMALL_GPT: &[(&str, i64)] = &[
+    ("L", 2),
+    ("D", 64),
+    ("T", 32),
+    ("V", 256),
+    ("H", 4),
+    ("B", 4),
+];
+
 /// `--set` style overrides from `(name, value)` pairs.
 pub fn overrides(dims: &[(&str, i64)]) -> Vec<(String, i64)> {
     dims.iter().map(|&(k, v)| (k.to_string(), v)).collect()
