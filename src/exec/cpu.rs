@@ -296,9 +296,9 @@ impl CpuExecutor {
     }
 
     /// Views of one step's buffers. 32-bit buffers are viewed in place; 16-bit ones are
-    /// decoded into staging copies, and the output's copy is encoded back by
-    /// [`Views::write_back`], so every kernel computes in f32 and rounds once per store, as
-    /// the CUDA kernels do. The plan verifier guarantees that buffers live at the same step
+    /// decoded into staging copies, and the copies of what the kernel writes (its output,
+    /// in-place updates) are encoded back by [`Views::write_back`], so every kernel computes
+    /// in f32 and rounds once per store, as the CUDA kernels do. The plan verifier guarantees that buffers live at the same step
     /// never share bytes, so the output, workspace and in-place inputs are disjoint from every
     /// other view taken here.
     fn views(&mut self, step: &Step) -> Views {

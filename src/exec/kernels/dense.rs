@@ -263,22 +263,44 @@ impl Conv2dGeom {
         )
     }
 
-    /// Visits every in-bounds (im2col index within one channel, input index within one plane)
-    /// pair, in a fixed order.
-    fn for_each_tap(&self, mut f: impl FnMut(usize, usize)) {
-        let (ho, wo) = (self.h_out(), self.w_out());
+    /// Rows of the im2col matrix: `c_in * kh * kw` taps per output pixel.
+    fn taps(&self) -> usize {
+        self.c_in * self.kh * self.kw
+    }
+
+    /// Output pixels (im2col columns) per tile: as many as fit [`COL_TILE_ELEMS`], at least 1.
+    fn tile(&self) -> usize {
+        let l = self.h_out() * self.w_out();
+        (COL_TILE_ELEMS / self.taps().max(1)).clamp(1, l.max(1))
+    }
+
+    /// The tiles `(first, end)` of the output pixels `0..h_out*w_out`, in order: one tile
+    /// of every pixel for a pointwise convolution (its GEMM reads the image itself).
+    fn column_tiles(&self) -> Vec<(usize, usize)> {
+        let l = self.h_out() * self.w_out();
+        let t = if self.pointwise() {
+            l.max(1)
+        } else {
+            self.tile()
+        };
+        (0..l).step_by(t).map(|c0| (c0, (c0 + t).min(l))).collect()
+    }
+
+    /// Visits every in-bounds (index within one channel's rows of the im2col tile of output
+    /// pixels `c0..c1`, input index within one plane) pair, in a fixed order.
+    fn for_each_tap(&self, (c0, c1): (usize, usize), mut f: impl FnMut(usize, usize)) {
+        let wo = self.w_out();
         let (s, p, d) = (self.stride, self.padding, self.dilation);
+        let len = c1 - c0;
         for ki in 0..self.kh {
             for kj in 0..self.kw {
-                let row = (ki * self.kw + kj) * ho * wo;
-                for oh in 0..ho {
-                    let Some(ih) = tap(oh, ki, s[0], p[0], d[0], self.h) else {
-                        continue;
-                    };
-                    for ow in 0..wo {
-                        if let Some(iw) = tap(ow, kj, s[1], p[1], d[1], self.w) {
-                            f(row + oh * wo + ow, ih * self.w + iw);
-                        }
+                let row = (ki * self.kw + kj) * len;
+                for col in c0..c1 {
+                    let (oh, ow) = (col / wo, col % wo);
+                    let ih = tap(oh, ki, s[0], p[0], d[0], self.h);
+                    let iw = tap(ow, kj, s[1], p[1], d[1], self.w);
+                    if let (Some(ih), Some(iw)) = (ih, iw) {
+                        f(row + col - c0, ih * self.w + iw);
                     }
                 }
             }
@@ -286,13 +308,18 @@ impl Conv2dGeom {
     }
 }
 
-/// f32 elements of scratch the conv kernels need: the im2col matrix of one image
-/// (`c_in*kh*kw*h_out*w_out`), or 0 for a 1x1 stride-1 unpadded convolution.
+/// Most f32 elements of an im2col tile: the conv kernels build the im2col matrix of one
+/// image a tile of output pixels at a time, so their scratch stays within 1 MiB (or one
+/// column of taps, if larger) however large the image.
+const COL_TILE_ELEMS: usize = 1 << 18;
+
+/// f32 elements of scratch the conv kernels need: one im2col tile (`c_in*kh*kw` rows by
+/// [`Conv2dGeom::tile`] output pixels), or 0 for a 1x1 stride-1 unpadded convolution.
 pub fn conv2d_workspace_len(g: &Conv2dGeom) -> usize {
     if g.pointwise() {
         0
     } else {
-        g.c_in * g.kh * g.kw * g.h_out() * g.w_out()
+        g.taps() * g.tile()
     }
 }
 
@@ -305,37 +332,47 @@ fn par_chunks(dst: &mut [f32], chunk: usize, f: impl Fn(&mut [f32], usize) + Syn
     }
 }
 
-/// Writes the im2col matrix `[c_in*kh*kw, h_out*w_out]` of one image `[c_in, h, w]`.
-fn im2col(g: &Conv2dGeom, img: &[f32], col: &mut [f32]) {
-    let (plane, rows) = (g.h * g.w, g.kh * g.kw * g.h_out() * g.w_out());
-    par_chunks(col, rows, |cc, c| {
+/// Writes the im2col tile `[c_in*kh*kw, c1-c0]` of output pixels `c0..c1` of one image
+/// `[c_in, h, w]` into `col`.
+fn im2col(g: &Conv2dGeom, img: &[f32], cols: (usize, usize), col: &mut [f32]) {
+    let (plane, rows) = (g.h * g.w, g.kh * g.kw * (cols.1 - cols.0));
+    par_chunks(&mut col[..g.c_in * rows], rows, |cc, c| {
         let xc = &img[c * plane..(c + 1) * plane];
         cc.fill(0.0);
-        g.for_each_tap(|ci, xi| cc[ci] = xc[xi]);
+        g.for_each_tap(cols, |ci, xi| cc[ci] = xc[xi]);
     });
 }
 
-/// Overwrites one image `[c_in, h, w]` with the sum of the im2col matrix entries mapping to each
-/// pixel (the adjoint of `im2col`).
-fn col2im(g: &Conv2dGeom, col: &[f32], img: &mut [f32]) {
-    let (plane, rows) = (g.h * g.w, g.kh * g.kw * g.h_out() * g.w_out());
+/// Adds to one image `[c_in, h, w]` the im2col tile entries of output pixels `c0..c1` mapping
+/// to each pixel (the adjoint of `im2col`).
+fn col2im_add(g: &Conv2dGeom, col: &[f32], cols: (usize, usize), img: &mut [f32]) {
+    let (plane, rows) = (g.h * g.w, g.kh * g.kw * (cols.1 - cols.0));
     par_chunks(img, plane, |xc, c| {
         let cc = &col[c * rows..(c + 1) * rows];
-        xc.fill(0.0);
-        g.for_each_tap(|ci, xi| xc[xi] += cc[ci]);
+        g.for_each_tap(cols, |ci, xi| xc[xi] += cc[ci]);
     });
 }
 
-/// Returns the GEMM operand for image `img`: the image itself for pointwise convolutions, else
-/// its im2col matrix written into `workspace`.
-fn columns<'a>(g: &Conv2dGeom, img: &'a [f32], workspace: &'a mut [f32]) -> &'a [f32] {
+/// The GEMM operand for output pixels `c0..c1` of image `img`: the image itself for
+/// pointwise convolutions (one tile of every pixel), else its im2col tile written into
+/// `workspace`.
+fn columns<'a>(
+    g: &Conv2dGeom,
+    img: &'a [f32],
+    cols: (usize, usize),
+    workspace: &'a mut [f32],
+) -> &'a [f32] {
     if g.pointwise() {
         img
     } else {
-        let col = &mut workspace[..conv2d_workspace_len(g)];
-        im2col(g, img, col);
-        col
+        im2col(g, img, cols, workspace);
+        &workspace[..g.taps() * (cols.1 - cols.0)]
     }
+}
+
+/// The columns `c0..` of a row-major matrix with `cols` columns, starting at row `row`.
+fn cols_from(data: &[f32], cols: usize, row: usize, c0: usize) -> MatRef<'_> {
+    rm(&data[row * cols + c0..], cols)
 }
 
 /// Forward 2-D convolution: `out[n, co] = sum_ci w[co, ci] * x[n, ci]` (cross-correlation,
@@ -351,20 +388,21 @@ pub fn conv2d_forward(
     let (l, kg, cog) = g.dims();
     let (xs, os) = (g.c_in * g.h * g.w, g.c_out * l);
     for i in 0..g.n {
-        let col = columns(g, &x[i * xs..(i + 1) * xs], workspace);
+        let img = &x[i * xs..(i + 1) * xs];
         let o_img = &mut out[i * os..(i + 1) * os];
-        for grp in 0..g.groups {
-            let wg = rm(&w[grp * cog * kg..(grp + 1) * cog * kg], kg);
-            let cg = rm(&col[grp * kg * l..(grp + 1) * kg * l], l);
-            gemm(
-                cog,
-                kg,
-                l,
-                wg,
-                cg,
-                0.0,
-                rm_mut(&mut o_img[grp * cog * l..(grp + 1) * cog * l], l),
-            );
+        for (c0, c1) in g.column_tiles() {
+            let len = c1 - c0;
+            let col = columns(g, img, (c0, c1), workspace);
+            for grp in 0..g.groups {
+                let wg = rm(&w[grp * cog * kg..(grp + 1) * cog * kg], kg);
+                let cg = rm(&col[grp * kg * len..(grp + 1) * kg * len], len);
+                let o = MatMut {
+                    data: &mut o_img[grp * cog * l + c0..],
+                    rs: l,
+                    cs: 1,
+                };
+                gemm(cog, kg, len, wg, cg, 0.0, o);
+            }
         }
     }
 }
@@ -380,41 +418,36 @@ pub fn conv2d_backward_input(
 ) {
     let (l, kg, cog) = g.dims();
     let (xs, os) = (g.c_in * g.h * g.w, g.c_out * l);
-    let pointwise = g.pointwise();
     for i in 0..g.n {
         let dy_img = &dy[i * os..(i + 1) * os];
         let dx_img = &mut dx[i * xs..(i + 1) * xs];
-        let col: &mut [f32] = if pointwise {
-            dx_img
-        } else {
-            &mut workspace[..g.c_in * g.kh * g.kw * l]
-        };
-        for grp in 0..g.groups {
-            let wg = rm_t(&w[grp * cog * kg..(grp + 1) * cog * kg], kg);
-            let dyg = rm(&dy_img[grp * cog * l..(grp + 1) * cog * l], l);
-            gemm(
-                kg,
-                cog,
-                l,
-                wg,
-                dyg,
-                0.0,
-                rm_mut(&mut col[grp * kg * l..(grp + 1) * kg * l], l),
-            );
+        if g.pointwise() {
+            for grp in 0..g.groups {
+                let wg = rm_t(&w[grp * cog * kg..(grp + 1) * cog * kg], kg);
+                let dyg = cols_from(dy_img, l, grp * cog, 0);
+                let dxg = rm_mut(&mut dx_img[grp * kg * l..(grp + 1) * kg * l], l);
+                gemm(kg, cog, l, wg, dyg, 0.0, dxg);
+            }
+            continue;
         }
-        if !pointwise {
-            col2im(
-                g,
-                &workspace[..g.c_in * g.kh * g.kw * l],
-                &mut dx[i * xs..(i + 1) * xs],
-            );
+        dx_img.fill(0.0);
+        for (c0, c1) in g.column_tiles() {
+            let len = c1 - c0;
+            let col = &mut workspace[..g.taps() * len];
+            for grp in 0..g.groups {
+                let wg = rm_t(&w[grp * cog * kg..(grp + 1) * cog * kg], kg);
+                let dyg = cols_from(dy_img, l, grp * cog, c0);
+                let cg = rm_mut(&mut col[grp * kg * len..(grp + 1) * kg * len], len);
+                gemm(kg, cog, len, wg, dyg, 0.0, cg);
+            }
+            col2im_add(g, col, (c0, c1), dx_img);
         }
     }
 }
 
 /// Gradient of a 2-D convolution w.r.t. its weight: `dw = sum_n dy[n] * im2col(x[n])^T`,
-/// accumulated over images in index order and written over `dw`. `workspace` has at least
-/// `conv2d_workspace_len(g)` elements.
+/// accumulated over images and tiles in index order and written over `dw`. `workspace` has
+/// at least `conv2d_workspace_len(g)` elements.
 pub fn conv2d_backward_weight(
     g: &Conv2dGeom,
     x: &[f32],
@@ -426,13 +459,17 @@ pub fn conv2d_backward_weight(
     let (xs, os) = (g.c_in * g.h * g.w, g.c_out * l);
     dw.fill(0.0);
     for i in 0..g.n {
-        let col = columns(g, &x[i * xs..(i + 1) * xs], workspace);
+        let img = &x[i * xs..(i + 1) * xs];
         let dy_img = &dy[i * os..(i + 1) * os];
-        for grp in 0..g.groups {
-            let dyg = rm(&dy_img[grp * cog * l..(grp + 1) * cog * l], l);
-            let cg = rm_t(&col[grp * kg * l..(grp + 1) * kg * l], l);
-            let dwg = rm_mut(&mut dw[grp * cog * kg..(grp + 1) * cog * kg], kg);
-            gemm(cog, l, kg, dyg, cg, 1.0, dwg);
+        for (c0, c1) in g.column_tiles() {
+            let len = c1 - c0;
+            let col = columns(g, img, (c0, c1), workspace);
+            for grp in 0..g.groups {
+                let dyg = cols_from(dy_img, l, grp * cog, c0);
+                let cg = rm_t(&col[grp * kg * len..(grp + 1) * kg * len], len);
+                let dwg = rm_mut(&mut dw[grp * cog * kg..(grp + 1) * cog * kg], kg);
+                gemm(cog, len, kg, dyg, cg, 1.0, dwg);
+            }
         }
     }
 }
@@ -1075,6 +1112,48 @@ mod tests {
             let want = central_diff(&w, 1e-2, |w| dot(&conv_fwd(&g, &x, w), &r));
             assert_close(&dw, &want, 1e-2, "conv dw");
         }
+    }
+
+    /// A convolution whose im2col matrix spans several tiles: forward against the naive
+    /// loop, backward by the adjoint identities `<conv(x, w), r> = <x, dx(r)> = <w, dw(x, r)>`.
+    #[test]
+    fn tiled_conv_matches_naive_and_its_adjoints() {
+        let g = Conv2dGeom {
+            n: 2,
+            c_in: 2,
+            h: 130,
+            w: 131,
+            c_out: 4,
+            kh: 3,
+            kw: 3,
+            stride: [1, 1],
+            padding: [1, 1],
+            dilation: [1, 1],
+            groups: 2,
+        };
+        let l = g.h_out() * g.w_out();
+        assert!(g.column_tiles().len() > 1, "{} pixels in one tile", l);
+        assert_eq!(conv2d_workspace_len(&g), g.taps() * g.tile());
+        let mut rng = Rng(5);
+        let x = rng.vec(g.n * g.c_in * g.h * g.w);
+        let w = rng.vec(g.c_out * g.c_in / g.groups * g.kh * g.kw);
+        let r = rng.vec(g.n * g.c_out * l);
+        let y = conv_fwd(&g, &x, &w);
+        assert_close(&y, &naive_conv(&g, &x, &w), 1e-5, "tiled forward");
+        let mut ws = vec![f32::NAN; conv2d_workspace_len(&g)];
+        let mut dx = vec![f32::NAN; x.len()];
+        conv2d_backward_input(&g, &r, &w, &mut dx, &mut ws);
+        let mut dw = vec![f32::NAN; w.len()];
+        conv2d_backward_weight(&g, &x, &r, &mut dw, &mut ws);
+        let (yr, xdx, wdw) = (dot(&y, &r), dot(&x, &dx), dot(&w, &dw));
+        assert!(
+            (yr - xdx).abs() <= 1e-4 * yr.abs().max(1.0),
+            "dx: {yr} vs {xdx}"
+        );
+        assert!(
+            (yr - wdw).abs() <= 1e-4 * yr.abs().max(1.0),
+            "dw: {yr} vs {wdw}"
+        );
     }
 
     fn pool_geoms() -> [Pool2dGeom; 2] {
