@@ -96,30 +96,69 @@ fn verified(graph: &ir::Graph, pass: &str) -> Result<(), CompileError> {
     })
 }
 
+/// Applies the command line's budget, precision, master-weights and accumulation settings
+/// to `train { }`; pure fp16 (no master weights) is refused.
+fn apply_train_options(
+    t: &mut front::train::TrainSpec,
+    options: &Options,
+) -> Result<(), UserError> {
+    t.budget = options.budget.or(t.budget);
+    t.precision = options.precision.unwrap_or(t.precision);
+    t.master_weights = options.master_weights.unwrap_or(t.master_weights);
+    t.accumulate = options.accumulate.unwrap_or(t.accumulate);
+    if !t.master_weights && t.precision != front::train::Precision::Bf16 {
+        return Err(UserError::at(
+            t.precision_span,
+            format!(
+                "master_weights = off needs bf16, not {}",
+                format!("{:?}", t.precision).to_lowercase()
+            ),
+            "this precision",
+            "use `precision = bf16` (fp16 weights without fp32 masters lose small updates and overflow)",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether each update runs as soon as its gradient is complete: `requested`, by default
+/// unless something needs every gradient first (clipping, the fp16 overflow check, gradient
+/// accumulation), which also refuses a request for it.
+fn optimizer_in_backward(
+    t: &front::train::TrainSpec,
+    loss_scaled: bool,
+    requested: Option<bool>,
+) -> Result<bool, UserError> {
+    let needs_all_grads = t.clip_grad_norm.is_some() || loss_scaled || t.accumulate > 1;
+    let in_backward = requested.unwrap_or(!needs_all_grads);
+    if !(in_backward && needs_all_grads) {
+        return Ok(in_backward);
+    }
+    let why = if t.clip_grad_norm.is_some() {
+        (
+            "global-norm clipping",
+            "clip_grad_norm is set",
+            "clipping needs every gradient first: drop --optimizer-in-backward or the clipping",
+        )
+    } else if t.accumulate > 1 {
+        ("gradient accumulation", "accumulate is set", "the update needs every micro-batch's gradient: drop --optimizer-in-backward or the accumulation")
+    } else {
+        ("fp16 loss scaling", "precision is fp16", "the overflow check needs every gradient first: drop --optimizer-in-backward or use bf16")
+    };
+    Err(UserError::at(
+        t.span,
+        format!("the optimizer cannot run in backward with {}", why.0),
+        why.1,
+        why.2,
+    ))
+}
+
 /// Compiles `.mdl` source text into a verified plan.
 pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError> {
     let ast = front::parse(source)?;
     let mut module = front::lower(&ast, &options.overrides)?;
     verified(&module.graph, "lower")?;
-    if let (Some(t), Some(b)) = (module.train.as_mut(), options.budget) {
-        t.budget = Some(b);
-    }
     if let Some(t) = module.train.as_mut() {
-        t.precision = options.precision.unwrap_or(t.precision);
-        t.master_weights = options.master_weights.unwrap_or(t.master_weights);
-        t.accumulate = options.accumulate.unwrap_or(t.accumulate);
-        if !t.master_weights && t.precision != front::train::Precision::Bf16 {
-            return Err(UserError::at(
-                t.precision_span,
-                format!(
-                    "master_weights = off needs bf16, not {}",
-                    format!("{:?}", t.precision).to_lowercase()
-                ),
-                "this precision",
-                "use `precision = bf16` (fp16 weights without fp32 masters lose small updates and overflow)",
-            )
-            .into());
-        }
+        apply_train_options(t, options)?;
     }
     let (graph, in_backward) = match &module.train {
         Some(t) => {
@@ -138,25 +177,11 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
             };
             let g = passes::optimizer::run(&diff, &opts)?;
             verified(&g, "optimizer")?;
-            let needs_all_grads =
-                t.clip_grad_norm.is_some() || mixed.loss_scale.is_some() || t.accumulate > 1;
-            let in_backward = options.optimizer_in_backward.unwrap_or(!needs_all_grads);
-            if in_backward && needs_all_grads {
-                let why = if t.clip_grad_norm.is_some() {
-                    ("global-norm clipping", "clip_grad_norm is set", "clipping needs every gradient first: drop --optimizer-in-backward or the clipping")
-                } else if t.accumulate > 1 {
-                    ("gradient accumulation", "accumulate is set", "the update needs every micro-batch's gradient: drop --optimizer-in-backward or the accumulation")
-                } else {
-                    ("fp16 loss scaling", "precision is fp16", "the overflow check needs every gradient first: drop --optimizer-in-backward or use bf16")
-                };
-                return Err(UserError::at(
-                    t.span,
-                    format!("the optimizer cannot run in backward with {}", why.0),
-                    why.1,
-                    why.2,
-                )
-                .into());
-            }
+            let in_backward = optimizer_in_backward(
+                t,
+                mixed.loss_scale.is_some(),
+                options.optimizer_in_backward,
+            )?;
             (g, in_backward)
         }
         None => (module.graph.clone(), false),
