@@ -191,3 +191,33 @@ fn tampered_plan_json_is_refused() {
         String::from_utf8_lossy(&run.stderr)
     );
 }
+
+#[test]
+fn fit_accumulate_reports_the_micro_batch_and_compile_wants_a_count() {
+    let gpt2 = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/gpt2.mdl");
+    let out = memc(&[
+        "fit",
+        gpt2,
+        "--budget",
+        "4GiB",
+        "--checkpoint",
+        "none",
+        "--format",
+        "json",
+        "--accumulate",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let got = ["batch", "micro_batch", "accumulate", "next_micro_batch"].map(|k| v[k].as_i64());
+    assert_eq!(got, [Some(8), Some(2), Some(4), Some(4)], "{text}");
+    assert!(v["arena_bytes"].as_u64().unwrap() <= 4 << 30, "{text}");
+    let out = memc(&["compile", MLP, "--accumulate"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--accumulate needs a count"), "{stderr}");
+}

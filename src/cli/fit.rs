@@ -143,13 +143,19 @@ fn text(r: &FitResult) -> String {
 }
 
 fn accumulation_text(r: &AccumulationFit) -> String {
+    let how = if r.accumulate == 1 {
+        "without accumulation".to_string()
+    } else {
+        format!(
+            "as {} micro-batches of {}={}",
+            r.accumulate, r.dim, r.micro_batch
+        )
+    };
     let mut out = format!(
-        "fit {dim} with gradient accumulation: {dim}={} within {} ({} bytes) as {} micro-batches of {dim}={}\n  {dim}={} x {}: arena {} ({} bytes), fits\n",
+        "fit {dim} with gradient accumulation: {dim}={} within {} ({} bytes) {how}\n  {dim}={} x {}: arena {} ({} bytes), fits\n",
         r.batch,
         human_bytes(r.budget),
         r.budget,
-        r.accumulate,
-        r.micro_batch,
         r.micro_batch,
         r.accumulate,
         human_bytes(r.arena_bytes),
