@@ -39,7 +39,10 @@ pub fn run(diff: &Differentiated, options: &OptimizerOptions) -> Result<Graph, S
         for (param, grad) in &mut pairs {
             let node = graph.node(*param);
             let (Op::Param { name, ty, .. }, span) = (&node.op, node.span) else {
-                continue;
+                return Err(StageError::internal(
+                    "optimizer",
+                    format!("{param} is not a parameter"),
+                ));
             };
             let at = Origin {
                 span,
