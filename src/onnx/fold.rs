@@ -27,6 +27,17 @@ fn flat(coords: &[usize], shape: &[usize]) -> usize {
         .fold(0, |acc, (&c, &d)| acc * d + c)
 }
 
+/// Numpy broadcasting of a node's input shapes; a malformed-file diagnostic when they do not
+/// broadcast.
+pub(super) fn broadcast_inputs(node: &Node, shapes: &[&[usize]]) -> R<Vec<usize>> {
+    broadcast(shapes).ok_or_else(|| {
+        node.err(
+            format!("input shapes {shapes:?} do not broadcast"),
+            "the file is malformed",
+        )
+    })
+}
+
 /// Numpy broadcasting of several shapes, or `None` when they do not broadcast.
 pub(super) fn broadcast(shapes: &[&[usize]]) -> Option<Vec<usize>> {
     let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
@@ -189,12 +200,7 @@ fn reject_dims(node: &Node, ins: &[Rc<Const>]) -> R<()> {
 fn elementwise(node: &Node, ins: &[Rc<Const>], float: bool, f: impl Fn(&[f64]) -> f64) -> R<Const> {
     reject_dims(node, ins)?;
     let shapes: Vec<&[usize]> = ins.iter().map(|c| &c.shape[..]).collect();
-    let out = broadcast(&shapes).ok_or_else(|| {
-        node.err(
-            format!("input shapes {shapes:?} do not broadcast"),
-            "the file is malformed",
-        )
-    })?;
+    let out = broadcast_inputs(node, &shapes)?;
     let idx: Vec<Vec<usize>> = ins
         .iter()
         .map(|c| broadcast_index(&out, &c.shape))

@@ -2,7 +2,8 @@
 //! operands become parameters. Every unsupported op or attribute is a diagnostic.
 
 use super::fold::{
-    axes_arg, axis, broadcast, reshape_target, squeezed, transpose_perm, unsqueezed,
+    axes_arg, axis, broadcast, broadcast_inputs, reshape_target, squeezed, transpose_perm,
+    unsqueezed,
 };
 use super::tensor::Const;
 use super::write::{number, shape_text, Writer};
@@ -392,6 +393,15 @@ fn matmul(node: &Node, a: &Dyn, b: &Dyn) -> R<Vec<usize>> {
     Ok(out)
 }
 
+/// The broadcast shape of a node's operands and its dim names.
+fn broadcast_dyns(node: &Node, ds: &[Dyn]) -> R<(Vec<usize>, Vec<Option<String>>)> {
+    let shapes: Vec<&[usize]> = ds.iter().map(|d| &d.shape[..]).collect();
+    let out = broadcast_inputs(node, &shapes)?;
+    let refs: Vec<&Dyn> = ds.iter().collect();
+    let syms = broadcast_syms(&out, &refs);
+    Ok((out, syms))
+}
+
 /// The dim names of a broadcast result, taken from operands whose dim is not stretched.
 fn broadcast_syms(out: &[usize], ds: &[&Dyn]) -> Vec<Option<String>> {
     (0..out.len())
@@ -454,15 +464,7 @@ fn arithmetic(
             }
         }
     }
-    let shapes: Vec<&[usize]> = dyns.iter().map(|d| &d.shape[..]).collect();
-    let out = broadcast(&shapes).ok_or_else(|| {
-        node.err(
-            format!("shapes {shapes:?} do not broadcast"),
-            "the file is malformed",
-        )
-    })?;
-    let refs: Vec<&Dyn> = dyns.iter().collect();
-    let syms = broadcast_syms(&out, &refs);
+    let (out, syms) = broadcast_dyns(node, &dyns)?;
     Ok((format!("{} {sym} {}", texts[0], texts[1]), out, syms))
 }
 
@@ -682,15 +684,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
                     .map(|d| vec![Value::Dyn(d)])
                     .ok_or_else(|| node.err("has no inputs", "the file is malformed"));
             }
-            let shapes: Vec<&[usize]> = ds.iter().map(|d| &d.shape[..]).collect();
-            let out = broadcast(&shapes).ok_or_else(|| {
-                node.err(
-                    format!("shapes {shapes:?} do not broadcast"),
-                    "the file is malformed",
-                )
-            })?;
-            let refs: Vec<&Dyn> = ds.iter().collect();
-            let syms = broadcast_syms(&out, &refs);
+            let (out, syms) = broadcast_dyns(node, &ds)?;
             let terms: Vec<&str> = ds.iter().map(|d| d.expr.as_str()).collect();
             (terms.join(" + "), out, syms)
         }
