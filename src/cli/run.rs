@@ -180,32 +180,6 @@ fn plain(e: impl std::fmt::Display) -> Failure {
     Failure::Plain(e.to_string())
 }
 
-/// `values` stored as `dtype` (16-bit floats rounded to nearest even; i32 ids arrive as
-/// their bit patterns), little-endian.
-fn encode(dtype: DType, values: &[f32]) -> Vec<u8> {
-    match dtype {
-        DType::F16 | DType::BF16 => values
-            .iter()
-            .flat_map(|&v| lowp::encode(dtype, v).to_le_bytes())
-            .collect(),
-        DType::F32 | DType::I32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-    }
-}
-
-/// The f32 values of little-endian `bytes` stored as `dtype`.
-fn decode(dtype: DType, bytes: &[u8]) -> Vec<f32> {
-    match dtype {
-        DType::F16 | DType::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| lowp::decode(dtype, u16::from_le_bytes([c[0], c[1]])))
-            .collect(),
-        DType::F32 | DType::I32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-    }
-}
-
 /// Runs the steps on the GPU: the arena starts as the host executor's (initialized
 /// parameters and persistent state, bound inputs with every micro-batch).
 fn run_cuda(
@@ -219,12 +193,12 @@ fn run_cuda(
     let dtype = |b: BufferId| plan.buffers[b.index()].ty.dtype;
     let persistent = plan.params.iter().map(|p| p.buffer);
     for b in persistent.chain(plan.optim_state.iter().map(|s| s.buffer)) {
-        dev.write(b, &encode(dtype(b), &host.read(b)))
+        dev.write(b, &lowp::to_bytes(dtype(b), &host.read(b)))
             .map_err(plain)?;
     }
     for i in &plan.inputs {
         let all = host.bound(i.buffer).unwrap_or(&[]);
-        dev.bind_input(i.buffer, encode(dtype(i.buffer), all))
+        dev.bind_input(i.buffer, lowp::to_bytes(dtype(i.buffer), all))
             .map_err(plain)?;
     }
     let (before, after) = dev.memory;
@@ -248,13 +222,15 @@ fn run_cuda(
         dev.run_step()
             .map_err(|e| Failure::Plain(format!("step {step}: {e}")))?;
         if let Some(b) = loss {
-            let value = decode(dtype(b), &dev.read(b).map_err(plain)?);
+            let value = lowp::from_bytes(dtype(b), &dev.read(b).map_err(plain)?);
             show_loss(bar, step, value.first().copied().unwrap_or(f32::NAN))?;
         }
     }
     if let Some(path) = &args.save_params {
         save_params(path, plan, |b| {
-            dev.read(b).map(|v| decode(dtype(b), &v)).map_err(plain)
+            dev.read(b)
+                .map(|v| lowp::from_bytes(dtype(b), &v))
+                .map_err(plain)
         })?;
     }
     Ok(())

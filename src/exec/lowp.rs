@@ -30,6 +30,32 @@ pub fn round(dtype: DType, x: f32) -> f32 {
     }
 }
 
+/// `values` stored as `dtype`, little-endian: 16-bit floats rounded to nearest even; f32 as
+/// is, and i32 ids (which arrive as their bit patterns) likewise.
+pub fn to_bytes(dtype: DType, values: &[f32]) -> Vec<u8> {
+    match dtype {
+        DType::F16 | DType::BF16 => values
+            .iter()
+            .flat_map(|&v| encode(dtype, v).to_le_bytes())
+            .collect(),
+        DType::F32 | DType::I32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+/// The f32 values of little-endian `bytes` stored as `dtype` (the inverse of [`to_bytes`]).
+pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Vec<f32> {
+    match dtype {
+        DType::F16 | DType::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| decode(dtype, u16::from_le_bytes([c[0], c[1]])))
+            .collect(),
+        DType::F32 | DType::I32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -44,5 +70,20 @@ mod tests {
         assert!(round(DType::F16, f32::NAN).is_nan());
         assert_eq!(round(DType::F16, 1.0 + 1.0 / 2048.0), 1.0);
         assert_eq!(decode(DType::BF16, encode(DType::BF16, -3.5)), -3.5);
+    }
+
+    #[test]
+    fn bytes_round_trip_in_every_dtype() {
+        let values = [1.5f32, -2.0, 0.0, 65504.0];
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let bytes = to_bytes(dtype, &values);
+            assert_eq!(bytes.len() as u64, values.len() as u64 * dtype.size());
+            assert_eq!(from_bytes(dtype, &bytes), values.map(|v| round(dtype, v)));
+        }
+        let id = f32::from_bits(7);
+        assert_eq!(
+            from_bytes(DType::I32, &to_bytes(DType::I32, &[id]))[0].to_bits(),
+            7
+        );
     }
 }
