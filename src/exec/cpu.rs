@@ -76,15 +76,9 @@ impl CpuExecutor {
         })
     }
 
-    /// Micro-batches per step: `accumulate` of the plan's training spec (1 for inference).
+    /// Micro-batches per step ([`Plan::micro_steps`]).
     pub fn micro_steps(&self) -> u32 {
-        self.plan.train.as_ref().map_or(1, |t| t.accumulate.max(1))
-    }
-
-    /// The dropout stream of the running micro-step: the 1-based count of micro-steps so far
-    /// (the step number when nothing accumulates).
-    fn stream(&self) -> u64 {
-        (self.step - 1) * u64::from(self.micro_steps()) + u64::from(self.micro) + 1
+        self.plan.micro_steps()
     }
 
     /// Sets the 1-based number of the next step (it keys dropout masks and bias correction).
@@ -451,7 +445,13 @@ impl CpuExecutor {
             AvgPool2dBackward { pool, .. } => {
                 dense::avg_pool2d_backward(&pool_geom(pool, out_shape), x(0), out())
             }
-            Dropout { p, seed } => rng::dropout(x(0), *p, *seed, self.stream(), out()),
+            Dropout { p, seed } => rng::dropout(
+                x(0),
+                *p,
+                *seed,
+                plan.dropout_stream(self.step, self.micro),
+                out(),
+            ),
             Attention(a) => {
                 dense::attention_forward(&attn_geom(a, s(0), s(1)), x(0), x(1), x(2), out())
             }

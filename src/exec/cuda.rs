@@ -137,9 +137,9 @@ impl CudaExecutor {
             .map_err(device_error)
     }
 
-    /// Micro-batches per step: `accumulate` of the plan's training spec (1 for inference).
+    /// Micro-batches per step ([`Plan::micro_steps`]).
     pub fn micro_steps(&self) -> u32 {
-        self.plan.train.as_ref().map_or(1, |t| t.accumulate.max(1))
+        self.plan.micro_steps()
     }
 
     /// Binds an input for every following step: one micro-batch after another, so
@@ -190,7 +190,7 @@ impl CudaExecutor {
 
     /// Launches every step of micro-step `micro` (update-phase steps only when `last`).
     fn launch_steps(&self, micro: u32, last: bool) -> Result<(), ExecError> {
-        let stream = (self.step - 1) * u64::from(self.micro_steps()) + u64::from(micro) + 1;
+        let stream = self.plan.dropout_stream(self.step, micro);
         for (s, step) in self.plan.steps.iter().enumerate() {
             let Some(k) = self.kernel_of[s] else {
                 continue;

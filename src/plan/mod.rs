@@ -28,6 +28,19 @@ impl BufferId {
     }
 }
 
+impl Plan {
+    /// Micro-batches per training step: `accumulate` of the training spec (1 for inference).
+    pub fn micro_steps(&self) -> u32 {
+        self.train.as_ref().map_or(1, |t| t.accumulate.max(1))
+    }
+
+    /// The dropout stream of micro-step `micro` (0-based) of training step `step` (1-based):
+    /// the 1-based count of micro-steps run so far (the step when nothing accumulates).
+    pub fn dropout_stream(&self, step: u64, micro: u32) -> u64 {
+        (step.max(1) - 1) * u64::from(self.micro_steps()) + u64::from(micro) + 1
+    }
+}
+
 impl fmt::Display for BufferId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "b{}", self.0)
