@@ -21,6 +21,20 @@ pub struct Advice {
     pub note: String,
 }
 
+impl Advice {
+    /// A row whose option produced no plan, saying why in `note`.
+    fn failed(option: &str, keeps_batch: bool, note: String) -> Advice {
+        Advice {
+            option: option.to_string(),
+            arena_bytes: None,
+            fits: false,
+            extra_compute_percent: 0.0,
+            keeps_batch,
+            note,
+        }
+    }
+}
+
 fn row(source: &str, option: &str, options: Options, budget: u64, note: &str) -> Advice {
     match compile(source, &options) {
         Ok(c) => {
@@ -38,22 +52,8 @@ fn row(source: &str, option: &str, options: Options, budget: u64, note: &str) ->
                 note: note.to_string(),
             }
         }
-        Err(CompileError::User(e)) => Advice {
-            option: option.to_string(),
-            arena_bytes: None,
-            fits: false,
-            extra_compute_percent: 0.0,
-            keeps_batch: true,
-            note: e.message,
-        },
-        Err(CompileError::Internal(e)) => Advice {
-            option: option.to_string(),
-            arena_bytes: None,
-            fits: false,
-            extra_compute_percent: 0.0,
-            keeps_batch: true,
-            note: e.join("; "),
-        },
+        Err(CompileError::User(e)) => Advice::failed(option, true, e.message),
+        Err(CompileError::Internal(e)) => Advice::failed(option, true, e.join("; ")),
     }
 }
 
@@ -146,14 +146,7 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
             );
             rows.push(advice);
         }
-        Err(e) => rows.push(Advice {
-            option: "gradient accumulation".into(),
-            arena_bytes: None,
-            fits: false,
-            extra_compute_percent: 0.0,
-            keeps_batch: true,
-            note: e.to_string(),
-        }),
+        Err(e) => rows.push(Advice::failed("gradient accumulation", true, e.to_string())),
     }
     for (mode, label) in [
         (CheckpointMode::KeepAll, "without recomputation"),
@@ -173,14 +166,7 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
                 advice.keeps_batch = f.value == f.start;
                 rows.push(advice);
             }
-            Err(e) => rows.push(Advice {
-                option: name,
-                arena_bytes: None,
-                fits: false,
-                extra_compute_percent: 0.0,
-                keeps_batch: false,
-                note: e.to_string(),
-            }),
+            Err(e) => rows.push(Advice::failed(&name, false, e.to_string())),
         }
     }
     rows.sort_by(|a, b| {

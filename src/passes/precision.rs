@@ -20,8 +20,9 @@
 //! parameter's low-precision copy is made once per step and shared by all its readers.
 //! Parameters stay fp32 (master weights); their gradients arrive in fp32 through the
 //! backward of the cast. Without master weights (bf16 only) parameters are stored in bf16,
-//! so their gradients are bf16 and the optimizer (fp32 moments) rounds each update to bf16. For fp16 the loss is multiplied by a persistent loss scale
-//! (initially 2^16) before autodiff; the optimizer pass unscales and checks the gradients.
+//! so their gradients are bf16 and the optimizer (fp32 moments) rounds each update to bf16.
+//! For fp16 the loss is multiplied by a persistent loss scale (initially 2^16) before
+//! autodiff; the optimizer pass unscales and checks the gradients.
 
 use super::StageError;
 use crate::front::train::Precision;
