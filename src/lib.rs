@@ -14,6 +14,7 @@ pub mod fit;
 pub mod front;
 pub mod ir;
 pub mod onnx;
+pub mod ops;
 pub mod passes;
 pub mod plan;
 pub mod viz;

@@ -8,7 +8,7 @@
 
 mod build;
 pub mod nvrtc;
-mod ops;
+pub mod ops;
 
 use crate::ir::DType;
 pub use build::Kernel;

@@ -13,10 +13,10 @@ type Result<T> = std::result::Result<T, CodegenError>;
 use KernelParam::{Input as In, MicroStep, Output as Out, Step, Stream};
 
 /// Checked accessors over an op's input types.
-struct Args<'a> {
-    op: &'a Op,
-    inputs: &'a [TensorType],
-    output: &'a TensorType,
+pub struct Args<'a> {
+    pub op: &'a Op,
+    pub inputs: &'a [TensorType],
+    pub output: &'a TensorType,
 }
 
 impl Args<'_> {
@@ -229,7 +229,7 @@ pub fn kernel_for(op: &Op, inputs: &[TensorType], output: &TensorType) -> Result
     }
     pre_check(&a)?;
     a.check_infer()?;
-    build(&a).map(Some)
+    crate::ops::family(op).lower(&a).map(Some)
 }
 
 /// Rank checks that make shape inference and the generators index-safe.
@@ -350,7 +350,7 @@ fn pre_check(a: &Args) -> Result<()> {
     Ok(())
 }
 
-fn build(a: &Args) -> Result<Kernel> {
+pub(crate) fn build_legacy(a: &Args) -> Result<Kernel> {
     use Launch::{Elementwise, Grid, PerBlock};
     use Op::*;
     let out = a.output;

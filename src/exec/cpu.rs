@@ -349,6 +349,10 @@ impl CpuExecutor {
     }
 
     fn execute(&self, step: &Step, v: &Views) -> Result<(), ExecError> {
+        crate::ops::family(&step.op).run_cpu(self, step, v)
+    }
+
+    pub(crate) fn execute_legacy(&self, step: &Step, v: &Views) -> Result<(), ExecError> {
         let plan = &self.plan;
         let s = |i: usize| shape(plan, step.inputs[i]);
         let out_shape: &[usize] = step.output.map(|b| shape(plan, b)).unwrap_or(&[]);
@@ -537,7 +541,8 @@ impl CpuExecutor {
 
 /// One step's buffers as f32 slices: `(pointer, elements)` into the arena or into a
 /// staging copy of a 16-bit tensor.
-struct Views {
+/// Views of one step's buffers in the arena (16-bit ones through f32 staging copies).
+pub struct Views {
     inputs: Vec<(*mut f32, usize)>,
     output: Option<(*mut f32, usize)>,
     workspace: Option<(*mut f32, usize)>,

@@ -4,6 +4,10 @@ use super::{Op, TensorType};
 
 /// FLOPs of one execution of `op` on inputs of the given types producing `out`.
 pub fn flops(op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
+    crate::ops::family(op).flops(op, inputs, out)
+}
+
+pub(crate) fn flops_legacy(op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
     use Op::*;
     let n = out.numel();
     let first = inputs.first().map(|t| t.numel()).unwrap_or(0);

@@ -245,8 +245,12 @@ fn matmul_out(a: &TensorType, b: &TensorType, ta: bool, tb: bool) -> Result<Tens
     Ok(TensorType::new(a.dtype, batch))
 }
 
-/// The output type of `op` applied to inputs of the given types.
+/// The output type of `op` applied to inputs of the given types, by its family's rule.
 pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
+    crate::ops::family(op).infer(op, inputs)
+}
+
+pub(crate) fn infer_legacy(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
     use Op::*;
     let at = |i: usize| inputs[i];
     match op {

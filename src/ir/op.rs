@@ -272,8 +272,17 @@ pub enum OpClass {
 }
 
 impl Op {
-    /// The op's class.
+    /// The op's class, by its family's rule.
     pub fn class(&self) -> OpClass {
+        crate::ops::family(self).class(self)
+    }
+
+    /// Indices of inputs this op overwrites in place (optimizer state and parameters).
+    pub fn mutated_inputs(&self) -> &'static [usize] {
+        crate::ops::family(self).mutated_inputs(self)
+    }
+
+    pub(crate) fn class_legacy(&self) -> OpClass {
         use Op::*;
         match self {
             Input { .. } | Param { .. } | OptimState { .. } => OpClass::Source,
@@ -327,8 +336,7 @@ impl Op {
         }
     }
 
-    /// Indices of inputs this op overwrites in place (optimizer state and parameters).
-    pub fn mutated_inputs(&self) -> &'static [usize] {
+    pub(crate) fn mutated_inputs_legacy(&self) -> &'static [usize] {
         match self {
             Op::AdamW(_) => &[0, 2, 3],
             Op::Sgd(_) => &[0, 2],

@@ -15,7 +15,8 @@ pub struct Differentiated {
     pub grads: Vec<(ValueId, ValueId)>,
 }
 
-struct Rewriter {
+/// The graph being extended with backward nodes; backward rules add their ops through it.
+pub struct Rewriter {
     graph: Graph,
     origin: Origin,
 }
@@ -86,7 +87,7 @@ impl Rewriter {
     }
 
     /// Input gradients of one node given its output gradient `dy`; `None` where an input needs none.
-    fn vjp(
+    pub(crate) fn vjp_legacy(
         &mut self,
         y: ValueId,
         dy: ValueId,
@@ -449,7 +450,7 @@ pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
         rw.origin.span = node.span;
         rw.origin.scope = node.scope.clone();
         let wants: Vec<bool> = node.inputs.iter().map(|i| requires[i.index()]).collect();
-        let input_grads = rw.vjp(y, dy, &wants)?;
+        let input_grads = { crate::ops::family(&node.op).vjp(&node.op, &mut rw, y, dy, &wants)? };
         for (&x, g) in node.inputs.iter().zip(input_grads) {
             let Some(g) = g else { continue };
             let total = match grads.get(&x) {

@@ -42,16 +42,9 @@ pub struct MixedPrecision {
     pub loss_scale: Option<ValueId>,
 }
 
-/// In which precision an op runs.
-enum Rule {
-    Low,
-    Fp32,
-    Widest,
-    /// Reads its inputs as they are: the kernel computes in fp32 and returns fp32.
-    AsIs,
-}
+use crate::ops::rules::PrecisionClass as Rule;
 
-fn rule(op: &Op) -> Rule {
+pub(crate) fn rule_legacy(op: &Op) -> Rule {
     use Op::*;
     match op {
         MatMul { .. } | Conv2d(_) | Attention(_) => Rule::Low,
@@ -106,7 +99,7 @@ impl Rewriter<'_> {
     /// The precision node `v`'s op runs in.
     fn target(&self, v: ValueId, low: DType) -> Option<DType> {
         let node = self.old.node(v);
-        match rule(&node.op) {
+        match crate::ops::family(&node.op).precision(&node.op) {
             Rule::Low => Some(low),
             Rule::Fp32 => Some(DType::F32),
             Rule::AsIs => None,

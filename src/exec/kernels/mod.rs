@@ -31,6 +31,10 @@ pub fn conv_geom(conv: &crate::ir::ConvParams, x: &[usize], w: &[usize]) -> dens
 
 /// Bytes of scratch the CPU kernel of `op` needs, placed in the arena as a workspace buffer.
 pub fn workspace_bytes(op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
+    crate::ops::family(op).cpu_workspace_bytes(op, inputs, out)
+}
+
+pub(crate) fn workspace_bytes_legacy(op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
     let len = match op {
         Op::Conv2d(c) => {
             dense::conv2d_workspace_len(&conv_geom(c, &inputs[0].shape, &inputs[1].shape))

@@ -1,0 +1,11 @@
+//! CUDA lowering of the cast ops.
+
+use crate::codegen::ops::Args;
+use crate::codegen::{CodegenError, Kernel};
+use crate::ops::cuda::CudaLowering;
+
+impl CudaLowering for super::Family {
+    fn lower(&self, args: &Args) -> Result<Kernel, CodegenError> {
+        crate::codegen::ops::build_legacy(args)
+    }
+}

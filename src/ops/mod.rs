@@ -1,0 +1,83 @@
+//! The op registry: each op family lives in one folder, `src/ops/<family>/`, holding every
+//! stage's rule for its ops — shape and dtype rule, cost and precision class (`rules.rs`),
+//! backward rule (`backward.rs`), CPU kernel and its workspace (`cpu.rs`), CUDA lowering with
+//! its `.cu` template (`cuda.rs`). Passes and backends call these through [`OpFamily`] and
+//! keep no per-op `match` of their own; [`family`] is the one dispatch from an [`Op`] to
+//! its family.
+
+pub mod backward;
+pub mod cpu;
+pub mod cuda;
+pub mod rules;
+
+pub mod attention;
+pub mod cast;
+pub mod conv;
+pub mod embedding;
+pub mod loss;
+pub mod matmul;
+pub mod movement;
+pub mod norm;
+pub mod optimizer;
+pub mod pointwise;
+pub mod pool;
+pub mod random;
+pub mod reduce;
+pub mod softmax;
+pub mod source;
+
+use crate::ir::Op;
+
+/// Every stage's rule for the ops of one family. The stage traits have no default methods,
+/// so a new family does not compile until each stage is answered.
+pub trait OpFamily:
+    rules::Rules + backward::Backward + cpu::CpuKernel + cuda::CudaLowering + Sync
+{
+}
+
+/// The family that holds `op`'s rules.
+pub fn family(op: &Op) -> &'static dyn OpFamily {
+    match op {
+        Op::Input { .. } | Op::Param { .. } | Op::OptimState { .. } | Op::Fill { .. } => {
+            &source::Family
+        }
+        Op::Unary(_) | Op::UnaryBackward(_) | Op::Binary(_) | Op::Affine { .. } => {
+            &pointwise::Family
+        }
+        Op::Cast { .. } => &cast::Family,
+        Op::SumTo { .. } | Op::BroadcastTo { .. } | Op::MaxTo { .. } | Op::MaxToBackward => {
+            &reduce::Family
+        }
+        Op::Softmax { .. }
+        | Op::SoftmaxBackward { .. }
+        | Op::LogSoftmax { .. }
+        | Op::LogSoftmaxBackward { .. } => &softmax::Family,
+        Op::Norm { .. }
+        | Op::NormBackwardInput { .. }
+        | Op::NormBackwardWeight { .. }
+        | Op::NormBackwardBias { .. } => &norm::Family,
+        Op::Embedding | Op::EmbeddingBackward { .. } => &embedding::Family,
+        Op::CrossEntropy | Op::CrossEntropyBackward | Op::Mse | Op::MseBackward => &loss::Family,
+        Op::Reshape { .. }
+        | Op::Permute { .. }
+        | Op::Slice { .. }
+        | Op::PadSlice { .. }
+        | Op::Concat { .. } => &movement::Family,
+        Op::MatMul { .. } => &matmul::Family,
+        Op::Conv2d(_) | Op::Conv2dBackwardInput { .. } | Op::Conv2dBackwardWeight { .. } => {
+            &conv::Family
+        }
+        Op::MaxPool2d(_)
+        | Op::MaxPool2dBackward(_)
+        | Op::AvgPool2d(_)
+        | Op::AvgPool2dBackward { .. } => &pool::Family,
+        Op::Dropout { .. } => &random::Family,
+        Op::Attention(_) | Op::AttentionBackward { .. } | Op::Rope { .. } => &attention::Family,
+        Op::ClipCoefficient { .. }
+        | Op::UnscaleGrads
+        | Op::LossScaleUpdate { .. }
+        | Op::AccumulateGrad { .. }
+        | Op::AdamW(_)
+        | Op::Sgd(_) => &optimizer::Family,
+    }
+}
