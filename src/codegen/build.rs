@@ -4,7 +4,8 @@
 
 use super::KernelParam;
 
-/// `kernels/prelude.cuh`: types, index helpers and conversions every template uses.
+/// `kernels/prelude.cuh`: element types, fp32 load/store helpers, compile-time shapes and
+/// block reductions that every template uses.
 pub(crate) const PRELUDE: &str = include_str!("../../kernels/prelude.cuh");
 
 /// A generated CUDA kernel ready for NVRTC.
