@@ -1,23 +1,12 @@
-//! Assembles a kernel's source from the prelude, its family templates, generated `Cfg`
-//! structs of compile-time constants and an `extern "C"` entry wrapper.
+//! Assembles a kernel's source from the prelude, its family templates (each family's `.cu`
+//! beside its `cuda.rs`), generated `Cfg` structs of compile-time constants and an
+//! `extern "C"` entry wrapper.
 
 use super::KernelParam;
 
+/// `kernels/prelude.cuh`: element types, fp32 load/store helpers, compile-time shapes and
+/// block reductions that every template uses.
 pub(crate) const PRELUDE: &str = include_str!("../../kernels/prelude.cuh");
-pub(crate) const POINTWISE: &str = include_str!("../../kernels/pointwise.cu");
-pub(crate) const REDUCE: &str = include_str!("../../kernels/reduce.cu");
-pub(crate) const SOFTMAX: &str = include_str!("../../kernels/softmax.cu");
-pub(crate) const NORM: &str = include_str!("../../kernels/norm.cu");
-pub(crate) const EMBEDDING: &str = include_str!("../../kernels/embedding.cu");
-pub(crate) const LOSS: &str = include_str!("../../kernels/loss.cu");
-pub(crate) const MOVEMENT: &str = include_str!("../../kernels/movement.cu");
-pub(crate) const MATMUL: &str = include_str!("../../kernels/matmul.cu");
-pub(crate) const CONV: &str = include_str!("../../kernels/conv.cu");
-pub(crate) const POOL: &str = include_str!("../../kernels/pool.cu");
-pub(crate) const ATTENTION: &str = include_str!("../../kernels/attention.cu");
-pub(crate) const ROPE: &str = include_str!("../../kernels/rope.cu");
-pub(crate) const OPTIM: &str = include_str!("../../kernels/optim.cu");
-pub(crate) const RNG: &str = include_str!("../../kernels/rng.cu");
 
 /// A generated CUDA kernel ready for NVRTC.
 #[derive(Debug, Clone, PartialEq, Eq)]

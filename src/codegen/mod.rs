@@ -1,12 +1,17 @@
 //! CUDA code generation for memc IR ops: one [`Kernel`] (source, entry point, launch
-//! geometry and argument list) per op application, instantiated from the templates in
-//! `kernels/*.cu` with the shapes baked in as compile-time constants.
+//! geometry and argument list) per op application, instantiated from the template beside
+//! each op family (`src/ops/<family>/*.cu`, after the shared `kernels/prelude.cuh`) with the
+//! shapes baked in as compile-time constants. Each family lowers its own ops
+//! (`src/ops/<family>/cuda.rs`); this module holds the toolkit they share: source assembly
+//! (`build`), shape arithmetic (`geometry`) and kernel shapes and launches (`launch`).
 //!
 //! Every kernel takes one `char* arena` base pointer followed by `unsigned long long` byte
 //! offsets of its tensors (inputs in op order, then the output) and, for dropout and the
 //! optimizers, the step counter (gradient accumulation: the micro-step). Nothing allocates; there is no scratch memory.
 
-mod build;
+pub(crate) mod build;
+pub(crate) mod geometry;
+pub(crate) mod launch;
 pub mod nvrtc;
 pub mod ops;
 
@@ -72,16 +77,7 @@ pub fn ctype(dtype: DType) -> &'static str {
 /// The `cast` kernel converting `numel` contiguous elements from `from` to `to` (through fp32,
 /// round-to-nearest-even when narrowing); arguments: arena, input offset, output offset.
 pub fn cast_kernel(from: DType, to: DType, numel: u64) -> Kernel {
-    let mut k = build::Gen::new("cast", &[build::POINTWISE]);
-    k.cfg("Cfg", vec![build::c_u64("N", numel)]);
-    k.call(format!(
-        "cast_kernel<{}, {}, Cfg>(arena, in0, out)",
-        ctype(from),
-        ctype(to)
-    ));
-    k.params(&[KernelParam::Input(0), KernelParam::Output]);
-    k.elementwise(numel);
-    k.finish()
+    crate::ops::cast::Family::kernel(from, to, numel)
 }
 
 /// The distinct kernels of a plan's steps, in first-use order, with the step indices

@@ -1,11 +1,59 @@
-//! CUDA lowering of the embedding ops.
+//! CUDA lowering of the embedding lookup and its deterministic gather-form backward onto
+//! `embedding.cu`.
 
+use crate::codegen::build::c_u64;
+use crate::codegen::geometry::{numel, pow2_block, u};
+use crate::codegen::launch::{templated, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel};
+use crate::ir::Op;
 use crate::ops::cuda::CudaLowering;
 
+/// `embedding.cu`: the lookup and scatter-free backward templates.
+const TEMPLATE: &str = include_str!("embedding.cu");
+
 impl CudaLowering for super::Family {
-    fn lower(&self, args: &Args) -> Result<Kernel, CodegenError> {
-        crate::codegen::ops::build_legacy(args)
+    fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
+        let out = a.output;
+        let n_out = out.numel();
+        match a.op {
+            Op::Embedding => {
+                let table = a.rank(0, 2)?;
+                Ok(templated(
+                    "embedding",
+                    &[TEMPLATE],
+                    vec![
+                        c_u64("N", n_out),
+                        c_u64("D", u(table.shape[1])),
+                        c_u64("ROWS", u(table.shape[0])),
+                    ],
+                    ("embedding_kernel", &[a.out_ty()], 2),
+                    Launch::Elementwise(n_out),
+                ))
+            }
+            Op::EmbeddingBackward { rows } => {
+                let (ids, dy) = (a.at(0)?, a.at(1)?);
+                let d = u(out.shape[1]);
+                if numel(&ids.shape) * d != dy.numel() {
+                    return Err(a.err(format!("dy {dy} does not match ids {ids}")));
+                }
+                let block = pow2_block(d, 32, 256);
+                Ok(templated(
+                    "embedding_backward",
+                    &[TEMPLATE],
+                    vec![
+                        c_u64("D", d),
+                        c_u64("ROWS", u(*rows)),
+                        c_u64("NIDS", ids.numel()),
+                    ],
+                    ("embedding_backward_kernel", &[a.ty(1)?, a.out_ty()], 2),
+                    Launch::Grid(
+                        [d.div_ceil(u64::from(block)), u(*rows).min(65535), 1],
+                        block,
+                    ),
+                ))
+            }
+            _ => Err(a.foreign("embedding")),
+        }
     }
 }

@@ -1,0 +1,105 @@
+//! Shape arithmetic shared by the lowerings: element counts, row-major and broadcast strides,
+//! axis splits, block sizes and the reduction geometry `reduce.cu` reads.
+
+use super::build::{c_dims, c_u64};
+
+/// `v` widened to the `u64` the generated constants use.
+pub(crate) fn u(v: usize) -> u64 {
+    v as u64
+}
+
+/// The element count of `shape` (1 for a scalar).
+pub(crate) fn numel(shape: &[usize]) -> u64 {
+    shape.iter().map(|&d| u(d)).product()
+}
+
+/// `shape` as u64 dims.
+pub(crate) fn dims(shape: &[usize]) -> Vec<u64> {
+    shape.iter().map(|&d| u(d)).collect()
+}
+
+/// Row-major strides of `shape`, in elements.
+pub(crate) fn contiguous(shape: &[usize]) -> Vec<u64> {
+    let mut s = vec![1u64; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * u(shape[d + 1]);
+    }
+    s
+}
+
+/// Strides of contiguous `shape` viewed (numpy broadcasting, right-aligned) at `out` rank:
+/// 0 on missing and size-1 dims.
+pub(crate) fn bcast_strides(shape: &[usize], out: &[usize]) -> Vec<u64> {
+    let cs = contiguous(shape);
+    let pad = out.len().saturating_sub(shape.len());
+    (0..out.len())
+        .map(|d| {
+            if d < pad {
+                0
+            } else {
+                let k = d - pad;
+                if shape[k] == 1 {
+                    0
+                } else {
+                    cs[k]
+                }
+            }
+        })
+        .collect()
+}
+
+/// Splits `shape` around `axis` into (outer, extent, inner); a missing axis has extent 1.
+pub(crate) fn axis_split(shape: &[usize], axis: usize) -> (u64, u64, u64) {
+    let outer = numel(&shape[..axis.min(shape.len())]);
+    let n = shape.get(axis).map_or(1, |&d| u(d));
+    let inner = numel(shape.get(axis + 1..).unwrap_or(&[]));
+    (outer, n, inner)
+}
+
+/// The smallest power of two times `lo` that covers `n`, capped at `hi`: a block size for
+/// a cooperative loop over `n` items.
+pub(crate) fn pow2_block(n: u64, lo: u32, hi: u32) -> u32 {
+    let mut b = lo;
+    while u64::from(b) < n && b < hi {
+        b *= 2;
+    }
+    b
+}
+
+/// Reduction geometry of `x` onto the dims where `keep` is true: OUT/OST map an output
+/// index to its group base, RSH/RST walk the group. Returns (lines, groups, group size).
+pub(crate) fn reduce_cfg(x: &[usize], keep: &[bool]) -> (Vec<String>, u64, u64) {
+    let xs = contiguous(x);
+    let out: Vec<u64> = x
+        .iter()
+        .zip(keep)
+        .map(|(&d, &k)| if k { u(d) } else { 1 })
+        .collect();
+    let ost: Vec<u64> = xs
+        .iter()
+        .zip(keep)
+        .map(|(&s, &k)| if k { s } else { 0 })
+        .collect();
+    let rsh: Vec<u64> = x
+        .iter()
+        .zip(keep)
+        .filter(|(_, &k)| !k)
+        .map(|(&d, _)| u(d))
+        .collect();
+    let rst: Vec<u64> = xs
+        .iter()
+        .zip(keep)
+        .filter(|(_, &k)| !k)
+        .map(|(&s, _)| s)
+        .collect();
+    let (n, r) = (out.iter().product::<u64>(), rsh.iter().product::<u64>());
+    let lines = vec![
+        c_u64("N", n),
+        c_u64("R", r),
+        c_dims("OUT", &out),
+        c_dims("OST", &ost),
+        c_dims("RSH", &rsh),
+        c_dims("RST", &rst),
+    ];
+    (lines, n, r)
+}

@@ -1,0 +1,80 @@
+//! Kernel shapes shared by the lowerings: one `Cfg` struct and one entry statement
+//! ([`single`]), the common `template<types, Cfg>(arena, in0, .., out)` form ([`templated`]),
+//! and the launch geometries ([`Launch`], [`gemm_launch`]).
+
+use super::build::Gen;
+use super::ops::Args;
+use super::{CodegenError, Kernel, KernelParam};
+
+/// How a kernel is launched: the `Gen` method of the same name, or `Gen::launch`.
+pub(crate) enum Launch {
+    /// Grid-stride over this many elements, 256 threads a block.
+    Elementwise(u64),
+    /// One block per item (items, threads a block).
+    PerBlock(u64, u32),
+    /// An explicit grid and block size.
+    Grid([u64; 3], u32),
+}
+
+/// A kernel with one `Cfg` struct of `lines` and the one entry statement `call`, taking
+/// `params` after the arena, built from the template sources `files` (prelude implied).
+pub(crate) fn single(
+    family: &'static str,
+    files: &[&'static str],
+    lines: Vec<String>,
+    call: String,
+    params: &[KernelParam],
+    launch: Launch,
+) -> Kernel {
+    let mut k = Gen::new(family, files);
+    k.cfg("Cfg", lines);
+    k.call(call);
+    k.params(params);
+    match launch {
+        Launch::Elementwise(n) => k.elementwise(n),
+        Launch::PerBlock(items, block) => k.per_block(items, block),
+        Launch::Grid(grid, block) => k.launch(grid, block),
+    }
+    k.finish()
+}
+
+/// Entry arguments `in0` .. `in{n-1}`.
+pub(crate) fn in_names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("in{i}")).collect()
+}
+
+/// [`single`] whose statement is `template<types, Cfg>(arena, in0, .., out)` over the first
+/// `n_in` inputs, for `entry = (template, types, n_in)`.
+pub(crate) fn templated(
+    family: &'static str,
+    files: &[&'static str],
+    lines: Vec<String>,
+    (template, types, n_in): (&str, &[&str], usize),
+    launch: Launch,
+) -> Kernel {
+    let mut args = in_names(n_in);
+    args.push("out".to_string());
+    let mut params: Vec<KernelParam> = (0..n_in).map(KernelParam::Input).collect();
+    params.push(KernelParam::Output);
+    let call = format!(
+        "{template}<{}, Cfg>(arena, {})",
+        types.join(", "),
+        args.join(", ")
+    );
+    single(family, files, lines, call, &params, launch)
+}
+
+/// Output tile edge of the GEMM templates (`matmul.cu`, `conv.cu`).
+const GEMM_TILE: u64 = 64;
+
+/// The tiled GEMM launch for an `m` x `n` output per batch; `Unsupported` when the grid
+/// exceeds CUDA's limits.
+pub(crate) fn gemm_launch(a: &Args, m: u64, n: u64, batch: u64) -> Result<Launch, CodegenError> {
+    let (gx, gy) = (n.div_ceil(GEMM_TILE), m.div_ceil(GEMM_TILE));
+    if gx > u64::from(u32::MAX >> 1) || gy > 65535 || batch > 65535 {
+        return Err(a.unsupported(format!(
+            "GEMM grid {gx} x {gy} x {batch} exceeds CUDA limits"
+        )));
+    }
+    Ok(Launch::Grid([gx, gy, batch], 256))
+}
