@@ -11,7 +11,9 @@ use crate::ir::cost::flops;
 use crate::ir::{Graph, TensorType};
 use crate::passes::checkpoint::{self, Policy};
 use crate::passes::StageError;
-use crate::plan::{self, human_bytes, BuildOptions, CheckpointSummary, Plan, RecomputedGroup};
+use crate::plan::{
+    self, human_bytes, BuildOptions, CheckpointSummary, Plan, RecomputedGroup, Target, TrainSummary,
+};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -94,8 +96,23 @@ fn summary(
     })
 }
 
+/// The plan's record of `train { }`: its settings without their source positions.
+impl From<&TrainSpec> for TrainSummary {
+    fn from(t: &TrainSpec) -> TrainSummary {
+        TrainSummary {
+            optimizer: t.optimizer,
+            precision: t.precision,
+            master_weights: t.master_weights,
+            accumulate: t.accumulate,
+            budget: t.budget,
+            clip_grad_norm: t.clip_grad_norm,
+        }
+    }
+}
+
 /// Plans `graph` under `policy`, returning the rewritten graph and its plan.
 pub fn plan_with(
+    target: Target,
     model: &str,
     graph: &Graph,
     train: Option<&TrainSpec>,
@@ -113,7 +130,8 @@ pub fn plan_with(
                 .join("; "),
         )
     })?;
-    let mut plan = plan::build(model, &rewritten.graph, train, options)?;
+    let train = train.map(TrainSummary::from);
+    let mut plan = plan::build_for(target, model, &rewritten.graph, train.as_ref(), options)?;
     plan.report.checkpoint = summary(policy, &rewritten.graph, &rewritten.clones, &plan);
     Ok((rewritten.graph, plan))
 }
@@ -136,6 +154,7 @@ fn infeasible(train: &TrainSpec, budget: u64, plan: &Plan) -> FitError {
 /// Plans the step: the policy of `mode`, or in auto mode the least recomputation that fits
 /// the budget. Fails with a diagnostic naming the minimum feasible budget found.
 pub fn fit(
+    target: Target,
     model: &str,
     graph: &Graph,
     train: Option<&TrainSpec>,
@@ -165,7 +184,7 @@ pub fn fit(
         None => {
             let mut chosen = None;
             for policy in [Policy::KeepAll, Policy::MinCut { penalty: None }] {
-                let (_, p) = plan_with(model, graph, train, policy, &quick)?;
+                let (_, p) = plan_with(target, model, graph, train, policy, &quick)?;
                 if fits(&p) {
                     chosen = Some(policy);
                     break;
@@ -187,7 +206,8 @@ pub fn fit(
                     let plans = candidates
                         .par_iter()
                         .map(|&policy| {
-                            plan_with(model, graph, train, policy, &quick).map(|(_, p)| (policy, p))
+                            plan_with(target, model, graph, train, policy, &quick)
+                                .map(|(_, p)| (policy, p))
                         })
                         .collect::<Result<Vec<_>, _>>()?;
                     for (policy, p) in plans {
@@ -213,7 +233,7 @@ pub fn fit(
             }
         }
     };
-    let (g, plan) = plan_with(model, graph, train, chosen, options)?;
+    let (g, plan) = plan_with(target, model, graph, train, chosen, options)?;
     match (train, budget) {
         (Some(t), Some(b)) if plan.arena_bytes > b => Err(infeasible(t, b, &plan)),
         _ => Ok((g, plan)),

@@ -12,6 +12,7 @@ pub mod diagnostic;
 pub mod exec;
 pub mod fit;
 pub mod front;
+pub mod init;
 pub mod ir;
 pub mod onnx;
 pub mod ops;
@@ -42,6 +43,8 @@ pub struct Options {
     pub master_weights: Option<bool>,
     /// Overrides `accumulate` of `train { }` (micro-batches per step).
     pub accumulate: Option<u32>,
+    /// The backend the plan is built for (its workspace and alignment).
+    pub target: plan::Target,
 }
 
 impl Default for Options {
@@ -55,6 +58,7 @@ impl Default for Options {
             precision: None,
             master_weights: None,
             accumulate: None,
+            target: plan::Target::Cpu,
         }
     }
 }
@@ -190,9 +194,10 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
     let build = BuildOptions {
         optimizer_in_backward: in_backward,
         layout_time: options.layout_time,
-        alignment: 256,
+        alignment: options.target.alignment(),
     };
     let (graph, plan) = budget::fit(
+        options.target,
         &module.name,
         &graph,
         module.train.as_ref(),

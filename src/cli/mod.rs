@@ -71,6 +71,10 @@ pub struct CompileArgs {
     /// without N searches the micro-batch instead.
     #[arg(long, value_name = "N", num_args = 0..=1, value_parser = clap::value_parser!(u32).range(1..))]
     accumulate: Option<Option<u32>>,
+    /// Backend the plan is built for: cpu (reference) or cuda (sm_80 or newer; no kernel
+    /// scratch buffers). `memc run` also executes on it.
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    device: String,
 }
 
 impl CompileArgs {
@@ -278,6 +282,11 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
         }),
         master_weights,
         accumulate: args.accumulate.flatten(),
+        target: if args.device == "cuda" {
+            memc::plan::Target::CUDA_MIN
+        } else {
+            memc::plan::Target::Cpu
+        },
     })
 }
 

@@ -6,7 +6,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use memc::exec::cpu::CpuExecutor;
 use memc::exec::cuda::CudaExecutor;
 use memc::exec::io::{read_npy, read_safetensors, write_npy, write_safetensors, TensorData};
-use memc::exec::lowp;
+use memc::exec::{lowp, ExecError};
 use memc::ir::DType;
 use memc::plan::{human_bytes, verify, BufferId, Plan, VerifiedPlan};
 use std::io::IsTerminal;
@@ -17,9 +17,6 @@ use std::path::{Path, PathBuf};
 pub struct RunArgs {
     #[command(flatten)]
     compile: CompileArgs,
-    /// Backend: cpu (reference) or cuda.
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
-    device: String,
     /// Number of training steps.
     #[arg(long, default_value_t = 1)]
     steps: u64,
@@ -60,11 +57,69 @@ fn load_plan(args: &RunArgs) -> Result<VerifiedPlan, Failure> {
     Ok(compile_file(&args.compile)?.plan)
 }
 
+/// An executor's buffers as the command sets them: values as f32 (ids as their bit patterns),
+/// stored in each buffer's element type by the executor.
+trait Buffers {
+    fn plan(&self) -> &Plan;
+    /// Overwrites a buffer.
+    fn set(&mut self, b: BufferId, values: &[f32]) -> Result<(), ExecError>;
+    /// Binds an input for every following step (every micro-batch of a step).
+    fn bind(&mut self, b: BufferId, values: Vec<f32>) -> Result<(), ExecError>;
+    /// Initializes parameters and persistent state and binds synthetic inputs from `seed`
+    /// (the values of [`memc::init`], one buffer at a time).
+    fn start(&mut self, seed: u64) -> Result<(), ExecError>;
+}
+
+impl Buffers for CpuExecutor {
+    fn plan(&self) -> &Plan {
+        CpuExecutor::plan(self)
+    }
+    fn set(&mut self, b: BufferId, values: &[f32]) -> Result<(), ExecError> {
+        self.write(b, values)
+    }
+    fn bind(&mut self, b: BufferId, values: Vec<f32>) -> Result<(), ExecError> {
+        self.bind_input(b, values)
+    }
+    fn start(&mut self, seed: u64) -> Result<(), ExecError> {
+        self.init_params(seed)?;
+        self.synthetic_inputs(seed)
+    }
+}
+
+impl Buffers for CudaExecutor {
+    fn plan(&self) -> &Plan {
+        CudaExecutor::plan(self)
+    }
+    fn set(&mut self, b: BufferId, values: &[f32]) -> Result<(), ExecError> {
+        self.write_values(b, values)
+    }
+    fn bind(&mut self, b: BufferId, values: Vec<f32>) -> Result<(), ExecError> {
+        self.bind_values(b, &values)
+    }
+    fn start(&mut self, seed: u64) -> Result<(), ExecError> {
+        self.init_params(seed)?;
+        self.synthetic_inputs(seed)
+    }
+}
+
+/// Sets the executor's starting state one buffer at a time: parameters and persistent state
+/// from the seed (or `--params`), inputs synthetic from the seed (or `--input`).
+fn prepare(ex: &mut impl Buffers, args: &RunArgs) -> Result<(), Failure> {
+    ex.start(args.seed).map_err(plain)?;
+    if let Some(p) = &args.params {
+        load_params(ex, p)?;
+    }
+    for spec in &args.inputs {
+        bind_input(ex, spec)?;
+    }
+    Ok(())
+}
+
 fn read_file(path: &Path) -> Result<Vec<u8>, Failure> {
     std::fs::read(path).map_err(|e| Failure::Plain(format!("cannot read {}: {e}", path.display())))
 }
 
-fn load_params(ex: &mut CpuExecutor, path: &Path) -> Result<(), Failure> {
+fn load_params(ex: &mut impl Buffers, path: &Path) -> Result<(), Failure> {
     let tensors = read_safetensors(&read_file(path)?)
         .map_err(|e| Failure::Plain(format!("{}: {e}", path.display())))?;
     for p in ex.plan().params.clone() {
@@ -84,13 +139,12 @@ fn load_params(ex: &mut CpuExecutor, path: &Path) -> Result<(), Failure> {
                 p.name
             )));
         }
-        ex.write(p.buffer, data)
-            .map_err(|e| Failure::Plain(e.to_string()))?;
+        ex.set(p.buffer, data).map_err(plain)?;
     }
     Ok(())
 }
 
-fn bind_input(ex: &mut CpuExecutor, spec: &str) -> Result<(), Failure> {
+fn bind_input(ex: &mut impl Buffers, spec: &str) -> Result<(), Failure> {
     let Some((name, file)) = spec.split_once('=') else {
         return Err(Failure::Plain(format!(
             "`--input {spec}`: expected NAME=FILE.npy"
@@ -107,7 +161,7 @@ fn bind_input(ex: &mut CpuExecutor, spec: &str) -> Result<(), Failure> {
     // With gradient accumulation a file holds every micro-batch of a step, one after another
     // along the first axis.
     if let Some(first) = want.shape.first_mut() {
-        *first *= ex.micro_steps() as usize;
+        *first *= ex.plan().micro_steps() as usize;
     }
     let data = read_npy(&read_file(Path::new(file))?)
         .map_err(|e| Failure::Plain(format!("{file}: {e}")))?;
@@ -118,7 +172,7 @@ fn bind_input(ex: &mut CpuExecutor, spec: &str) -> Result<(), Failure> {
     };
     let result = match (data, want.dtype) {
         (TensorData::F32(shape, v), DType::F32) if shape == want.shape => {
-            ex.bind_input(binding.buffer, v)
+            ex.bind(binding.buffer, v)
         }
         (TensorData::I32(shape, v), DType::I32) if shape == want.shape => {
             if let (Some(limit), Some(bad)) = (
@@ -130,12 +184,15 @@ fn bind_input(ex: &mut CpuExecutor, spec: &str) -> Result<(), Failure> {
                     "{file}: id {bad} in `{name}` is outside 0..{limit}"
                 )));
             }
-            ex.bind_ids(binding.buffer, &v)
+            ex.bind(
+                binding.buffer,
+                v.iter().map(|&i| f32::from_bits(i as u32)).collect(),
+            )
         }
         (TensorData::F32(shape, _), _) => return Err(mismatch(&shape, "f32")),
         (TensorData::I32(shape, _), _) => return Err(mismatch(&shape, "i32")),
     };
-    result.map_err(|e| Failure::Plain(e.to_string()))
+    result.map_err(plain)
 }
 
 fn dump_file(dir: &Path, name: &str, shape: &[usize], data: &[f32]) -> Result<(), Failure> {
@@ -180,27 +237,12 @@ fn plain(e: impl std::fmt::Display) -> Failure {
     Failure::Plain(e.to_string())
 }
 
-/// Runs the steps on the GPU: the arena starts as the host executor's (initialized
-/// parameters and persistent state, bound inputs with every micro-batch).
-fn run_cuda(
-    args: &RunArgs,
-    plan: &VerifiedPlan,
-    host: &CpuExecutor,
-    bar: Option<&ProgressBar>,
-) -> Result<(), Failure> {
+/// Runs the steps on the GPU, its arena filled one buffer at a time.
+fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> Result<(), Failure> {
     let mut dev = CudaExecutor::new(plan).map_err(plain)?;
+    prepare(&mut dev, args)?;
     let plan = plan.plan();
     let dtype = |b: BufferId| plan.buffers[b.index()].ty.dtype;
-    let persistent = plan.params.iter().map(|p| p.buffer);
-    for b in persistent.chain(plan.optim_state.iter().map(|s| s.buffer)) {
-        dev.write(b, &lowp::to_bytes(dtype(b), &host.read(b)))
-            .map_err(plain)?;
-    }
-    for i in &plan.inputs {
-        let all = host.bound(i.buffer).unwrap_or(&[]);
-        dev.bind_input(i.buffer, lowp::to_bytes(dtype(i.buffer), all))
-            .map_err(plain)?;
-    }
     let (before, after) = dev.memory;
     let used = |m: memc::exec::cuda::MemInfo| human_bytes(m.total - m.free);
     super::output::write(
@@ -238,7 +280,7 @@ fn run_cuda(
 
 /// Runs the command.
 pub fn run(args: RunArgs) -> Result<(), Failure> {
-    let cuda = args.device == "cuda";
+    let cuda = args.compile.device == "cuda";
     if cuda && !memc::exec::cuda::driver_present() {
         return Err(Failure::Plain(
             "no CUDA driver found; use --device cpu".into(),
@@ -255,17 +297,6 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
             "an inference plan runs one step; drop --steps".into(),
         ));
     }
-    let mut ex = CpuExecutor::new(&plan).map_err(|e| Failure::Plain(e.to_string()))?;
-    ex.init_params(args.seed)
-        .map_err(|e| Failure::Plain(e.to_string()))?;
-    ex.synthetic_inputs(args.seed)
-        .map_err(|e| Failure::Plain(e.to_string()))?;
-    if let Some(p) = &args.params {
-        load_params(&mut ex, p)?;
-    }
-    for spec in &args.inputs {
-        bind_input(&mut ex, spec)?;
-    }
     if let Some(dir) = &args.dump {
         std::fs::create_dir_all(dir)
             .map_err(|e| Failure::Plain(format!("cannot create {}: {e}", dir.display())))?;
@@ -279,8 +310,10 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
         b
     });
     if cuda {
-        run_cuda(&args, &plan, &ex, bar.as_ref())?;
+        run_cuda(&args, &plan, bar.as_ref())?;
     } else {
+        let mut ex = CpuExecutor::new(&plan).map_err(plain)?;
+        prepare(&mut ex, &args)?;
         run_cpu(&args, &mut ex, bar.as_ref())?;
     }
     if let Some(b) = bar {

@@ -1,13 +1,14 @@
 //! The CUDA backend: one device allocation holds the plan's whole arena; every step launches
 //! its generated kernel (NVRTC PTX, loaded through the driver API) with the arena base and
-//! the byte offsets the plan assigned. Nothing else is allocated on the device.
+//! the byte offsets the plan assigned. Nothing else is allocated on the device, and the
+//! host never holds more than one buffer's contents at a time.
 //!
 //! Every entry point checks that the driver library loads before calling into cudarc, whose
 //! dynamically loaded symbols panic when it is absent.
 
 use super::ExecError;
 use crate::codegen::{nvrtc, plan_kernel_uses, Kernel, KernelParam};
-use crate::plan::{BufferId, Plan, VerifiedPlan};
+use crate::plan::{BufferId, Plan, Target, VerifiedPlan};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
 };
@@ -51,7 +52,8 @@ pub struct CudaExecutor {
 
 impl CudaExecutor {
     /// Compiles every kernel of `plan` with NVRTC for the device's architecture (compute_80
-    /// or compute_90), loads them and allocates the zeroed arena.
+    /// or compute_90), loads them and allocates the zeroed arena. A plan built for a CUDA
+    /// target runs only on a device of at least its compute capability.
     pub fn new(plan: &VerifiedPlan) -> Result<CudaExecutor, ExecError> {
         if !driver_present() {
             return Err(ExecError::Device("no CUDA driver found".to_string()));
@@ -68,6 +70,14 @@ impl CudaExecutor {
                 )))
             }
         };
+        if let Target::Cuda { sm } = plan.target {
+            if (major as u32, minor as u32) < sm {
+                return Err(ExecError::Device(format!(
+                    "compute capability {major}.{minor}: the plan was built for {}",
+                    plan.target
+                )));
+            }
+        }
         let uses = plan_kernel_uses(&plan).map_err(|e| ExecError::Unsupported(e.to_string()))?;
         let mut kernels = Vec::with_capacity(uses.len());
         let mut kernel_of = vec![None; plan.steps.len()];
@@ -135,6 +145,42 @@ impl CudaExecutor {
         self.stream
             .memcpy_htod(bytes, &mut view)
             .map_err(device_error)
+    }
+
+    /// Writes `values` into a buffer in its element type (16-bit floats rounded to nearest
+    /// even, i32 ids as their bit patterns), exactly as the CPU executor stores them.
+    pub fn write_values(&mut self, b: BufferId, values: &[f32]) -> Result<(), ExecError> {
+        let dtype = self.plan.buffers[b.index()].ty.dtype;
+        self.write(b, &super::lowp::to_bytes(dtype, values))
+    }
+
+    /// Initializes every parameter and persistent-state buffer from [`crate::init::persistent`]
+    /// (the values the CPU executor starts from under the same seed), uploading one buffer at
+    /// a time, and restarts the step count.
+    pub fn init_params(&mut self, seed: u64) -> Result<(), ExecError> {
+        let plan = self.plan.clone();
+        for (b, values) in crate::init::persistent(&plan, seed) {
+            self.write_values(b, &values)?;
+        }
+        self.step = 1;
+        Ok(())
+    }
+
+    /// Binds every input to seeded synthetic data ([`crate::init::synthetic_inputs`]), the
+    /// same the CPU executor generates under the same seed.
+    pub fn synthetic_inputs(&mut self, seed: u64) -> Result<(), ExecError> {
+        let plan = self.plan.clone();
+        for (b, values) in crate::init::synthetic_inputs(&plan, seed) {
+            self.bind_values(b, &values)?;
+        }
+        Ok(())
+    }
+
+    /// [`CudaExecutor::bind_input`] of `values` in the buffer's element type (as
+    /// [`CudaExecutor::write_values`] stores them).
+    pub fn bind_values(&mut self, b: BufferId, values: &[f32]) -> Result<(), ExecError> {
+        let dtype = self.plan.buffers[b.index()].ty.dtype;
+        self.bind_input(b, super::lowp::to_bytes(dtype, values))
     }
 
     /// Micro-batches per step ([`Plan::micro_steps`]).

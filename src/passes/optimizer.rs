@@ -25,10 +25,125 @@ pub struct OptimizerOptions {
 /// `torch.amp.GradScaler`'s default growth interval: clean steps before the scale doubles.
 pub const GROWTH_INTERVAL: u32 = 2000;
 
+fn internal(e: TypeError) -> StageError {
+    StageError::internal("optimizer", e.message)
+}
+
+fn not_a_parameter(param: ValueId) -> StageError {
+    StageError::internal("optimizer", format!("{param} is not a parameter"))
+}
+
+/// Replaces each gradient of `pairs` by a persistent fp32 accumulator that a backward-phase
+/// step adds the gradient into as soon as it is complete.
+fn accumulators(
+    graph: &mut Graph,
+    pairs: &mut [(ValueId, ValueId)],
+    micro_steps: u32,
+) -> Result<(), StageError> {
+    for (param, grad) in pairs {
+        let node = graph.node(*param);
+        let (Op::Param { name, ty, .. }, span) = (&node.op, node.span) else {
+            return Err(not_a_parameter(*param));
+        };
+        let at = Origin {
+            span,
+            scope: node.scope.clone(),
+            phase: Phase::Backward,
+        };
+        let acc = Op::OptimState {
+            name: format!("{name}.grad_acc"),
+            ty: ty.with_dtype(DType::F32),
+            init: 0.0,
+        };
+        let acc = graph.add(acc, vec![], &at).map_err(internal)?;
+        let op = Op::AccumulateGrad { micro_steps };
+        graph.add(op, vec![acc, *grad], &at).map_err(internal)?;
+        *grad = acc;
+    }
+    Ok(())
+}
+
+/// Adds the optimizer state of `param` and its in-place update from `grad`, scaled by
+/// `multiplier` (the clip coefficient or the loss-scale unscale) when there is one.
+fn update(
+    graph: &mut Graph,
+    (param, grad): (ValueId, ValueId),
+    optimizer: Optimizer,
+    multiplier: Option<ValueId>,
+    origin: &mut Origin,
+) -> Result<(), StageError> {
+    let (name, ty) = match &graph.node(param).op {
+        Op::Param { name, ty, .. } => (name.clone(), ty.with_dtype(DType::F32)),
+        _ => return Err(not_a_parameter(param)),
+    };
+    origin.span = graph.node(param).span;
+    origin.scope = graph.node(param).scope.clone();
+    let origin = &*origin;
+    let state = |graph: &mut Graph, suffix: &str| {
+        graph
+            .add(
+                Op::OptimState {
+                    name: format!("{name}.{suffix}"),
+                    ty: ty.clone(),
+                    init: 0.0,
+                },
+                vec![],
+                origin,
+            )
+            .map_err(internal)
+    };
+    let (op, mut inputs) = match optimizer {
+        Optimizer::AdamW(p) => {
+            let m = state(graph, "exp_avg")?;
+            let v = state(graph, "exp_avg_sq")?;
+            (Op::AdamW(p), vec![param, grad, m, v])
+        }
+        Optimizer::Sgd(p) => {
+            let b = state(graph, "momentum_buffer")?;
+            (Op::Sgd(p), vec![param, grad, b])
+        }
+    };
+    inputs.extend(multiplier);
+    graph.add(op, inputs, origin).map_err(internal)?;
+    Ok(())
+}
+
+/// Adds the loss-scale update (its clean-step counter and the GradScaler rule) reading the
+/// overflow flag of `unscale`.
+fn loss_scale_update(
+    graph: &mut Graph,
+    scale: ValueId,
+    unscale: ValueId,
+    origin: &mut Origin,
+) -> Result<(), StageError> {
+    origin.span = graph.node(scale).span;
+    origin.scope = String::new();
+    let clean = graph
+        .add(
+            Op::OptimState {
+                name: "loss_scale.clean_steps".into(),
+                ty: TensorType::new(DType::F32, vec![]),
+                init: 0.0,
+            },
+            vec![],
+            origin,
+        )
+        .map_err(internal)?;
+    graph
+        .add(
+            Op::LossScaleUpdate {
+                growth_interval: GROWTH_INTERVAL,
+            },
+            vec![scale, clean, unscale],
+            origin,
+        )
+        .map_err(internal)?;
+    Ok(())
+}
+
 /// Adds state and update nodes; returns the new graph (gradients keep their ids).
 pub fn run(diff: &Differentiated, options: &OptimizerOptions) -> Result<Graph, StageError> {
     let mut graph = diff.graph.clone();
-    let internal = |e: TypeError| StageError::internal("optimizer", e.message);
     let mut origin = Origin {
         span: Span::default(),
         scope: String::new(),
@@ -36,31 +151,7 @@ pub fn run(diff: &Differentiated, options: &OptimizerOptions) -> Result<Graph, S
     };
     let mut pairs = diff.grads.clone();
     if options.accumulate > 1 {
-        for (param, grad) in &mut pairs {
-            let node = graph.node(*param);
-            let (Op::Param { name, ty, .. }, span) = (&node.op, node.span) else {
-                return Err(StageError::internal(
-                    "optimizer",
-                    format!("{param} is not a parameter"),
-                ));
-            };
-            let at = Origin {
-                span,
-                scope: node.scope.clone(),
-                phase: Phase::Backward,
-            };
-            let acc = Op::OptimState {
-                name: format!("{name}.grad_acc"),
-                ty: ty.with_dtype(DType::F32),
-                init: 0.0,
-            };
-            let acc = graph.add(acc, vec![], &at).map_err(internal)?;
-            let op = Op::AccumulateGrad {
-                micro_steps: options.accumulate,
-            };
-            graph.add(op, vec![acc, *grad], &at).map_err(internal)?;
-            *grad = acc;
-        }
+        accumulators(&mut graph, &mut pairs, options.accumulate)?;
     }
     let grads: Vec<ValueId> = pairs.iter().map(|&(_, g)| g).collect();
     let unscale = match options.loss_scale {
@@ -87,69 +178,17 @@ pub fn run(diff: &Differentiated, options: &OptimizerOptions) -> Result<Graph, S
         }
         _ => None,
     };
-    let multiplier = clip.or(unscale);
-    for &(param, grad) in &pairs {
-        let (name, ty) = match &graph.node(param).op {
-            Op::Param { name, ty, .. } => (name.clone(), ty.with_dtype(DType::F32)),
-            _ => {
-                return Err(StageError::internal(
-                    "optimizer",
-                    format!("{param} is not a parameter"),
-                ))
-            }
-        };
-        origin.span = graph.node(param).span;
-        origin.scope = graph.node(param).scope.clone();
-        let state = |graph: &mut Graph, suffix: &str| {
-            graph
-                .add(
-                    Op::OptimState {
-                        name: format!("{name}.{suffix}"),
-                        ty: ty.clone(),
-                        init: 0.0,
-                    },
-                    vec![],
-                    &origin,
-                )
-                .map_err(internal)
-        };
-        let (op, mut inputs) = match options.optimizer {
-            Optimizer::AdamW(p) => {
-                let m = state(&mut graph, "exp_avg")?;
-                let v = state(&mut graph, "exp_avg_sq")?;
-                (Op::AdamW(p), vec![param, grad, m, v])
-            }
-            Optimizer::Sgd(p) => {
-                let b = state(&mut graph, "momentum_buffer")?;
-                (Op::Sgd(p), vec![param, grad, b])
-            }
-        };
-        inputs.extend(multiplier);
-        graph.add(op, inputs, &origin).map_err(internal)?;
+    for &pair in &pairs {
+        update(
+            &mut graph,
+            pair,
+            options.optimizer,
+            clip.or(unscale),
+            &mut origin,
+        )?;
     }
-    if let (Some(scale), Some(multiplier)) = (options.loss_scale, unscale) {
-        origin.span = graph.node(scale).span;
-        origin.scope = String::new();
-        let clean = graph
-            .add(
-                Op::OptimState {
-                    name: "loss_scale.clean_steps".into(),
-                    ty: TensorType::new(DType::F32, vec![]),
-                    init: 0.0,
-                },
-                vec![],
-                &origin,
-            )
-            .map_err(internal)?;
-        graph
-            .add(
-                Op::LossScaleUpdate {
-                    growth_interval: GROWTH_INTERVAL,
-                },
-                vec![scale, clean, multiplier],
-                &origin,
-            )
-            .map_err(internal)?;
+    if let (Some(scale), Some(unscale)) = (options.loss_scale, unscale) {
+        loss_scale_update(&mut graph, scale, unscale, &mut origin)?;
     }
     Ok(graph)
 }

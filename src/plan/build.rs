@@ -3,7 +3,6 @@
 
 use super::report::{live_bytes, Bytes, PhasePeak, PrecisionSummary, Report, SavedKind};
 use super::*;
-use crate::exec::kernels::workspace_bytes;
 use crate::ir::cost::flops;
 use crate::ir::{Graph, Op, ValueId};
 use crate::passes::arena::{self, BufferRequest, LayoutOptions};
@@ -16,8 +15,11 @@ use std::time::Duration;
 /// Choices the plan builder makes.
 #[derive(Debug, Clone)]
 pub struct BuildOptions {
+    /// Run each parameter's update as soon as its gradient is complete.
     pub optimizer_in_backward: bool,
+    /// Time cap of the arena layout search.
     pub layout_time: Duration,
+    /// Alignment of every buffer offset (the target's [`Target::alignment`] for a backend).
     pub alignment: u64,
 }
 
@@ -77,151 +79,185 @@ fn peak_of(graph: &Graph, schedule: &Schedule) -> u64 {
         .unwrap_or(0)
 }
 
-/// Builds the plan of `graph` (forward, or forward + backward + update).
+/// Builds the plan of `graph` (forward, or forward + backward + update) for the CPU.
 pub fn build(
     model: &str,
     graph: &Graph,
-    train: Option<&crate::front::train::TrainSpec>,
+    train: Option<&TrainSummary>,
     options: &BuildOptions,
 ) -> Result<Plan, StageError> {
-    let sched = schedule::run(
-        graph,
-        &ScheduleOptions {
-            optimizer_in_backward: options.optimizer_in_backward,
-        },
-    )?;
-    schedule::verify(graph, &sched)?;
-    let lives = liveness::run(graph, &sched);
-    let grads = gradient_values(graph);
-    let mut grad_of = BTreeMap::new();
-    for v in graph.values() {
-        if let Op::AdamW(_) | Op::Sgd(_) = graph.node(v).op {
-            if let Op::Param { name, .. } = &graph.node(graph.node(v).inputs[0]).op {
-                grad_of.insert(graph.node(v).inputs[1], name.clone());
+    build_for(Target::Cpu, model, graph, train, options)
+}
+
+/// The buffers of a graph: one per live value with bytes, and which value each holds.
+struct Buffers {
+    buffers: Vec<Buffer>,
+    /// The buffer of each value (by value index), if it has one.
+    of: Vec<Option<BufferId>>,
+    /// The value of each value buffer (workspace buffers come after these).
+    values: Vec<ValueId>,
+}
+
+impl Buffers {
+    fn new(graph: &Graph, lives: &[Option<Interval>]) -> Buffers {
+        let grads = gradient_values(graph);
+        let mut grad_of = BTreeMap::new();
+        for v in graph.values() {
+            if let Op::AdamW(_) | Op::Sgd(_) = graph.node(v).op {
+                if let Op::Param { name, .. } = &graph.node(graph.node(v).inputs[0]).op {
+                    grad_of.insert(graph.node(v).inputs[1], name.clone());
+                }
             }
         }
-    }
-    let mut buffers: Vec<Buffer> = Vec::new();
-    let mut buffer_of: Vec<Option<BufferId>> = vec![None; graph.len()];
-    let mut buffer_values: Vec<ValueId> = Vec::new();
-    for v in graph.values() {
-        let Some(Interval { first, last }) = lives[v.index()] else {
-            continue;
+        let mut out = Buffers {
+            buffers: Vec::new(),
+            of: vec![None; graph.len()],
+            values: Vec::new(),
         };
-        let ty = graph.node(v).ty.clone();
-        if ty.bytes() == 0 {
-            continue;
-        }
-        let class = class_of(graph, v, &grads);
-        let id = BufferId(buffers.len() as u32);
-        buffer_of[v.index()] = Some(id);
-        buffer_values.push(v);
-        buffers.push(Buffer {
-            id,
-            name: name_of(graph, v, class, &grad_of),
-            bytes: ty.bytes(),
-            ty,
-            offset: 0,
-            first,
-            last,
-            class,
-        });
-    }
-    let missing = |v: ValueId| StageError::internal("plan", format!("{v} has no buffer"));
-    let mut steps = Vec::with_capacity(sched.order.len());
-    for (s, &v) in sched.order.iter().enumerate() {
-        let node = graph.node(v);
-        let in_types: Vec<&crate::ir::TensorType> =
-            node.inputs.iter().map(|&i| &graph.node(i).ty).collect();
-        let inputs = node
-            .inputs
-            .iter()
-            .map(|&i| buffer_of[i.index()].ok_or_else(|| missing(i)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let ws = workspace_bytes(&node.op, &in_types, &node.ty);
-        let workspace = (ws > 0).then(|| {
-            let id = BufferId(buffers.len() as u32);
-            let ty = crate::ir::TensorType::new(crate::ir::DType::F32, vec![(ws / 4) as usize]);
-            buffers.push(Buffer {
-                id,
-                name: format!("workspace.{}{v}", node.op.name()),
-                ty,
-                bytes: ws,
-                offset: 0,
-                first: s,
-                last: s,
-                class: BufferClass::Workspace,
-            });
-            id
-        });
-        steps.push(Step {
-            op: node.op.clone(),
-            inputs,
-            output: buffer_of[v.index()],
-            workspace,
-            flops: flops(&node.op, &in_types, &node.ty),
-            phase: node.phase,
-            scope: node.scope.clone(),
-        });
-    }
-    let requests: Vec<BufferRequest> = buffers.iter().map(Buffer::request).collect();
-    let layout = arena::layout(
-        &requests,
-        &LayoutOptions {
-            alignment: options.alignment,
-            time_limit: options.layout_time,
-            capacity: None,
-        },
-    );
-    for (b, &off) in buffers.iter_mut().zip(&layout.offsets) {
-        b.offset = off;
-    }
-    let params = graph
-        .params()
-        .into_iter()
-        .filter_map(|p| {
-            let Op::Param { name, init, .. } = &graph.node(p).op else {
-                return None;
+        for v in graph.values() {
+            let Some(Interval { first, last }) = lives[v.index()] else {
+                continue;
             };
-            let grad = graph.values().find_map(|u| match graph.node(u).op {
-                Op::AdamW(_) | Op::Sgd(_) if graph.node(u).inputs[0] == p => {
-                    buffer_of[graph.node(u).inputs[1].index()]
-                }
-                _ => None,
+            let ty = graph.node(v).ty.clone();
+            if ty.bytes() == 0 {
+                continue;
+            }
+            let class = class_of(graph, v, &grads);
+            let id = BufferId(out.buffers.len() as u32);
+            out.of[v.index()] = Some(id);
+            out.values.push(v);
+            out.buffers.push(Buffer {
+                id,
+                name: name_of(graph, v, class, &grad_of),
+                bytes: ty.bytes(),
+                ty,
+                offset: 0,
+                first,
+                last,
+                class,
             });
-            buffer_of[p.index()].map(|buffer| ParamBinding {
-                name: name.clone(),
-                buffer,
-                init: *init,
-                grad,
+        }
+        out
+    }
+
+    /// The steps of `sched`, adding a workspace buffer for each step that needs scratch
+    /// on `target`.
+    fn steps(
+        &mut self,
+        target: Target,
+        graph: &Graph,
+        sched: &Schedule,
+    ) -> Result<Vec<Step>, StageError> {
+        let missing = |v: ValueId| StageError::internal("plan", format!("{v} has no buffer"));
+        let mut steps = Vec::with_capacity(sched.order.len());
+        for (s, &v) in sched.order.iter().enumerate() {
+            let node = graph.node(v);
+            let in_types: Vec<&crate::ir::TensorType> =
+                node.inputs.iter().map(|&i| &graph.node(i).ty).collect();
+            let inputs = node
+                .inputs
+                .iter()
+                .map(|&i| self.of[i.index()].ok_or_else(|| missing(i)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let ws = target.workspace_bytes(&node.op, &in_types, &node.ty);
+            let workspace = (ws > 0).then(|| {
+                let id = BufferId(self.buffers.len() as u32);
+                let ty = crate::ir::TensorType::new(crate::ir::DType::F32, vec![(ws / 4) as usize]);
+                self.buffers.push(Buffer {
+                    id,
+                    name: format!("workspace.{}{v}", node.op.name()),
+                    ty,
+                    bytes: ws,
+                    offset: 0,
+                    first: s,
+                    last: s,
+                    class: BufferClass::Workspace,
+                });
+                id
+            });
+            steps.push(Step {
+                op: node.op.clone(),
+                inputs,
+                output: self.of[v.index()],
+                workspace,
+                flops: flops(&node.op, &in_types, &node.ty),
+                phase: node.phase,
+                scope: node.scope.clone(),
+            });
+        }
+        Ok(steps)
+    }
+
+    /// Every parameter with its initializer and gradient buffer.
+    fn params(&self, graph: &Graph) -> Vec<ParamBinding> {
+        graph
+            .params()
+            .into_iter()
+            .filter_map(|p| {
+                let Op::Param { name, init, .. } = &graph.node(p).op else {
+                    return None;
+                };
+                let grad = graph.values().find_map(|u| match graph.node(u).op {
+                    Op::AdamW(_) | Op::Sgd(_) if graph.node(u).inputs[0] == p => {
+                        self.of[graph.node(u).inputs[1].index()]
+                    }
+                    _ => None,
+                });
+                self.of[p.index()].map(|buffer| ParamBinding {
+                    name: name.clone(),
+                    buffer,
+                    init: *init,
+                    grad,
+                })
             })
-        })
-        .collect();
-    let inputs = graph
-        .values()
-        .filter_map(|v| match &graph.node(v).op {
-            Op::Input { name, .. } => buffer_of[v.index()].map(|buffer| InputBinding {
-                name: name.clone(),
-                buffer,
-                id_limit: id_limit(graph, v),
-            }),
-            _ => None,
-        })
-        .collect();
-    let outputs = graph
-        .outputs
-        .iter()
-        .filter_map(|(n, v)| buffer_of[v.index()].map(|b| (n.clone(), b)))
-        .collect();
-    let optim_state = buffers
-        .iter()
-        .zip(&buffer_values)
-        .filter_map(|(b, &v)| match graph.node(v).op {
-            Op::OptimState { init, .. } => Some(StateBinding { buffer: b.id, init }),
-            _ => None,
-        })
-        .collect();
-    let alt_peak = (train.is_some()
+            .collect()
+    }
+
+    /// Every input with its id bound.
+    fn inputs(&self, graph: &Graph) -> Vec<InputBinding> {
+        graph
+            .values()
+            .filter_map(|v| match &graph.node(v).op {
+                Op::Input { name, .. } => self.of[v.index()].map(|buffer| InputBinding {
+                    name: name.clone(),
+                    buffer,
+                    id_limit: id_limit(graph, v),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Every named output of the graph that has a buffer.
+    fn outputs(&self, graph: &Graph) -> Vec<(String, BufferId)> {
+        graph
+            .outputs
+            .iter()
+            .filter_map(|(n, v)| self.of[v.index()].map(|b| (n.clone(), b)))
+            .collect()
+    }
+
+    /// Every optimizer-state buffer with its initial value.
+    fn optim_state(&self, graph: &Graph) -> Vec<StateBinding> {
+        self.buffers
+            .iter()
+            .zip(&self.values)
+            .filter_map(|(b, &v)| match graph.node(v).op {
+                Op::OptimState { init, .. } => Some(StateBinding { buffer: b.id, init }),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// The peak of the step with every update after the backward, when the plan runs them
+/// inside it (the report's saving); None when that comparison does not apply.
+fn alt_peak(
+    graph: &Graph,
+    train: Option<&TrainSummary>,
+    options: &BuildOptions,
+) -> Result<Option<u64>, StageError> {
+    (train.is_some()
         && options.optimizer_in_backward
         && train.is_some_and(|t| t.clip_grad_norm.is_none()))
     .then(|| {
@@ -233,11 +269,45 @@ pub fn build(
         )
         .map(|s| peak_of(graph, &s))
     })
-    .transpose()?;
+    .transpose()
+}
+
+/// Builds the plan of `graph` (forward, or forward + backward + update) for `target`: its
+/// workspace buffers are those the target's kernels need.
+pub fn build_for(
+    target: Target,
+    model: &str,
+    graph: &Graph,
+    train: Option<&TrainSummary>,
+    options: &BuildOptions,
+) -> Result<Plan, StageError> {
+    let sched = schedule::run(
+        graph,
+        &ScheduleOptions {
+            optimizer_in_backward: options.optimizer_in_backward,
+        },
+    )?;
+    schedule::verify(graph, &sched)?;
+    let lives = liveness::run(graph, &sched);
+    let mut buffers = Buffers::new(graph, &lives);
+    let steps = buffers.steps(target, graph, &sched)?;
+    let requests: Vec<BufferRequest> = buffers.buffers.iter().map(Buffer::request).collect();
+    let layout = arena::layout(
+        &requests,
+        &LayoutOptions {
+            alignment: options.alignment,
+            time_limit: options.layout_time,
+            capacity: None,
+        },
+    );
+    for (b, &off) in buffers.buffers.iter_mut().zip(&layout.offsets) {
+        b.offset = off;
+    }
+    let alt_peak = alt_peak(graph, train, options)?;
     let mut report = report(
         graph,
-        &buffers,
-        &buffer_values,
+        &buffers.buffers,
+        &buffers.values,
         &steps,
         &layout,
         alt_peak,
@@ -246,14 +316,15 @@ pub fn build(
     report.precision = train.and_then(|t| precision_summary(graph, &sched, t.precision));
     Ok(Plan {
         model: model.to_string(),
-        buffers,
+        params: buffers.params(graph),
+        optim_state: buffers.optim_state(graph),
+        inputs: buffers.inputs(graph),
+        outputs: buffers.outputs(graph),
+        buffers: buffers.buffers,
         steps,
         arena_bytes: layout.size,
         alignment: options.alignment,
-        params,
-        optim_state,
-        inputs,
-        outputs,
+        target,
         train: train.cloned(),
         report,
     })

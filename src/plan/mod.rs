@@ -3,16 +3,18 @@
 
 mod build;
 mod report;
+mod target;
 mod verify;
 
-pub use build::{build, BuildOptions};
+pub use build::{build, build_for, BuildOptions};
 pub use report::{
     grouped, human_bytes, live_bytes, render_text, Bytes, CheckpointSummary, PhasePeak,
     PrecisionSummary, RecomputedGroup, Report, SavedKind,
 };
+pub use target::Target;
 pub use verify::{verify, PlanError, VerifiedPlan};
 
-use crate::front::train::TrainSpec;
+use crate::front::train::{Optimizer, Precision};
 use crate::ir::{Init, Op, Phase, TensorType};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -144,10 +146,40 @@ pub struct Plan {
     pub steps: Vec<Step>,
     pub arena_bytes: u64,
     pub alignment: u64,
+    /// The backend the plan was built for (CPU when a saved plan does not say).
+    #[serde(default)]
+    pub target: Target,
     pub params: Vec<ParamBinding>,
     pub optim_state: Vec<StateBinding>,
     pub inputs: Vec<InputBinding>,
     pub outputs: Vec<(String, BufferId)>,
-    pub train: Option<TrainSpec>,
+    pub train: Option<TrainSummary>,
     pub report: Report,
+}
+
+/// What a training plan records of its `train { }` settings: everything the executors and
+/// the report read, without the source positions the front end keeps for diagnostics. The
+/// JSON field names are those of the front end's `train { }` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainSummary {
+    pub optimizer: Optimizer,
+    pub precision: Precision,
+    /// Whether bf16/fp16 steps keep fp32 master weights.
+    #[serde(default = "yes")]
+    pub master_weights: bool,
+    /// Micro-batches per step (gradients accumulate over them, then one update).
+    #[serde(default = "one")]
+    pub accumulate: u32,
+    /// Bytes the step must fit in, if set.
+    pub budget: Option<u64>,
+    /// Global-norm clipping threshold, if set.
+    pub clip_grad_norm: Option<f32>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn one() -> u32 {
+    1
 }

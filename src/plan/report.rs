@@ -165,6 +165,61 @@ fn row(out: &mut String, label: &str, bytes: u64, note: &str) {
     );
 }
 
+/// The mixed-precision lines of the report.
+fn render_precision(out: &mut String, p: &PrecisionSummary) {
+    let scaling = if p.loss_scaling {
+        ", dynamic loss scaling"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        out,
+        "  precision: {} (matmul/conv/attention in {0}; fp32 master weights, norms, losses, optimizer{scaling})",
+        format!("{:?}", p.precision).to_lowercase()
+    );
+    row(
+        out,
+        "  casts",
+        p.cast_bytes,
+        &format!("{} launches", grouped(p.casts)),
+    );
+    row(
+        out,
+        "  weight copies",
+        p.weight_copy_bytes,
+        &format!(
+            "{} weights, each cast once per step",
+            grouped(p.weight_copies)
+        ),
+    );
+}
+
+/// The checkpointing lines of the report (`step_flops`: the FLOPs of the whole step).
+fn render_checkpoint(out: &mut String, c: &CheckpointSummary, step_flops: u64) {
+    let pct = 100.0 * c.recompute_flops as f64 / step_flops.max(1) as f64;
+    let _ = writeln!(out, "  checkpointing: {}", c.policy);
+    row(out, "  kept for backward", c.kept_bytes, "");
+    row(
+        out,
+        "  recomputed",
+        c.recomputed_bytes,
+        &format!(
+            "{:.3} GFLOP = {pct:.2}% of the step",
+            c.recompute_flops as f64 / 1e9
+        ),
+    );
+    for g in &c.recomputed {
+        let _ = writeln!(
+            out,
+            "    {:<24} {:<12} {:>6} x {:>12}",
+            g.op,
+            g.block,
+            g.count,
+            human_bytes(g.bytes)
+        );
+    }
+}
+
 /// The report as an aligned table for people.
 pub fn render_text(plan: &Plan) -> String {
     let r = &plan.report;
@@ -261,55 +316,10 @@ pub fn render_text(plan: &Plan) -> String {
         }
     }
     if let Some(p) = &r.precision {
-        let scaling = if p.loss_scaling {
-            ", dynamic loss scaling"
-        } else {
-            ""
-        };
-        let _ = writeln!(
-            out,
-            "  precision: {} (matmul/conv/attention in {0}; fp32 master weights, norms, losses, optimizer{scaling})",
-            format!("{:?}", p.precision).to_lowercase()
-        );
-        row(
-            &mut out,
-            "  casts",
-            p.cast_bytes,
-            &format!("{} launches", grouped(p.casts)),
-        );
-        row(
-            &mut out,
-            "  weight copies",
-            p.weight_copy_bytes,
-            &format!(
-                "{} weights, each cast once per step",
-                grouped(p.weight_copies)
-            ),
-        );
+        render_precision(&mut out, p);
     }
     if let Some(c) = &r.checkpoint {
-        let pct = 100.0 * c.recompute_flops as f64 / r.flops.max(1) as f64;
-        let _ = writeln!(out, "  checkpointing: {}", c.policy);
-        row(&mut out, "  kept for backward", c.kept_bytes, "");
-        row(
-            &mut out,
-            "  recomputed",
-            c.recomputed_bytes,
-            &format!(
-                "{:.3} GFLOP = {pct:.2}% of the step",
-                c.recompute_flops as f64 / 1e9
-            ),
-        );
-        for g in &c.recomputed {
-            let _ = writeln!(
-                out,
-                "    {:<24} {:<12} {:>6} x {:>12}",
-                g.op,
-                g.block,
-                g.count,
-                human_bytes(g.bytes)
-            );
-        }
+        render_checkpoint(&mut out, c, r.flops);
     }
     if let Some(t) = &plan.train {
         if let Some(budget) = t.budget {

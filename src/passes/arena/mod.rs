@@ -13,7 +13,9 @@
 )]
 
 mod bound;
+mod flat;
 mod heuristic;
+mod node_budget;
 mod problem;
 mod search;
 mod validate;
@@ -24,8 +26,9 @@ pub use bound::lower_bound;
 pub use heuristic::first_fit;
 pub use validate::{validate, LayoutViolation};
 
+use node_budget::SearchBudget;
 use problem::Problem;
-use search::{Outcome, SearchBudget};
+use search::Outcome;
 
 /// One buffer to place: `size` bytes, live over the half-open step interval [start, end).
 /// Two buffers conflict iff their intervals intersect (a.start < b.end && b.start < a.end).

@@ -28,8 +28,8 @@
 //! the floor part is only redone in the sections a placement touched. Restarts cycle through MiniMalloc's
 //! three preorders with doubling node limits.
 
-use std::time::Instant;
-
+use super::flat::Static;
+use super::node_budget::SearchBudget;
 use super::problem::Problem;
 
 /// Result of one decision probe.
@@ -41,48 +41,6 @@ pub(crate) enum Outcome {
     Infeasible,
     /// The budget ran out first.
     Unknown,
-}
-
-/// A deterministic node budget with a wall-clock safety cap.
-#[derive(Debug, Clone)]
-pub(crate) struct SearchBudget {
-    nodes_left: u64,
-    deadline: Instant,
-    ticks: u32,
-}
-
-impl SearchBudget {
-    /// `nodes` search nodes, but never past `deadline`.
-    pub fn new(nodes: u64, deadline: Instant) -> SearchBudget {
-        SearchBudget {
-            nodes_left: nodes,
-            deadline,
-            ticks: 0,
-        }
-    }
-
-    /// Nodes not yet spent.
-    pub fn remaining(&self) -> u64 {
-        self.nodes_left
-    }
-
-    /// True once no node is left (or the clock ran out).
-    pub fn exhausted(&self) -> bool {
-        self.nodes_left == 0
-    }
-
-    /// Spends one node; false when none is left. Reads the clock every 4096 nodes.
-    fn take(&mut self) -> bool {
-        if self.nodes_left == 0 {
-            return false;
-        }
-        self.nodes_left -= 1;
-        self.ticks = self.ticks.wrapping_add(1);
-        if self.ticks.is_multiple_of(4096) && Instant::now() >= self.deadline {
-            self.nodes_left = 0;
-        }
-        true
-    }
 }
 
 /// Stack for the search thread (the recursion is one level per placed buffer).
@@ -183,80 +141,6 @@ struct Placed {
     touched: (u32, u32),
     /// The largest remaining total over the placed item's own sections.
     inside_peak: u64,
-}
-
-/// Flat, read-only views of a problem used by every restart.
-struct Static {
-    size: Vec<u64>,
-    first: Vec<u32>,
-    last: Vec<u32>,
-    /// Neighbour lists in CSR form: item `i` owns `nb[nb_off[i]..nb_off[i + 1]]`.
-    nb_off: Vec<u32>,
-    nb: Vec<u32>,
-    /// Section lists in CSR form: section `s` owns `sec_items[sec_off[s]..sec_off[s + 1]]`.
-    sec_off: Vec<u32>,
-    sec_items: Vec<u32>,
-    /// For item `i`, the index of its first slot; slot `slot_base[i] + (s - first[i])` holds
-    /// the position of `i` in section `s`'s list.
-    slot_base: Vec<u32>,
-    /// Initial slot contents.
-    slots: Vec<u32>,
-    /// Unplaced bytes per section before any placement.
-    totals: Vec<u64>,
-    /// For each boundary between sections s and s + 1, the items spanning it.
-    cuts: Vec<u32>,
-}
-
-impl Static {
-    fn new(p: &Problem) -> Static {
-        let mut nb_off = Vec::with_capacity(p.len() + 1);
-        let mut nb = Vec::new();
-        nb_off.push(0);
-        for list in &p.neighbors {
-            nb.extend_from_slice(list);
-            nb_off.push(nb.len() as u32);
-        }
-        let mut sec_off = Vec::with_capacity(p.sections + 1);
-        let mut sec_items = Vec::new();
-        sec_off.push(0);
-        for list in &p.section_items {
-            sec_items.extend_from_slice(list);
-            sec_off.push(sec_items.len() as u32);
-        }
-        let mut slot_base = Vec::with_capacity(p.len());
-        let mut total_slots = 0u32;
-        for it in &p.items {
-            slot_base.push(total_slots);
-            total_slots += it.last - it.first;
-        }
-        let mut slots = vec![0u32; total_slots as usize];
-        for s in 0..p.sections {
-            for k in sec_off[s]..sec_off[s + 1] {
-                let i = sec_items[k as usize] as usize;
-                let it = p.items[i];
-                slots[(slot_base[i] + s as u32 - it.first) as usize] = k;
-            }
-        }
-        let mut cuts = vec![0u32; p.sections.saturating_sub(1)];
-        for it in &p.items {
-            for c in &mut cuts[it.first as usize..(it.last as usize).saturating_sub(1)] {
-                *c += 1;
-            }
-        }
-        Static {
-            size: p.items.iter().map(|it| it.size).collect(),
-            first: p.items.iter().map(|it| it.first).collect(),
-            last: p.items.iter().map(|it| it.last).collect(),
-            nb_off,
-            nb,
-            sec_off,
-            sec_items,
-            slot_base,
-            slots,
-            totals: super::bound::section_totals(p),
-            cuts,
-        }
-    }
 }
 
 /// Search state for one capacity, one preorder and one node limit.
@@ -636,7 +520,7 @@ mod tests {
 
     /// A probe with a generous budget.
     fn probe(problem: &Problem, cap: u64) -> Outcome {
-        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         let mut budget = SearchBudget::new(1 << 24, deadline);
         solve(problem, cap, &mut budget, u64::MAX)
     }

@@ -1,0 +1,126 @@
+//! The contents a plan's buffers start from, one buffer at a time: parameters from their
+//! initializers, persistent state at its initial value, and seeded synthetic inputs. Every
+//! executor fills its arena from these, so the CPU and the device start from the same values
+//! without either building the whole arena on the host.
+
+use crate::exec::kernels::rng;
+use crate::ir::{DType, Init};
+use crate::plan::{BufferId, Plan};
+
+/// The values (as f32, before any 16-bit rounding) parameter `k` of `plan` starts from under
+/// `seed`: its initializer keyed by `seed` and the parameter's position.
+pub fn param_values(plan: &Plan, k: usize, seed: u64) -> Vec<f32> {
+    let Some(p) = plan.params.get(k) else {
+        return Vec::new();
+    };
+    let n = plan.buffers[p.buffer.index()].ty.numel();
+    let key = seed.wrapping_mul(1_000_003).wrapping_add(k as u64);
+    (0..n)
+        .map(|i| match p.init {
+            Init::Zeros => 0.0,
+            Init::Ones => 1.0,
+            Init::Normal { std } => rng::normal01(key, 0, i) * std,
+            Init::Uniform { low, high } => low + (high - low) * rng::uniform01(key, 0, i),
+        })
+        .collect()
+}
+
+/// Every persistent buffer (each parameter, then each optimizer-state buffer) with the values
+/// it holds before the first step under `seed`, computed lazily one buffer at a time.
+pub fn persistent(plan: &Plan, seed: u64) -> impl Iterator<Item = (BufferId, Vec<f32>)> + '_ {
+    let params =
+        (0..plan.params.len()).map(move |k| (plan.params[k].buffer, param_values(plan, k, seed)));
+    let state = plan.optim_state.iter().map(|s| {
+        let n = plan.buffers[s.buffer.index()].ty.numel() as usize;
+        (s.buffer, vec![s.init; n])
+    });
+    params.chain(state)
+}
+
+/// Seeded synthetic data for input `k` of `plan`, every micro-batch of a step one after
+/// another: ids (as their i32 bit patterns) uniform below the input's id limit, floats
+/// standard normal.
+pub fn synthetic_input(plan: &Plan, k: usize, seed: u64) -> Vec<f32> {
+    let Some(input) = plan.inputs.get(k) else {
+        return Vec::new();
+    };
+    let ty = &plan.buffers[input.buffer.index()].ty;
+    let n = u64::from(plan.micro_steps()) * ty.numel();
+    let key = seed ^ (0x5151_0000 + k as u64);
+    match ty.dtype {
+        DType::I32 => {
+            let limit = input.id_limit.unwrap_or(2) as f32;
+            (0..n)
+                .map(|i| {
+                    let id = ((rng::uniform01(key, 0, i) * limit) as i32).min(limit as i32 - 1);
+                    f32::from_bits(id as u32)
+                })
+                .collect()
+        }
+        _ => (0..n).map(|i| rng::normal01(key, 0, i)).collect(),
+    }
+}
+
+/// Every input with its synthetic data ([`synthetic_input`]), one input at a time.
+pub fn synthetic_inputs(plan: &Plan, seed: u64) -> impl Iterator<Item = (BufferId, Vec<f32>)> + '_ {
+    (0..plan.inputs.len()).map(move |k| (plan.inputs[k].buffer, synthetic_input(plan, k, seed)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::cpu::CpuExecutor;
+    use crate::exec::lowp;
+    use crate::front::train::Precision;
+    use crate::Options;
+
+    fn mlp(precision: Precision, master_weights: bool) -> crate::plan::VerifiedPlan {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/mlp.mdl");
+        let src = std::fs::read_to_string(path).unwrap_or_default();
+        let options = Options {
+            overrides: vec![("B".into(), 4), ("IN".into(), 12), ("H".into(), 8)],
+            precision: Some(precision),
+            master_weights: Some(master_weights),
+            accumulate: Some(2),
+            ..Options::default()
+        };
+        crate::compile(&src, &options).expect("compiles").plan
+    }
+
+    /// The bytes each buffer starts from are those the CPU executor's arena holds after its
+    /// own initialization, for every dtype a buffer can have.
+    #[test]
+    fn per_buffer_values_are_the_cpu_executors_arena() {
+        for (precision, masters) in [
+            (Precision::Fp32, true),
+            (Precision::Bf16, false),
+            (Precision::Fp16, true),
+        ] {
+            let plan = mlp(precision, masters);
+            let mut cpu = CpuExecutor::new(&plan).expect("executor");
+            cpu.init_params(7).expect("init");
+            cpu.synthetic_inputs(7).expect("inputs");
+            let plan = plan.plan();
+            let dtype = |b: BufferId| plan.buffers[b.index()].ty.dtype;
+            let mut seen = 0;
+            for (b, values) in persistent(plan, 7) {
+                assert_eq!(
+                    lowp::to_bytes(dtype(b), &values),
+                    lowp::to_bytes(dtype(b), &cpu.read(b)),
+                    "{}",
+                    plan.buffers[b.index()].name
+                );
+                seen += 1;
+            }
+            assert_eq!(seen, plan.params.len() + plan.optim_state.len());
+            assert!(plan.params.iter().any(|p| dtype(p.buffer) != DType::F32) || masters);
+            for (b, values) in synthetic_inputs(plan, 7) {
+                let bound = cpu.bound(b).expect("bound input");
+                assert_eq!(
+                    lowp::to_bytes(dtype(b), &values),
+                    lowp::to_bytes(dtype(b), bound)
+                );
+            }
+        }
+    }
+}

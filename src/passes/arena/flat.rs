@@ -1,0 +1,79 @@
+//! Flat, read-only views of a layout problem (CSR neighbour and section lists, slot tables)
+//! that every restart of the exact search shares.
+
+use super::problem::Problem;
+
+/// Flat, read-only views of a problem used by every restart.
+pub(super) struct Static {
+    pub(super) size: Vec<u64>,
+    pub(super) first: Vec<u32>,
+    pub(super) last: Vec<u32>,
+    /// Neighbour lists in CSR form: item `i` owns `nb[nb_off[i]..nb_off[i + 1]]`.
+    pub(super) nb_off: Vec<u32>,
+    pub(super) nb: Vec<u32>,
+    /// Section lists in CSR form: section `s` owns `sec_items[sec_off[s]..sec_off[s + 1]]`.
+    pub(super) sec_off: Vec<u32>,
+    pub(super) sec_items: Vec<u32>,
+    /// For item `i`, the index of its first slot; slot `slot_base[i] + (s - first[i])` holds
+    /// the position of `i` in section `s`'s list.
+    pub(super) slot_base: Vec<u32>,
+    /// Initial slot contents.
+    pub(super) slots: Vec<u32>,
+    /// Unplaced bytes per section before any placement.
+    pub(super) totals: Vec<u64>,
+    /// For each boundary between sections s and s + 1, the items spanning it.
+    pub(super) cuts: Vec<u32>,
+}
+
+impl Static {
+    /// The flat views of `p`.
+    pub(super) fn new(p: &Problem) -> Static {
+        let mut nb_off = Vec::with_capacity(p.len() + 1);
+        let mut nb = Vec::new();
+        nb_off.push(0);
+        for list in &p.neighbors {
+            nb.extend_from_slice(list);
+            nb_off.push(nb.len() as u32);
+        }
+        let mut sec_off = Vec::with_capacity(p.sections + 1);
+        let mut sec_items = Vec::new();
+        sec_off.push(0);
+        for list in &p.section_items {
+            sec_items.extend_from_slice(list);
+            sec_off.push(sec_items.len() as u32);
+        }
+        let mut slot_base = Vec::with_capacity(p.len());
+        let mut total_slots = 0u32;
+        for it in &p.items {
+            slot_base.push(total_slots);
+            total_slots += it.last - it.first;
+        }
+        let mut slots = vec![0u32; total_slots as usize];
+        for s in 0..p.sections {
+            for k in sec_off[s]..sec_off[s + 1] {
+                let i = sec_items[k as usize] as usize;
+                let it = p.items[i];
+                slots[(slot_base[i] + s as u32 - it.first) as usize] = k;
+            }
+        }
+        let mut cuts = vec![0u32; p.sections.saturating_sub(1)];
+        for it in &p.items {
+            for c in &mut cuts[it.first as usize..(it.last as usize).saturating_sub(1)] {
+                *c += 1;
+            }
+        }
+        Static {
+            size: p.items.iter().map(|it| it.size).collect(),
+            first: p.items.iter().map(|it| it.first).collect(),
+            last: p.items.iter().map(|it| it.last).collect(),
+            nb_off,
+            nb,
+            sec_off,
+            sec_items,
+            slot_base,
+            slots,
+            totals: super::bound::section_totals(p),
+            cuts,
+        }
+    }
+}

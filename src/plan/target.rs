@@ -1,0 +1,75 @@
+//! The backend a plan is built for: what scratch each step needs there and how buffers align.
+
+use crate::ir::{Op, TensorType};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A backend the plan builder lays steps out for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// The CPU reference executor.
+    #[default]
+    Cpu,
+    /// A CUDA device of at least compute capability `sm` (major, minor).
+    Cuda { sm: (u32, u32) },
+}
+
+impl Target {
+    /// The CUDA target of the oldest devices the generated kernels run on (sm_80).
+    pub const CUDA_MIN: Target = Target::Cuda { sm: (8, 0) };
+
+    /// Scratch bytes one launch of `op` needs on this target (0 when it needs none).
+    ///
+    /// On the CPU this is the op family's [`crate::ops::cpu::CpuKernel::cpu_workspace_bytes`].
+    /// No generated CUDA kernel reads a workspace buffer (every kernel addresses only its
+    /// inputs and output in the arena), so on CUDA every step needs none.
+    pub fn workspace_bytes(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
+        match self {
+            Target::Cpu => crate::ops::family(op).cpu_workspace_bytes(op, inputs, out),
+            Target::Cuda { .. } => 0,
+        }
+    }
+
+    /// The alignment in bytes of every buffer offset: 256 on both backends (the CUDA
+    /// allocation granule, and the widest vector load any kernel issues).
+    pub fn alignment(&self) -> u64 {
+        256
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Cpu => f.write_str("cpu"),
+            Target::Cuda { sm: (major, minor) } => write!(f, "cuda (sm_{major}{minor})"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{ConvParams, DType};
+
+    #[test]
+    fn the_cpu_target_asks_the_op_family_and_cuda_needs_no_scratch() {
+        let conv = Op::Conv2d(ConvParams {
+            stride: [1, 1],
+            padding: [1, 1],
+            dilation: [1, 1],
+            groups: 1,
+        });
+        let x = TensorType::new(DType::F32, vec![2, 3, 8, 8]);
+        let w = TensorType::new(DType::F32, vec![4, 3, 3, 3]);
+        let y = TensorType::new(DType::F32, vec![2, 4, 8, 8]);
+        let cpu = Target::Cpu.workspace_bytes(&conv, &[&x, &w], &y);
+        assert_eq!(
+            cpu,
+            crate::ops::family(&conv).cpu_workspace_bytes(&conv, &[&x, &w], &y)
+        );
+        assert!(cpu > 0);
+        assert_eq!(Target::CUDA_MIN.workspace_bytes(&conv, &[&x, &w], &y), 0);
+        assert_eq!(Target::Cpu.alignment(), Target::CUDA_MIN.alignment());
+    }
+}
