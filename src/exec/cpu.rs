@@ -2,9 +2,8 @@
 //! tensor a view at its planned offset; nothing else is allocated per step except the
 //! kernels' O(row) scratch.
 
-use super::kernels::rng;
 use super::{lowp, ExecError};
-use crate::ir::{DType, Init, Op, Phase};
+use crate::ir::{DType, Op, Phase};
 use crate::plan::{Buffer, BufferId, Plan, Step, VerifiedPlan};
 use std::borrow::Cow;
 
@@ -137,22 +136,9 @@ impl CpuExecutor {
     /// Initializes every parameter from its initializer, keyed by `seed` and its position,
     /// and sets the persistent state (moments, loss scale) to its initial value.
     pub fn init_params(&mut self, seed: u64) -> Result<(), ExecError> {
-        for (k, p) in self.plan.params.clone().iter().enumerate() {
-            let n = self.buffer(p.buffer).ty.numel() as usize;
-            let key = seed.wrapping_mul(1_000_003).wrapping_add(k as u64);
-            let values: Vec<f32> = (0..n as u64)
-                .map(|i| match p.init {
-                    Init::Zeros => 0.0,
-                    Init::Ones => 1.0,
-                    Init::Normal { std } => rng::normal01(key, 0, i) * std,
-                    Init::Uniform { low, high } => low + (high - low) * rng::uniform01(key, 0, i),
-                })
-                .collect();
-            self.write(p.buffer, &values)?;
-        }
-        for state in self.plan.optim_state.clone() {
-            let n = self.buffer(state.buffer).ty.numel() as usize;
-            self.write(state.buffer, &vec![state.init; n])?;
+        let plan = self.plan.clone();
+        for (b, values) in crate::init::persistent(&plan, seed) {
+            self.write(b, &values)?;
         }
         self.step = 1;
         Ok(())
@@ -160,26 +146,9 @@ impl CpuExecutor {
     /// Fills every input with seeded synthetic data (every micro-batch of a step): ids
     /// uniform below their limit, floats standard normal.
     pub fn synthetic_inputs(&mut self, seed: u64) -> Result<(), ExecError> {
-        let micro = self.micro_steps() as usize;
-        for (k, input) in self.plan.inputs.clone().iter().enumerate() {
-            let n = micro * self.plan.buffers[input.buffer.index()].ty.numel() as usize;
-            let key = seed ^ (0x5151_0000 + k as u64);
-            match self.plan.buffers[input.buffer.index()].ty.dtype {
-                DType::I32 => {
-                    let limit = input.id_limit.unwrap_or(2) as f32;
-                    let ids: Vec<i32> = (0..n)
-                        .map(|i| {
-                            ((rng::uniform01(key, 0, i as u64) * limit) as i32)
-                                .min(limit as i32 - 1)
-                        })
-                        .collect();
-                    self.bind_ids(input.buffer, &ids)?;
-                }
-                _ => {
-                    let xs: Vec<f32> = (0..n).map(|i| rng::normal01(key, 0, i as u64)).collect();
-                    self.bind_input(input.buffer, xs)?;
-                }
-            }
+        let plan = self.plan.clone();
+        for (b, words) in crate::init::synthetic_inputs(&plan, seed) {
+            self.bind_input(b, words)?;
         }
         Ok(())
     }

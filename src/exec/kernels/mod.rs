@@ -13,12 +13,6 @@ pub(crate) mod softmax;
 pub(crate) mod testing;
 
 use super::ExecError;
-use crate::ir::{Op, TensorType};
-
-/// Bytes of scratch the CPU kernel of `op` needs, placed in the arena as a workspace buffer.
-pub fn workspace_bytes(op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-    crate::ops::family(op).cpu_workspace_bytes(op, inputs, out)
-}
 
 /// Checks that every id (class target or embedding row) lies in `0..limit`, or reports the
 /// first that does not.
