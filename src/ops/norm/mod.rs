@@ -24,3 +24,5 @@ pub enum NormKind {
     Batch,
     Group(usize),
 }
+
+pub use rules::norm_channels;
