@@ -1,4 +1,5 @@
-//! The closed set of operations a graph node can perform.
+//! The closed set of operations a graph node can perform. The ops' parameter types live
+//! with their families in `src/ops/` and are re-exported here.
 
 use super::{DType, TensorType};
 use serde::{Deserialize, Serialize};

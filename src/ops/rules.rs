@@ -171,3 +171,151 @@ pub(crate) fn first_numel(inputs: &[&TensorType]) -> u64 {
 pub(crate) fn elementwise_flops(inputs: &[&TensorType], out: &TensorType) -> u64 {
     out.numel().max(first_numel(inputs))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Rules;
+    use crate::ir::infer::infer;
+    use crate::ir::*;
+
+    fn t(dtype: DType, shape: &[usize]) -> TensorType {
+        TensorType::new(dtype, shape.to_vec())
+    }
+
+    fn ok(op: Op, inputs: &[TensorType]) -> bool {
+        let refs: Vec<&TensorType> = inputs.iter().collect();
+        infer(&op, &refs).is_ok()
+    }
+
+    #[test]
+    fn backward_ops_check_what_their_kernels_index() {
+        let (f, i) = (DType::F32, DType::I32);
+        let x = t(f, &[2, 3, 4, 4]);
+        let pool = PoolParams {
+            kernel: [2, 2],
+            stride: [2, 2],
+            padding: [0, 0],
+        };
+        assert!(ok(
+            Op::MaxPool2dBackward(pool),
+            &[x.clone(), t(f, &[2, 3, 2, 2])]
+        ));
+        assert!(!ok(
+            Op::MaxPool2dBackward(pool),
+            &[t(f, &[3, 4, 4]), t(f, &[3, 2, 2])]
+        ));
+        assert!(!ok(
+            Op::MaxPool2dBackward(pool),
+            &[x.clone(), t(f, &[2, 3, 3, 2])]
+        ));
+        let avg = Op::AvgPool2dBackward {
+            pool,
+            input: [4, 4],
+        };
+        assert!(!ok(avg, &[t(f, &[2, 3, 3, 2])]));
+        let conv = ConvParams {
+            stride: [1, 1],
+            padding: [0, 0],
+            dilation: [1, 1],
+            groups: 0,
+        };
+        let dw = Op::Conv2dBackwardWeight {
+            conv,
+            kernel: [1, 1],
+        };
+        assert!(!ok(dw, &[x.clone(), x.clone()]));
+        let attn = AttnParams {
+            heads: 2,
+            kv_heads: 2,
+            causal: true,
+            scale: 0.5,
+        };
+        let q = t(f, &[1, 4, 8]);
+        let which = AttnInput::K;
+        let back = Op::AttentionBackward { attn, which };
+        assert!(ok(
+            back.clone(),
+            &[q.clone(), q.clone(), q.clone(), q.clone()]
+        ));
+        let dout = t(DType::BF16, &[1, 4, 8]);
+        assert!(!ok(back, &[q.clone(), q.clone(), q.clone(), dout]));
+        let ids = t(i, &[2, 3]);
+        let rows = Op::EmbeddingBackward { rows: 10 };
+        assert!(ok(rows.clone(), &[ids.clone(), t(f, &[2, 3, 5])]));
+        assert!(!ok(rows.clone(), &[ids.clone(), t(f, &[3, 2, 5])]));
+        assert!(!ok(rows.clone(), &[t(f, &[2, 3]), t(f, &[2, 3, 5])]));
+        assert!(!ok(rows, &[t(i, &[]), t(f, &[5])]));
+        assert!(!ok(
+            Op::CrossEntropyBackward,
+            &[q.clone(), q.clone(), t(f, &[])]
+        ));
+        assert!(!ok(Op::MseBackward, &[q.clone(), x.clone(), t(f, &[])]));
+        let group = NormKind::Group(3);
+        assert!(!ok(
+            Op::NormBackwardBias { kind: group },
+            &[t(f, &[2, 4, 5])]
+        ));
+        let norm = Op::NormBackwardInput {
+            kind: NormKind::Layer,
+            eps: 1e-5,
+        };
+        assert!(!ok(norm, &[q.clone(), t(f, &[4]), q.clone()]));
+        assert!(!ok(
+            Op::MaxToBackward,
+            &[q.clone(), t(f, &[1, 1]), t(f, &[1, 1])]
+        ));
+        let relu = Op::UnaryBackward(UnaryFn::Relu);
+        assert!(!ok(relu, &[t(i, &[3]), t(i, &[3])]));
+    }
+
+    #[test]
+    fn integer_tensors_move_but_are_not_reduced() {
+        let ids = [TensorType::new(DType::I32, vec![2, 3])];
+        assert!(ok(Op::Reshape { shape: vec![6] }, &ids));
+        assert!(!ok(Op::SumTo { shape: vec![3] }, &ids));
+        assert!(!ok(
+            Op::BroadcastTo {
+                shape: vec![4, 2, 3]
+            },
+            &ids
+        ));
+        let pad = Op::PadSlice {
+            axis: 0,
+            start: 1,
+            full: 3,
+        };
+        assert!(!ok(pad, &ids));
+    }
+
+    #[test]
+    fn optimizer_operands_are_floating_and_the_multiplier_f32() {
+        let adam = Op::AdamW(AdamWParams {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        });
+        let (p, h) = (t(DType::F32, &[4]), t(DType::F16, &[4]));
+        let one = t(DType::F32, &[]);
+        assert!(ok(
+            adam.clone(),
+            &[h.clone(), h.clone(), p.clone(), p.clone(), one]
+        ));
+        let half = t(DType::F16, &[]);
+        assert!(!ok(
+            adam.clone(),
+            &[p.clone(), p.clone(), p.clone(), p.clone(), half]
+        ));
+        assert!(!ok(adam.clone(), &[p.clone(), p.clone(), p.clone(), h]));
+        let ids = t(DType::I32, &[4]);
+        assert!(!ok(adam, &[p.clone(), ids, p.clone(), p]));
+    }
+
+    #[test]
+    fn a_family_rejects_ops_of_another() {
+        let x = t(DType::F32, &[2]);
+        let err = crate::ops::pointwise::Family.infer(&Op::Embedding, &[&x, &x]);
+        assert!(err.is_err_and(|e| e.message.starts_with("internal")));
+    }
+}

@@ -1,12 +1,13 @@
 //! Shape and dtype rule, cost and precision class of the pointwise ops.
 
-use crate::ir::{broadcast, Op, OpClass, TensorType, TypeError, UnaryFn};
+use crate::ir::{broadcast, Op, OpClass, TensorType, UnaryFn};
 use crate::ops::rules::{
-    arity, elementwise_flops, fail, float, foreign, same_dtype, same_shape, PrecisionClass, Rules,
+    arity, elementwise_flops, fail, float, foreign, same_dtype, same_shape, PrecisionClass, Result,
+    Rules,
 };
 
 impl Rules for super::Family {
-    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType, TypeError> {
+    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         match op {
             Op::Unary(_) | Op::Affine { .. } => {
                 arity(op, inputs, 1, 1)?;

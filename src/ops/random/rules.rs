@@ -1,10 +1,12 @@
 //! Shape and dtype rule, cost and precision class of dropout.
 
-use crate::ir::{Op, OpClass, TensorType, TypeError};
-use crate::ops::rules::{arity, elementwise_flops, fail, float, foreign, PrecisionClass, Rules};
+use crate::ir::{Op, OpClass, TensorType};
+use crate::ops::rules::{
+    arity, elementwise_flops, fail, float, foreign, PrecisionClass, Result, Rules,
+};
 
 impl Rules for super::Family {
-    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType, TypeError> {
+    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         let Op::Dropout { p, .. } = op else {
             return foreign(op, "random");
         };

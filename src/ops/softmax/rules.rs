@@ -1,12 +1,12 @@
 //! Shape and dtype rule, cost and precision class of softmax and log-softmax.
 
-use crate::ir::{Op, OpClass, TensorType, TypeError};
+use crate::ir::{Op, OpClass, TensorType};
 use crate::ops::rules::{
-    arity, axis_below_rank, first_numel, float, foreign, same_shape, PrecisionClass, Rules,
+    arity, axis_below_rank, first_numel, float, foreign, same_shape, PrecisionClass, Result, Rules,
 };
 
 impl Rules for super::Family {
-    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType, TypeError> {
+    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         match op {
             Op::Softmax { axis } | Op::LogSoftmax { axis } => {
                 arity(op, inputs, 1, 1)?;

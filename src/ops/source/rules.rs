@@ -1,11 +1,11 @@
 //! Shape and dtype rule, cost and precision class of the source ops: inputs, parameters,
 //! optimizer state and fills take no inputs and have the type they declare.
 
-use crate::ir::{Op, OpClass, TensorType, TypeError};
-use crate::ops::rules::{arity, elementwise_flops, foreign, PrecisionClass, Rules};
+use crate::ir::{Op, OpClass, TensorType};
+use crate::ops::rules::{arity, elementwise_flops, foreign, PrecisionClass, Result, Rules};
 
 impl Rules for super::Family {
-    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType, TypeError> {
+    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         match op {
             Op::Input { ty, .. }
             | Op::Param { ty, .. }
