@@ -40,13 +40,6 @@ pub enum KernelParam {
 /// Why no kernel could be generated or compiled.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CodegenError {
-    /// The op got the wrong number of inputs.
-    #[error("`{op}` takes {want} inputs, got {got}")]
-    Arity {
-        op: &'static str,
-        want: String,
-        got: usize,
-    },
     /// The input/output types are invalid for the op (or disagree with shape inference).
     #[error("`{op}`: {message}")]
     Type { op: &'static str, message: String },

@@ -1,4 +1,5 @@
-//! The closed set of operations a graph node can perform.
+//! The closed set of operations a graph node can perform. The ops' parameter types live
+//! with their families in `src/ops/` and are re-exported here.
 
 use super::{DType, TensorType};
 use serde::{Deserialize, Serialize};
@@ -192,70 +193,6 @@ impl Op {
     /// Indices of inputs this op overwrites in place (optimizer state and parameters).
     pub fn mutated_inputs(&self) -> &'static [usize] {
         crate::ops::family(self).mutated_inputs(self)
-    }
-
-    pub(crate) fn class_legacy(&self) -> OpClass {
-        use Op::*;
-        match self {
-            Input { .. } | Param { .. } | OptimState { .. } => OpClass::Source,
-            MatMul { .. }
-            | Conv2d(_)
-            | Conv2dBackwardInput { .. }
-            | Conv2dBackwardWeight { .. }
-            | Attention(_)
-            | AttentionBackward { .. } => OpClass::Heavy,
-            Dropout { .. } => OpClass::Random,
-            ClipCoefficient { .. }
-            | UnscaleGrads
-            | LossScaleUpdate { .. }
-            | AccumulateGrad { .. }
-            | AdamW(_)
-            | Sgd(_) => OpClass::Update,
-            Fill { .. }
-            | Unary(_)
-            | UnaryBackward(_)
-            | Binary(_)
-            | Affine { .. }
-            | SumTo { .. }
-            | BroadcastTo { .. }
-            | MaxTo { .. }
-            | MaxToBackward
-            | Softmax { .. }
-            | SoftmaxBackward { .. }
-            | LogSoftmax { .. }
-            | LogSoftmaxBackward { .. }
-            | Norm { .. }
-            | NormBackwardInput { .. }
-            | NormBackwardWeight { .. }
-            | NormBackwardBias { .. }
-            | Embedding
-            | EmbeddingBackward { .. }
-            | CrossEntropy
-            | CrossEntropyBackward
-            | Mse
-            | MseBackward
-            | Reshape { .. }
-            | Permute { .. }
-            | Slice { .. }
-            | PadSlice { .. }
-            | Concat { .. }
-            | MaxPool2d(_)
-            | MaxPool2dBackward(_)
-            | AvgPool2d(_)
-            | AvgPool2dBackward { .. }
-            | Rope { .. }
-            | Cast { .. } => OpClass::Cheap,
-        }
-    }
-
-    pub(crate) fn mutated_inputs_legacy(&self) -> &'static [usize] {
-        match self {
-            Op::AdamW(_) => &[0, 2, 3],
-            Op::Sgd(_) => &[0, 2],
-            Op::LossScaleUpdate { .. } => &[0, 1],
-            Op::AccumulateGrad { .. } => &[0],
-            _ => &[],
-        }
     }
 
     /// The short kernel name used in dumps and plans (`matmul`, `norm_backward_input`, ...).

@@ -44,26 +44,6 @@ pub struct MixedPrecision {
 
 use crate::ops::rules::PrecisionClass as Rule;
 
-pub(crate) fn rule_legacy(op: &Op) -> Rule {
-    use Op::*;
-    match op {
-        MatMul { .. } | Conv2d(_) | Attention(_) => Rule::Low,
-        CrossEntropy => Rule::AsIs,
-        // autocast runs batch_norm in its input's precision (statistics in fp32).
-        Norm {
-            kind: NormKind::Batch,
-            ..
-        } => Rule::Widest,
-        Softmax { .. }
-        | LogSoftmax { .. }
-        | Norm { .. }
-        | SumTo { .. }
-        | MaxTo { .. }
-        | Unary(UnaryFn::Exp | UnaryFn::Log | UnaryFn::Sqrt | UnaryFn::Rsqrt) => Rule::Fp32,
-        _ => Rule::Widest,
-    }
-}
-
 fn internal(e: TypeError) -> StageError {
     StageError::internal("precision", e.message)
 }

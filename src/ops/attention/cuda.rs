@@ -16,7 +16,7 @@ const ROPE: &str = include_str!("rope.cu");
 
 /// The attention forward (`which` = None) or the gradient of input `which`.
 fn attention(a: &Args, p: &AttnParams, which: Option<AttnInput>) -> Result<Kernel, CodegenError> {
-    let (q, kt) = (a.rank(0, 3)?, a.rank(1, 3)?);
+    let (q, kt) = (a.at(0)?, a.at(1)?);
     let (b, tq, tk) = (u(q.shape[0]), u(q.shape[1]), u(kt.shape[1]));
     let (h, kvh) = (u(p.heads), u(p.kv_heads));
     let dh = u(q.shape[2]) / h.max(1);
@@ -74,7 +74,7 @@ fn attention(a: &Args, p: &AttnParams, which: Option<AttnInput>) -> Result<Kerne
 
 /// Rotary embedding of x = [B, T, heads * hd]: a thread per rotated pair.
 fn rope(a: &Args, heads: usize, base: f32, inverse: bool) -> Result<Kernel, CodegenError> {
-    let x = a.rank(0, 3)?;
+    let x = a.at(0)?;
     let (b, t, w) = (u(x.shape[0]), u(x.shape[1]), u(x.shape[2]));
     let hd = w / u(heads);
     Ok(templated(

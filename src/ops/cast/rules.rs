@@ -1,26 +1,39 @@
-//! Shape and dtype rule, cost and precision class of the cast ops.
+//! Shape and dtype rule, cost and precision class of the cast between floating types.
 
-use crate::ir::{Op, OpClass, TensorType, TypeError};
-use crate::ops::rules::{PrecisionClass, Rules};
+use crate::ir::{Op, OpClass, TensorType};
+use crate::ops::rules::{
+    arity, elementwise_flops, fail, float, foreign, PrecisionClass, Result, Rules,
+};
 
 impl Rules for super::Family {
-    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType, TypeError> {
-        crate::ir::infer::infer_legacy(op, inputs)
+    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
+        let Op::Cast { to } = op else {
+            return foreign(op, "cast");
+        };
+        arity(op, inputs, 1, 1)?;
+        float(inputs[0], "a cast's input")?;
+        if !to.is_float() {
+            return fail(
+                format!("cannot cast {} to {to}", inputs[0]),
+                "casts convert between floating types",
+            );
+        }
+        Ok(inputs[0].with_dtype(*to))
     }
 
-    fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-        crate::ir::cost::flops_legacy(op, inputs, out)
+    fn flops(&self, _op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
+        elementwise_flops(inputs, out)
     }
 
-    fn precision(&self, op: &Op) -> PrecisionClass {
-        crate::passes::precision::rule_legacy(op)
+    fn precision(&self, _op: &Op) -> PrecisionClass {
+        PrecisionClass::Widest
     }
 
-    fn class(&self, op: &Op) -> OpClass {
-        op.class_legacy()
+    fn class(&self, _op: &Op) -> OpClass {
+        OpClass::Cheap
     }
 
-    fn mutated_inputs(&self, op: &Op) -> &'static [usize] {
-        op.mutated_inputs_legacy()
+    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
+        &[]
     }
 }

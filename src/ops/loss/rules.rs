@@ -1,26 +1,80 @@
-//! Shape and dtype rule, cost and precision class of the loss ops.
+//! Shape and dtype rule, cost and precision class of the losses (cross-entropy, mean squared
+//! error) and their backward ops.
 
-use crate::ir::{Op, OpClass, TensorType, TypeError};
-use crate::ops::rules::{PrecisionClass, Rules};
+use crate::ir::{DType, Op, OpClass, TensorType};
+use crate::ops::rules::{
+    arity, elementwise_flops, fail, first_numel, float, foreign, int, rank_at_least, same_dtype,
+    same_shape, PrecisionClass, Result, Rules,
+};
+
+/// Checks cross-entropy's operands: floating logits `[..., C]`, i32 targets `[...]`.
+fn cross_entropy(logits: &TensorType, targets: &TensorType) -> Result<()> {
+    rank_at_least(logits, 1, "cross_entropy logits")?;
+    float(logits, "cross_entropy logits")?;
+    int(targets, "cross_entropy targets")?;
+    if targets.shape != logits.shape[..logits.shape.len() - 1] {
+        return fail(
+            format!("cross_entropy targets {targets} do not match logits {logits}"),
+            "targets must have the logits' shape without the class dim",
+        );
+    }
+    Ok(())
+}
+
+/// Checks mse's operands: floating, of one dtype and shape.
+fn mse(a: &TensorType, b: &TensorType) -> Result<()> {
+    float(a, "mse operand")?;
+    same_dtype(a, b)?;
+    same_shape(a, b, "mse")
+}
 
 impl Rules for super::Family {
-    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType, TypeError> {
-        crate::ir::infer::infer_legacy(op, inputs)
+    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
+        let scalar = TensorType::new(DType::F32, vec![]);
+        match op {
+            Op::CrossEntropy => {
+                arity(op, inputs, 2, 2)?;
+                cross_entropy(inputs[0], inputs[1])?;
+                Ok(scalar)
+            }
+            Op::CrossEntropyBackward => {
+                arity(op, inputs, 3, 3)?;
+                cross_entropy(inputs[0], inputs[1])?;
+                Ok(inputs[0].clone())
+            }
+            Op::Mse => {
+                arity(op, inputs, 2, 2)?;
+                mse(inputs[0], inputs[1])?;
+                Ok(scalar)
+            }
+            Op::MseBackward => {
+                arity(op, inputs, 3, 3)?;
+                mse(inputs[0], inputs[1])?;
+                Ok(inputs[0].clone())
+            }
+            _ => foreign(op, "loss"),
+        }
     }
 
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-        crate::ir::cost::flops_legacy(op, inputs, out)
+        match op {
+            Op::CrossEntropy | Op::CrossEntropyBackward => 5 * first_numel(inputs),
+            _ => elementwise_flops(inputs, out),
+        }
     }
 
     fn precision(&self, op: &Op) -> PrecisionClass {
-        crate::passes::precision::rule_legacy(op)
+        match op {
+            Op::CrossEntropy => PrecisionClass::AsIs,
+            _ => PrecisionClass::Widest,
+        }
     }
 
-    fn class(&self, op: &Op) -> OpClass {
-        op.class_legacy()
+    fn class(&self, _op: &Op) -> OpClass {
+        OpClass::Cheap
     }
 
-    fn mutated_inputs(&self, op: &Op) -> &'static [usize] {
-        op.mutated_inputs_legacy()
+    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
+        &[]
     }
 }

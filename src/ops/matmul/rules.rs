@@ -1,26 +1,70 @@
-//! Shape and dtype rule, cost and precision class of the matmul ops.
+//! Shape and dtype rule, cost and precision class of the batched matmul.
 
-use crate::ir::{Op, OpClass, TensorType, TypeError};
-use crate::ops::rules::{PrecisionClass, Rules};
+use crate::ir::{broadcast, Op, OpClass, TensorType};
+use crate::ops::rules::{
+    arity, fail, float, foreign, rank_at_least, same_dtype, PrecisionClass, Result, Rules,
+};
+
+/// `op(a) @ op(b)` with the last two dims transposed where `ta`/`tb`, batch dims broadcast.
+fn matmul(a: &TensorType, b: &TensorType, ta: bool, tb: bool) -> Result<TensorType> {
+    rank_at_least(a, 2, "matmul operand")?;
+    rank_at_least(b, 2, "matmul operand")?;
+    float(a, "matmul operand")?;
+    same_dtype(a, b)?;
+    let (ra, rb) = (a.shape.len(), b.shape.len());
+    let (m, ka) = if ta {
+        (a.shape[ra - 1], a.shape[ra - 2])
+    } else {
+        (a.shape[ra - 2], a.shape[ra - 1])
+    };
+    let (kb, n) = if tb {
+        (b.shape[rb - 1], b.shape[rb - 2])
+    } else {
+        (b.shape[rb - 2], b.shape[rb - 1])
+    };
+    if ka != kb {
+        return fail(
+            format!("shape mismatch in matmul: {a} @ {b} (inner dims {ka} and {kb})"),
+            "the last dim of the left operand must equal the second-to-last of the right",
+        );
+    }
+    let Some(mut batch) = broadcast(&a.shape[..ra - 2], &b.shape[..rb - 2]) else {
+        return fail(
+            format!("matmul batch dims do not broadcast: {a} @ {b}"),
+            "batch dims must be equal or 1",
+        );
+    };
+    batch.extend([m, n]);
+    Ok(TensorType::new(a.dtype, batch))
+}
 
 impl Rules for super::Family {
-    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType, TypeError> {
-        crate::ir::infer::infer_legacy(op, inputs)
+    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
+        let Op::MatMul { ta, tb } = op else {
+            return foreign(op, "matmul");
+        };
+        arity(op, inputs, 2, 2)?;
+        matmul(inputs[0], inputs[1], *ta, *tb)
     }
 
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-        crate::ir::cost::flops_legacy(op, inputs, out)
+        let (Op::MatMul { ta, .. }, Some(a)) = (op, inputs.first()) else {
+            return 0;
+        };
+        let r = a.shape.len();
+        let k = if *ta { a.shape[r - 2] } else { a.shape[r - 1] };
+        2 * out.numel() * k as u64
     }
 
-    fn precision(&self, op: &Op) -> PrecisionClass {
-        crate::passes::precision::rule_legacy(op)
+    fn precision(&self, _op: &Op) -> PrecisionClass {
+        PrecisionClass::Low
     }
 
-    fn class(&self, op: &Op) -> OpClass {
-        op.class_legacy()
+    fn class(&self, _op: &Op) -> OpClass {
+        OpClass::Heavy
     }
 
-    fn mutated_inputs(&self, op: &Op) -> &'static [usize] {
-        op.mutated_inputs_legacy()
+    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
+        &[]
     }
 }

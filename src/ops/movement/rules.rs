@@ -1,26 +1,135 @@
-//! Shape and dtype rule, cost and precision class of the movement ops.
+//! Shape and dtype rule, cost and precision class of the data movement ops: reshape,
+//! permute, slice, its zero-padding backward, and concat.
 
-use crate::ir::{Op, OpClass, TensorType, TypeError};
-use crate::ops::rules::{PrecisionClass, Rules};
+use crate::ir::{numel, Op, OpClass, ShapeDisplay, TensorType};
+use crate::ops::rules::{
+    arity, axis_below_rank, elementwise_flops, fail, float, foreign, same_dtype, PrecisionClass,
+    Result, Rules,
+};
+
+fn reshape(x: &TensorType, shape: &[usize]) -> Result<TensorType> {
+    if numel(shape) != x.numel() {
+        return fail(
+            format!(
+                "cannot reshape {x} ({} elements) to {}",
+                x.numel(),
+                ShapeDisplay(shape)
+            ),
+            "the element count must stay the same",
+        );
+    }
+    Ok(TensorType::new(x.dtype, shape.to_vec()))
+}
+
+fn permute(x: &TensorType, perm: &[usize]) -> Result<TensorType> {
+    let rank = x.shape.len();
+    let mut seen = vec![false; rank];
+    let valid = perm.len() == rank
+        && perm
+            .iter()
+            .all(|&p| p < rank && !std::mem::replace(&mut seen[p], true));
+    if !valid {
+        return fail(
+            format!("{perm:?} is not a permutation of the {rank} dims of {x}"),
+            "list every axis exactly once",
+        );
+    }
+    let shape = perm.iter().map(|&p| x.shape[p]).collect();
+    Ok(TensorType::new(x.dtype, shape))
+}
+
+fn slice(x: &TensorType, axis: usize, start: usize, end: usize) -> Result<TensorType> {
+    match x.shape.get(axis) {
+        Some(&d) if start < end && end <= d => {
+            let mut shape = x.shape.clone();
+            shape[axis] = end - start;
+            Ok(TensorType::new(x.dtype, shape))
+        }
+        _ => fail(
+            format!("slice {start}..{end} on axis {axis} is out of range for {x}"),
+            "slice within the dim's extent",
+        ),
+    }
+}
+
+/// The zero tensor `x` is written into: integer tensors are not padded.
+fn pad_slice(x: &TensorType, axis: usize, start: usize, full: usize) -> Result<TensorType> {
+    let mut shape = x.shape.clone();
+    match shape.get_mut(axis) {
+        Some(d) if start + *d <= full => *d = full,
+        _ => return fail(format!("pad_slice out of range for {x}"), "internal"),
+    }
+    float(x, "the input of `pad_slice`")?;
+    Ok(TensorType::new(x.dtype, shape))
+}
+
+fn concat(parts: &[&TensorType], axis: usize) -> Result<TensorType> {
+    let first = parts[0];
+    axis_below_rank(first, axis, "concat ")?;
+    let mut shape = first.shape.clone();
+    shape[axis] = 0;
+    for t in parts {
+        same_dtype(first, t)?;
+        let compatible = t.shape.len() == first.shape.len()
+            && t.shape
+                .iter()
+                .zip(&first.shape)
+                .enumerate()
+                .all(|(i, (a, b))| i == axis || a == b);
+        if !compatible {
+            return fail(
+                format!("concat along axis {axis}: {first} and {t} differ in another dim"),
+                "all parts must agree except along the concat axis",
+            );
+        }
+        shape[axis] += t.shape[axis];
+    }
+    Ok(TensorType::new(first.dtype, shape))
+}
 
 impl Rules for super::Family {
-    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType, TypeError> {
-        crate::ir::infer::infer_legacy(op, inputs)
+    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
+        match op {
+            Op::Concat { axis } => {
+                arity(op, inputs, 1, usize::MAX)?;
+                concat(inputs, *axis)
+            }
+            Op::Reshape { shape } => {
+                arity(op, inputs, 1, 1)?;
+                reshape(inputs[0], shape)
+            }
+            Op::Permute { perm } => {
+                arity(op, inputs, 1, 1)?;
+                permute(inputs[0], perm)
+            }
+            Op::Slice { axis, start, end } => {
+                arity(op, inputs, 1, 1)?;
+                slice(inputs[0], *axis, *start, *end)
+            }
+            Op::PadSlice { axis, start, full } => {
+                arity(op, inputs, 1, 1)?;
+                pad_slice(inputs[0], *axis, *start, *full)
+            }
+            _ => foreign(op, "movement"),
+        }
     }
 
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-        crate::ir::cost::flops_legacy(op, inputs, out)
+        match op {
+            Op::Reshape { .. } => 0,
+            _ => elementwise_flops(inputs, out),
+        }
     }
 
-    fn precision(&self, op: &Op) -> PrecisionClass {
-        crate::passes::precision::rule_legacy(op)
+    fn precision(&self, _op: &Op) -> PrecisionClass {
+        PrecisionClass::Widest
     }
 
-    fn class(&self, op: &Op) -> OpClass {
-        op.class_legacy()
+    fn class(&self, _op: &Op) -> OpClass {
+        OpClass::Cheap
     }
 
-    fn mutated_inputs(&self, op: &Op) -> &'static [usize] {
-        op.mutated_inputs_legacy()
+    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
+        &[]
     }
 }

@@ -5,6 +5,7 @@ mod cpu;
 mod cuda;
 mod rules;
 
+pub use rules::norm_channels;
 use serde::{Deserialize, Serialize};
 
 /// The norm family; every stage's rule for its ops is implemented on it.

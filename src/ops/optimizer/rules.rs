@@ -1,26 +1,118 @@
-//! Shape and dtype rule, cost and precision class of the optimizer ops.
+//! Shape and dtype rule, cost and precision class of the optimizer updates and the
+//! reductions they need (clipping, loss scaling, gradient accumulation). Every operand is
+//! floating; the updates write their state in place and output an empty tensor.
 
-use crate::ir::{Op, OpClass, TensorType, TypeError};
-use crate::ops::rules::{PrecisionClass, Rules};
+use crate::ir::{DType, Op, OpClass, TensorType};
+use crate::ops::rules::{
+    arity, elementwise_flops, fail, first_numel, float, foreign, same_dtype, same_shape,
+    scalar_f32, PrecisionClass, Result, Rules,
+};
+
+/// `(acc, grad)`: an f32 accumulator and a floating gradient of its shape.
+fn accumulate(op: &Op, inputs: &[&TensorType], micro_steps: u32) -> Result<()> {
+    if inputs[0].dtype != DType::F32 {
+        return fail(
+            format!("gradient accumulator {} must be f32", inputs[0]),
+            "gradients accumulate in fp32",
+        );
+    }
+    float(inputs[1], "an accumulated gradient")?;
+    same_shape(inputs[0], inputs[1], op.name())?;
+    if micro_steps == 0 {
+        return fail(
+            "gradient accumulation over 0 micro-steps",
+            "accumulate over at least one micro-batch",
+        );
+    }
+    Ok(())
+}
+
+/// `(param, grad, state..[, multiplier])` with `state` tensors before the multiplier, all of
+/// the parameter's shape; AdamW's moments share a dtype.
+fn update(op: &Op, inputs: &[&TensorType], state: usize) -> Result<()> {
+    arity(op, inputs, state, state + 1)?;
+    for t in &inputs[1..state] {
+        same_shape(inputs[0], t, op.name())?;
+    }
+    if let Op::AdamW(_) = op {
+        same_dtype(inputs[2], inputs[3])?;
+    }
+    match inputs.get(state) {
+        Some(m) => scalar_f32(m, "the update's multiplier"),
+        None => Ok(()),
+    }
+}
+
+/// The type rule without the dtype check every optimizer op shares.
+fn shape_rule(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
+    let scalar = TensorType::new(DType::F32, vec![]);
+    let empty = TensorType::new(DType::F32, vec![0]);
+    match op {
+        Op::ClipCoefficient { scaled, .. } => {
+            arity(op, inputs, 1 + usize::from(*scaled), usize::MAX)?;
+            Ok(scalar)
+        }
+        Op::UnscaleGrads => {
+            arity(op, inputs, 2, usize::MAX)?;
+            scalar_f32(inputs[0], "the loss scale")?;
+            Ok(scalar)
+        }
+        Op::AccumulateGrad { micro_steps } => {
+            arity(op, inputs, 2, 2)?;
+            accumulate(op, inputs, *micro_steps)?;
+            Ok(empty)
+        }
+        Op::LossScaleUpdate { .. } => {
+            arity(op, inputs, 3, 3)?;
+            let names = ["the loss scale", "the clean-step count", "the multiplier"];
+            for (t, what) in inputs.iter().zip(names) {
+                scalar_f32(t, what)?;
+            }
+            Ok(empty)
+        }
+        Op::AdamW(_) => update(op, inputs, 4).map(|()| empty),
+        Op::Sgd(_) => update(op, inputs, 3).map(|()| empty),
+        _ => foreign(op, "optimizer"),
+    }
+}
 
 impl Rules for super::Family {
-    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType, TypeError> {
-        crate::ir::infer::infer_legacy(op, inputs)
+    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
+        let out = shape_rule(op, inputs)?;
+        for t in inputs {
+            float(t, &format!("an operand of `{}`", op.name()))?;
+        }
+        Ok(out)
     }
 
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-        crate::ir::cost::flops_legacy(op, inputs, out)
+        let first = first_numel(inputs);
+        match op {
+            Op::AccumulateGrad { .. } => 2 * first,
+            Op::ClipCoefficient { .. } | Op::UnscaleGrads => {
+                2 * inputs.iter().map(|t| t.numel()).sum::<u64>()
+            }
+            Op::AdamW(_) => 12 * first,
+            Op::Sgd(_) => 4 * first,
+            _ => elementwise_flops(inputs, out),
+        }
     }
 
-    fn precision(&self, op: &Op) -> PrecisionClass {
-        crate::passes::precision::rule_legacy(op)
+    fn precision(&self, _op: &Op) -> PrecisionClass {
+        PrecisionClass::Widest
     }
 
-    fn class(&self, op: &Op) -> OpClass {
-        op.class_legacy()
+    fn class(&self, _op: &Op) -> OpClass {
+        OpClass::Update
     }
 
     fn mutated_inputs(&self, op: &Op) -> &'static [usize] {
-        op.mutated_inputs_legacy()
+        match op {
+            Op::AdamW(_) => &[0, 2, 3],
+            Op::Sgd(_) => &[0, 2],
+            Op::LossScaleUpdate { .. } => &[0, 1],
+            Op::AccumulateGrad { .. } => &[0],
+            _ => &[],
+        }
     }
 }

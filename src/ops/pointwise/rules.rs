@@ -1,26 +1,63 @@
 //! Shape and dtype rule, cost and precision class of the pointwise ops.
 
-use crate::ir::{Op, OpClass, TensorType, TypeError};
-use crate::ops::rules::{PrecisionClass, Rules};
+use crate::ir::{broadcast, Op, OpClass, TensorType, UnaryFn};
+use crate::ops::rules::{
+    arity, elementwise_flops, fail, float, foreign, same_dtype, same_shape, PrecisionClass, Result,
+    Rules,
+};
 
 impl Rules for super::Family {
-    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType, TypeError> {
-        crate::ir::infer::infer_legacy(op, inputs)
+    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
+        match op {
+            Op::Unary(_) | Op::Affine { .. } => {
+                arity(op, inputs, 1, 1)?;
+                float(inputs[0], "operand")?;
+                Ok(inputs[0].clone())
+            }
+            Op::UnaryBackward(_) => {
+                arity(op, inputs, 2, 2)?;
+                same_shape(inputs[0], inputs[1], op.name())?;
+                float(inputs[0], "operand")?;
+                Ok(inputs[0].clone())
+            }
+            Op::Binary(_) => {
+                arity(op, inputs, 2, 2)?;
+                let (a, b) = (inputs[0], inputs[1]);
+                float(a, "operand")?;
+                same_dtype(a, b)?;
+                match broadcast(&a.shape, &b.shape) {
+                    Some(shape) => Ok(TensorType::new(a.dtype, shape)),
+                    None => fail(
+                        format!("shapes do not broadcast: {a} and {b}"),
+                        "dims must be equal or 1, aligned from the right",
+                    ),
+                }
+            }
+            _ => foreign(op, "pointwise"),
+        }
     }
 
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-        crate::ir::cost::flops_legacy(op, inputs, out)
+        match op {
+            Op::Unary(_) | Op::UnaryBackward(_) => 4 * out.numel(),
+            _ => elementwise_flops(inputs, out),
+        }
     }
 
     fn precision(&self, op: &Op) -> PrecisionClass {
-        crate::passes::precision::rule_legacy(op)
+        match op {
+            Op::Unary(UnaryFn::Exp | UnaryFn::Log | UnaryFn::Sqrt | UnaryFn::Rsqrt) => {
+                PrecisionClass::Fp32
+            }
+            _ => PrecisionClass::Widest,
+        }
     }
 
-    fn class(&self, op: &Op) -> OpClass {
-        op.class_legacy()
+    fn class(&self, _op: &Op) -> OpClass {
+        OpClass::Cheap
     }
 
-    fn mutated_inputs(&self, op: &Op) -> &'static [usize] {
-        op.mutated_inputs_legacy()
+    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
+        &[]
     }
 }

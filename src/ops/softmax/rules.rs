@@ -1,26 +1,46 @@
-//! Shape and dtype rule, cost and precision class of the softmax ops.
+//! Shape and dtype rule, cost and precision class of softmax and log-softmax.
 
-use crate::ir::{Op, OpClass, TensorType, TypeError};
-use crate::ops::rules::{PrecisionClass, Rules};
+use crate::ir::{Op, OpClass, TensorType};
+use crate::ops::rules::{
+    arity, axis_below_rank, first_numel, float, foreign, same_shape, PrecisionClass, Result, Rules,
+};
 
 impl Rules for super::Family {
-    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType, TypeError> {
-        crate::ir::infer::infer_legacy(op, inputs)
+    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
+        match op {
+            Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+                arity(op, inputs, 1, 1)?;
+                float(inputs[0], "operand")?;
+                axis_below_rank(inputs[0], *axis, "")?;
+                Ok(inputs[0].clone())
+            }
+            Op::SoftmaxBackward { axis } | Op::LogSoftmaxBackward { axis } => {
+                arity(op, inputs, 2, 2)?;
+                same_shape(inputs[0], inputs[1], op.name())?;
+                float(inputs[0], "operand")?;
+                axis_below_rank(inputs[0], *axis, "")?;
+                Ok(inputs[0].clone())
+            }
+            _ => foreign(op, "softmax"),
+        }
     }
 
-    fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-        crate::ir::cost::flops_legacy(op, inputs, out)
+    fn flops(&self, _op: &Op, inputs: &[&TensorType], _out: &TensorType) -> u64 {
+        5 * first_numel(inputs)
     }
 
     fn precision(&self, op: &Op) -> PrecisionClass {
-        crate::passes::precision::rule_legacy(op)
+        match op {
+            Op::Softmax { .. } | Op::LogSoftmax { .. } => PrecisionClass::Fp32,
+            _ => PrecisionClass::Widest,
+        }
     }
 
-    fn class(&self, op: &Op) -> OpClass {
-        op.class_legacy()
+    fn class(&self, _op: &Op) -> OpClass {
+        OpClass::Cheap
     }
 
-    fn mutated_inputs(&self, op: &Op) -> &'static [usize] {
-        op.mutated_inputs_legacy()
+    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
+        &[]
     }
 }

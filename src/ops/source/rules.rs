@@ -1,26 +1,42 @@
-//! Shape and dtype rule, cost and precision class of the source ops.
+//! Shape and dtype rule, cost and precision class of the source ops: inputs, parameters,
+//! optimizer state and fills take no inputs and have the type they declare.
 
-use crate::ir::{Op, OpClass, TensorType, TypeError};
-use crate::ops::rules::{PrecisionClass, Rules};
+use crate::ir::{Op, OpClass, TensorType};
+use crate::ops::rules::{arity, elementwise_flops, foreign, PrecisionClass, Result, Rules};
 
 impl Rules for super::Family {
-    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType, TypeError> {
-        crate::ir::infer::infer_legacy(op, inputs)
+    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
+        match op {
+            Op::Input { ty, .. }
+            | Op::Param { ty, .. }
+            | Op::OptimState { ty, .. }
+            | Op::Fill { ty, .. } => {
+                arity(op, inputs, 0, 0)?;
+                Ok(ty.clone())
+            }
+            _ => foreign(op, "source"),
+        }
     }
 
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-        crate::ir::cost::flops_legacy(op, inputs, out)
+        match op {
+            Op::Fill { .. } => elementwise_flops(inputs, out),
+            _ => 0,
+        }
     }
 
-    fn precision(&self, op: &Op) -> PrecisionClass {
-        crate::passes::precision::rule_legacy(op)
+    fn precision(&self, _op: &Op) -> PrecisionClass {
+        PrecisionClass::Widest
     }
 
     fn class(&self, op: &Op) -> OpClass {
-        op.class_legacy()
+        match op {
+            Op::Fill { .. } => OpClass::Cheap,
+            _ => OpClass::Source,
+        }
     }
 
-    fn mutated_inputs(&self, op: &Op) -> &'static [usize] {
-        op.mutated_inputs_legacy()
+    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
+        &[]
     }
 }
