@@ -2,9 +2,9 @@
 //! tensor a view at its planned offset; nothing else is allocated per step except the
 //! kernels' O(row) scratch.
 
-use super::kernels::{dense, loss, movement, norm, optim, pointwise, reduce, rng};
+use super::kernels::rng;
 use super::{lowp, ExecError};
-use crate::ir::{AttnParams, DType, Init, Op, Phase, PoolParams};
+use crate::ir::{DType, Init, Op, Phase};
 use crate::plan::{Buffer, BufferId, Plan, Step, VerifiedPlan};
 use std::borrow::Cow;
 
@@ -24,42 +24,6 @@ pub struct CpuExecutor {
 
 /// Called before each update with the parameter name and its complete gradient.
 pub type GradientHook<'a> = &'a mut dyn FnMut(&str, &[f32]);
-
-fn shape(plan: &Plan, b: BufferId) -> &[usize] {
-    &plan.buffers[b.index()].ty.shape
-}
-
-fn pool_geom(p: &PoolParams, x: &[usize]) -> dense::Pool2dGeom {
-    dense::Pool2dGeom {
-        n: x[0],
-        c: x[1],
-        h: x[2],
-        w: x[3],
-        kernel: p.kernel,
-        stride: p.stride,
-        padding: p.padding,
-    }
-}
-
-fn attn_geom(a: &AttnParams, q: &[usize], k: &[usize]) -> dense::AttnGeom {
-    dense::AttnGeom {
-        b: q[0],
-        t_q: q[1],
-        t_k: k[1],
-        heads: a.heads,
-        kv_heads: a.kv_heads,
-        head_dim: q[2] / a.heads.max(1),
-        causal: a.causal,
-        scale: a.scale,
-    }
-}
-
-fn index_error(e: loss::IndexOutOfRange) -> ExecError {
-    ExecError::IdOutOfRange {
-        value: e.value,
-        limit: e.limit,
-    }
-}
 
 impl CpuExecutor {
     /// Allocates the arena (zeroed) for `plan`. Every dtype runs: 16-bit tensors are stored
@@ -348,201 +312,19 @@ impl CpuExecutor {
         }
     }
 
-    fn execute(&self, step: &Step, v: &Views) -> Result<(), ExecError> {
-        crate::ops::family(&step.op).run_cpu(self, step, v)
-    }
-
-    pub(crate) fn execute_legacy(&self, step: &Step, v: &Views) -> Result<(), ExecError> {
-        let plan = &self.plan;
-        let s = |i: usize| shape(plan, step.inputs[i]);
-        let out_shape: &[usize] = step.output.map(|b| shape(plan, b)).unwrap_or(&[]);
-        let x = |i: usize| v.input(i);
-        let out = || v.output();
-        use Op::*;
-        match &step.op {
-            Input { .. } | Param { .. } | OptimState { .. } => {
-                return Err(ExecError::Unsupported(format!(
-                    "`{}` is not a step",
-                    step.op.name()
-                )))
-            }
-            Fill { value, .. } => pointwise::fill(out(), *value),
-            Unary(f) => pointwise::unary_forward(*f, x(0), out()),
-            UnaryBackward(f) => pointwise::unary_backward(*f, x(0), x(1), out()),
-            Binary(f) => pointwise::binary(*f, x(0), s(0), x(1), s(1), out(), out_shape),
-            Affine { scale, shift } => pointwise::affine(x(0), *scale, *shift, out()),
-            SumTo { shape } => reduce::sum_to(x(0), s(0), out(), shape),
-            BroadcastTo { shape } => reduce::broadcast_to(x(0), s(0), out(), shape),
-            MaxTo { shape } => reduce::max_to(x(0), s(0), out(), shape),
-            MaxToBackward => reduce::max_to_backward(x(0), s(0), x(1), x(2), out(), s(1)),
-            Softmax { axis } => reduce::softmax(x(0), s(0), *axis, out()),
-            SoftmaxBackward { axis } => reduce::softmax_backward(x(0), x(1), s(0), *axis, out()),
-            LogSoftmax { axis } => reduce::log_softmax(x(0), s(0), *axis, out()),
-            LogSoftmaxBackward { axis } => {
-                reduce::log_softmax_backward(x(0), x(1), s(0), *axis, out())
-            }
-            Norm { kind, eps } => {
-                let bias = (step.inputs.len() > 2).then(|| x(2));
-                norm::norm_forward(*kind, *eps, x(0), s(0), x(1), bias, out())
-            }
-            NormBackwardInput { kind, eps } => {
-                norm::norm_backward_input(*kind, *eps, x(0), s(0), x(1), x(2), out())
-            }
-            NormBackwardWeight { kind, eps } => {
-                norm::norm_backward_weight(*kind, *eps, x(0), s(0), x(1), out())
-            }
-            NormBackwardBias { kind } => norm::norm_backward_bias(*kind, x(0), s(0), out()),
-            Embedding => loss::embedding(x(0), s(0)[1], v.ids(1), out()).map_err(index_error)?,
-            EmbeddingBackward { .. } => {
-                let d = out_shape.get(1).copied().unwrap_or(1);
-                loss::embedding_backward(v.ids(0), x(1), d, out()).map_err(index_error)?
-            }
-            CrossEntropy => {
-                let c = s(0).last().copied().unwrap_or(1);
-                loss::cross_entropy(x(0), c, v.ids(1), out()).map_err(index_error)?
-            }
-            CrossEntropyBackward => {
-                let c = s(0).last().copied().unwrap_or(1);
-                loss::cross_entropy_backward(x(0), c, v.ids(1), x(2)[0], out())
-                    .map_err(index_error)?
-            }
-            Mse => loss::mse(x(0), x(1), out()),
-            MseBackward => loss::mse_backward(x(0), x(1), x(2)[0], out()),
-            Reshape { .. } => out().copy_from_slice(x(0)),
-            Permute { perm } => movement::permute(x(0), s(0), perm, out()),
-            Slice { axis, start, end } => movement::slice(x(0), s(0), *axis, *start, *end, out()),
-            PadSlice { axis, start, full } => {
-                movement::pad_slice(x(0), s(0), *axis, *start, *full, out())
-            }
-            Concat { axis } => {
-                let parts: Vec<(&[f32], &[usize])> =
-                    (0..step.inputs.len()).map(|i| (x(i), s(i))).collect();
-                movement::concat(&parts, *axis, out())
-            }
-            MatMul { ta, tb } => dense::matmul(x(0), s(0), *ta, x(1), s(1), *tb, out(), out_shape),
-            Conv2d(c) => dense::conv2d_forward(
-                &super::kernels::conv_geom(c, s(0), s(1)),
-                x(0),
-                x(1),
-                out(),
-                v.workspace(),
-            ),
-            Conv2dBackwardInput { conv, .. } => dense::conv2d_backward_input(
-                &super::kernels::conv_geom(conv, out_shape, s(1)),
-                x(0),
-                x(1),
-                out(),
-                v.workspace(),
-            ),
-            Conv2dBackwardWeight { conv, .. } => dense::conv2d_backward_weight(
-                &super::kernels::conv_geom(conv, s(0), out_shape),
-                x(0),
-                x(1),
-                out(),
-                v.workspace(),
-            ),
-            MaxPool2d(p) => dense::max_pool2d_forward(&pool_geom(p, s(0)), x(0), out()),
-            MaxPool2dBackward(p) => {
-                dense::max_pool2d_backward(&pool_geom(p, s(0)), x(0), x(1), out())
-            }
-            AvgPool2d(p) => dense::avg_pool2d_forward(&pool_geom(p, s(0)), x(0), out()),
-            AvgPool2dBackward { pool, .. } => {
-                dense::avg_pool2d_backward(&pool_geom(pool, out_shape), x(0), out())
-            }
-            Dropout { p, seed } => rng::dropout(
-                x(0),
-                *p,
-                *seed,
-                plan.dropout_stream(self.step, self.micro),
-                out(),
-            ),
-            Attention(a) => {
-                dense::attention_forward(&attn_geom(a, s(0), s(1)), x(0), x(1), x(2), out())
-            }
-            AttentionBackward { attn, which } => dense::attention_backward(
-                &attn_geom(attn, s(0), s(1)),
-                x(0),
-                x(1),
-                x(2),
-                x(3),
-                *which,
-                out(),
-            ),
-            Rope {
-                heads,
-                base,
-                inverse,
-            } => {
-                let sh = s(0);
-                dense::rope(
-                    x(0),
-                    sh[0],
-                    sh[1],
-                    *heads,
-                    sh[2] / heads.max(&1),
-                    *base,
-                    *inverse,
-                    out(),
-                )
-            }
-            Cast { .. } => out().copy_from_slice(x(0)),
-            ClipCoefficient { max_norm, scaled } => {
-                let grads = step.inputs.len() - usize::from(*scaled);
-                let m = if *scaled { f64::from(x(grads)[0]) } else { 1.0 };
-                let total: f64 = (0..grads).map(|i| optim::sum_squares(x(i))).sum();
-                out()[0] = optim::clip_coefficient(*max_norm, total, m);
-            }
-            UnscaleGrads => {
-                let finite = (1..step.inputs.len()).all(|i| optim::all_finite(x(i)));
-                out()[0] = if finite { 1.0 / x(0)[0] } else { 0.0 };
-            }
-            AccumulateGrad { micro_steps } => {
-                optim::accumulate_grad(v.input_mut(0), x(1), *micro_steps, self.micro == 0)
-            }
-            LossScaleUpdate { growth_interval } => optim::loss_scale_update(
-                &mut v.input_mut(0)[0],
-                &mut v.input_mut(1)[0],
-                x(2)[0],
-                *growth_interval,
-            ),
-            AdamW(p) => {
-                let clip = if step.inputs.len() > 4 { x(4)[0] } else { 1.0 };
-                optim::adamw_update(
-                    v.input_mut(0),
-                    x(1),
-                    v.input_mut(2),
-                    v.input_mut(3),
-                    p.lr,
-                    p.beta1,
-                    p.beta2,
-                    p.eps,
-                    p.weight_decay,
-                    self.step,
-                    clip,
-                )
-            }
-            Sgd(p) => {
-                let clip = if step.inputs.len() > 3 { x(3)[0] } else { 1.0 };
-                optim::sgd_update(
-                    v.input_mut(0),
-                    x(1),
-                    v.input_mut(2),
-                    p.lr,
-                    p.momentum,
-                    p.weight_decay,
-                    self.step,
-                    clip,
-                )
-            }
-        }
-        Ok(())
+    fn execute(&self, step: &Step, views: &Views) -> Result<(), ExecError> {
+        let args = CpuStep {
+            exec: self,
+            step,
+            views,
+        };
+        crate::ops::family(&step.op).run_cpu(&args)
     }
 }
 
-/// One step's buffers as f32 slices: `(pointer, elements)` into the arena or into a
-/// staging copy of a 16-bit tensor.
-/// Views of one step's buffers in the arena (16-bit ones through f32 staging copies).
-pub struct Views {
+/// Views of one step's buffers in the arena (16-bit ones through f32 staging copies): each
+/// slot is `(pointer, elements)` into the arena or into a staging copy of a 16-bit tensor.
+struct Views {
     inputs: Vec<(*mut f32, usize)>,
     output: Option<(*mut f32, usize)>,
     workspace: Option<(*mut f32, usize)>,
@@ -606,6 +388,82 @@ impl Views {
             let words = unsafe { std::slice::from_raw_parts_mut(dst, len) };
             encode_into(words, dtype, self.slice((src, len)));
         }
+    }
+}
+
+/// What a CPU kernel sees of the step it runs: the op, the types of its buffers, f32 views
+/// of them in the arena, and the executor's position in training (step, micro-step).
+pub struct CpuStep<'a> {
+    exec: &'a CpuExecutor,
+    step: &'a Step,
+    views: &'a Views,
+}
+
+impl<'a> CpuStep<'a> {
+    /// The op the step runs.
+    pub fn op(&self) -> &'a Op {
+        &self.step.op
+    }
+
+    /// How many inputs the step reads.
+    pub fn input_count(&self) -> usize {
+        self.step.inputs.len()
+    }
+
+    /// The shape of input `i`.
+    pub fn shape(&self, i: usize) -> &'a [usize] {
+        &self.exec.buffer(self.step.inputs[i]).ty.shape
+    }
+
+    /// The shape of the output (empty when the step has none).
+    pub fn out_shape(&self) -> &'a [usize] {
+        match self.step.output {
+            Some(b) => &self.exec.buffer(b).ty.shape,
+            None => &[],
+        }
+    }
+
+    /// Input `i` as f32 values (16-bit tensors decoded).
+    pub fn input(&self, i: usize) -> &'a [f32] {
+        self.views.input(i)
+    }
+
+    /// Input `i`, writable: only for the inputs the op updates in place
+    /// ([`Op::mutated_inputs`]), each requested once per step; nothing else views it.
+    pub fn input_mut(&self, i: usize) -> &'a mut [f32] {
+        self.views.input_mut(i)
+    }
+
+    /// Input `i` as i32 ids (a 32-bit buffer holding their bit patterns).
+    pub fn ids(&self, i: usize) -> &'a [i32] {
+        self.views.ids(i)
+    }
+
+    /// The output, writable (empty when the step has none); request it once per step.
+    pub fn output(&self) -> &'a mut [f32] {
+        self.views.output()
+    }
+
+    /// The step's workspace, writable (empty when it has none); request it once per step.
+    pub fn workspace(&self) -> &'a mut [f32] {
+        self.views.workspace()
+    }
+
+    /// The 1-based number of the training step running (AdamW bias correction).
+    pub fn step_number(&self) -> u64 {
+        self.exec.step
+    }
+
+    /// The 0-based micro-step running within the step (gradient accumulation).
+    pub fn micro_step(&self) -> u32 {
+        self.exec.micro
+    }
+
+    /// The counter that keys dropout masks in this micro-step ([`Plan::dropout_stream`]).
+    pub fn dropout_stream(&self) -> u64 {
+        self.exec
+            .plan
+            .dropout_stream(self.exec.step, self.exec.micro)
     }
 }
 

@@ -3,55 +3,12 @@
 use super::{DType, TensorType};
 use serde::{Deserialize, Serialize};
 
-/// Unary elementwise functions. `GeluTanh` is the tanh approximation (GPT-2), `GeluErf` exact;
-/// `Erf` is the error function (ONNX `Erf`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum UnaryFn {
-    Neg,
-    Exp,
-    Log,
-    Sqrt,
-    Rsqrt,
-    Tanh,
-    Sigmoid,
-    Relu,
-    GeluTanh,
-    GeluErf,
-    Silu,
-    Erf,
-}
-
-/// Binary elementwise functions with numpy broadcasting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BinaryFn {
-    Add,
-    Sub,
-    Mul,
-    Div,
-}
-
-/// A normalization: which elements share statistics and which axis carries the affine
-/// parameters. Layer and Rms normalize over the last axis (params sized by it); Batch
-/// normalizes each channel (axis 1) over batch and space with batch statistics; Group(g)
-/// normalizes each sample's groups of channels over those channels and space.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NormKind {
-    Layer,
-    Rms,
-    Batch,
-    Group(usize),
-}
-
-/// Which input of attention a backward node differentiates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum AttnInput {
-    Q,
-    K,
-    V,
-}
+pub use crate::ops::attention::{AttnInput, AttnParams};
+pub use crate::ops::conv::ConvParams;
+pub use crate::ops::norm::NormKind;
+pub use crate::ops::optimizer::{AdamWParams, SgdParams};
+pub use crate::ops::pointwise::{BinaryFn, UnaryFn};
+pub use crate::ops::pool::PoolParams;
 
 /// How a parameter is initialised (PyTorch conventions; `normal` has mean 0).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -61,51 +18,6 @@ pub enum Init {
     Uniform { low: f32, high: f32 },
     Zeros,
     Ones,
-}
-
-/// Geometry shared by conv2d and its backward ops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct ConvParams {
-    pub stride: [usize; 2],
-    pub padding: [usize; 2],
-    pub dilation: [usize; 2],
-    pub groups: usize,
-}
-
-/// Geometry shared by the pooling ops and their backward ops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct PoolParams {
-    pub kernel: [usize; 2],
-    pub stride: [usize; 2],
-    pub padding: [usize; 2],
-}
-
-/// Attention configuration: heads of q, heads of k/v (grouped-query when fewer), causal mask,
-/// and the factor applied to q.k.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct AttnParams {
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub causal: bool,
-    pub scale: f32,
-}
-
-/// AdamW hyper-parameters, as `torch.optim.AdamW`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct AdamWParams {
-    pub lr: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    pub weight_decay: f32,
-}
-
-/// SGD hyper-parameters, as `torch.optim.SGD` (no dampening, no nesterov).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct SgdParams {
-    pub lr: f32,
-    pub momentum: f32,
-    pub weight_decay: f32,
 }
 
 /// One operation. Inputs are listed per variant in the order nodes hold them; every op has

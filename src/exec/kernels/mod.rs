@@ -1,51 +1,36 @@
-//! CPU reference kernels: pure functions over f32/i32 slices viewed in the arena.
-pub mod dense;
-pub mod loss;
-pub mod movement;
-pub mod norm;
-pub mod optim;
-pub mod pointwise;
+//! CPU kernel primitives shared by several op families (each family's own kernels live in
+//! `src/ops/<family>/cpu/`): the GEMM of matmul and convolution, shape/stride helpers and
+//! parallel loops, the softmax shared by the softmax family and cross-entropy, the
+//! counter-based RNG of dropout, parameter initialization and synthetic inputs, the id range
+//! check of embedding and cross-entropy, and the reduce kernels, whose public path the CUDA
+//! comparison tests use.
+pub(crate) mod gemm;
+pub(crate) mod layout;
 pub mod reduce;
 pub mod rng;
+pub(crate) mod softmax;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
+use super::ExecError;
 use crate::ir::{Op, TensorType};
-
-/// Geometry of a conv2d node from its input (NCHW) and weight types.
-pub fn conv_geom(conv: &crate::ir::ConvParams, x: &[usize], w: &[usize]) -> dense::Conv2dGeom {
-    dense::Conv2dGeom {
-        n: x[0],
-        c_in: x[1],
-        h: x[2],
-        w: x[3],
-        c_out: w[0],
-        kh: w[2],
-        kw: w[3],
-        stride: conv.stride,
-        padding: conv.padding,
-        dilation: conv.dilation,
-        groups: conv.groups,
-    }
-}
 
 /// Bytes of scratch the CPU kernel of `op` needs, placed in the arena as a workspace buffer.
 pub fn workspace_bytes(op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
     crate::ops::family(op).cpu_workspace_bytes(op, inputs, out)
 }
 
-pub(crate) fn workspace_bytes_legacy(op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-    let len = match op {
-        Op::Conv2d(c) => {
-            dense::conv2d_workspace_len(&conv_geom(c, &inputs[0].shape, &inputs[1].shape))
-        }
-        Op::Conv2dBackwardInput { conv, .. } => {
-            dense::conv2d_workspace_len(&conv_geom(conv, &out.shape, &inputs[1].shape))
-        }
-        Op::Conv2dBackwardWeight { conv, .. } => {
-            dense::conv2d_workspace_len(&conv_geom(conv, &inputs[0].shape, &out.shape))
-        }
-        _ => 0,
-    };
-    len as u64 * 4
+/// Checks that every id (class target or embedding row) lies in `0..limit`, or reports the
+/// first that does not.
+pub(crate) fn check_ids(ids: &[i32], limit: usize) -> Result<(), ExecError> {
+    match ids
+        .iter()
+        .find(|&&v| usize::try_from(v).map_or(true, |u| u >= limit))
+    {
+        Some(&v) => Err(ExecError::IdOutOfRange {
+            value: i64::from(v),
+            limit,
+        }),
+        None => Ok(()),
+    }
 }

@@ -1,9 +1,11 @@
-//! Reductions over broadcast dims (sum, max and its backward), broadcasting, and softmax /
-//! log-softmax along an axis with their backwards. Sums accumulate in f64 in a fixed order.
+//! Reductions over broadcast dims (sum, max and its backward) and broadcasting: the kernels
+//! of the reduce family, kept here because they are public (the CUDA comparison tests use
+//! `max_to` as their reference) and the pointwise tests check binary gradients with them.
+//! Sums accumulate in f64 in a fixed order.
 
 use rayon::prelude::*;
 
-use super::pointwise::{axis_split, broadcast_strides, contiguous_strides, for_rows, row_offset};
+use super::layout::{broadcast_strides, contiguous_strides, for_rows, row_offset};
 
 /// Maps each output element of a reduction to the group of input offsets reduced into it.
 struct Groups {
@@ -128,84 +130,10 @@ pub fn max_to_backward(
     }
 }
 
-/// Runs `f(a_lane, b_lane, out_lane, n, stride)` on every lane along `axis`: lane element `t`
-/// is at index `t * stride` of each lane slice. Parallel over the outer blocks.
-fn lanes(
-    shape: &[usize],
-    axis: usize,
-    a: &[f32],
-    b: &[f32],
-    out: &mut [f32],
-    f: impl Fn(&[f32], &[f32], &mut [f32], usize, usize) + Sync,
-) {
-    let (_, n, inner) = axis_split(shape, axis);
-    let block = n * inner;
-    if block == 0 || out.is_empty() {
-        return;
-    }
-    out.par_chunks_mut(block)
-        .zip(a.par_chunks(block).zip(b.par_chunks(block)))
-        .for_each(|(o, (a, b))| {
-            (0..inner).for_each(|k| f(&a[k..], &b[k..], &mut o[k..], n, inner))
-        });
-}
-
-/// Max and log-sum-exp shift of lane `x` (n elements at stride `s`): returns (max, ln sum exp(x - max)).
-fn lane_logsumexp(x: &[f32], n: usize, s: usize) -> (f32, f32) {
-    let m = (0..n).fold(f32::NEG_INFINITY, |m, t| m.max(x[t * s]));
-    let sum: f64 = (0..n).map(|t| f64::from((x[t * s] - m).exp())).sum();
-    (m, sum.ln() as f32)
-}
-
-/// Log-sum-exp of a contiguous row: `ln(sum(exp(row)))`, numerically stable.
-pub(crate) fn logsumexp(row: &[f32]) -> f32 {
-    let (m, l) = lane_logsumexp(row, row.len(), 1);
-    m + l
-}
-
-/// Sum over the lane of `p(a[t], b[t])` in f64.
-fn lane_sum(a: &[f32], b: &[f32], n: usize, s: usize, p: impl Fn(f32, f32) -> f32) -> f32 {
-    (0..n)
-        .map(|t| f64::from(p(a[t * s], b[t * s])))
-        .sum::<f64>() as f32
-}
-
-/// Softmax of `x` along `axis`: `out = exp(x - max) / sum(exp(x - max))`.
-pub fn softmax(x: &[f32], shape: &[usize], axis: usize, out: &mut [f32]) {
-    lanes(shape, axis, x, x, out, |x, _, o, n, s| {
-        let (m, l) = lane_logsumexp(x, n, s);
-        (0..n).for_each(|t| o[t * s] = (x[t * s] - m - l).exp());
-    });
-}
-
-/// Softmax backward from the forward output `y`: `dx = y * (dy - sum(dy * y))` along `axis`.
-pub fn softmax_backward(y: &[f32], dy: &[f32], shape: &[usize], axis: usize, dx: &mut [f32]) {
-    lanes(shape, axis, y, dy, dx, |y, dy, o, n, s| {
-        let dot = lane_sum(y, dy, n, s, |a, b| a * b);
-        (0..n).for_each(|t| o[t * s] = y[t * s] * (dy[t * s] - dot));
-    });
-}
-
-/// Log-softmax of `x` along `axis`: `out = x - max - ln(sum(exp(x - max)))`.
-pub fn log_softmax(x: &[f32], shape: &[usize], axis: usize, out: &mut [f32]) {
-    lanes(shape, axis, x, x, out, |x, _, o, n, s| {
-        let (m, l) = lane_logsumexp(x, n, s);
-        (0..n).for_each(|t| o[t * s] = x[t * s] - m - l);
-    });
-}
-
-/// Log-softmax backward from the forward output `y`: `dx = dy - exp(y) * sum(dy)` along `axis`.
-pub fn log_softmax_backward(y: &[f32], dy: &[f32], shape: &[usize], axis: usize, dx: &mut [f32]) {
-    lanes(shape, axis, y, dy, dx, |y, dy, o, n, s| {
-        let total = lane_sum(dy, dy, n, s, |a, _| a);
-        (0..n).for_each(|t| o[t * s] = dy[t * s] - y[t * s].exp() * total);
-    });
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::pointwise::{binary, BinaryFn};
-    use super::super::testing::{central_diff, dot, rel_err, unravel, Rng};
+    use super::super::softmax::softmax;
+    use super::super::testing::{unravel, Rng};
     use super::*;
 
     /// Flat index in `out_shape` (right-aligned, size-1 dims collapsed) of x multi-index `idx`.
@@ -276,104 +204,6 @@ mod tests {
                 seen[j] |= first;
                 assert_eq!(dx[i], if first { dy[j] } else { 0.0 });
             }
-        }
-    }
-
-    #[test]
-    fn softmax_forward_matches_naive_and_sums_to_one() {
-        let shape = [2, 5, 3];
-        let x: Vec<f32> = Rng(3).vec(30).iter().map(|v| v * 50.0).collect();
-        let (mut sm, mut lsm) = (vec![0.0; 30], vec![0.0; 30]);
-        softmax(&x, &shape, 1, &mut sm);
-        log_softmax(&x, &shape, 1, &mut lsm);
-        for o in 0..2 {
-            for k in 0..3 {
-                let idx: Vec<usize> = (0..5).map(|t| o * 15 + t * 3 + k).collect();
-                let m = idx
-                    .iter()
-                    .map(|&i| f64::from(x[i]))
-                    .fold(f64::MIN, f64::max);
-                let z: f64 = idx.iter().map(|&i| (f64::from(x[i]) - m).exp()).sum();
-                for &i in &idx {
-                    let want = f64::from(x[i]) - m - z.ln();
-                    assert!((f64::from(lsm[i]) - want).abs() < 1e-4);
-                    assert!((f64::from(sm[i]) - want.exp()).abs() < 1e-6);
-                }
-            }
-        }
-    }
-
-    /// Tolerance: relative L2 error 1e-2 against h = 1e-2 central differences.
-    #[test]
-    fn softmax_backwards_match_finite_differences_middle_axis() {
-        let shape = [3, 4, 5];
-        let mut rng = Rng(5);
-        let x = rng.vec(60);
-        let w = rng.vec(60);
-        for log in [false, true] {
-            let fwd = |x: &[f32]| {
-                let mut y = vec![0.0; x.len()];
-                if log {
-                    log_softmax(x, &shape, 1, &mut y);
-                } else {
-                    softmax(x, &shape, 1, &mut y);
-                }
-                y
-            };
-            let y = fwd(&x);
-            let mut dx = vec![f32::NAN; 60];
-            if log {
-                log_softmax_backward(&y, &w, &shape, 1, &mut dx);
-            } else {
-                softmax_backward(&y, &w, &shape, 1, &mut dx);
-            }
-            let e = rel_err(&dx, &central_diff(&x, 1e-2, |x| dot(&fwd(x), &w)));
-            assert!(e < 1e-2, "log={log} err={e}");
-        }
-    }
-
-    /// Gradient of `binary` with broadcasting obtained via `sum_to`; tolerance as above.
-    #[test]
-    fn binary_broadcast_backward_via_sum_to() {
-        let (sa, sb, so): (&[usize], &[usize], &[usize]) = (&[2, 1, 4], &[3, 1], &[2, 3, 4]);
-        let mut rng = Rng(17);
-        let a = rng.vec(8);
-        let b: Vec<f32> = rng.vec(3).iter().map(|v| v + 2.5).collect();
-        let w = rng.vec(24);
-        let run = |f: BinaryFn, a: &[f32], b: &[f32]| {
-            let mut o = vec![0.0; 24];
-            binary(f, a, sa, b, sb, &mut o, so);
-            o
-        };
-        for f in [BinaryFn::Add, BinaryFn::Sub, BinaryFn::Mul, BinaryFn::Div] {
-            // Per-element partials d(out)/da and d(out)/db at the broadcast positions.
-            let mut ab = vec![0.0; 24];
-            let mut bb = vec![0.0; 24];
-            broadcast_to(&a, sa, &mut ab, so);
-            broadcast_to(&b, sb, &mut bb, so);
-            let (pa, pb): (Vec<f32>, Vec<f32>) = ab
-                .iter()
-                .zip(&bb)
-                .map(|(&x, &y)| match f {
-                    BinaryFn::Add => (1.0, 1.0),
-                    BinaryFn::Sub => (1.0, -1.0),
-                    BinaryFn::Mul => (y, x),
-                    BinaryFn::Div => (1.0 / y, -x / (y * y)),
-                })
-                .unzip();
-            let ga: Vec<f32> = pa.iter().zip(&w).map(|(p, w)| p * w).collect();
-            let gb: Vec<f32> = pb.iter().zip(&w).map(|(p, w)| p * w).collect();
-            let (mut da, mut db) = (vec![0.0; 8], vec![0.0; 3]);
-            sum_to(&ga, so, &mut da, sa);
-            sum_to(&gb, so, &mut db, sb);
-            assert!(
-                rel_err(&da, &central_diff(&a, 1e-2, |a| dot(&run(f, a, &b), &w))) < 1e-2,
-                "{f:?} a"
-            );
-            assert!(
-                rel_err(&db, &central_diff(&b, 1e-2, |b| dot(&run(f, &a, b), &w))) < 1e-2,
-                "{f:?} b"
-            );
         }
     }
 

@@ -1,7 +1,6 @@
 //! Counter-based random numbers (a splitmix64 hash of seed, step and index): pure functions,
 //! so recomputing a value (e.g. a dropout mask in the backward pass) reproduces it exactly.
-
-use rayon::prelude::*;
+//! Shared by dropout, parameter initialization and synthetic inputs.
 
 /// splitmix64 finalizer: a bijective 64-bit mix.
 fn mix(mut z: u64) -> u64 {
@@ -34,23 +33,6 @@ pub fn normal01(seed: u64, step: u64, index: u64) -> f32 {
     (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
 }
 
-/// Dropout: `out[i] = x[i] * (1 / (1 - p))` if `uniform01(seed, step, i) >= p`, else 0. The backward
-/// is the same call on dy (same mask and scale).
-pub fn dropout(x: &[f32], p: f32, seed: u64, step: u64, out: &mut [f32]) {
-    debug_assert_eq!(x.len(), out.len());
-    const CHUNK: usize = 4096;
-    let scale = 1.0 / (1.0 - p);
-    out.par_chunks_mut(CHUNK)
-        .zip(x.par_chunks(CHUNK))
-        .enumerate()
-        .for_each(|(c, (o, x))| {
-            for (t, (o, &x)) in o.iter_mut().zip(x).enumerate() {
-                let keep = uniform01(seed, step, (c * CHUNK + t) as u64) >= p;
-                *o = if keep { x * scale } else { 0.0 };
-            }
-        });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,22 +60,5 @@ mod tests {
         );
         assert!(xs.iter().all(|x| x.is_finite()));
         assert_eq!(normal01(3, 0, 17), normal01(3, 0, 17));
-    }
-
-    #[test]
-    fn dropout_mask_is_reproducible() {
-        let x: Vec<f32> = (0..10_000).map(|i| i as f32 + 1.0).collect();
-        let (mut a, mut b) = (vec![0.0; x.len()], vec![0.0; x.len()]);
-        dropout(&x, 0.25, 9, 4, &mut a);
-        dropout(&x, 0.25, 9, 4, &mut b);
-        assert_eq!(a, b);
-        let kept = a.iter().filter(|&&v| v != 0.0).count() as f64 / x.len() as f64;
-        assert!((kept - 0.75).abs() < 0.02);
-        for (i, (&o, &v)) in a.iter().zip(&x).enumerate() {
-            let keep = uniform01(9, 4, i as u64) >= 0.25;
-            assert_eq!(o, if keep { v * (1.0 / 0.75) } else { 0.0 });
-        }
-        dropout(&x, 0.0, 9, 4, &mut a);
-        assert_eq!(a, x);
     }
 }

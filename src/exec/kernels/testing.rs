@@ -64,3 +64,9 @@ pub(crate) fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
     }
     idx
 }
+
+/// Asserts that `got` is within relative L2 error `tol` of `want`.
+pub(crate) fn assert_close<W: Copy + Into<f64>>(got: &[f32], want: &[W], tol: f64, what: &str) {
+    let e = rel_err(got, want);
+    assert!(e < tol, "{what}: relative error {e}");
+}

@@ -1,19 +1,44 @@
-//! Backward rules (vector-Jacobian products as graph ops) of the attention ops.
+//! Backward rules of attention (one op per wanted operand: queries, keys, values) and of the
+//! rotary embedding (the inverse rotation of `dy`).
 
-use crate::ir::{Op, ValueId};
-use crate::ops::backward::Backward;
-use crate::passes::autodiff::Rewriter;
+use crate::ir::{AttnInput, Op};
+use crate::ops::backward::{Backward, Vjp};
 use crate::passes::StageError;
 
 impl Backward for super::Family {
-    fn vjp(
-        &self,
-        _op: &Op,
-        rw: &mut Rewriter,
-        y: ValueId,
-        dy: ValueId,
-        wants: &[bool],
-    ) -> Result<Vec<Option<ValueId>>, StageError> {
-        rw.vjp_legacy(y, dy, wants)
+    fn vjp(&self, op: &Op, cx: &mut Vjp<'_>) -> Result<(), StageError> {
+        let (x, dy) = (cx.x, cx.dy);
+        match op {
+            Op::Attention(attn) => {
+                for (i, which) in [AttnInput::Q, AttnInput::K, AttnInput::V]
+                    .into_iter()
+                    .enumerate()
+                {
+                    cx.set(i, |rw| {
+                        rw.add(
+                            Op::AttentionBackward { attn: *attn, which },
+                            vec![x[0], x[1], x[2], dy],
+                        )
+                    })?;
+                }
+                Ok(())
+            }
+            Op::Rope {
+                heads,
+                base,
+                inverse,
+            } => cx.set(0, |rw| {
+                rw.add(
+                    Op::Rope {
+                        heads: *heads,
+                        base: *base,
+                        inverse: !inverse,
+                    },
+                    vec![dy],
+                )
+            }),
+            Op::AttentionBackward { .. } => Err(cx.not_forward(op)),
+            _ => Err(cx.foreign(op, "attention")),
+        }
     }
 }

@@ -1,17 +1,60 @@
-//! CPU reference kernels of the attention ops.
+//! CPU reference kernels of the attention ops (scaled dot-product attention and its
+//! backwards, rotary position embedding).
 
-use crate::exec::cpu::{CpuExecutor, Views};
+mod kernels;
+mod rope;
+
+use crate::exec::cpu::CpuStep;
 use crate::exec::ExecError;
-use crate::ir::{Op, TensorType};
-use crate::ops::cpu::CpuKernel;
-use crate::plan::Step;
+use crate::ir::{AttnParams, Op, TensorType};
+use crate::ops::cpu::{foreign_op, CpuKernel};
+use kernels::AttnGeom;
+
+/// Geometry of an attention from its params and q and k shapes (`[b, t, width]`).
+fn attn_geom(a: &AttnParams, q: &[usize], k: &[usize]) -> AttnGeom {
+    AttnGeom {
+        b: q[0],
+        t_q: q[1],
+        t_k: k[1],
+        heads: a.heads,
+        kv_heads: a.kv_heads,
+        head_dim: q[2] / a.heads.max(1),
+        causal: a.causal,
+        scale: a.scale,
+    }
+}
 
 impl CpuKernel for super::Family {
-    fn run_cpu(&self, exec: &CpuExecutor, step: &Step, views: &Views) -> Result<(), ExecError> {
-        exec.execute_legacy(step, views)
+    fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
+        let (x, s, out) = (|i| step.input(i), |i| step.shape(i), step.output());
+        match step.op() {
+            Op::Attention(a) => {
+                kernels::attention_forward(&attn_geom(a, s(0), s(1)), x(0), x(1), x(2), out)
+            }
+            Op::AttentionBackward { attn, which } => kernels::attention_backward(
+                &attn_geom(attn, s(0), s(1)),
+                x(0),
+                x(1),
+                x(2),
+                x(3),
+                *which,
+                out,
+            ),
+            Op::Rope {
+                heads,
+                base,
+                inverse,
+            } => {
+                let sh = s(0);
+                let head_dim = sh[2] / heads.max(&1);
+                rope::rope(x(0), sh[0], sh[1], *heads, head_dim, *base, *inverse, out)
+            }
+            op => return Err(foreign_op(op, "attention")),
+        }
+        Ok(())
     }
 
-    fn cpu_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-        crate::exec::kernels::workspace_bytes_legacy(op, inputs, out)
+    fn cpu_workspace_bytes(&self, _: &Op, _: &[&TensorType], _: &TensorType) -> u64 {
+        0
     }
 }

@@ -1,19 +1,18 @@
-//! Backward rules (vector-Jacobian products as graph ops) of the cast ops.
+//! Backward rule of the cast op: the gradient is cast back to the input's dtype.
 
-use crate::ir::{Op, ValueId};
-use crate::ops::backward::Backward;
-use crate::passes::autodiff::Rewriter;
+use crate::ir::Op;
+use crate::ops::backward::{Backward, Vjp};
 use crate::passes::StageError;
 
 impl Backward for super::Family {
-    fn vjp(
-        &self,
-        _op: &Op,
-        rw: &mut Rewriter,
-        y: ValueId,
-        dy: ValueId,
-        wants: &[bool],
-    ) -> Result<Vec<Option<ValueId>>, StageError> {
-        rw.vjp_legacy(y, dy, wants)
+    fn vjp(&self, op: &Op, cx: &mut Vjp<'_>) -> Result<(), StageError> {
+        let (x, dy) = (cx.x, cx.dy);
+        match op {
+            Op::Cast { .. } => cx.set(0, |rw| {
+                let to = rw.dtype(x[0]);
+                rw.add(Op::Cast { to }, vec![dy])
+            }),
+            _ => Err(cx.foreign(op, "cast")),
+        }
     }
 }

@@ -1,19 +1,19 @@
-//! Backward rules (vector-Jacobian products as graph ops) of the embedding ops.
+//! Backward rule of the embedding lookup: a scatter-add of the gradient into the table's rows.
 
-use crate::ir::{Op, ValueId};
-use crate::ops::backward::Backward;
-use crate::passes::autodiff::Rewriter;
+use crate::ir::Op;
+use crate::ops::backward::{Backward, Vjp};
 use crate::passes::StageError;
 
 impl Backward for super::Family {
-    fn vjp(
-        &self,
-        _op: &Op,
-        rw: &mut Rewriter,
-        y: ValueId,
-        dy: ValueId,
-        wants: &[bool],
-    ) -> Result<Vec<Option<ValueId>>, StageError> {
-        rw.vjp_legacy(y, dy, wants)
+    fn vjp(&self, op: &Op, cx: &mut Vjp<'_>) -> Result<(), StageError> {
+        let (x, dy) = (cx.x, cx.dy);
+        match op {
+            Op::Embedding => cx.set(0, |rw| {
+                let rows = rw.shape(x[0])[0];
+                rw.add(Op::EmbeddingBackward { rows }, vec![x[1], dy])
+            }),
+            Op::EmbeddingBackward { .. } => Err(cx.not_forward(op)),
+            _ => Err(cx.foreign(op, "embedding")),
+        }
     }
 }

@@ -1,17 +1,28 @@
-//! CPU reference kernels of the embedding ops.
+//! CPU reference kernels of the embedding ops (row gather by id and its scatter-add
+//! backward).
 
-use crate::exec::cpu::{CpuExecutor, Views};
+mod kernels;
+
+use crate::exec::cpu::CpuStep;
 use crate::exec::ExecError;
 use crate::ir::{Op, TensorType};
-use crate::ops::cpu::CpuKernel;
-use crate::plan::Step;
+use crate::ops::cpu::{foreign_op, CpuKernel};
 
 impl CpuKernel for super::Family {
-    fn run_cpu(&self, exec: &CpuExecutor, step: &Step, views: &Views) -> Result<(), ExecError> {
-        exec.execute_legacy(step, views)
+    fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
+        match step.op() {
+            Op::Embedding => {
+                kernels::embedding(step.input(0), step.shape(0)[1], step.ids(1), step.output())
+            }
+            Op::EmbeddingBackward { .. } => {
+                let d = step.out_shape().get(1).copied().unwrap_or(1);
+                kernels::embedding_backward(step.ids(0), step.input(1), d, step.output())
+            }
+            op => Err(foreign_op(op, "embedding")),
+        }
     }
 
-    fn cpu_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-        crate::exec::kernels::workspace_bytes_legacy(op, inputs, out)
+    fn cpu_workspace_bytes(&self, _: &Op, _: &[&TensorType], _: &TensorType) -> u64 {
+        0
     }
 }

@@ -1,19 +1,24 @@
-//! Backward rules (vector-Jacobian products as graph ops) of the loss ops.
+//! Backward rules of the losses: cross-entropy with respect to the logits, mean squared error
+//! with respect to both operands (the target's gradient is the negated prediction's).
 
-use crate::ir::{Op, ValueId};
-use crate::ops::backward::Backward;
-use crate::passes::autodiff::Rewriter;
+use crate::ir::{Op, UnaryFn};
+use crate::ops::backward::{Backward, Vjp};
 use crate::passes::StageError;
 
 impl Backward for super::Family {
-    fn vjp(
-        &self,
-        _op: &Op,
-        rw: &mut Rewriter,
-        y: ValueId,
-        dy: ValueId,
-        wants: &[bool],
-    ) -> Result<Vec<Option<ValueId>>, StageError> {
-        rw.vjp_legacy(y, dy, wants)
+    fn vjp(&self, op: &Op, cx: &mut Vjp<'_>) -> Result<(), StageError> {
+        let (x, dy) = (cx.x, cx.dy);
+        match op {
+            Op::CrossEntropy => cx.set(0, |rw| {
+                rw.add(Op::CrossEntropyBackward, vec![x[0], x[1], dy])
+            }),
+            Op::Mse => {
+                let da = cx.rw().add(Op::MseBackward, vec![x[0], x[1], dy])?;
+                cx.set(1, |rw| rw.add(Op::Unary(UnaryFn::Neg), vec![da]))?;
+                cx.set(0, |_| Ok(da))
+            }
+            Op::CrossEntropyBackward | Op::MseBackward => Err(cx.not_forward(op)),
+            _ => Err(cx.foreign(op, "loss")),
+        }
     }
 }

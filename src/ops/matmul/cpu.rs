@@ -1,17 +1,33 @@
-//! CPU reference kernels of the matmul ops.
+//! CPU reference kernel of the matmul op (batched, broadcasting, optional transposes).
 
-use crate::exec::cpu::{CpuExecutor, Views};
+mod kernels;
+
+use crate::exec::cpu::CpuStep;
 use crate::exec::ExecError;
 use crate::ir::{Op, TensorType};
-use crate::ops::cpu::CpuKernel;
-use crate::plan::Step;
+use crate::ops::cpu::{foreign_op, CpuKernel};
 
 impl CpuKernel for super::Family {
-    fn run_cpu(&self, exec: &CpuExecutor, step: &Step, views: &Views) -> Result<(), ExecError> {
-        exec.execute_legacy(step, views)
+    fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
+        match step.op() {
+            Op::MatMul { ta, tb } => {
+                kernels::matmul(
+                    step.input(0),
+                    step.shape(0),
+                    *ta,
+                    step.input(1),
+                    step.shape(1),
+                    *tb,
+                    step.output(),
+                    step.out_shape(),
+                );
+                Ok(())
+            }
+            op => Err(foreign_op(op, "matmul")),
+        }
     }
 
-    fn cpu_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-        crate::exec::kernels::workspace_bytes_legacy(op, inputs, out)
+    fn cpu_workspace_bytes(&self, _: &Op, _: &[&TensorType], _: &TensorType) -> u64 {
+        0
     }
 }

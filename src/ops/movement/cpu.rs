@@ -1,17 +1,34 @@
-//! CPU reference kernels of the movement ops.
+//! CPU reference kernels of the movement ops (reshape, permute, slice, its zero-padding
+//! inverse, concatenation).
 
-use crate::exec::cpu::{CpuExecutor, Views};
+mod kernels;
+
+use crate::exec::cpu::CpuStep;
 use crate::exec::ExecError;
 use crate::ir::{Op, TensorType};
-use crate::ops::cpu::CpuKernel;
-use crate::plan::Step;
+use crate::ops::cpu::{foreign_op, CpuKernel};
 
 impl CpuKernel for super::Family {
-    fn run_cpu(&self, exec: &CpuExecutor, step: &Step, views: &Views) -> Result<(), ExecError> {
-        exec.execute_legacy(step, views)
+    fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
+        let (x, s, out) = (|i| step.input(i), |i| step.shape(i), step.output());
+        match step.op() {
+            Op::Reshape { .. } => out.copy_from_slice(x(0)),
+            Op::Permute { perm } => kernels::permute(x(0), s(0), perm, out),
+            Op::Slice { axis, start, end } => kernels::slice(x(0), s(0), *axis, *start, *end, out),
+            Op::PadSlice { axis, start, full } => {
+                kernels::pad_slice(x(0), s(0), *axis, *start, *full, out)
+            }
+            Op::Concat { axis } => {
+                let parts: Vec<(&[f32], &[usize])> =
+                    (0..step.input_count()).map(|i| (x(i), s(i))).collect();
+                kernels::concat(&parts, *axis, out)
+            }
+            op => return Err(foreign_op(op, "movement")),
+        }
+        Ok(())
     }
 
-    fn cpu_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-        crate::exec::kernels::workspace_bytes_legacy(op, inputs, out)
+    fn cpu_workspace_bytes(&self, _: &Op, _: &[&TensorType], _: &TensorType) -> u64 {
+        0
     }
 }

@@ -1,19 +1,27 @@
-//! Backward rules (vector-Jacobian products as graph ops) of the norm ops.
+//! Backward rule of the normalizations: one op each for the input, weight and bias gradient.
 
-use crate::ir::{Op, ValueId};
-use crate::ops::backward::Backward;
-use crate::passes::autodiff::Rewriter;
+use crate::ir::Op;
+use crate::ops::backward::{Backward, Vjp};
 use crate::passes::StageError;
 
 impl Backward for super::Family {
-    fn vjp(
-        &self,
-        _op: &Op,
-        rw: &mut Rewriter,
-        y: ValueId,
-        dy: ValueId,
-        wants: &[bool],
-    ) -> Result<Vec<Option<ValueId>>, StageError> {
-        rw.vjp_legacy(y, dy, wants)
+    fn vjp(&self, op: &Op, cx: &mut Vjp<'_>) -> Result<(), StageError> {
+        let (x, dy) = (cx.x, cx.dy);
+        match op {
+            Op::Norm { kind, eps } => {
+                let (kind, eps) = (*kind, *eps);
+                cx.set(0, |rw| {
+                    rw.add(Op::NormBackwardInput { kind, eps }, vec![x[0], x[1], dy])
+                })?;
+                cx.set(1, |rw| {
+                    rw.add(Op::NormBackwardWeight { kind, eps }, vec![x[0], dy])
+                })?;
+                cx.set(2, |rw| rw.add(Op::NormBackwardBias { kind }, vec![dy]))
+            }
+            Op::NormBackwardInput { .. }
+            | Op::NormBackwardWeight { .. }
+            | Op::NormBackwardBias { .. } => Err(cx.not_forward(op)),
+            _ => Err(cx.foreign(op, "norm")),
+        }
     }
 }

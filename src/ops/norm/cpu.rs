@@ -1,17 +1,36 @@
-//! CPU reference kernels of the norm ops.
+//! CPU reference kernels of the norm ops (layer, RMS, batch and group normalization and
+//! their input, weight and bias backwards).
 
-use crate::exec::cpu::{CpuExecutor, Views};
+mod kernels;
+
+use crate::exec::cpu::CpuStep;
 use crate::exec::ExecError;
 use crate::ir::{Op, TensorType};
-use crate::ops::cpu::CpuKernel;
-use crate::plan::Step;
+use crate::ops::cpu::{foreign_op, CpuKernel};
 
 impl CpuKernel for super::Family {
-    fn run_cpu(&self, exec: &CpuExecutor, step: &Step, views: &Views) -> Result<(), ExecError> {
-        exec.execute_legacy(step, views)
+    fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
+        let (x, s) = (|i| step.input(i), step.shape(0));
+        match step.op() {
+            Op::Norm { kind, eps } => {
+                let bias = (step.input_count() > 2).then(|| x(2));
+                kernels::norm_forward(*kind, *eps, x(0), s, x(1), bias, step.output())
+            }
+            Op::NormBackwardInput { kind, eps } => {
+                kernels::norm_backward_input(*kind, *eps, x(0), s, x(1), x(2), step.output())
+            }
+            Op::NormBackwardWeight { kind, eps } => {
+                kernels::norm_backward_weight(*kind, *eps, x(0), s, x(1), step.output())
+            }
+            Op::NormBackwardBias { kind } => {
+                kernels::norm_backward_bias(*kind, x(0), s, step.output())
+            }
+            op => return Err(foreign_op(op, "norm")),
+        }
+        Ok(())
     }
 
-    fn cpu_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-        crate::exec::kernels::workspace_bytes_legacy(op, inputs, out)
+    fn cpu_workspace_bytes(&self, _: &Op, _: &[&TensorType], _: &TensorType) -> u64 {
+        0
     }
 }

@@ -1,19 +1,19 @@
-//! Backward rules (vector-Jacobian products as graph ops) of the optimizer ops.
+//! Backward rules of the optimizer ops: there are none, as they run after the backward pass.
 
-use crate::ir::{Op, ValueId};
-use crate::ops::backward::Backward;
-use crate::passes::autodiff::Rewriter;
+use crate::ir::Op;
+use crate::ops::backward::{Backward, Vjp};
 use crate::passes::StageError;
 
 impl Backward for super::Family {
-    fn vjp(
-        &self,
-        _op: &Op,
-        rw: &mut Rewriter,
-        y: ValueId,
-        dy: ValueId,
-        wants: &[bool],
-    ) -> Result<Vec<Option<ValueId>>, StageError> {
-        rw.vjp_legacy(y, dy, wants)
+    fn vjp(&self, op: &Op, cx: &mut Vjp<'_>) -> Result<(), StageError> {
+        match op {
+            Op::ClipCoefficient { .. }
+            | Op::UnscaleGrads
+            | Op::LossScaleUpdate { .. }
+            | Op::AccumulateGrad { .. }
+            | Op::AdamW(_)
+            | Op::Sgd(_) => Err(cx.not_forward(op)),
+            _ => Err(cx.foreign(op, "optimizer")),
+        }
     }
 }

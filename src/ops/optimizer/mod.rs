@@ -5,7 +5,27 @@ mod cpu;
 mod cuda;
 mod rules;
 
+use serde::{Deserialize, Serialize};
+
 /// The optimizer family; every stage's rule for its ops is implemented on it.
 pub struct Family;
 
 impl super::OpFamily for Family {}
+
+/// AdamW hyper-parameters, as `torch.optim.AdamW`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AdamWParams {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+}
+
+/// SGD hyper-parameters, as `torch.optim.SGD` (no dampening, no nesterov).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SgdParams {
+    pub lr: f32,
+    pub momentum: f32,
+    pub weight_decay: f32,
+}

@@ -1,19 +1,67 @@
-//! Backward rules (vector-Jacobian products as graph ops) of the pointwise ops.
+//! Backward rules (vector-Jacobian products as graph ops) of the pointwise ops: broadcast
+//! operands get their gradient summed back to their own shape.
 
-use crate::ir::{Op, ValueId};
-use crate::ops::backward::Backward;
-use crate::passes::autodiff::Rewriter;
+use crate::ir::{BinaryFn, Op, UnaryFn};
+use crate::ops::backward::{Backward, Vjp};
 use crate::passes::StageError;
 
 impl Backward for super::Family {
-    fn vjp(
-        &self,
-        _op: &Op,
-        rw: &mut Rewriter,
-        y: ValueId,
-        dy: ValueId,
-        wants: &[bool],
-    ) -> Result<Vec<Option<ValueId>>, StageError> {
-        rw.vjp_legacy(y, dy, wants)
+    fn vjp(&self, op: &Op, cx: &mut Vjp<'_>) -> Result<(), StageError> {
+        let (x, dy) = (cx.x, cx.dy);
+        match op {
+            Op::Unary(f) => cx.set(0, |rw| rw.add(Op::UnaryBackward(*f), vec![x[0], dy])),
+            Op::Binary(f) => binary(cx, *f),
+            Op::Affine { scale, .. } => cx.set(0, |rw| {
+                rw.add(
+                    Op::Affine {
+                        scale: *scale,
+                        shift: 0.0,
+                    },
+                    vec![dy],
+                )
+            }),
+            Op::UnaryBackward(_) => Err(cx.not_forward(op)),
+            _ => Err(cx.foreign(op, "pointwise")),
+        }
+    }
+}
+
+/// Gradients of `a f b` with respect to `a` and `b`.
+fn binary(cx: &mut Vjp<'_>, f: BinaryFn) -> Result<(), StageError> {
+    let (a, b, y, dy) = (cx.x[0], cx.x[1], cx.y, cx.dy);
+    match f {
+        BinaryFn::Add => {
+            cx.set(0, |rw| rw.sum_to(dy, a))?;
+            cx.set(1, |rw| rw.sum_to(dy, b))
+        }
+        BinaryFn::Sub => {
+            cx.set(0, |rw| rw.sum_to(dy, a))?;
+            cx.set(1, |rw| {
+                let n = rw.add(Op::Unary(UnaryFn::Neg), vec![dy])?;
+                rw.sum_to(n, b)
+            })
+        }
+        BinaryFn::Mul => {
+            cx.set(0, |rw| {
+                let t = rw.add(Op::Binary(BinaryFn::Mul), vec![dy, b])?;
+                rw.sum_to(t, a)
+            })?;
+            cx.set(1, |rw| {
+                let t = rw.add(Op::Binary(BinaryFn::Mul), vec![dy, a])?;
+                rw.sum_to(t, b)
+            })
+        }
+        BinaryFn::Div => {
+            cx.set(0, |rw| {
+                let t = rw.add(Op::Binary(BinaryFn::Div), vec![dy, b])?;
+                rw.sum_to(t, a)
+            })?;
+            cx.set(1, |rw| {
+                let t = rw.add(Op::Binary(BinaryFn::Mul), vec![dy, y])?;
+                let t = rw.add(Op::Binary(BinaryFn::Div), vec![t, b])?;
+                let t = rw.add(Op::Unary(UnaryFn::Neg), vec![t])?;
+                rw.sum_to(t, b)
+            })
+        }
     }
 }

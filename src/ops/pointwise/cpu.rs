@@ -1,17 +1,35 @@
-//! CPU reference kernels of the pointwise ops.
+//! CPU reference kernels of the pointwise ops (unary functions and their backward,
+//! broadcasting binary ops, affine maps).
 
-use crate::exec::cpu::{CpuExecutor, Views};
+mod kernels;
+
+use crate::exec::cpu::CpuStep;
 use crate::exec::ExecError;
 use crate::ir::{Op, TensorType};
-use crate::ops::cpu::CpuKernel;
-use crate::plan::Step;
+use crate::ops::cpu::{foreign_op, CpuKernel};
 
 impl CpuKernel for super::Family {
-    fn run_cpu(&self, exec: &CpuExecutor, step: &Step, views: &Views) -> Result<(), ExecError> {
-        exec.execute_legacy(step, views)
+    fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
+        let x = |i| step.input(i);
+        match step.op() {
+            Op::Unary(f) => kernels::unary_forward(*f, x(0), step.output()),
+            Op::UnaryBackward(f) => kernels::unary_backward(*f, x(0), x(1), step.output()),
+            Op::Binary(f) => kernels::binary(
+                *f,
+                x(0),
+                step.shape(0),
+                x(1),
+                step.shape(1),
+                step.output(),
+                step.out_shape(),
+            ),
+            Op::Affine { scale, shift } => kernels::affine(x(0), *scale, *shift, step.output()),
+            op => return Err(foreign_op(op, "pointwise")),
+        }
+        Ok(())
     }
 
-    fn cpu_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-        crate::exec::kernels::workspace_bytes_legacy(op, inputs, out)
+    fn cpu_workspace_bytes(&self, _: &Op, _: &[&TensorType], _: &TensorType) -> u64 {
+        0
     }
 }

@@ -1,19 +1,14 @@
-//! Backward rules (vector-Jacobian products as graph ops) of the source ops.
+//! Backward rules of the source ops: they have no inputs, so no gradients.
 
-use crate::ir::{Op, ValueId};
-use crate::ops::backward::Backward;
-use crate::passes::autodiff::Rewriter;
+use crate::ir::Op;
+use crate::ops::backward::{Backward, Vjp};
 use crate::passes::StageError;
 
 impl Backward for super::Family {
-    fn vjp(
-        &self,
-        _op: &Op,
-        rw: &mut Rewriter,
-        y: ValueId,
-        dy: ValueId,
-        wants: &[bool],
-    ) -> Result<Vec<Option<ValueId>>, StageError> {
-        rw.vjp_legacy(y, dy, wants)
+    fn vjp(&self, op: &Op, cx: &mut Vjp<'_>) -> Result<(), StageError> {
+        match op {
+            Op::Input { .. } | Op::Param { .. } | Op::OptimState { .. } | Op::Fill { .. } => Ok(()),
+            _ => Err(cx.foreign(op, "source")),
+        }
     }
 }

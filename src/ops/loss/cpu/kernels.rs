@@ -1,35 +1,14 @@
-//! Loss kernels (mean cross-entropy, mean squared error) and embedding lookup with its
-//! deterministic scatter-add backward. Integer inputs are range-checked.
+//! Loss kernels: mean cross-entropy against range-checked integer targets, mean squared
+//! error, and their backwards.
 
 use rayon::prelude::*;
 
-use super::reduce::{logsumexp, softmax};
-
-/// An integer input (class target or embedding id) outside `0..limit`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct IndexOutOfRange {
-    /// The offending value.
-    pub value: i64,
-    /// The exclusive upper bound it had to stay below.
-    pub limit: usize,
-}
+use crate::exec::kernels::check_ids;
+use crate::exec::kernels::softmax::{logsumexp, softmax};
+use crate::exec::ExecError;
 
 /// Rows per parallel task of the cross-entropy forward.
 const ROWS_PER_TASK: usize = 64;
-
-/// Checks that every id lies in `0..limit`, or reports the first that does not.
-fn check(ids: &[i32], limit: usize) -> Result<(), IndexOutOfRange> {
-    match ids
-        .iter()
-        .find(|&&v| usize::try_from(v).map_or(true, |u| u >= limit))
-    {
-        Some(&v) => Err(IndexOutOfRange {
-            value: i64::from(v),
-            limit,
-        }),
-        None => Ok(()),
-    }
-}
 
 /// Writes the mean cross-entropy of `logits` [n, classes] against integer `targets` [n] in
 /// `0..classes` into the 1-element `out` (0 when n = 0). Errs on a target out of range.
@@ -38,8 +17,8 @@ pub fn cross_entropy(
     classes: usize,
     targets: &[i32],
     out: &mut [f32],
-) -> Result<(), IndexOutOfRange> {
-    check(targets, classes)?;
+) -> Result<(), ExecError> {
+    check_ids(targets, classes)?;
     // Fixed-size row blocks summed in parallel, then the partials in order: deterministic.
     let partials: Vec<f64> = targets
         .par_chunks(ROWS_PER_TASK)
@@ -69,8 +48,8 @@ pub fn cross_entropy_backward(
     targets: &[i32],
     dloss: f32,
     dlogits: &mut [f32],
-) -> Result<(), IndexOutOfRange> {
-    check(targets, classes)?;
+) -> Result<(), ExecError> {
+    check_ids(targets, classes)?;
     if classes == 0 || targets.is_empty() {
         return Ok(());
     }
@@ -107,57 +86,13 @@ pub fn mse_backward(a: &[f32], b: &[f32], dloss: f32, da: &mut [f32]) {
         .for_each(|(d, (x, y))| *d = (x - y) * scale);
 }
 
-/// Gathers rows of `table` [rows, dim] by `ids` (any shape) into `out` [ids.len(), dim].
-/// Errs on an id outside `0..rows`; nothing happens when `dim` is 0.
-pub fn embedding(
-    table: &[f32],
-    dim: usize,
-    ids: &[i32],
-    out: &mut [f32],
-) -> Result<(), IndexOutOfRange> {
-    if dim == 0 {
-        return Ok(());
-    }
-    check(ids, table.len() / dim)?;
-    out.par_chunks_mut(dim)
-        .zip(ids.par_iter())
-        .for_each(|(row, &id)| {
-            let id = id as usize;
-            row.copy_from_slice(&table[id * dim..(id + 1) * dim]);
-        });
-    Ok(())
-}
-
-/// Overwrites `dtable` [rows, dim] with the scatter-add of `dy` rows by id, summing repeated
-/// ids in id-list order (deterministic). Errs on an id outside `0..rows`.
-pub fn embedding_backward(
-    ids: &[i32],
-    dy: &[f32],
-    dim: usize,
-    dtable: &mut [f32],
-) -> Result<(), IndexOutOfRange> {
-    dtable.fill(0.0);
-    if dim == 0 {
-        return Ok(());
-    }
-    check(ids, dtable.len() / dim)?;
-    for (&id, g) in ids.iter().zip(dy.chunks(dim)) {
-        let id = id as usize;
-        dtable[id * dim..(id + 1) * dim]
-            .iter_mut()
-            .zip(g)
-            .for_each(|(d, g)| *d += g);
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{central_diff, rel_err, Rng};
     use super::*;
+    use crate::exec::kernels::testing::{central_diff, rel_err, Rng};
 
     #[test]
-    fn cross_entropy_matches_naive() -> Result<(), IndexOutOfRange> {
+    fn cross_entropy_matches_naive() -> Result<(), ExecError> {
         let logits: Vec<f32> = Rng(1).vec(12).iter().map(|v| v * 30.0).collect();
         let targets = [0, 3, 2];
         let mut out = [f32::NAN];
@@ -179,7 +114,7 @@ mod tests {
 
     /// Tolerance: relative L2 error 1e-2 against h = 1e-2 central differences.
     #[test]
-    fn cross_entropy_backward_matches_finite_differences() -> Result<(), IndexOutOfRange> {
+    fn cross_entropy_backward_matches_finite_differences() -> Result<(), ExecError> {
         let (n, c) = (4, 5);
         let logits: Vec<f32> = Rng(2).vec(n * c).iter().map(|v| v * 3.0).collect();
         let targets = [4, 0, 2, 2];
@@ -197,27 +132,19 @@ mod tests {
     }
 
     #[test]
-    fn out_of_range_targets_and_ids_err() {
+    fn out_of_range_targets_err() {
         let mut out = [0.0; 8];
-        let err = IndexOutOfRange { value: 3, limit: 3 };
+        let err = ExecError::IdOutOfRange { value: 3, limit: 3 };
         assert_eq!(
             cross_entropy(&[0.0; 6], 3, &[0, 3], &mut out[..1]),
-            Err(err.clone())
+            Err(err)
         );
         assert_eq!(
             cross_entropy_backward(&[0.0; 6], 3, &[-1, 0], 1.0, &mut out[..6]),
-            Err(IndexOutOfRange {
+            Err(ExecError::IdOutOfRange {
                 value: -1,
                 limit: 3
             })
-        );
-        assert_eq!(
-            embedding(&[0.0; 6], 2, &[3], &mut out[..2]),
-            Err(err.clone())
-        );
-        assert_eq!(
-            embedding_backward(&[0, 3], &[0.0; 4], 2, &mut out[..6]),
-            Err(err)
         );
     }
 
@@ -239,25 +166,5 @@ mod tests {
         for i in 0..10 {
             assert!((da[i] - (a[i] - b[i]) * 2.0 * 0.5 / 10.0).abs() < 1e-7);
         }
-    }
-
-    #[test]
-    fn embedding_gather_and_scatter_add() -> Result<(), IndexOutOfRange> {
-        let table: Vec<f32> = (0..12).map(|v| v as f32).collect(); // [4, 3]
-        let ids = [2, 0, 2, 3];
-        let mut out = vec![f32::NAN; 12];
-        embedding(&table, 3, &ids, &mut out)?;
-        assert_eq!(
-            out,
-            [6.0, 7.0, 8.0, 0.0, 1.0, 2.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0]
-        );
-        let dy: Vec<f32> = (0..12).map(|v| v as f32 * 0.5).collect();
-        let mut dt = vec![f32::NAN; 12];
-        embedding_backward(&ids, &dy, 3, &mut dt)?;
-        assert_eq!(
-            dt,
-            [1.5, 2.0, 2.5, 0.0, 0.0, 0.0, 3.0, 4.0, 5.0, 4.5, 5.0, 5.5]
-        );
-        Ok(())
     }
 }

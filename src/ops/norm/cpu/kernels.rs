@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-pub use crate::ir::NormKind;
+use crate::ir::NormKind;
 
 /// How x splits into contiguous chunks, each lying inside one statistics group.
 struct Layout {
@@ -249,8 +249,8 @@ pub fn norm_backward_bias(kind: NormKind, dy: &[f32], shape: &[usize], db: &mut 
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{central_diff, dot, rel_err, Rng};
     use super::*;
+    use crate::exec::kernels::testing::{central_diff, dot, rel_err, Rng};
 
     const EPS: f32 = 1e-5;
 

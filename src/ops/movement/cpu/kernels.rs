@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::pointwise::{axis_split, contiguous_strides, for_rows, row_offset};
+use crate::exec::kernels::layout::{axis_split, contiguous_strides, for_rows, row_offset};
 
 /// Calls `f(outer_index, block)` in parallel on consecutive `block`-sized pieces of `out`.
 fn blocks(out: &mut [f32], block: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
@@ -82,8 +82,8 @@ pub fn concat(parts: &[(&[f32], &[usize])], axis: usize, out: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::unravel;
     use super::*;
+    use crate::exec::kernels::testing::unravel;
 
     fn iota(n: usize) -> Vec<f32> {
         (0..n).map(|v| v as f32).collect()
