@@ -186,6 +186,8 @@ steps {}..={}</title></rect>"#,
     );
 }
 
+/// The plot: phase bands, axes, one rectangle per buffer, the live-bytes line and the
+/// arena and peak marks.
 fn svg(out: &mut String, plan: &Plan, live: &[u64]) {
     let n = plan.steps.len().max(1);
     let arena = plan.arena_bytes.max(plan.report.bytes.peak).max(1);

@@ -7,22 +7,10 @@ use crate::front::lower::{Lowerer, R};
 use crate::front::value::{Group, GroupKind, Spanned, Val};
 use crate::ir::*;
 
-/// The unary function a built-in name calls (`gelu` is the tanh form unless `exact = true`).
+/// The unary function a built-in name calls: the first of [`UnaryFn::ALL`] with that
+/// [`UnaryFn::name`] (`gelu` is the tanh form; `exact = true` picks the erf form).
 pub(super) fn unary_fn(name: &str) -> Option<UnaryFn> {
-    Some(match name {
-        "neg" => UnaryFn::Neg,
-        "exp" => UnaryFn::Exp,
-        "log" => UnaryFn::Log,
-        "sqrt" => UnaryFn::Sqrt,
-        "rsqrt" => UnaryFn::Rsqrt,
-        "tanh" => UnaryFn::Tanh,
-        "sigmoid" => UnaryFn::Sigmoid,
-        "relu" => UnaryFn::Relu,
-        "silu" => UnaryFn::Silu,
-        "gelu" => UnaryFn::GeluTanh,
-        "erf" => UnaryFn::Erf,
-        _ => return None,
-    })
+    UnaryFn::ALL.iter().copied().find(|f| f.name() == name)
 }
 
 impl Lowerer<'_> {

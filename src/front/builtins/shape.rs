@@ -145,18 +145,14 @@ impl Lowerer<'_> {
             axes_in_order(self, &pv, rank)?
         } else {
             let mut perm: Vec<usize> = (0..rank).collect();
-            let a = args
-                .pos
-                .get(1)
-                .map(|v| axis(self, v, rank))
-                .transpose()?
-                .unwrap_or(rank.saturating_sub(2));
-            let b = args
-                .pos
-                .get(2)
-                .map(|v| axis(self, v, rank))
-                .transpose()?
-                .unwrap_or(rank.saturating_sub(1));
+            let nth = |i: usize, default: usize| -> R<usize> {
+                match args.pos.get(i) {
+                    Some(v) => axis(self, v, rank),
+                    None => Ok(default),
+                }
+            };
+            let a = nth(1, rank.saturating_sub(2))?;
+            let b = nth(2, rank.saturating_sub(1))?;
             args.rest();
             if rank < 2 {
                 return Err(UserError::at(

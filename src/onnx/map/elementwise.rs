@@ -1,19 +1,20 @@
-//! ONNX elementwise ops as `.mdl` expressions: unary functions, `Gelu`, arithmetic, `Sum`,
-//! `Pow(x, 2)`, and the ops that pass their input on (`Identity`, eval-mode `Dropout`,
-//! `Cast` to float).
+//! ONNX elementwise ops as `.mdl` expressions: unary functions (every [`UnaryFn`] with an
+//! ONNX name), `Gelu`, arithmetic, `Sum`, `Pow(x, 2)`, and the ops that pass their input on
+//! (`Identity`, eval-mode `Dropout`, `Cast` to float).
 
 use super::{broadcast_dyns, operand, operands, same, Out, R};
+use crate::ir::UnaryFn;
 use crate::onnx::write::{number, Writer};
 use crate::onnx::{Env, Node, Value};
 
 /// Maps `node` when it is an elementwise op; `None` for other ops.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
     let op = node.op();
+    if let Some(f) = UnaryFn::ALL.iter().find(|f| f.onnx_name() == Some(op)) {
+        let x = operand(node, env, w, 0)?;
+        return same(&x, format!("{}({})", f.name(), x.expr)).map(Some);
+    }
     let out = match op {
-        "Relu" | "Sigmoid" | "Tanh" | "Exp" | "Log" | "Sqrt" | "Neg" | "Erf" => {
-            let x = operand(node, env, w, 0)?;
-            same(&x, format!("{}({})", op.to_lowercase(), x.expr))
-        }
         "Gelu" => gelu(node, env, w),
         "Identity" | "Dropout" | "Cast" => pass_on(node, env, w),
         "Add" | "Sub" | "Mul" | "Div" => arithmetic(node, env, w, op),

@@ -58,13 +58,11 @@ fn same(x: &Dyn, expr: String) -> R<Out> {
     Ok(Out::Expr(expr, x.shape.clone(), x.syms.clone()))
 }
 
+/// The expression and shape of a conv, pool or `Gemm` result.
+type Windowed = fn(&Node, &Env, &mut Writer) -> R<(String, Vec<usize>)>;
+
 /// A conv, pool or `Gemm` result, computed by `f`: of its dims only the batch keeps its name.
-fn batch_named(
-    node: &Node,
-    env: &Env,
-    w: &mut Writer,
-    f: fn(&Node, &Env, &mut Writer) -> R<(String, Vec<usize>)>,
-) -> R<Out> {
+fn batch_named(node: &Node, env: &Env, w: &mut Writer, f: Windowed) -> R<Out> {
     let sym0 = operand(node, env, w, 0)?.syms.first().cloned().flatten();
     let (expr, shape) = f(node, env, w)?;
     let mut syms = vec![None; shape.len()];

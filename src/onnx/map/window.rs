@@ -2,6 +2,7 @@
 //! global), batch normalization, LRN, `Pad` and nearest-neighbour `Resize`/`Upsample`.
 
 use super::{batch_named, group_name, operand, pair_text, rank_is, same, tuple_text, Out, R};
+use crate::diagnostic::UserError;
 use crate::onnx::tensor::Const;
 use crate::onnx::write::{number, Writer};
 use crate::onnx::{Env, Node};
@@ -339,18 +340,28 @@ fn pad(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     ))
 }
 
-/// `(top, left, bottom, right)` and the fill value of a constant-mode `Pad` of H and W.
-fn pad_args(node: &Node, env: &Env) -> R<([usize; 4], f32)> {
-    let refuse = |what: String| {
-        node.err(
-            what,
-            "memc imports constant padding of H and W (NCHW) by non-negative amounts",
-        )
-    };
-    let mode = node.string("mode").unwrap_or_else(|| "constant".into());
-    if mode != "constant" {
+/// Checks that the `mode` attribute (default `want`) is `want`, refusing with `help`
+/// otherwise; returns the refusal for the node's other attributes.
+fn mode_refusal<'a>(
+    node: &'a Node,
+    want: &str,
+    help: &'static str,
+) -> R<impl Fn(String) -> UserError + 'a> {
+    let refuse = move |what: String| node.err(what, help);
+    let mode = node.string("mode").unwrap_or_else(|| want.into());
+    if mode != want {
         return Err(refuse(format!("mode `{mode}` is not supported")));
     }
+    Ok(refuse)
+}
+
+/// `(top, left, bottom, right)` and the fill value of a constant-mode `Pad` of H and W.
+fn pad_args(node: &Node, env: &Env) -> R<([usize; 4], f32)> {
+    let refuse = mode_refusal(
+        node,
+        "constant",
+        "memc imports constant padding of H and W (NCHW) by non-negative amounts",
+    )?;
     let (pads, value) = if node.opset < 11 {
         (
             node.ints("pads").unwrap_or_default(),
@@ -389,16 +400,11 @@ fn upsample(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
 /// The integer factor of a nearest-neighbour `Resize`/`Upsample` that repeats each pixel
 /// `f x f` times (N and C unscaled), or a diagnostic for anything that is not exactly that.
 fn upsample_factor(node: &Node, env: &Env, shape: &[usize]) -> R<usize> {
-    let refuse = |what: String| {
-        node.err(
-            what,
-            "memc imports nearest-neighbour upsampling of H and W by one integer factor",
-        )
-    };
-    let mode = node.string("mode").unwrap_or_else(|| "nearest".into());
-    if mode != "nearest" {
-        return Err(refuse(format!("mode `{mode}` is not supported")));
-    }
+    let refuse = mode_refusal(
+        node,
+        "nearest",
+        "memc imports nearest-neighbour upsampling of H and W by one integer factor",
+    )?;
     let scales: Vec<f64> = match (node.op(), node.opset) {
         ("Upsample", o) if o < 9 => node
             .attr("scales")
