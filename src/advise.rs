@@ -105,7 +105,44 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
             "least recompute that fits",
         ),
     ];
-    for (precision, master_weights, option, note) in [
+    rows.extend(precision_rows(
+        source,
+        &with(CheckpointMode::KeepAll, None, None),
+        budget,
+    ));
+    rows.push(accumulation_row(
+        source,
+        &with(CheckpointMode::KeepAll, None, None),
+        budget,
+    ));
+    for (mode, label) in [
+        (CheckpointMode::KeepAll, "without recomputation"),
+        (CheckpointMode::Auto, "with checkpointing"),
+    ] {
+        rows.push(largest_batch_row(
+            source,
+            &with(mode, None, None),
+            label,
+            budget,
+        ));
+    }
+    rows.sort_by(|a, b| {
+        b.fits
+            .cmp(&a.fits)
+            .then(b.keeps_batch.cmp(&a.keeps_batch))
+            .then(a.extra_compute_percent.total_cmp(&b.extra_compute_percent))
+            .then(
+                a.arena_bytes
+                    .unwrap_or(u64::MAX)
+                    .cmp(&b.arena_bytes.unwrap_or(u64::MAX)),
+            )
+    });
+    rows
+}
+
+/// The mixed- and low-precision rows, each on top of `base`.
+fn precision_rows(source: &str, base: &Options, budget: u64) -> Vec<Advice> {
+    [
         (
             Precision::Bf16,
             true,
@@ -124,16 +161,22 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
             "pure bf16",
             "bf16 weights, updates rounded to bf16",
         ),
-    ] {
+    ]
+    .into_iter()
+    .map(|(precision, master_weights, option, note)| {
         let o = Options {
             precision: Some(precision),
             master_weights: Some(master_weights),
-            ..with(CheckpointMode::KeepAll, None, None)
+            ..base.clone()
         };
-        rows.push(row(source, option, o, budget, note));
-    }
-    let keep_all = with(CheckpointMode::KeepAll, None, None);
-    match fit_accumulation(source, &keep_all, "B", budget, &mut |_| {}) {
+        row(source, option, o, budget, note)
+    })
+    .collect()
+}
+
+/// The row that keeps batch `B` by accumulating gradients over micro-batches that fit.
+fn accumulation_row(source: &str, keep_all: &Options, budget: u64) -> Advice {
+    match fit_accumulation(source, keep_all, "B", budget, &mut |_| {}) {
         Ok(f) => {
             let o = Options {
                 accumulate: Some(f.accumulate),
@@ -144,43 +187,28 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
                 "B = {} as {} micro-batches of {}",
                 f.batch, f.accumulate, f.micro_batch
             );
-            rows.push(advice);
+            advice
         }
-        Err(e) => rows.push(Advice::failed("gradient accumulation", true, e.to_string())),
+        Err(e) => Advice::failed("gradient accumulation", true, e.to_string()),
     }
-    for (mode, label) in [
-        (CheckpointMode::KeepAll, "without recomputation"),
-        (CheckpointMode::Auto, "with checkpointing"),
-    ] {
-        let name = format!("largest batch {label}");
-        match fit_dim(source, &with(mode, None, None), "B", budget) {
-            Ok(f) => {
-                let mut advice = row(
-                    source,
-                    &name,
-                    with(mode, None, Some(budget)).with_override("B", f.value),
-                    budget,
-                    "",
-                );
-                advice.note = format!("B = {} (from B = {})", f.value, f.start);
-                advice.keeps_batch = f.value == f.start;
-                rows.push(advice);
-            }
-            Err(e) => rows.push(Advice::failed(&name, false, e.to_string())),
+}
+
+/// The row with the largest batch `B` that fits under `options` (`label` says how).
+fn largest_batch_row(source: &str, options: &Options, label: &str, budget: u64) -> Advice {
+    let name = format!("largest batch {label}");
+    match fit_dim(source, options, "B", budget) {
+        Ok(f) => {
+            let o = Options {
+                budget: Some(budget),
+                ..options.clone()
+            };
+            let mut advice = row(source, &name, o.with_override("B", f.value), budget, "");
+            advice.note = format!("B = {} (from B = {})", f.value, f.start);
+            advice.keeps_batch = f.value == f.start;
+            advice
         }
+        Err(e) => Advice::failed(&name, false, e.to_string()),
     }
-    rows.sort_by(|a, b| {
-        b.fits
-            .cmp(&a.fits)
-            .then(b.keeps_batch.cmp(&a.keeps_batch))
-            .then(a.extra_compute_percent.total_cmp(&b.extra_compute_percent))
-            .then(
-                a.arena_bytes
-                    .unwrap_or(u64::MAX)
-                    .cmp(&b.arena_bytes.unwrap_or(u64::MAX)),
-            )
-    });
-    rows
 }
 
 impl Options {

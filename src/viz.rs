@@ -186,6 +186,8 @@ steps {}..={}</title></rect>"#,
     );
 }
 
+/// The plot: phase bands, axes, one rectangle per buffer, the live-bytes line and the
+/// arena and peak marks.
 fn svg(out: &mut String, plan: &Plan, live: &[u64]) {
     let n = plan.steps.len().max(1);
     let arena = plan.arena_bytes.max(plan.report.bytes.peak).max(1);
@@ -197,8 +199,44 @@ fn svg(out: &mut String, plan: &Plan, live: &[u64]) {
         out,
         r#"<svg id="plot" viewBox="0 0 {PLOT_W} {PLOT_H}" role="img" aria-label="arena over time">"#
     );
-    // Phase bands behind everything; each phase labelled once, at its first run, where
-    // the label has room (updates interleave with backward when the optimizer runs in it).
+    phase_bands(out, plan, &sc);
+    axes(out, &sc, n, arena);
+    // Buffers.
+    let prod = producers(plan);
+    let _ = writeln!(out, r#"<g id="buffers">"#);
+    for (b, p) in plan.buffers.iter().zip(&prod) {
+        buffer_rect(out, b, p, &sc);
+    }
+    let _ = writeln!(out, "</g>");
+    // Live bytes over time as a step line.
+    let mut pts = String::new();
+    for (i, &v) in live.iter().enumerate() {
+        let y = sc.y(v as f64);
+        let _ = write!(
+            pts,
+            "{:.2},{y:.2} {:.2},{y:.2} ",
+            sc.x(i as f64),
+            sc.x(i as f64 + 1.0)
+        );
+    }
+    let _ = writeln!(
+        out,
+        r#"<polyline class="live" points="{}"><title>live bytes per step</title></polyline>"#,
+        pts.trim_end()
+    );
+    marks(out, plan, live, &sc);
+    let _ = writeln!(
+        out,
+        r#"<rect class="frame" x="{LEFT}" y="{TOP}" width="{:.2}" height="{:.2}"/>"#,
+        PLOT_W - LEFT - RIGHT,
+        PLOT_H - TOP - BOTTOM
+    );
+    let _ = writeln!(out, "</svg>");
+}
+
+/// Phase bands behind everything; each phase labelled once, at its first run, where the
+/// label has room (updates interleave with backward when the optimizer runs in it).
+fn phase_bands(out: &mut String, plan: &Plan, sc: &Scale) {
     let mut labelled: Vec<Phase> = Vec::new();
     let mut last_label = f64::NEG_INFINITY;
     for (phase, first, last) in phase_runs(plan) {
@@ -222,7 +260,10 @@ fn svg(out: &mut String, plan: &Plan, live: &[u64]) {
         }
         let _ = writeln!(out);
     }
-    // Axes and ticks.
+}
+
+/// Grid lines and byte ticks up to `arena`, step ticks up to `n`, and the axis label.
+fn axes(out: &mut String, sc: &Scale, n: usize, arena: u64) {
     let ystep = byte_tick_step(arena as f64, 6.0);
     let mut t = 0.0;
     while t <= arena as f64 * 1.0001 {
@@ -257,30 +298,10 @@ fn svg(out: &mut String, plan: &Plan, live: &[u64]) {
         (LEFT + PLOT_W - RIGHT) / 2.0,
         PLOT_H - 6.0
     );
-    // Buffers.
-    let prod = producers(plan);
-    let _ = writeln!(out, r#"<g id="buffers">"#);
-    for (b, p) in plan.buffers.iter().zip(&prod) {
-        buffer_rect(out, b, p, &sc);
-    }
-    let _ = writeln!(out, "</g>");
-    // Live bytes over time as a step line.
-    let mut pts = String::new();
-    for (i, &v) in live.iter().enumerate() {
-        let y = sc.y(v as f64);
-        let _ = write!(
-            pts,
-            "{:.2},{y:.2} {:.2},{y:.2} ",
-            sc.x(i as f64),
-            sc.x(i as f64 + 1.0)
-        );
-    }
-    let _ = writeln!(
-        out,
-        r#"<polyline class="live" points="{}"><title>live bytes per step</title></polyline>"#,
-        pts.trim_end()
-    );
-    // Peak and arena marks.
+}
+
+/// The arena and peak lines with their labels.
+fn marks(out: &mut String, plan: &Plan, live: &[u64], sc: &Scale) {
     let peak = plan.report.bytes.peak;
     let peak_step = live
         .iter()
@@ -309,13 +330,6 @@ fn svg(out: &mut String, plan: &Plan, live: &[u64]) {
         py + 14.0,
         human_bytes(peak),
     );
-    let _ = writeln!(
-        out,
-        r#"<rect class="frame" x="{LEFT}" y="{TOP}" width="{:.2}" height="{:.2}"/>"#,
-        PLOT_W - LEFT - RIGHT,
-        PLOT_H - TOP - BOTTOM
-    );
-    let _ = writeln!(out, "</svg>");
 }
 
 fn legend(out: &mut String, plan: &Plan) {

@@ -18,7 +18,7 @@ pub struct Module {
     pub dims: Vec<(String, i64)>,
 }
 
-type Env = HashMap<String, Spanned>;
+pub(super) type Env = HashMap<String, Spanned>;
 
 /// The lowering state: the graph under construction and the name environments.
 pub(super) struct Lowerer<'a> {
@@ -45,6 +45,15 @@ fn unknown_name(name: &str, span: Span) -> UserError {
     )
 }
 
+/// What the top level of a model has declared so far.
+#[derive(Default)]
+struct TopLevel {
+    globals: Env,
+    dims: Vec<(String, i64)>,
+    train: Option<TrainSpec>,
+    loss: Option<(ValueId, Span)>,
+}
+
 /// Lowers a parsed model, applying `overrides` (from `--set`) to its dims.
 pub fn lower(model: &Model, overrides: &[(String, i64)]) -> R<Module> {
     let mut l = Lowerer {
@@ -57,32 +66,22 @@ pub fn lower(model: &Model, overrides: &[(String, i64)]) -> R<Module> {
         param_names: HashMap::new(),
         depth: 0,
     };
-    let mut dims = Vec::new();
-    let mut train = None;
-    let mut loss: Option<(ValueId, Span)> = None;
-    let mut globals = Env::new();
+    let mut top = TopLevel::default();
     for item in &model.items {
+        l.item(item, &mut top, overrides)?;
+        l.globals = top.globals.clone();
+    }
+    l.finish(model, top, overrides)
+}
+
+impl<'a> Lowerer<'a> {
+    /// Lowers one top-level item, recording what it declares in `top`.
+    fn item(&mut self, item: &'a Item, top: &mut TopLevel, overrides: &[(String, i64)]) -> R<()> {
         match item {
-            Item::Dim(name, expr) => {
-                let value = l.eval(expr, &globals)?;
-                let mut v = l.int(&value, "a dim")?;
-                if let Some((_, o)) = overrides.iter().find(|(n, _)| *n == name.name) {
-                    v = *o;
-                }
-                if v <= 0 {
-                    return Err(UserError::at(
-                        expr.span,
-                        format!("dim {} = {v} must be a positive integer", name.name),
-                        "not positive",
-                        "dims are sizes: give a value of at least 1",
-                    ));
-                }
-                dims.push((name.name.clone(), v));
-                l.bind(&mut globals, name, Val::Int(v))?;
-            }
+            Item::Dim(name, expr) => self.dim_item(name, expr, top, overrides)?,
             Item::Input(name, ty) => {
-                let ty = l.tensor_type(ty, &globals, DType::F32)?;
-                let id = l.add(
+                let ty = self.tensor_type(ty, &top.globals, DType::F32)?;
+                let id = self.add(
                     Op::Input {
                         name: name.name.clone(),
                         ty,
@@ -90,14 +89,14 @@ pub fn lower(model: &Model, overrides: &[(String, i64)]) -> R<Module> {
                     vec![],
                     name.span,
                 )?;
-                l.bind(&mut globals, name, Val::Tensor(id))?;
+                self.bind(&mut top.globals, name, Val::Tensor(id))?;
             }
             Item::Param(decl) => {
-                let v = l.param(decl, &globals)?;
-                l.bind(&mut globals, &decl.name, v)?;
+                let v = self.param(decl, &top.globals)?;
+                self.bind(&mut top.globals, &decl.name, v)?;
             }
             Item::Block(def) => {
-                if l.blocks.insert(def.name.name.clone(), def).is_some() {
+                if self.blocks.insert(def.name.name.clone(), def).is_some() {
                     return Err(UserError::at(
                         def.name.span,
                         format!("block `{}` is defined twice", def.name.name),
@@ -107,7 +106,7 @@ pub fn lower(model: &Model, overrides: &[(String, i64)]) -> R<Module> {
                 }
             }
             Item::Train(settings, span) => {
-                if train.is_some() {
+                if top.train.is_some() {
                     return Err(UserError::at(
                         *span,
                         "a second `train` section",
@@ -115,25 +114,25 @@ pub fn lower(model: &Model, overrides: &[(String, i64)]) -> R<Module> {
                         "merge the settings into one `train { }`",
                     ));
                 }
-                train = Some(train_spec(settings, *span)?);
+                top.train = Some(train_spec(settings, *span)?);
             }
             Item::Output(name, expr) => {
-                let v = l.eval(expr, &globals)?;
-                let id = l.tensor(&v, "an output")?;
-                l.graph.outputs.push((name.name.clone(), id));
+                let v = self.eval(expr, &top.globals)?;
+                let id = self.tensor(&v, "an output")?;
+                self.graph.outputs.push((name.name.clone(), id));
             }
             Item::Stmt(Stmt::Assign(targets, expr))
                 if targets.len() == 1
                     && targets[0].name == "loss"
-                    && !globals.contains_key("loss") =>
+                    && !top.globals.contains_key("loss") =>
             {
-                let v = l.eval(expr, &globals)?;
-                let id = l.tensor(&v, "the loss")?;
-                loss = Some((id, expr.span));
+                let v = self.eval(expr, &top.globals)?;
+                let id = self.tensor(&v, "the loss")?;
+                top.loss = Some((id, expr.span));
             }
             Item::Stmt(stmt) => {
-                l.globals = globals.clone();
-                if let Some(ret) = l.stmt(stmt, &mut globals)? {
+                self.globals = top.globals.clone();
+                if let Some(ret) = self.stmt(stmt, &mut top.globals)? {
                     return Err(UserError::at(
                         ret.span,
                         "`return` outside a block",
@@ -143,57 +142,85 @@ pub fn lower(model: &Model, overrides: &[(String, i64)]) -> R<Module> {
                 }
             }
         }
-        l.globals = globals.clone();
+        Ok(())
     }
-    if let Some((name, _)) = overrides
-        .iter()
-        .find(|(n, _)| !dims.iter().any(|(d, _)| d == n))
-    {
-        let known: Vec<&str> = dims.iter().map(|(d, _)| d.as_str()).collect();
-        return Err(UserError::general(
-            format!("`--set {name}=...` names no dim of this model"),
-            format!("the model's dims are: {}", known.join(", ")),
-        ));
-    }
-    if let Some((id, span)) = loss {
-        let ty = &l.graph.node(id).ty;
-        if !ty.shape.is_empty() {
-            return Err(UserError::at(
-                span,
-                format!("the loss must be a scalar, got {ty}"),
-                "not a scalar",
-                "reduce it, e.g. `loss = mean(...)`",
-            ));
-        }
-        l.graph.outputs.insert(0, ("loss".into(), id));
-    }
-    if let Some(t) = &train {
-        if loss.is_none() {
-            return Err(UserError::at(
-                t.span,
-                "a model with `train` needs a loss",
-                "training needs a loss",
-                "add `loss = cross_entropy(logits, targets)` or similar",
-            ));
-        }
-    }
-    if l.graph.outputs.is_empty() {
-        return Err(UserError::at(
-            model.name.span,
-            "the model computes nothing",
-            "no outputs",
-            "assign `loss = ...` or declare `output name = ...`",
-        ));
-    }
-    Ok(Module {
-        name: model.name.name.clone(),
-        graph: l.graph,
-        train,
-        dims,
-    })
-}
 
-impl<'a> Lowerer<'a> {
+    /// `dim NAME = expr`, or the value `--set` gives it.
+    fn dim_item(
+        &mut self,
+        name: &Ident,
+        expr: &Expr,
+        top: &mut TopLevel,
+        overrides: &[(String, i64)],
+    ) -> R<()> {
+        let value = self.eval(expr, &top.globals)?;
+        let mut v = self.int(&value, "a dim")?;
+        if let Some((_, o)) = overrides.iter().find(|(n, _)| *n == name.name) {
+            v = *o;
+        }
+        if v <= 0 {
+            return Err(UserError::at(
+                expr.span,
+                format!("dim {} = {v} must be a positive integer", name.name),
+                "not positive",
+                "dims are sizes: give a value of at least 1",
+            ));
+        }
+        top.dims.push((name.name.clone(), v));
+        self.bind(&mut top.globals, name, Val::Int(v))?;
+        Ok(())
+    }
+
+    /// Checks the model as a whole (overrides, loss, outputs) and returns the module.
+    fn finish(mut self, model: &Model, top: TopLevel, overrides: &[(String, i64)]) -> R<Module> {
+        if let Some((name, _)) = overrides
+            .iter()
+            .find(|(n, _)| !top.dims.iter().any(|(d, _)| d == n))
+        {
+            let known: Vec<&str> = top.dims.iter().map(|(d, _)| d.as_str()).collect();
+            return Err(UserError::general(
+                format!("`--set {name}=...` names no dim of this model"),
+                format!("the model's dims are: {}", known.join(", ")),
+            ));
+        }
+        if let Some((id, span)) = top.loss {
+            let ty = &self.graph.node(id).ty;
+            if !ty.shape.is_empty() {
+                return Err(UserError::at(
+                    span,
+                    format!("the loss must be a scalar, got {ty}"),
+                    "not a scalar",
+                    "reduce it, e.g. `loss = mean(...)`",
+                ));
+            }
+            self.graph.outputs.insert(0, ("loss".into(), id));
+        }
+        if let Some(t) = &top.train {
+            if top.loss.is_none() {
+                return Err(UserError::at(
+                    t.span,
+                    "a model with `train` needs a loss",
+                    "training needs a loss",
+                    "add `loss = cross_entropy(logits, targets)` or similar",
+                ));
+            }
+        }
+        if self.graph.outputs.is_empty() {
+            return Err(UserError::at(
+                model.name.span,
+                "the model computes nothing",
+                "no outputs",
+                "assign `loss = ...` or declare `output name = ...`",
+            ));
+        }
+        Ok(Module {
+            name: model.name.name.clone(),
+            graph: self.graph,
+            train: top.train,
+            dims: top.dims,
+        })
+    }
+
     fn bind(&mut self, env: &mut Env, name: &Ident, val: Val) -> R<()> {
         if self.blocks.contains_key(&name.name) {
             return Err(UserError::at(
@@ -506,222 +533,5 @@ impl<'a> Lowerer<'a> {
 
     pub(super) fn block(&self, name: &str) -> Option<&'a BlockDef> {
         self.blocks.get(name).copied()
-    }
-
-    /// Evaluates an expression in `env`.
-    pub(super) fn eval(&mut self, e: &Expr, env: &Env) -> R<Spanned> {
-        let val = match &e.kind {
-            ExprKind::Number { value, integral } => {
-                if *integral && value.abs() < 9.0e15 {
-                    Val::Int(*value as i64)
-                } else {
-                    Val::Float(*value)
-                }
-            }
-            ExprKind::Size(b) => Val::Size(*b),
-            ExprKind::Tuple(items) => {
-                let mut vals = Vec::new();
-                for i in items {
-                    vals.push(self.eval(i, env)?.val);
-                }
-                Val::Tuple(vals)
-            }
-            ExprKind::Path(parts) => self.path(parts, env)?,
-            ExprKind::Neg(inner) => {
-                let v = self.eval(inner, env)?;
-                match v.val {
-                    Val::Int(i) => Val::Int(-i),
-                    Val::Float(f) => Val::Float(-f),
-                    Val::Tensor(t) => Val::Tensor(self.add(
-                        Op::Unary(crate::ir::UnaryFn::Neg),
-                        vec![t],
-                        e.span,
-                    )?),
-                    other => {
-                        return Err(UserError::at(
-                            e.span,
-                            format!("cannot negate {}", other.describe()),
-                            "here",
-                            "negate a number or a tensor",
-                        ))
-                    }
-                }
-            }
-            ExprKind::Binary(op, a, b) => {
-                let a = self.eval(a, env)?;
-                let b = self.eval(b, env)?;
-                self.binary(*op, a, b, e.span)?
-            }
-            ExprKind::Call(call) => return self.call(call, env),
-            ExprKind::Repeat { count, block, args } => {
-                return self.repeat(count, block, args, env, e.span)
-            }
-        };
-        Ok(Spanned { val, span: e.span })
-    }
-
-    fn path(&mut self, parts: &[Ident], env: &Env) -> R<Val> {
-        let Some(first) = parts.first() else {
-            return Ok(Val::Tuple(vec![]));
-        };
-        let Some(base) = env.get(&first.name) else {
-            if parts.len() == 1 {
-                return Ok(Val::Symbol(first.name.clone()));
-            }
-            return Err(UserError::at(
-                first.span,
-                format!("unknown name `{}`", first.name),
-                "not defined",
-                "declare it with `let`, `param`, `input` or `dim`",
-            ));
-        };
-        let mut val = base.val.clone();
-        for field in &parts[1..] {
-            val = match (&val, field.name.as_str()) {
-                (Val::Group(g), "weight") => Val::Tensor(g.weight),
-                (Val::Group(Group { bias: Some(b), .. }), "bias") => Val::Tensor(*b),
-                _ => {
-                    return Err(UserError::at(
-                        field.span,
-                        format!("no field `{}` on {}", field.name, val.describe()),
-                        "unknown field",
-                        "parameter groups have `weight` and (when declared) `bias`",
-                    ))
-                }
-            };
-        }
-        Ok(val)
-    }
-
-    fn binary(&mut self, op: BinOp, a: Spanned, b: Spanned, span: Span) -> R<Val> {
-        use crate::ir::BinaryFn;
-        match (&a.val, &b.val) {
-            (Val::Int(x), Val::Int(y)) => {
-                let r = match op {
-                    BinOp::Add => x.checked_add(*y),
-                    BinOp::Sub => x.checked_sub(*y),
-                    BinOp::Mul => x.checked_mul(*y),
-                    BinOp::Div if *y == 0 => {
-                        return Err(UserError::at(
-                            b.span,
-                            "division by zero",
-                            "zero",
-                            "check the dims",
-                        ))
-                    }
-                    BinOp::Div if x % y != 0 => return Ok(Val::Float(*x as f64 / *y as f64)),
-                    BinOp::Div => Some(x / y),
-                    BinOp::MatMul => {
-                        return Err(UserError::at(
-                            span,
-                            "`@` needs tensors, got integers",
-                            "here",
-                            "use `*` for numbers",
-                        ))
-                    }
-                };
-                r.map(Val::Int).ok_or_else(|| {
-                    UserError::at(span, "integer overflow", "too large", "use smaller dims")
-                })
-            }
-            (Val::Tensor(x), Val::Tensor(y)) => {
-                let op = match op {
-                    BinOp::Add => Op::Binary(BinaryFn::Add),
-                    BinOp::Sub => Op::Binary(BinaryFn::Sub),
-                    BinOp::Mul => Op::Binary(BinaryFn::Mul),
-                    BinOp::Div => Op::Binary(BinaryFn::Div),
-                    BinOp::MatMul => Op::MatMul {
-                        ta: false,
-                        tb: false,
-                    },
-                };
-                Ok(Val::Tensor(self.add(op, vec![*x, *y], span)?))
-            }
-            (Val::Tensor(t), n) | (n, Val::Tensor(t)) if n.as_f64().is_some() => {
-                let c = n.as_f64().unwrap_or(0.0) as f32;
-                let tensor_left = matches!(a.val, Val::Tensor(_));
-                let (scale, shift) = match (op, tensor_left) {
-                    (BinOp::Add, _) => (1.0, c),
-                    (BinOp::Mul, _) => (c, 0.0),
-                    (BinOp::Sub, true) => (1.0, -c),
-                    (BinOp::Sub, false) => (-1.0, c),
-                    (BinOp::Div, true) if c != 0.0 => (1.0 / c, 0.0),
-                    _ => return Err(UserError::at(span, "this operation between a number and a tensor is not supported", "here", "numbers can be added, subtracted, multiplied, and divide a tensor by a nonzero number")),
-                };
-                Ok(Val::Tensor(self.add(
-                    Op::Affine { scale, shift },
-                    vec![*t],
-                    span,
-                )?))
-            }
-            (x, y) if x.as_f64().is_some() && y.as_f64().is_some() => {
-                let (x, y) = (x.as_f64().unwrap_or(0.0), y.as_f64().unwrap_or(0.0));
-                Ok(Val::Float(match op {
-                    BinOp::Add => x + y,
-                    BinOp::Sub => x - y,
-                    BinOp::Mul => x * y,
-                    BinOp::Div => x / y,
-                    BinOp::MatMul => {
-                        return Err(UserError::at(
-                            span,
-                            "`@` needs tensors",
-                            "here",
-                            "use `*` for numbers",
-                        ))
-                    }
-                }))
-            }
-            (x, y) => Err(UserError::at(
-                span,
-                format!("cannot combine {} and {}", x.describe(), y.describe()),
-                "here",
-                "arithmetic works on numbers and tensors",
-            )),
-        }
-    }
-
-    fn repeat(
-        &mut self,
-        count: &Expr,
-        block: &Ident,
-        args: &[Arg],
-        env: &Env,
-        span: Span,
-    ) -> R<Spanned> {
-        let n = self.eval(count, env)?;
-        let n = self.dim(&n, "a repeat count")?;
-        let Some(def) = self.block(&block.name) else {
-            return Err(UserError::at(
-                block.span,
-                format!("unknown block `{}`", block.name),
-                "not a block",
-                "define it with `block name(x) { ... }`",
-            ));
-        };
-        let mut vals = Vec::new();
-        for a in args {
-            if let Some(name) = &a.name {
-                return Err(UserError::at(
-                    name.span,
-                    "blocks take positional arguments",
-                    "keyword",
-                    "pass arguments in order",
-                ));
-            }
-            vals.push(self.eval(&a.value, env)?);
-        }
-        if vals.is_empty() {
-            return Err(UserError::at(
-                span,
-                "`repeat` needs the value to carry through the copies",
-                "no argument",
-                "write `repeat L layer(x)`",
-            ));
-        }
-        for _ in 0..n {
-            let out = self.instantiate(def, vals.clone(), span)?;
-            vals[0] = Spanned { val: out.val, span };
-        }
-        Ok(vals.swap_remove(0))
     }
 }

@@ -2,6 +2,7 @@
 //! It knows nothing of petgraph; it only calls the graph builder.
 pub mod ast;
 mod builtins;
+mod eval;
 mod lower;
 mod parse;
 pub mod train;

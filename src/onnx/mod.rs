@@ -7,6 +7,7 @@ mod blocks;
 mod fold;
 mod map;
 pub mod proto;
+mod shapes;
 mod tensor;
 mod write;
 

@@ -133,6 +133,13 @@ impl Const {
     }
 }
 
+/// An eight-byte chunk of raw tensor data as an array.
+fn eight(c: &[u8]) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(c);
+    b
+}
+
 /// Decodes a tensor; the error says what is wrong with it (the caller names where it is).
 pub fn decode(t: &TensorProto) -> Result<Const, String> {
     if t.data_location == 1 {
@@ -169,22 +176,14 @@ pub fn decode(t: &TensorProto) -> Result<Const, String> {
         DOUBLE if !raw.is_empty() => Data::Float(
             from_raw(8)?
                 .iter()
-                .map(|c| {
-                    let mut b = [0u8; 8];
-                    b.copy_from_slice(c);
-                    f64::from_le_bytes(b) as f32
-                })
+                .map(|c| f64::from_le_bytes(eight(c)) as f32)
                 .collect(),
         ),
         DOUBLE => Data::Float(t.double_data.iter().map(|&x| x as f32).collect()),
         INT64 if !raw.is_empty() => Data::Int(
             from_raw(8)?
                 .iter()
-                .map(|c| {
-                    let mut b = [0u8; 8];
-                    b.copy_from_slice(c);
-                    i64::from_le_bytes(b)
-                })
+                .map(|c| i64::from_le_bytes(eight(c)))
                 .collect(),
         ),
         INT64 => Data::Int(t.int64_data.clone()),

@@ -53,6 +53,17 @@ fn common_prefix(graph: &GraphProto) -> String {
     }
 }
 
+/// `base`, or `base_2`, `base_3`, ... : the first not in `used`, which then holds it.
+fn fresh(base: String, used: &mut HashSet<String>) -> String {
+    let mut s = base.clone();
+    let mut n = 2;
+    while !used.insert(s.clone()) {
+        s = format!("{base}_{n}");
+        n += 1;
+    }
+    s
+}
+
 /// `name` as an `.mdl` identifier: other characters become `_`, never a keyword or a number.
 fn sanitize(name: &str) -> String {
     let mut s: String = name
@@ -108,13 +119,7 @@ impl Writer {
     /// A fresh identifier derived from the ONNX name `name`.
     fn ident(&mut self, name: &str) -> String {
         let base = sanitize(name.strip_prefix(&self.prefix).unwrap_or(name));
-        let mut s = base.clone();
-        let mut n = 2;
-        while !self.used.insert(s.clone()) {
-            s = format!("{base}_{n}");
-            n += 1;
-        }
-        s
+        fresh(base, &mut self.used)
     }
 
     /// Declares a graph input; symbolic dims become `dim` declarations (default 1).
@@ -237,12 +242,7 @@ impl Writer {
     /// `output <name> = value`; returns the output's `.mdl` name.
     pub(super) fn output(&mut self, name: &str, d: &Dyn) -> String {
         let base = sanitize(name.strip_prefix(&self.prefix).unwrap_or(name));
-        let mut s = base.clone();
-        let mut n = 2;
-        while !self.output_names.insert(s.clone()) {
-            s = format!("{base}_{n}");
-            n += 1;
-        }
+        let s = fresh(base, &mut self.output_names);
         self.outputs.push(format!("output {s} = {}", d.expr));
         self.output_values.push(d.expr.clone());
         s

@@ -1,0 +1,196 @@
+//! Built-in layers: unary functions, norms, `linear`, `mlp`, embeddings, losses, dropout,
+//! attention and rotary embeddings.
+
+use super::{boolean, Args};
+use crate::diagnostic::UserError;
+use crate::front::lower::{Lowerer, R};
+use crate::front::value::{Group, GroupKind, Spanned, Val};
+use crate::ir::*;
+
+/// The unary function a built-in name calls: the first of [`UnaryFn::ALL`] with that
+/// [`UnaryFn::name`] (`gelu` is the tanh form; `exact = true` picks the erf form).
+pub(super) fn unary_fn(name: &str) -> Option<UnaryFn> {
+    UnaryFn::ALL.iter().copied().find(|f| f.name() == name)
+}
+
+impl Lowerer<'_> {
+    /// `f(x)`; `gelu(x, exact = true)` is the erf form.
+    pub(super) fn unary(&mut self, mut f: UnaryFn, args: &mut Args, span: Span) -> R<Val> {
+        let x = self.t(args, "input")?;
+        if f == UnaryFn::GeluTanh && boolean(args.optional("exact"), false)? {
+            f = UnaryFn::GeluErf;
+        }
+        self.op(Op::Unary(f), vec![x], span)
+    }
+
+    /// `x @ weight (+ bias)` of a `linear` group.
+    fn linear(&mut self, x: ValueId, g: &Group, span: Span) -> R<ValueId> {
+        let y = self.add(
+            Op::MatMul {
+                ta: false,
+                tb: false,
+            },
+            vec![x, g.weight],
+            span,
+        )?;
+        match g.bias {
+            Some(b) => self.add(Op::Binary(BinaryFn::Add), vec![y, b], span),
+            None => Ok(y),
+        }
+    }
+
+    /// The next positional argument, which must be a parameter group of kind `want`;
+    /// `what` names the argument and `context` the place it is used in diagnostics.
+    pub(super) fn group_arg(
+        &self,
+        args: &mut Args,
+        what: &str,
+        context: &str,
+        want: &str,
+    ) -> R<Group> {
+        let gv = args.positional(what)?;
+        let g = self.group(&gv, context)?;
+        if g.kind.name() != want {
+            return Err(UserError::at(
+                gv.span,
+                format!(
+                    "expected a `{want}` parameter group, got `{}`",
+                    g.kind.name()
+                ),
+                "wrong parameter kind",
+                format!("declare it as `param name: {want}(...)`"),
+            ));
+        }
+        Ok(g)
+    }
+
+    /// `layernorm`, `rmsnorm`, `batchnorm` or `groupnorm` of `x` with its parameter group.
+    pub(super) fn norm(&mut self, name: &str, args: &mut Args, span: Span) -> R<Val> {
+        let x = self.t(args, "input")?;
+        let g = self.group_arg(args, "parameter", "the second argument", name)?;
+        let default_eps = if name == "rmsnorm" { 1e-6 } else { 1e-5 };
+        let eps = self.float_or(args, "eps", default_eps)?;
+        let kind = match g.kind {
+            GroupKind::LayerNorm => NormKind::Layer,
+            GroupKind::RmsNorm => NormKind::Rms,
+            GroupKind::BatchNorm => NormKind::Batch,
+            GroupKind::GroupNorm(n) => NormKind::Group(n),
+            _ => NormKind::Layer,
+        };
+        let mut inputs = vec![x, g.weight];
+        inputs.extend(g.bias);
+        self.op(Op::Norm { kind, eps }, inputs, span)
+    }
+
+    /// `linear(x, layer)`.
+    pub(super) fn linear_call(&mut self, args: &mut Args, span: Span) -> R<Val> {
+        let x = self.t(args, "input")?;
+        let g = self.group_arg(
+            args,
+            "parameter",
+            "the second argument of `linear`",
+            "linear",
+        )?;
+        Ok(Val::Tensor(self.linear(x, &g, span)?))
+    }
+
+    /// `mlp(x, first, second, act = gelu)`: two linear layers with an activation between.
+    pub(super) fn mlp(&mut self, args: &mut Args, span: Span) -> R<Val> {
+        let x = self.t(args, "input")?;
+        let mut groups = Vec::new();
+        for what in ["first layer", "second layer"] {
+            groups.push(self.group_arg(args, what, "an `mlp` layer", "linear")?);
+        }
+        let act = match args.optional("act") {
+            None => UnaryFn::GeluTanh,
+            Some(Spanned {
+                val: Val::Symbol(s),
+                span: s_span,
+            }) => unary_fn(&s).ok_or_else(|| {
+                UserError::at(
+                    s_span,
+                    format!("unknown activation `{s}`"),
+                    "not an activation",
+                    "use relu, gelu, silu, tanh or sigmoid",
+                )
+            })?,
+            Some(v) => {
+                return Err(UserError::at(
+                    v.span,
+                    "`act` must name an activation",
+                    "not an activation",
+                    "write `act = gelu`",
+                ))
+            }
+        };
+        let h = self.linear(x, &groups[0], span)?;
+        let h = self.add(Op::Unary(act), vec![h], span)?;
+        Ok(Val::Tensor(self.linear(h, &groups[1], span)?))
+    }
+
+    /// `embed(table, ids)`: rows of a table (an `embedding` group or a tensor).
+    pub(super) fn embed(&mut self, args: &mut Args, span: Span) -> R<Val> {
+        let tv = args.positional("table")?;
+        let table = match &tv.val {
+            Val::Group(g) => g.weight,
+            _ => self.tensor(&tv, "the table of `embed`")?,
+        };
+        let ids = self.t(args, "ids")?;
+        self.op(Op::Embedding, vec![table, ids], span)
+    }
+
+    /// A loss `op` of two tensor arguments named `what`.
+    pub(super) fn loss(&mut self, op: Op, what: [&str; 2], args: &mut Args, span: Span) -> R<Val> {
+        let a = self.t(args, what[0])?;
+        let b = self.t(args, what[1])?;
+        self.op(op, vec![a, b], span)
+    }
+
+    /// `dropout(x, p = 0.1)`, each call with its own seed.
+    pub(super) fn dropout(&mut self, args: &mut Args, span: Span) -> R<Val> {
+        let x = self.t(args, "input")?;
+        let p = self.float_or(args, "p", 0.1)?;
+        let seed = self.next_seed;
+        self.next_seed += 1;
+        self.op(Op::Dropout { p, seed }, vec![x], span)
+    }
+
+    /// `attention(q, k, v, heads = H, kv_heads, causal, scale)`.
+    pub(super) fn attention(&mut self, args: &mut Args, span: Span) -> R<Val> {
+        let q = self.t(args, "q")?;
+        let k = self.t(args, "k")?;
+        let v = self.t(args, "v")?;
+        let heads = self.heads(args, "attention(q, k, v, heads = H)")?;
+        let kv_heads = self.dim_or(args, "kv_heads", heads)?;
+        let causal = boolean(args.optional("causal"), false)?;
+        let width = self.ty(q).shape.last().copied().unwrap_or(1);
+        let default_scale = 1.0 / ((width / heads.max(1)).max(1) as f32).sqrt();
+        let scale = self.float_or(args, "scale", default_scale)?;
+        self.op(
+            Op::Attention(AttnParams {
+                heads,
+                kv_heads,
+                causal,
+                scale,
+            }),
+            vec![q, k, v],
+            span,
+        )
+    }
+
+    /// `rope(x, heads = H, base = 10000)`: rotary position embedding.
+    pub(super) fn rope(&mut self, args: &mut Args, span: Span) -> R<Val> {
+        let x = self.t(args, "input")?;
+        let heads = self.heads(args, "rope(q, heads = H)")?;
+        let base = self.float_or(args, "base", 10000.0)?;
+        self.op(
+            Op::Rope {
+                heads,
+                base,
+                inverse: false,
+            },
+            vec![x],
+            span,
+        )
+    }
+}

@@ -1,0 +1,163 @@
+//! Parameter constructors (`param ln: layernorm(D)`, `linear(I, O)`, `conv2d(I, O, K)`,
+//! `embedding(V, D)`): each creates the tensors of one parameter group.
+
+use super::{boolean, pair, Args};
+use crate::diagnostic::UserError;
+use crate::front::ast::{Call, Ident};
+use crate::front::lower::{Lowerer, R};
+use crate::front::value::{Group, GroupKind, Spanned, Val};
+use crate::ir::*;
+use std::collections::HashMap;
+
+impl Lowerer<'_> {
+    /// Creates the tensors of a parameter constructor such as `linear(I, O)`.
+    pub(in crate::front) fn param_group(
+        &mut self,
+        name: &Ident,
+        call: &Call,
+        env: &HashMap<String, Spanned>,
+    ) -> R<Val> {
+        let mut args = self.args(call, env)?;
+        let ctor = call.name.name.as_str();
+        let group = match ctor {
+            "layernorm" | "batchnorm" | "rmsnorm" | "groupnorm" => {
+                self.norm_params(name, ctor, &mut args)?
+            }
+            "linear" => self.linear_params(name, &mut args)?,
+            "conv2d" => self.conv2d_params(name, &mut args, call.span)?,
+            "embedding" => self.embedding_params(name, &mut args)?,
+            _ => {
+                return Err(UserError::at(
+                    call.name.span,
+                    format!("unknown parameter constructor `{ctor}`"),
+                    "not a constructor",
+                    "use layernorm, rmsnorm, batchnorm, groupnorm, linear, conv2d, embedding, or a shape like `[D, D]`",
+                ))
+            }
+        };
+        args.done()?;
+        Ok(Val::Group(group))
+    }
+
+    /// The f32 parameter `<group>.<suffix>` of `shape`.
+    fn member(&mut self, group: &Ident, suffix: &str, shape: Vec<usize>, init: Init) -> R<ValueId> {
+        let name = Ident {
+            name: format!("{}.{suffix}", group.name),
+            span: group.span,
+        };
+        self.new_param(&name, TensorType::new(DType::F32, shape), init)
+    }
+
+    /// The zero-initialized `<group>.bias` of `width` elements when `has` is set.
+    fn bias_member(&mut self, group: &Ident, has: bool, width: usize) -> R<Option<ValueId>> {
+        if !has {
+            return Ok(None);
+        }
+        Ok(Some(self.member(
+            group,
+            "bias",
+            vec![width],
+            Init::Zeros,
+        )?))
+    }
+
+    /// `layernorm(C)`, `batchnorm(C)`, `rmsnorm(C)` (no bias) or `groupnorm(G, C)`.
+    fn norm_params(&mut self, name: &Ident, ctor: &str, args: &mut Args) -> R<Group> {
+        let groups = if ctor == "groupnorm" {
+            self.dim_arg(args, "group count")?
+        } else {
+            0
+        };
+        let c = self.dim_arg(args, "channel count")?;
+        let bias = ctor != "rmsnorm" && boolean(args.optional("bias"), true)?;
+        let kind = match ctor {
+            "layernorm" => GroupKind::LayerNorm,
+            "batchnorm" => GroupKind::BatchNorm,
+            "rmsnorm" => GroupKind::RmsNorm,
+            _ => GroupKind::GroupNorm(groups),
+        };
+        let weight = self.member(name, "weight", vec![c], Init::Ones)?;
+        let bias = self.bias_member(name, bias, c)?;
+        Ok(Group { kind, weight, bias })
+    }
+
+    /// `linear(I, O, std, bias = true)`: a uniform(±1/√I) or normal(std) `[I, O]` weight.
+    fn linear_params(&mut self, name: &Ident, args: &mut Args) -> R<Group> {
+        let i = self.dim_arg(args, "input width")?;
+        let o = self.dim_arg(args, "output width")?;
+        let bound = 1.0 / (i as f32).sqrt();
+        let init = match args.optional("std") {
+            Some(v) => Init::Normal {
+                std: self.float(&v, "std")? as f32,
+            },
+            None => Init::Uniform {
+                low: -bound,
+                high: bound,
+            },
+        };
+        let has_bias = boolean(args.optional("bias"), true)?;
+        let weight = self.member(name, "weight", vec![i, o], init)?;
+        let bias = self.bias_member(name, has_bias, o)?;
+        Ok(Group {
+            kind: GroupKind::Linear,
+            weight,
+            bias,
+        })
+    }
+
+    /// `conv2d(I, O, K, groups = 1, bias = false)`: an `[O, I/groups, KH, KW]` weight.
+    fn conv2d_params(&mut self, name: &Ident, args: &mut Args, span: Span) -> R<Group> {
+        let i = self.dim_arg(args, "input channels")?;
+        let o = self.dim_arg(args, "output channels")?;
+        let kv = args.positional("kernel size")?;
+        let k = pair(self, Some(kv), 1, "kernel size")?;
+        if k.contains(&0) {
+            return Err(UserError::at(
+                span,
+                "kernel size must be at least 1",
+                "zero",
+                "use 1 or more",
+            ));
+        }
+        let groups = self.dim_or(args, "groups", 1)?;
+        if i % groups != 0 || o % groups != 0 {
+            return Err(UserError::at(
+                span,
+                format!("groups = {groups} must divide both {i} input and {o} output channels"),
+                "does not divide",
+                "choose groups dividing both channel counts",
+            ));
+        }
+        let has_bias = boolean(args.optional("bias"), false)?;
+        let fan_in = (i / groups * k[0] * k[1]) as f32;
+        let bound = 1.0 / fan_in.sqrt();
+        let weight = self.member(
+            name,
+            "weight",
+            vec![o, i / groups, k[0], k[1]],
+            Init::Uniform {
+                low: -bound,
+                high: bound,
+            },
+        )?;
+        let bias = self.bias_member(name, has_bias, o)?;
+        Ok(Group {
+            kind: GroupKind::Conv2d { groups },
+            weight,
+            bias,
+        })
+    }
+
+    /// `embedding(V, D, std = 1)`: a normal `[V, D]` table.
+    fn embedding_params(&mut self, name: &Ident, args: &mut Args) -> R<Group> {
+        let v = self.dim_arg(args, "row count")?;
+        let d = self.dim_arg(args, "width")?;
+        let std = self.float_or(args, "std", 1.0)?;
+        let weight = self.member(name, "weight", vec![v, d], Init::Normal { std })?;
+        Ok(Group {
+            kind: GroupKind::Embedding,
+            weight,
+            bias: None,
+        })
+    }
+}

@@ -1,0 +1,227 @@
+//! Expression evaluation: numbers, tuples, names and fields, arithmetic on numbers and
+//! tensors, calls and `repeat`.
+
+use super::ast::*;
+use super::lower::{Env, Lowerer, R};
+use super::value::{Group, Spanned, Val};
+use crate::diagnostic::UserError;
+use crate::ir::{Op, Span};
+
+impl Lowerer<'_> {
+    /// Evaluates an expression in `env`.
+    pub(super) fn eval(&mut self, e: &Expr, env: &Env) -> R<Spanned> {
+        let val = match &e.kind {
+            ExprKind::Number { value, integral } => {
+                if *integral && value.abs() < 9.0e15 {
+                    Val::Int(*value as i64)
+                } else {
+                    Val::Float(*value)
+                }
+            }
+            ExprKind::Size(b) => Val::Size(*b),
+            ExprKind::Tuple(items) => {
+                let mut vals = Vec::new();
+                for i in items {
+                    vals.push(self.eval(i, env)?.val);
+                }
+                Val::Tuple(vals)
+            }
+            ExprKind::Path(parts) => self.path(parts, env)?,
+            ExprKind::Neg(inner) => {
+                let v = self.eval(inner, env)?;
+                match v.val {
+                    Val::Int(i) => Val::Int(-i),
+                    Val::Float(f) => Val::Float(-f),
+                    Val::Tensor(t) => Val::Tensor(self.add(
+                        Op::Unary(crate::ir::UnaryFn::Neg),
+                        vec![t],
+                        e.span,
+                    )?),
+                    other => {
+                        return Err(UserError::at(
+                            e.span,
+                            format!("cannot negate {}", other.describe()),
+                            "here",
+                            "negate a number or a tensor",
+                        ))
+                    }
+                }
+            }
+            ExprKind::Binary(op, a, b) => {
+                let a = self.eval(a, env)?;
+                let b = self.eval(b, env)?;
+                self.binary(*op, a, b, e.span)?
+            }
+            ExprKind::Call(call) => return self.call(call, env),
+            ExprKind::Repeat { count, block, args } => {
+                return self.repeat(count, block, args, env, e.span)
+            }
+        };
+        Ok(Spanned { val, span: e.span })
+    }
+
+    fn path(&mut self, parts: &[Ident], env: &Env) -> R<Val> {
+        let Some(first) = parts.first() else {
+            return Ok(Val::Tuple(vec![]));
+        };
+        let Some(base) = env.get(&first.name) else {
+            if parts.len() == 1 {
+                return Ok(Val::Symbol(first.name.clone()));
+            }
+            return Err(UserError::at(
+                first.span,
+                format!("unknown name `{}`", first.name),
+                "not defined",
+                "declare it with `let`, `param`, `input` or `dim`",
+            ));
+        };
+        let mut val = base.val.clone();
+        for field in &parts[1..] {
+            val = match (&val, field.name.as_str()) {
+                (Val::Group(g), "weight") => Val::Tensor(g.weight),
+                (Val::Group(Group { bias: Some(b), .. }), "bias") => Val::Tensor(*b),
+                _ => {
+                    return Err(UserError::at(
+                        field.span,
+                        format!("no field `{}` on {}", field.name, val.describe()),
+                        "unknown field",
+                        "parameter groups have `weight` and (when declared) `bias`",
+                    ))
+                }
+            };
+        }
+        Ok(val)
+    }
+
+    fn binary(&mut self, op: BinOp, a: Spanned, b: Spanned, span: Span) -> R<Val> {
+        use crate::ir::BinaryFn;
+        match (&a.val, &b.val) {
+            (Val::Int(x), Val::Int(y)) => {
+                let r = match op {
+                    BinOp::Add => x.checked_add(*y),
+                    BinOp::Sub => x.checked_sub(*y),
+                    BinOp::Mul => x.checked_mul(*y),
+                    BinOp::Div if *y == 0 => {
+                        return Err(UserError::at(
+                            b.span,
+                            "division by zero",
+                            "zero",
+                            "check the dims",
+                        ))
+                    }
+                    BinOp::Div if x % y != 0 => return Ok(Val::Float(*x as f64 / *y as f64)),
+                    BinOp::Div => Some(x / y),
+                    BinOp::MatMul => {
+                        return Err(UserError::at(
+                            span,
+                            "`@` needs tensors, got integers",
+                            "here",
+                            "use `*` for numbers",
+                        ))
+                    }
+                };
+                r.map(Val::Int).ok_or_else(|| {
+                    UserError::at(span, "integer overflow", "too large", "use smaller dims")
+                })
+            }
+            (Val::Tensor(x), Val::Tensor(y)) => {
+                let op = match op {
+                    BinOp::Add => Op::Binary(BinaryFn::Add),
+                    BinOp::Sub => Op::Binary(BinaryFn::Sub),
+                    BinOp::Mul => Op::Binary(BinaryFn::Mul),
+                    BinOp::Div => Op::Binary(BinaryFn::Div),
+                    BinOp::MatMul => Op::MatMul {
+                        ta: false,
+                        tb: false,
+                    },
+                };
+                Ok(Val::Tensor(self.add(op, vec![*x, *y], span)?))
+            }
+            (Val::Tensor(t), n) | (n, Val::Tensor(t)) if n.as_f64().is_some() => {
+                let c = n.as_f64().unwrap_or(0.0) as f32;
+                let tensor_left = matches!(a.val, Val::Tensor(_));
+                let (scale, shift) = match (op, tensor_left) {
+                    (BinOp::Add, _) => (1.0, c),
+                    (BinOp::Mul, _) => (c, 0.0),
+                    (BinOp::Sub, true) => (1.0, -c),
+                    (BinOp::Sub, false) => (-1.0, c),
+                    (BinOp::Div, true) if c != 0.0 => (1.0 / c, 0.0),
+                    _ => return Err(UserError::at(span, "this operation between a number and a tensor is not supported", "here", "numbers can be added, subtracted, multiplied, and divide a tensor by a nonzero number")),
+                };
+                Ok(Val::Tensor(self.add(
+                    Op::Affine { scale, shift },
+                    vec![*t],
+                    span,
+                )?))
+            }
+            (x, y) if x.as_f64().is_some() && y.as_f64().is_some() => {
+                let (x, y) = (x.as_f64().unwrap_or(0.0), y.as_f64().unwrap_or(0.0));
+                Ok(Val::Float(match op {
+                    BinOp::Add => x + y,
+                    BinOp::Sub => x - y,
+                    BinOp::Mul => x * y,
+                    BinOp::Div => x / y,
+                    BinOp::MatMul => {
+                        return Err(UserError::at(
+                            span,
+                            "`@` needs tensors",
+                            "here",
+                            "use `*` for numbers",
+                        ))
+                    }
+                }))
+            }
+            (x, y) => Err(UserError::at(
+                span,
+                format!("cannot combine {} and {}", x.describe(), y.describe()),
+                "here",
+                "arithmetic works on numbers and tensors",
+            )),
+        }
+    }
+
+    fn repeat(
+        &mut self,
+        count: &Expr,
+        block: &Ident,
+        args: &[Arg],
+        env: &Env,
+        span: Span,
+    ) -> R<Spanned> {
+        let n = self.eval(count, env)?;
+        let n = self.dim(&n, "a repeat count")?;
+        let Some(def) = self.block(&block.name) else {
+            return Err(UserError::at(
+                block.span,
+                format!("unknown block `{}`", block.name),
+                "not a block",
+                "define it with `block name(x) { ... }`",
+            ));
+        };
+        let mut vals = Vec::new();
+        for a in args {
+            if let Some(name) = &a.name {
+                return Err(UserError::at(
+                    name.span,
+                    "blocks take positional arguments",
+                    "keyword",
+                    "pass arguments in order",
+                ));
+            }
+            vals.push(self.eval(&a.value, env)?);
+        }
+        if vals.is_empty() {
+            return Err(UserError::at(
+                span,
+                "`repeat` needs the value to carry through the copies",
+                "no argument",
+                "write `repeat L layer(x)`",
+            ));
+        }
+        for _ in 0..n {
+            let out = self.instantiate(def, vals.clone(), span)?;
+            vals[0] = Spanned { val: out.val, span };
+        }
+        Ok(vals.swap_remove(0))
+    }
+}

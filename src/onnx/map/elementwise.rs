@@ -1,0 +1,138 @@
+//! ONNX elementwise ops as `.mdl` expressions: unary functions (every [`UnaryFn`] with an
+//! ONNX name), `Gelu`, arithmetic, `Sum`, `Pow(x, 2)`, and the ops that pass their input on
+//! (`Identity`, eval-mode `Dropout`, `Cast` to float).
+
+use super::{broadcast_dyns, operand, operands, same, Out, R};
+use crate::ir::UnaryFn;
+use crate::onnx::write::{number, Writer};
+use crate::onnx::{Env, Node, Value};
+
+/// Maps `node` when it is an elementwise op; `None` for other ops.
+pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
+    let op = node.op();
+    if let Some(f) = UnaryFn::ALL.iter().find(|f| f.onnx_name() == Some(op)) {
+        let x = operand(node, env, w, 0)?;
+        return same(&x, format!("{}({})", f.name(), x.expr)).map(Some);
+    }
+    let out = match op {
+        "Gelu" => gelu(node, env, w),
+        "Identity" | "Dropout" | "Cast" => pass_on(node, env, w),
+        "Add" | "Sub" | "Mul" | "Div" => arithmetic(node, env, w, op),
+        "Sum" => sum(node, env, w),
+        "Pow" => square(node, env, w),
+        _ => return Ok(None),
+    };
+    out.map(Some)
+}
+
+/// `Gelu`: the erf form unless `approximate = tanh`.
+fn gelu(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
+    let x = operand(node, env, w, 0)?;
+    let exact = match node.string("approximate").as_deref() {
+        None | Some("none") => ", exact = true",
+        Some("tanh") => "",
+        Some(other) => {
+            return Err(node.err(
+                format!("approximate = `{other}` is unknown"),
+                "use none or tanh",
+            ))
+        }
+    };
+    same(&x, format!("gelu({}{exact})", x.expr))
+}
+
+/// `Identity`, eval-mode `Dropout` and `Cast` to float: the input itself.
+fn pass_on(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
+    let op = node.op();
+    if op == "Cast" && !matches!(node.int("to", 0), 1 | 11) {
+        return Err(node.err(
+            format!(
+                "casts a computed value to {}",
+                crate::onnx::tensor::dtype_name(node.int("to", 0) as i32)
+            ),
+            "memc computes in float32; only casts to float are imported",
+        ));
+    }
+    if op == "Dropout" && node.input_name(2).is_some() {
+        let training = node.konst(env, 2)?.ints().first().copied().unwrap_or(0);
+        if training != 0 {
+            return Err(node.err(
+                "training-mode dropout is not supported",
+                "export in eval mode",
+            ));
+        }
+    }
+    Ok(Out::Values(vec![Value::Dyn(operand(node, env, w, 0)?)]))
+}
+
+/// Binary arithmetic; a one-element constant that does not widen the result is written as
+/// a number (exact for + - *), others as parameters.
+fn arithmetic(node: &Node, env: &Env, w: &mut Writer, op: &str) -> R<Out> {
+    let sym = match op {
+        "Add" => "+",
+        "Sub" => "-",
+        "Mul" => "*",
+        _ => "/",
+    };
+    let literal = |i: usize| -> Option<String> {
+        match node.input(env, i).ok()? {
+            Value::Const(c) if c.data.len() == 1 && op != "Div" => {
+                let v = c.floats()[0];
+                v.is_finite().then(|| number(v)).map(|s| (s, c.shape.len()))
+            }
+            _ => None,
+        }
+        .and_then(|(s, rank)| {
+            let other = match node.input(env, 1 - i).ok()? {
+                Value::Dyn(d) => d.shape.len(),
+                Value::Const(_) => return None,
+            };
+            (rank <= other).then_some(s)
+        })
+    };
+    let mut texts = Vec::new();
+    let mut dyns = Vec::new();
+    for i in 0..2 {
+        match literal(i) {
+            Some(s) => texts.push(s),
+            None => {
+                let d = operand(node, env, w, i)?;
+                texts.push(d.expr.clone());
+                dyns.push(d);
+            }
+        }
+    }
+    let (out, syms) = broadcast_dyns(node, &dyns)?;
+    Ok(Out::Expr(
+        format!("{} {sym} {}", texts[0], texts[1]),
+        out,
+        syms,
+    ))
+}
+
+/// `Sum` of any number of operands.
+fn sum(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
+    let mut ds = operands(node, env, w)?;
+    if ds.len() <= 1 {
+        return ds
+            .pop()
+            .map(|d| Out::Values(vec![Value::Dyn(d)]))
+            .ok_or_else(|| node.err("has no inputs", "the file is malformed"));
+    }
+    let (out, syms) = broadcast_dyns(node, &ds)?;
+    let terms: Vec<&str> = ds.iter().map(|d| d.expr.as_str()).collect();
+    Ok(Out::Expr(terms.join(" + "), out, syms))
+}
+
+/// `Pow(x, 2)` as `x * x`.
+fn square(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
+    let x = operand(node, env, w, 0)?;
+    let e = node.konst(env, 1)?;
+    if e.data.len() != 1 || e.data.get(0) != 2.0 {
+        return Err(node.err(
+            "raises to a power other than a constant 2",
+            "memc imports Pow(x, 2) as x * x",
+        ));
+    }
+    same(&x, format!("{} * {}", x.expr, x.expr))
+}

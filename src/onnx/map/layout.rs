@@ -1,0 +1,209 @@
+//! ONNX reductions and data-movement ops as `.mdl` expressions: `ReduceMean`/`Sum`/`Max`,
+//! `Concat`, `Reshape`, `Flatten`, `Squeeze`, `Unsqueeze`, `Transpose` and `Split`.
+
+use super::{operand, operands, reshape_expr, tuple_text, Out, R};
+use crate::onnx::shapes::{axes_arg, axis, reshape_target, squeezed, transpose_perm, unsqueezed};
+use crate::onnx::write::Writer;
+use crate::onnx::{Env, Node, Value};
+
+/// Maps `node` when it is a reduction or moves data; `None` for other ops.
+pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
+    let out = match node.op() {
+        "ReduceMean" | "ReduceSum" | "ReduceMax" => reduce(node, env, w),
+        "Concat" => concat(node, env, w),
+        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => reshape(node, env, w),
+        "Transpose" => transpose(node, env, w),
+        "Split" => split(node, env, w).map(Out::Values),
+        _ => return Ok(None),
+    };
+    out.map(Some)
+}
+
+/// `ReduceMean`/`ReduceSum`/`ReduceMax` over axes from an attribute or input 1.
+fn reduce(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
+    let op = node.op();
+    let x = operand(node, env, w, 0)?;
+    let from_input = node.opset >= if op == "ReduceSum" { 13 } else { 18 };
+    let axes = if from_input {
+        match node.input_name(1) {
+            Some(_) => Some(node.konst(env, 1)?.ints()),
+            None => None,
+        }
+    } else {
+        node.ints("axes")
+    };
+    let rank = x.shape.len();
+    let axes: Vec<usize> = match axes.filter(|a| !a.is_empty()) {
+        Some(a) => a.iter().map(|&v| axis(node, v, rank)).collect::<R<_>>()?,
+        None => (0..rank).collect(),
+    };
+    let keep = node.int("keepdims", 1) != 0;
+    let f = &op[6..].to_lowercase();
+    let items: Vec<String> = axes.iter().map(usize::to_string).collect();
+    let mut shape = Vec::new();
+    let mut syms = Vec::new();
+    for k in 0..rank {
+        if !axes.contains(&k) {
+            shape.push(x.shape[k]);
+            syms.push(x.syms[k].clone());
+        } else if keep {
+            shape.push(1);
+            syms.push(None);
+        }
+    }
+    Ok(Out::Expr(
+        format!(
+            "{f}({}, axis = {}, keepdim = {keep})",
+            x.expr,
+            tuple_text(&items)
+        ),
+        shape,
+        syms,
+    ))
+}
+
+/// `Concat` along `axis`.
+fn concat(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
+    let ds = operands(node, env, w)?;
+    let Some(rank) = ds.first().map(|d| d.shape.len()) else {
+        return Err(node.err("has no inputs", "the file is malformed"));
+    };
+    let ax = axis(node, node.int("axis", 0), rank)?;
+    let mut shape = ds[0].shape.clone();
+    for d in &ds[1..] {
+        let same_rest =
+            d.shape.len() == rank && (0..rank).all(|k| k == ax || d.shape[k] == shape[k]);
+        if !same_rest {
+            return Err(node.err(
+                format!(
+                    "input shapes {:?} and {:?} do not concatenate",
+                    ds[0].shape, d.shape
+                ),
+                "the file is malformed",
+            ));
+        }
+        shape[ax] += d.shape[ax];
+    }
+    let mut syms = ds[0].syms.clone();
+    syms[ax] = None;
+    let parts: Vec<&str> = ds.iter().map(|d| d.expr.as_str()).collect();
+    Ok(Out::Expr(
+        format!("concat({}, axis = {ax})", parts.join(", ")),
+        shape,
+        syms,
+    ))
+}
+
+/// `Reshape`, `Flatten`, `Squeeze` and `Unsqueeze`; nothing when the shape stays.
+fn reshape(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
+    let op = node.op();
+    let x = operand(node, env, w, 0)?;
+    let (shape, syms) = match op {
+        "Reshape" => {
+            let t = node.konst(env, 1)?;
+            let target = t.ints();
+            let shape = reshape_target(node, &x.shape, &target)?;
+            let syms = (0..shape.len())
+                .map(|i| match t.dim_of(i) {
+                    Some(d) => Some(d.to_string()),
+                    None if target[i] == 0 => x.syms.get(i).cloned().flatten(),
+                    None => None,
+                })
+                .collect();
+            (shape, syms)
+        }
+        "Flatten" => {
+            let ax = axis(node, node.int("axis", 1), x.shape.len() + 1)?;
+            let lead = if ax == 1 { x.syms[0].clone() } else { None };
+            (
+                vec![
+                    x.shape[..ax].iter().product(),
+                    x.shape[ax..].iter().product(),
+                ],
+                vec![lead, None],
+            )
+        }
+        "Squeeze" => {
+            let shape = squeezed(node, &x.shape, axes_arg(node, env)?.as_deref())?;
+            (shape.clone(), vec![None; shape.len()])
+        }
+        _ => {
+            let axes = axes_arg(node, env)?.unwrap_or_default();
+            let shape = unsqueezed(node, &x.shape, &axes)?;
+            (shape.clone(), vec![None; shape.len()])
+        }
+    };
+    if shape == x.shape {
+        return Ok(Out::Values(vec![Value::Dyn(x)]));
+    }
+    if shape.is_empty() {
+        return Err(node.err(
+            "reshapes to a scalar",
+            "memc values used by later ops have rank 1 or more",
+        ));
+    }
+    Ok(Out::Expr(reshape_expr(&x, &shape, &syms), shape, syms))
+}
+
+/// `Transpose` as `permute`; nothing for the identity permutation.
+fn transpose(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
+    let x = operand(node, env, w, 0)?;
+    let rank = x.shape.len();
+    let perm = transpose_perm(node, rank)?;
+    if perm.iter().enumerate().all(|(i, &p)| i == p) {
+        return Ok(Out::Values(vec![Value::Dyn(x)]));
+    }
+    let items: Vec<String> = perm.iter().map(usize::to_string).collect();
+    let shape = perm.iter().map(|&p| x.shape[p]).collect();
+    let syms = perm.iter().map(|&p| x.syms[p].clone()).collect();
+    Ok(Out::Expr(
+        format!("permute({}, ({}))", x.expr, items.join(", ")),
+        shape,
+        syms,
+    ))
+}
+
+/// `Split` into `slice`s: sizes from the `split` attribute (input 1 from opset 13), else equal
+/// parts, one per output.
+fn split(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
+    let x = operand(node, env, w, 0)?;
+    let ax = axis(node, node.int("axis", 0), x.shape.len())?;
+    let outs = node.p.output.len();
+    let sizes: Vec<i64> = match node.opset {
+        o if o < 13 => node.ints("split").unwrap_or_default(),
+        _ if node.input_name(1).is_some() => node.konst(env, 1)?.ints(),
+        _ => Vec::new(),
+    };
+    let extent = x.shape[ax];
+    let sizes: Vec<usize> = if sizes.is_empty() {
+        let part = extent.div_ceil(outs.max(1));
+        (0..outs)
+            .map(|i| part.min(extent.saturating_sub(i * part)))
+            .collect()
+    } else {
+        sizes
+            .iter()
+            .map(|&s| usize::try_from(s).unwrap_or(usize::MAX))
+            .collect()
+    };
+    if sizes.len() != outs
+        || sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s)) != Some(extent)
+    {
+        return Err(node.err(
+            format!("sizes {sizes:?} do not split {extent} elements into {outs} outputs"),
+            "the file is malformed",
+        ));
+    }
+    let mut start = 0;
+    let mut values = Vec::new();
+    for (name, size) in node.p.output.iter().zip(sizes) {
+        let mut shape = x.shape.clone();
+        shape[ax] = size;
+        let mut syms = x.syms.clone();
+        syms[ax] = None;
+        let expr = format!("slice({}, {start}, {}, axis = {ax})", x.expr, start + size);
+        values.push(Value::Dyn(w.bind(name, expr, shape, syms)));
+        start += size;
+    }
+    Ok(values)
+}
