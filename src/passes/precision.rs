@@ -4,7 +4,8 @@
 //! - matmul, conv2d and attention run in the low precision (bf16 or fp16; the kernels
 //!   accumulate in fp32);
 //! - softmax, log-softmax, layer/rms/group norm, reductions (`sum_to`, `max_to`) and
-//!   exp/log/sqrt/rsqrt run in fp32 (batch norm, not on autocast's fp32 list, runs in its
+//!   the unary functions on autocast's fp32 list (exp, log, ...: the pointwise family's
+//!   precision class) run in fp32 (batch norm, not on autocast's fp32 list, runs in its
 //!   input's precision with fp32 statistics, as cuDNN's does);
 //! - every other op (pointwise, movement, dropout, rope, embedding) runs in the widest
 //!   precision among its inputs that depend on a step input, and in fp32 when none does.

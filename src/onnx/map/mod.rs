@@ -15,13 +15,27 @@ use crate::diagnostic::UserError;
 type R<T> = Result<T, UserError>;
 
 /// The ops `map` handles (constant-only ops are folded instead), for the help line.
-const SUPPORTED: &str = "Conv, Gemm, MatMul, BatchNormalization, Relu, Sigmoid, Tanh, Exp, Log, \
-Sqrt, Neg, Erf, Gelu, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, LRN, \
-LayerNormalization, Softmax, LogSoftmax, Add, Sub, Mul, Div, Sum, Concat, Reshape, Flatten, \
-Squeeze, Unsqueeze, Transpose, Split, Pow (x^2), Resize/Upsample (nearest, integer factor), \
-Pad (constant, H and W), ReduceMean, ReduceSum, ReduceMax, \
+/// The run-time ONNX ops the importer maps, the unary functions aside (those come from
+/// [`UnaryFn::onnx_name`](crate::ir::UnaryFn::onnx_name)).
+const SUPPORTED_BEFORE_UNARY: &str = "Conv, Gemm, MatMul, BatchNormalization";
+const SUPPORTED_AFTER_UNARY: &str = "Gelu, MaxPool, AveragePool, GlobalAveragePool, \
+GlobalMaxPool, LRN, LayerNormalization, Softmax, LogSoftmax, Add, Sub, Mul, Div, Sum, Concat, \
+Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Split, Pow (x^2), Resize/Upsample (nearest, \
+integer factor), Pad (constant, H and W), ReduceMean, ReduceSum, ReduceMax, \
 Gather (embedding), Dropout, Identity, Cast (to float), and any op on constants that folding \
 evaluates";
+
+/// Every ONNX op the importer maps, for the help line of an unsupported one.
+fn supported() -> String {
+    let unary: Vec<&str> = crate::ir::UnaryFn::ALL
+        .iter()
+        .filter_map(|f| f.onnx_name())
+        .collect();
+    format!(
+        "{SUPPORTED_BEFORE_UNARY}, {}, {SUPPORTED_AFTER_UNARY}",
+        unary.join(", ")
+    )
+}
 
 /// What a node maps to.
 enum Out {
@@ -49,7 +63,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
     }
     Err(node.err(
         format!("operator `{}` is not supported", node.op()),
-        format!("memc imports {SUPPORTED}"),
+        format!("memc imports {}", supported()),
     ))
 }
 
