@@ -91,6 +91,7 @@ gradcheck! {
     gelu_exact: ("A = 3, B = 4", X, "gelu(x, exact = true)", "[A, B]", 1e-2, 1e-2);
     silu: ("A = 3, B = 4", X, "silu(x)", "[A, B]", 1e-2, 1e-2);
     erf: ("A = 3, B = 4", X, "erf(x)", "[A, B]", 1e-2, 1e-2);
+    softplus: ("A = 3, B = 4", X, "softplus(x)", "[A, B]", 1e-2, 1e-2);
     sum_axis: ("A = 3, B = 4", X, "sum(x, axis = 0)", "[B]", 1e-2, 1e-2);
     mean_keepdim: ("A = 3, B = 4", X, "mean(x, axis = -1, keepdim = true)", "[A, 1]", 1e-2, 1e-2);
     max_axis: ("A = 3, B = 4", X, "max(x, axis = 1)", "[A]", 1e-3, 1e-2);

@@ -194,7 +194,7 @@ fn light_models_match_onnxruntime() {
             false,
         )
     }));
-    for small in ["dynamic_batch", "attention_mix", "resize"] {
+    for small in ["dynamic_batch", "attention_mix", "resize", "softplus"] {
         let path = Path::new(ROOT).join(format!("tests/onnx/{small}.onnx"));
         cases.push((small.into(), path, false));
     }

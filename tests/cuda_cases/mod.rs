@@ -55,6 +55,16 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ("unary_erf", Op::Unary(UnaryFn::GeluErf), vec![f(&[7])]),
         ("unary_erf_fn", Op::Unary(UnaryFn::Erf), vec![f(&[7])]),
         (
+            "unary_softplus",
+            Op::Unary(UnaryFn::Softplus),
+            vec![f(&[4, 33])],
+        ),
+        (
+            "unary_softplus_bwd",
+            Op::UnaryBackward(UnaryFn::Softplus),
+            vec![f(&[4, 33]), f(&[4, 33])],
+        ),
+        (
             "unary_bwd",
             Op::UnaryBackward(UnaryFn::Silu),
             vec![f(&[4, 33]), f(&[4, 33])],

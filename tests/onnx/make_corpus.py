@@ -6,7 +6,9 @@ flatten target is computed by Shape -> Gather -> Unsqueeze -> Concat;
 tests/onnx/attention_mix.onnx: LayerNormalization, MatMul, Split, Transpose, Softmax, an
 Erf-based GELU, Pow, ReduceMean, Sqrt, Div, Flatten and a Gemm with alpha and beta (opset 17);
 tests/onnx/resize.onnx: nearest Resize by scales (half_pixel) and by sizes (asymmetric, floor)
-around a Conv, and an asymmetric constant Pad.
+around a Conv, and an asymmetric constant Pad;
+tests/onnx/softplus.onnx: Softplus of a projection widened 40x, so that inputs reach where
+exp(x) overflows f32.
 """
 import os
 
@@ -163,6 +165,13 @@ def main():
         model([linear], [tensor("x", [1, 2, 4, 4])], [tensor("y", [1, 2, 8, 8])], [floats([1, 1, 2, 2], "scales")]),
         "errors/resize_linear.onnx",
     )
+    nodes = [
+        mk("MatMul", ["x", "w"], ["h"], name="proj"),
+        mk("Mul", ["h", "gain"], ["big"], name="widen"),
+        mk("Softplus", ["big"], ["y"], name="softplus"),
+    ]
+    inits = [weight("w", [8, 5]), floats(40.0, "gain")]
+    save(model(nodes, [tensor("x", [3, 8])], [tensor("y", [3, 5])], inits), "softplus.onnx")
 
 
 if __name__ == "__main__":

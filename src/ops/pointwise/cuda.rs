@@ -31,6 +31,7 @@ fn unary_code(f: UnaryFn) -> i64 {
         UnaryFn::GeluErf => 9,
         UnaryFn::Silu => 10,
         UnaryFn::Erf => 11,
+        UnaryFn::Softplus => 12,
     }
 }
 

@@ -13,7 +13,8 @@ pub struct Family;
 impl super::OpFamily for Family {}
 
 /// Unary elementwise functions. `GeluTanh` is the tanh approximation (GPT-2), `GeluErf` exact;
-/// `Erf` is the error function (ONNX `Erf`).
+/// `Erf` is the error function (ONNX `Erf`); `Softplus` is `log(1 + exp(x))` (ONNX
+/// `Softplus`; `torch.nn.Softplus` with beta 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum UnaryFn {
@@ -29,6 +30,7 @@ pub enum UnaryFn {
     GeluErf,
     Silu,
     Erf,
+    Softplus,
 }
 
 impl UnaryFn {
@@ -47,6 +49,7 @@ impl UnaryFn {
         UnaryFn::GeluErf,
         UnaryFn::Silu,
         UnaryFn::Erf,
+        UnaryFn::Softplus,
     ];
 
     /// The `.mdl` function that computes it. Both gelus are `gelu`: the language writes
@@ -64,6 +67,7 @@ impl UnaryFn {
             UnaryFn::GeluTanh | UnaryFn::GeluErf => "gelu",
             UnaryFn::Silu => "silu",
             UnaryFn::Erf => "erf",
+            UnaryFn::Softplus => "softplus",
         }
     }
 
@@ -80,6 +84,7 @@ impl UnaryFn {
             UnaryFn::Sigmoid => Some("Sigmoid"),
             UnaryFn::Relu => Some("Relu"),
             UnaryFn::Erf => Some("Erf"),
+            UnaryFn::Softplus => Some("Softplus"),
             UnaryFn::Rsqrt | UnaryFn::Silu | UnaryFn::GeluTanh | UnaryFn::GeluErf => None,
         }
     }
@@ -103,7 +108,7 @@ mod tests {
     fn unary_tables_agree() {
         let mut seen = std::collections::HashSet::new();
         assert!(UnaryFn::ALL.iter().all(|f| seen.insert(*f)));
-        assert_eq!(UnaryFn::ALL.len(), 12);
+        assert_eq!(UnaryFn::ALL.len(), 13);
         for f in UnaryFn::ALL {
             if let Some(onnx) = f.onnx_name() {
                 assert_eq!(onnx.to_lowercase(), f.name());

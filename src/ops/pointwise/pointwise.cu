@@ -14,6 +14,7 @@
 #define U_GELU_ERF 9
 #define U_SILU 10
 #define U_ERF 11
+#define U_SOFTPLUS 12
 
 #define MEMC_SQRT_2_OVER_PI 0.7978846f
 #define MEMC_GELU_C 0.044715f
@@ -40,6 +41,7 @@ template <int OP> __device__ __forceinline__ float unary_eval(float x) {
     case U_GELU_TANH: return 0.5f * x * (1.0f + tanhf(MEMC_SQRT_2_OVER_PI * (x + MEMC_GELU_C * x * x * x)));
     case U_GELU_ERF: return 0.5f * x * (1.0f + erff(x * MEMC_FRAC_1_SQRT_2));
     case U_ERF: return erff(x);
+    case U_SOFTPLUS: return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
     default: return x * memc_sigmoid(x);
     }
 }
@@ -63,6 +65,7 @@ template <int OP> __device__ __forceinline__ float unary_deriv(float x) {
         return cdf + x * MEMC_INV_SQRT_2PI * expf(-0.5f * x * x);
     }
     case U_ERF: return MEMC_2_OVER_SQRT_PI * expf(-x * x);
+    case U_SOFTPLUS: return memc_sigmoid(x);
     default: { const float s = memc_sigmoid(x); return s * (1.0f + x * (1.0f - s)); }
     }
 }

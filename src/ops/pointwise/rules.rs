@@ -46,9 +46,10 @@ impl Rules for super::Family {
 
     fn precision(&self, op: &Op) -> PrecisionClass {
         match op {
-            Op::Unary(UnaryFn::Exp | UnaryFn::Log | UnaryFn::Sqrt | UnaryFn::Rsqrt) => {
-                PrecisionClass::Fp32
-            }
+            // autocast's fp32 list (softplus among them, as torch.autocast runs it).
+            Op::Unary(
+                UnaryFn::Exp | UnaryFn::Log | UnaryFn::Sqrt | UnaryFn::Rsqrt | UnaryFn::Softplus,
+            ) => PrecisionClass::Fp32,
             _ => PrecisionClass::Widest,
         }
     }

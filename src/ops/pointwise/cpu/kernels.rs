@@ -32,6 +32,8 @@ fn eval(f: UnaryFn, x: f32) -> f32 {
         UnaryFn::GeluErf => 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)),
         UnaryFn::Silu => x * sigmoid(x),
         UnaryFn::Erf => libm::erff(x),
+        // max(x, 0) + log1p(exp(-|x|)): no overflow, and x itself once exp(-|x|) underflows.
+        UnaryFn::Softplus => x.max(0.0) + (-x.abs()).exp().ln_1p(),
     }
 }
 
@@ -71,6 +73,7 @@ fn derivative(f: UnaryFn, x: f32) -> f32 {
             s * (1.0 + x * (1.0 - s))
         }
         UnaryFn::Erf => std::f32::consts::FRAC_2_SQRT_PI * (-x * x).exp(),
+        UnaryFn::Softplus => sigmoid(x),
     }
 }
 
@@ -158,21 +161,6 @@ mod tests {
     use crate::exec::kernels::reduce::{broadcast_to, sum_to};
     use crate::exec::kernels::testing::{central_diff, dot, rel_err, Rng};
 
-    const ALL: [UnaryFn; 12] = [
-        UnaryFn::Neg,
-        UnaryFn::Exp,
-        UnaryFn::Log,
-        UnaryFn::Sqrt,
-        UnaryFn::Rsqrt,
-        UnaryFn::Tanh,
-        UnaryFn::Sigmoid,
-        UnaryFn::Relu,
-        UnaryFn::GeluTanh,
-        UnaryFn::GeluErf,
-        UnaryFn::Silu,
-        UnaryFn::Erf,
-    ];
-
     fn input_for(f: UnaryFn, rng: &mut Rng, n: usize) -> Vec<f32> {
         let x = rng.vec(n);
         match f {
@@ -214,12 +202,33 @@ mod tests {
         }
     }
 
+    #[test]
+    fn softplus_matches_reference_without_overflow() {
+        // log1p(exp(x)) in f64 (Python's math), including where exp(x) overflows f32.
+        let x = [-2.0f32, -0.5, 0.0, 0.7, 3.0, 30.0, -30.0, 100.0];
+        let want = [
+            0.126_928_01,
+            0.474_077,
+            std::f32::consts::LN_2,
+            1.103_186,
+            3.048_587_4,
+            30.0,
+            9.357_623e-14,
+            100.0,
+        ];
+        let mut out = [0.0; 8];
+        unary_forward(UnaryFn::Softplus, &x, &mut out);
+        for (o, w) in out.iter().zip(want) {
+            assert!((o - w).abs() <= 1e-6 * w.abs().max(1e-7), "{o} vs {w}");
+        }
+    }
+
     /// Central differences in f64-accumulated f32 evaluation: h = 1e-3, tolerance 1e-3
     /// relative per element (plus 1e-4 absolute).
     #[test]
     fn unary_backward_matches_finite_differences() {
         let mut rng = Rng(0x1234_5678);
-        for f in ALL {
+        for &f in UnaryFn::ALL {
             let x = input_for(f, &mut rng, 5000);
             let dy = rng.vec(x.len());
             let mut dx = vec![0.0; x.len()];
