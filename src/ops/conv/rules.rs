@@ -1,10 +1,10 @@
 //! Shape and dtype rule, cost and precision class of conv2d and its backward ops.
 
 use super::ConvParams;
-use crate::ir::{Op, OpClass, TensorType};
+use crate::ir::{Op, TensorType};
 use crate::ops::rules::{
-    arity, fail, float, foreign, rank_exactly, same_dtype, window_out, PrecisionClass, Result,
-    Rules,
+    arity, fail, float, foreign, rank_exactly, same_dtype, window_out, Behaviour, PrecisionClass,
+    Result, Rules,
 };
 
 /// The output of conv2d of `x[N, C, H, W]` by `w[O, C/g, KH, KW]`.
@@ -111,18 +111,10 @@ impl Rules for super::Family {
         }
     }
 
-    fn precision(&self, op: &Op) -> PrecisionClass {
+    fn behaviour(&self, op: &Op) -> Behaviour {
         match op {
-            Op::Conv2d(_) => PrecisionClass::Low,
-            _ => PrecisionClass::Widest,
+            Op::Conv2d(_) => Behaviour::HEAVY.in_precision(PrecisionClass::Low),
+            _ => Behaviour::HEAVY,
         }
-    }
-
-    fn class(&self, _op: &Op) -> OpClass {
-        OpClass::Heavy
-    }
-
-    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
-        &[]
     }
 }

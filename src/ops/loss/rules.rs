@@ -1,10 +1,10 @@
 //! Shape and dtype rule, cost and precision class of the losses (cross-entropy, mean squared
 //! error) and their backward ops.
 
-use crate::ir::{DType, Op, OpClass, TensorType};
+use crate::ir::{DType, Op, TensorType};
 use crate::ops::rules::{
     arity, elementwise_flops, fail, first_numel, float, foreign, int, rank_at_least, same_dtype,
-    same_shape, PrecisionClass, Result, Rules,
+    same_shape, Behaviour, PrecisionClass, Result, Rules,
 };
 
 /// Checks cross-entropy's operands: floating logits `[..., C]`, i32 targets `[...]`.
@@ -63,18 +63,10 @@ impl Rules for super::Family {
         }
     }
 
-    fn precision(&self, op: &Op) -> PrecisionClass {
+    fn behaviour(&self, op: &Op) -> Behaviour {
         match op {
-            Op::CrossEntropy => PrecisionClass::AsIs,
-            _ => PrecisionClass::Widest,
+            Op::CrossEntropy => Behaviour::CHEAP.in_precision(PrecisionClass::AsIs),
+            _ => Behaviour::CHEAP,
         }
-    }
-
-    fn class(&self, _op: &Op) -> OpClass {
-        OpClass::Cheap
-    }
-
-    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
-        &[]
     }
 }

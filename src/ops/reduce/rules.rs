@@ -1,9 +1,10 @@
 //! Shape and dtype rule, cost and precision class of the reductions and broadcasts between
 //! a shape and its broadcast. Integer tensors are neither reduced nor broadcast.
 
-use crate::ir::{broadcast, Op, OpClass, ShapeDisplay, TensorType};
+use crate::ir::{broadcast, Op, ShapeDisplay, TensorType};
 use crate::ops::rules::{
-    arity, elementwise_flops, fail, float, foreign, same_shape, PrecisionClass, Result, Rules,
+    arity, elementwise_flops, fail, float, foreign, same_shape, Behaviour, PrecisionClass, Result,
+    Rules,
 };
 
 /// Fails unless `x` is floating: the reductions and broadcasts take no integer tensors.
@@ -77,18 +78,12 @@ impl Rules for super::Family {
         elementwise_flops(inputs, out)
     }
 
-    fn precision(&self, op: &Op) -> PrecisionClass {
+    fn behaviour(&self, op: &Op) -> Behaviour {
         match op {
-            Op::SumTo { .. } | Op::MaxTo { .. } => PrecisionClass::Fp32,
-            _ => PrecisionClass::Widest,
+            Op::SumTo { .. } | Op::MaxTo { .. } => {
+                Behaviour::CHEAP.in_precision(PrecisionClass::Fp32)
+            }
+            _ => Behaviour::CHEAP,
         }
-    }
-
-    fn class(&self, _op: &Op) -> OpClass {
-        OpClass::Cheap
-    }
-
-    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
-        &[]
     }
 }
