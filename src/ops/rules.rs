@@ -316,11 +316,8 @@ mod tests {
     #[test]
     fn optimizer_operands_are_floating_and_the_multiplier_f32() {
         let adam = Op::AdamW(AdamWParams {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
             weight_decay: 0.0,
+            ..AdamWParams::default()
         });
         let (p, h) = (t(DType::F32, &[4]), t(DType::F16, &[4]));
         let one = t(DType::F32, &[]);

@@ -140,10 +140,9 @@ mod tests {
     fn adamw(beta2: f32, weight_decay: f32) -> AdamWParams {
         AdamWParams {
             lr: 0.1,
-            beta1: 0.9,
             beta2,
-            eps: 1e-8,
             weight_decay,
+            ..AdamWParams::default()
         }
     }
 
