@@ -58,45 +58,43 @@ template <typename Shape, typename Strides> __device__ __forceinline__ u64 strid
 
 // ---- deterministic block reductions (fixed tree for a fixed blockDim) -------------------
 // Every thread of the block must call these; all threads get the result. blockDim.x is a
-// multiple of 32 and at most 1024.
-__device__ __forceinline__ float warp_sum(float v) {
+// multiple of 32 and at most 1024. A reduction R names its value type T, its operation
+// op(v, other) and its identity.
+template <typename R> __device__ __forceinline__ typename R::T warp_reduce(typename R::T v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1) v = R::op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ u64 warp_min_u64(u64 v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const u64 w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = w < v ? w : v;
-    }
-    return v;
-}
-__device__ __forceinline__ float block_sum(float v) {
-    __shared__ float memc_red_f[32];
+// Each reduction R has its own shared scratch.
+template <typename R> __device__ __forceinline__ typename R::T block_reduce(typename R::T v) {
+    __shared__ typename R::T memc_red[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = warp_sum(v);
+    v = warp_reduce<R>(v);
     __syncthreads();
-    if (lane == 0) memc_red_f[warp] = v;
+    if (lane == 0) memc_red[warp] = v;
     __syncthreads();
-    v = lane < nw ? memc_red_f[lane] : 0.0f;
-    return warp_sum(v);
+    v = lane < nw ? memc_red[lane] : R::identity();
+    return warp_reduce<R>(v);
 }
-__device__ __forceinline__ float block_max(float v) {
-    __shared__ float memc_red_m[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) memc_red_m[warp] = v;
-    __syncthreads();
-    v = lane < nw ? memc_red_m[lane] : MEMC_NEG_INF;
-    return warp_max(v);
-}
+template <typename V> struct MemcSum {
+    typedef V T;
+    static __device__ __forceinline__ V op(V v, V other) { return v + other; }
+    static __device__ __forceinline__ V identity() { return (V)0; }
+};
+struct MemcMax {
+    typedef float T;
+    static __device__ __forceinline__ float op(float v, float other) { return fmaxf(v, other); }
+    static __device__ __forceinline__ float identity() { return MEMC_NEG_INF; }
+};
+struct MemcMinU64 {
+    typedef u64 T;
+    static __device__ __forceinline__ u64 op(u64 v, u64 other) { return other < v ? other : v; }
+    static __device__ __forceinline__ u64 identity() { return ~0ull; }
+};
+__device__ __forceinline__ float block_sum(float v) { return block_reduce<MemcSum<float>>(v); }
+__device__ __forceinline__ float block_max(float v) { return block_reduce<MemcMax>(v); }
+__device__ __forceinline__ u64 block_min_u64(u64 v) { return block_reduce<MemcMinU64>(v); }
+
 // Block-wide log-sum-exp of x[base + t * stride], t < n: returns {max, log(sum exp(x - max))}
 // to every thread (all threads of the block must call it).
 template <typename T>
@@ -107,14 +105,4 @@ __device__ __forceinline__ float2 block_logsumexp(const T* x, u64 base, u64 n, u
     float s = 0.0f;
     for (u64 t = threadIdx.x; t < n; t += blockDim.x) s += expf(ld(x, base + t * stride) - m);
     return make_float2(m, logf(block_sum(s)));
-}
-__device__ __forceinline__ u64 block_min_u64(u64 v) {
-    __shared__ u64 memc_red_u[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = warp_min_u64(v);
-    __syncthreads();
-    if (lane == 0) memc_red_u[warp] = v;
-    __syncthreads();
-    v = lane < nw ? memc_red_u[lane] : ~0ull;
-    return warp_min_u64(v);
 }

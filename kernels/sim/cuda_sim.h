@@ -45,16 +45,15 @@ inline uint3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
 
 // ---- float intrinsics ----------------------------------------------------------------------
-inline float __int_as_float(int v) {
-    float f;
-    memcpy(&f, &v, 4);
-    return f;
+// The bits of `v` read as a `To` of the same size.
+template <typename To, typename From> inline To memc_bit_cast(From v) {
+    static_assert(sizeof(To) == sizeof(From), "bit casts keep the size");
+    To t;
+    memcpy(&t, &v, sizeof t);
+    return t;
 }
-inline int __float_as_int(float f) {
-    int v;
-    memcpy(&v, &f, 4);
-    return v;
-}
+inline float __int_as_float(int v) { return memc_bit_cast<float>(v); }
+inline int __float_as_int(float f) { return memc_bit_cast<int>(f); }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
@@ -73,28 +72,22 @@ inline float __half2float(__half h) {
     const uint32_t exp = (h.bits >> 10) & 0x1fu, mant = h.bits & 0x3ffu;
     uint32_t bits;
     if (exp == 0) {
-        float f = ldexpf((float)mant, -24);
-        memcpy(&bits, &f, 4);
+        bits = memc_bit_cast<uint32_t>(ldexpf((float)mant, -24));
     } else if (exp == 31) {
         bits = 0x7f800000u | (mant << 13);
     } else {
         bits = ((exp + 112u) << 23) | (mant << 13);
     }
-    bits |= sign;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
+    return memc_bit_cast<float>(bits | sign);
 }
 inline __half __float2half_rn(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
+    const uint32_t x = memc_bit_cast<uint32_t>(f);
     const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
     const uint32_t ax = x & 0x7fffffffu;
     if (ax > 0x7f800000u) return __half{(uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu))};
     if (ax >= 0x477ff000u) return __half{(uint16_t)(sign | 0x7c00u)};  // >= 65520: inf
     if (ax < 0x38800000u) {                                               // subnormal half
-        float a;
-        memcpy(&a, &ax, 4);
+        const float a = memc_bit_cast<float>(ax);
         return __half{(uint16_t)(sign | (uint16_t)nearbyintf(a * 16777216.0f))};
     }
     uint32_t h = ((((ax >> 23) - 112u) << 10) | ((ax >> 13) & 0x3ffu));
@@ -102,15 +95,9 @@ inline __half __float2half_rn(float f) {
     if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
     return __half{(uint16_t)(sign | h)};
 }
-inline float __bfloat162float(__nv_bfloat16 b) {
-    const uint32_t bits = (uint32_t)b.bits << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
+inline float __bfloat162float(__nv_bfloat16 b) { return memc_bit_cast<float>((uint32_t)b.bits << 16); }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
+    const uint32_t x = memc_bit_cast<uint32_t>(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) return __nv_bfloat16{(uint16_t)((x >> 16) | 0x40u)};
     return __nv_bfloat16{(uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16)};
 }

@@ -8,6 +8,16 @@ pub(crate) fn u(v: usize) -> u64 {
     v as u64
 }
 
+/// The window constants `SH`, `SW` (stride) and `PH`, `PW` (padding) of a 2-D window op.
+pub(crate) fn window_consts(stride: [usize; 2], padding: [usize; 2]) -> [String; 4] {
+    [
+        c_u64("SH", u(stride[0])),
+        c_u64("SW", u(stride[1])),
+        c_u64("PH", u(padding[0])),
+        c_u64("PW", u(padding[1])),
+    ]
+}
+
 /// The element count of `shape` (1 for a scalar).
 pub(crate) fn numel(shape: &[usize]) -> u64 {
     shape.iter().map(|&d| u(d)).product()

@@ -187,12 +187,12 @@ pub enum OpClass {
 impl Op {
     /// The op's class, by its family's rule.
     pub fn class(&self) -> OpClass {
-        crate::ops::family(self).class(self)
+        crate::ops::family(self).behaviour(self).class
     }
 
     /// Indices of inputs this op overwrites in place (optimizer state and parameters).
     pub fn mutated_inputs(&self) -> &'static [usize] {
-        crate::ops::family(self).mutated_inputs(self)
+        crate::ops::family(self).behaviour(self).mutated_inputs
     }
 
     /// The short kernel name used in dumps and plans (`matmul`, `norm_backward_input`, ...).

@@ -24,12 +24,38 @@ pub trait Rules {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType>;
     /// FLOPs of one execution of `op` (multiply-add = 2).
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64;
-    /// The precision `op` runs in under mixed precision.
-    fn precision(&self, op: &Op) -> PrecisionClass;
-    /// What kind of work `op` is, for cost models and recomputation policy.
-    fn class(&self, op: &Op) -> OpClass;
-    /// Indices of inputs `op` overwrites in place.
-    fn mutated_inputs(&self, op: &Op) -> &'static [usize];
+    /// How `op` runs: its precision, its class and the inputs it overwrites.
+    fn behaviour(&self, op: &Op) -> Behaviour;
+}
+
+/// How an op runs, beyond its types: what a pass needs to place, cost and order it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Behaviour {
+    /// The precision the op runs in under mixed precision.
+    pub precision: PrecisionClass,
+    /// What kind of work the op is, for cost models and recomputation policy.
+    pub class: OpClass,
+    /// Indices of inputs the op overwrites in place.
+    pub mutated_inputs: &'static [usize],
+}
+
+impl Behaviour {
+    /// Cheap work in its inputs' widest precision, writing no input.
+    pub const CHEAP: Behaviour = Behaviour {
+        precision: PrecisionClass::Widest,
+        class: OpClass::Cheap,
+        mutated_inputs: &[],
+    };
+    /// Heavy work in its inputs' widest precision, writing no input.
+    pub const HEAVY: Behaviour = Behaviour {
+        class: OpClass::Heavy,
+        ..Behaviour::CHEAP
+    };
+
+    /// The same behaviour run in `precision`.
+    pub const fn in_precision(self, precision: PrecisionClass) -> Behaviour {
+        Behaviour { precision, ..self }
+    }
 }
 
 /// The result of a type rule.
@@ -290,11 +316,8 @@ mod tests {
     #[test]
     fn optimizer_operands_are_floating_and_the_multiplier_f32() {
         let adam = Op::AdamW(AdamWParams {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
             weight_decay: 0.0,
+            ..AdamWParams::default()
         });
         let (p, h) = (t(DType::F32, &[4]), t(DType::F16, &[4]));
         let one = t(DType::F32, &[]);

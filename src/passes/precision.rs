@@ -80,7 +80,7 @@ impl Rewriter<'_> {
     /// The precision node `v`'s op runs in.
     fn target(&self, v: ValueId, low: DType) -> Option<DType> {
         let node = self.old.node(v);
-        match crate::ops::family(&node.op).precision(&node.op) {
+        match crate::ops::family(&node.op).behaviour(&node.op).precision {
             Rule::Low => Some(low),
             Rule::Fp32 => Some(DType::F32),
             Rule::AsIs => None,

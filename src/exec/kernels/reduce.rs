@@ -68,15 +68,25 @@ impl Groups {
 /// Sums `x` over its broadcast dims so the result has `out_shape` (numpy broadcasting in
 /// reverse: `out_shape` may have lower rank; dims where out has 1 and x more are summed).
 pub fn sum_to(x: &[f32], x_shape: &[usize], out: &mut [f32], out_shape: &[usize]) {
+    reduce_groups(x_shape, out, out_shape, |g, base| {
+        let mut s = 0.0f64;
+        g.for_each(base, |i| s += f64::from(x[i]));
+        s as f32
+    });
+}
+
+/// Sets each `out[j]` to `reduce(groups, base)` of output `j`'s group of input elements.
+fn reduce_groups(
+    x_shape: &[usize],
+    out: &mut [f32],
+    out_shape: &[usize],
+    reduce: impl Fn(&Groups, usize) -> f32 + Sync,
+) {
     let g = Groups::new(x_shape, out_shape);
     out.par_iter_mut()
         .enumerate()
         .with_min_len(256)
-        .for_each(|(j, o)| {
-            let mut s = 0.0f64;
-            g.for_each(g.base(j), |i| s += f64::from(x[i]));
-            *o = s as f32;
-        });
+        .for_each(|(j, o)| *o = reduce(&g, g.base(j)));
 }
 
 /// Broadcasts `x` (whose `x_shape` is broadcastable to `out_shape`) to `out_shape`.
@@ -94,15 +104,11 @@ pub fn broadcast_to(x: &[f32], x_shape: &[usize], out: &mut [f32], out_shape: &[
 /// Takes the max over the axes where `out_shape` (same rank as `x_shape`, keepdim) has 1 and
 /// x has more; an empty group yields negative infinity.
 pub fn max_to(x: &[f32], x_shape: &[usize], out: &mut [f32], out_shape: &[usize]) {
-    let g = Groups::new(x_shape, out_shape);
-    out.par_iter_mut()
-        .enumerate()
-        .with_min_len(256)
-        .for_each(|(j, o)| {
-            let mut m = f32::NEG_INFINITY;
-            g.for_each(g.base(j), |i| m = m.max(x[i]));
-            *o = m;
-        });
+    reduce_groups(x_shape, out, out_shape, |g, base| {
+        let mut m = f32::NEG_INFINITY;
+        g.for_each(base, |i| m = m.max(x[i]));
+        m
+    });
 }
 
 /// Backward of [`max_to`]: each `dy` element (shape `out_shape`) flows to the first element

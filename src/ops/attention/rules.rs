@@ -2,10 +2,10 @@
 //! position embedding.
 
 use super::{AttnInput, AttnParams};
-use crate::ir::{Op, OpClass, TensorType};
+use crate::ir::{Op, TensorType};
 use crate::ops::rules::{
-    arity, elementwise_flops, fail, float, foreign, rank_exactly, same_shape, PrecisionClass,
-    Result, Rules,
+    arity, elementwise_flops, fail, float, foreign, rank_exactly, same_shape, Behaviour,
+    PrecisionClass, Result, Rules,
 };
 
 /// Checks attention's `q[B, T, H*dh]`, `k`, `v` `[B, S, KV*dh]` and returns the head dim.
@@ -105,21 +105,11 @@ impl Rules for super::Family {
         }
     }
 
-    fn precision(&self, op: &Op) -> PrecisionClass {
+    fn behaviour(&self, op: &Op) -> Behaviour {
         match op {
-            Op::Attention(_) => PrecisionClass::Low,
-            _ => PrecisionClass::Widest,
+            Op::Attention(_) => Behaviour::HEAVY.in_precision(PrecisionClass::Low),
+            Op::Rope { .. } => Behaviour::CHEAP,
+            _ => Behaviour::HEAVY,
         }
-    }
-
-    fn class(&self, op: &Op) -> OpClass {
-        match op {
-            Op::Rope { .. } => OpClass::Cheap,
-            _ => OpClass::Heavy,
-        }
-    }
-
-    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
-        &[]
     }
 }

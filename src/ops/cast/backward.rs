@@ -8,10 +8,7 @@ impl Backward for super::Family {
     fn vjp(&self, op: &Op, cx: &mut Vjp<'_>) -> Result<(), StageError> {
         let (x, dy) = (cx.x, cx.dy);
         match op {
-            Op::Cast { .. } => cx.set(0, |rw| {
-                let to = rw.dtype(x[0]);
-                rw.add(Op::Cast { to }, vec![dy])
-            }),
+            Op::Cast { .. } => cx.set(0, |rw| rw.add(Op::Cast { to: rw.dtype(x[0]) }, vec![dy])),
             _ => Err(cx.foreign(op, "cast")),
         }
     }

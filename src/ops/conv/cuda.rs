@@ -2,7 +2,7 @@
 //! implicit GEMMs on the tiled core of the matmul template, one GEMM batch per group.
 
 use crate::codegen::build::c_u64;
-use crate::codegen::geometry::u;
+use crate::codegen::geometry::{u, window_consts};
 use crate::codegen::launch::{gemm_launch, templated};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel};
@@ -39,28 +39,25 @@ fn conv(
     } else {
         vec![a.ty(0)?, a.ty(1)?]
     };
+    let mut consts = vec![
+        c_u64("NB", nb),
+        c_u64("CI", ci),
+        c_u64("H", h),
+        c_u64("W", wd),
+        c_u64("CO", co),
+        c_u64("CIG", cig),
+        c_u64("COG", cog),
+        c_u64("KH", kh),
+        c_u64("KW", kw),
+        c_u64("HO", ho),
+        c_u64("WO", wo),
+    ];
+    consts.extend(window_consts(c.stride, c.padding));
+    consts.extend([c_u64("DH", u(c.dilation[0])), c_u64("DW", u(c.dilation[1]))]);
     Ok(templated(
         family,
         &[crate::ops::matmul::Family::TEMPLATE, TEMPLATE],
-        vec![
-            c_u64("NB", nb),
-            c_u64("CI", ci),
-            c_u64("H", h),
-            c_u64("W", wd),
-            c_u64("CO", co),
-            c_u64("CIG", cig),
-            c_u64("COG", cog),
-            c_u64("KH", kh),
-            c_u64("KW", kw),
-            c_u64("HO", ho),
-            c_u64("WO", wo),
-            c_u64("SH", u(c.stride[0])),
-            c_u64("SW", u(c.stride[1])),
-            c_u64("PH", u(c.padding[0])),
-            c_u64("PW", u(c.padding[1])),
-            c_u64("DH", u(c.dilation[0])),
-            c_u64("DW", u(c.dilation[1])),
-        ],
+        consts,
         (&format!("{family}_kernel"), &types, 2),
         launch,
     ))

@@ -1,16 +1,21 @@
 //! Shape and dtype rule, cost and precision class of conv2d and its backward ops.
 
 use super::ConvParams;
-use crate::ir::{Op, OpClass, TensorType};
+use crate::ir::{Op, TensorType};
 use crate::ops::rules::{
-    arity, fail, float, foreign, rank_exactly, same_dtype, window_out, PrecisionClass, Result,
-    Rules,
+    arity, fail, float, foreign, rank_exactly, same_dtype, window_out, Behaviour, PrecisionClass,
+    Result, Rules,
 };
+
+/// Fails unless both operands `a` and `b` (named by `what`) have rank 4.
+fn rank4(a: &TensorType, b: &TensorType, what: [&str; 2]) -> Result<()> {
+    rank_exactly(a, 4, what[0])?;
+    rank_exactly(b, 4, what[1])
+}
 
 /// The output of conv2d of `x[N, C, H, W]` by `w[O, C/g, KH, KW]`.
 fn conv_out(x: &TensorType, w: &TensorType, c: &ConvParams) -> Result<TensorType> {
-    rank_exactly(x, 4, "conv2d input")?;
-    rank_exactly(w, 4, "conv2d weight")?;
+    rank4(x, w, ["conv2d input", "conv2d weight"])?;
     let (n, ci, h, wd) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
     let (co, cig, kh, kw) = (w.shape[0], w.shape[1], w.shape[2], w.shape[3]);
     if c.groups == 0 || ci != cig * c.groups || co % c.groups != 0 {
@@ -52,8 +57,7 @@ fn backward_input(
     conv: &ConvParams,
     input: [usize; 2],
 ) -> Result<TensorType> {
-    rank_exactly(dy, 4, "conv2d gradient")?;
-    rank_exactly(w, 4, "conv2d weight")?;
+    rank4(dy, w, ["conv2d gradient", "conv2d weight"])?;
     let dx = TensorType::new(
         dy.dtype,
         vec![dy.shape[0], w.shape[1] * conv.groups, input[0], input[1]],
@@ -69,8 +73,7 @@ fn backward_weight(
     conv: &ConvParams,
     kernel: [usize; 2],
 ) -> Result<TensorType> {
-    rank_exactly(x, 4, "conv2d input")?;
-    rank_exactly(dy, 4, "conv2d gradient")?;
+    rank4(x, dy, ["conv2d input", "conv2d gradient"])?;
     let cig = x.shape[1].checked_div(conv.groups).unwrap_or(0);
     let dw = TensorType::new(x.dtype, vec![dy.shape[1], cig, kernel[0], kernel[1]]);
     conv_grad_check(dy, x, &dw, conv)?;
@@ -111,18 +114,10 @@ impl Rules for super::Family {
         }
     }
 
-    fn precision(&self, op: &Op) -> PrecisionClass {
+    fn behaviour(&self, op: &Op) -> Behaviour {
         match op {
-            Op::Conv2d(_) => PrecisionClass::Low,
-            _ => PrecisionClass::Widest,
+            Op::Conv2d(_) => Behaviour::HEAVY.in_precision(PrecisionClass::Low),
+            _ => Behaviour::HEAVY,
         }
-    }
-
-    fn class(&self, _op: &Op) -> OpClass {
-        OpClass::Heavy
-    }
-
-    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
-        &[]
     }
 }

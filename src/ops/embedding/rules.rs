@@ -1,10 +1,10 @@
 //! Shape and dtype rule, cost and precision class of the embedding lookup and its
 //! scatter-add backward.
 
-use crate::ir::{Op, OpClass, TensorType};
+use crate::ir::{Op, TensorType};
 use crate::ops::rules::{
-    arity, elementwise_flops, fail, float, foreign, int, rank_at_least, rank_exactly,
-    PrecisionClass, Result, Rules,
+    arity, elementwise_flops, fail, float, foreign, int, rank_at_least, rank_exactly, Behaviour,
+    Result, Rules,
 };
 
 impl Rules for super::Family {
@@ -43,15 +43,7 @@ impl Rules for super::Family {
         elementwise_flops(inputs, out)
     }
 
-    fn precision(&self, _op: &Op) -> PrecisionClass {
-        PrecisionClass::Widest
-    }
-
-    fn class(&self, _op: &Op) -> OpClass {
-        OpClass::Cheap
-    }
-
-    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
-        &[]
+    fn behaviour(&self, _op: &Op) -> Behaviour {
+        Behaviour::CHEAP
     }
 }

@@ -1,10 +1,10 @@
 //! Shape and dtype rule, cost and precision class of the losses (cross-entropy, mean squared
 //! error) and their backward ops.
 
-use crate::ir::{DType, Op, OpClass, TensorType};
+use crate::ir::{DType, Op, TensorType};
 use crate::ops::rules::{
     arity, elementwise_flops, fail, first_numel, float, foreign, int, rank_at_least, same_dtype,
-    same_shape, PrecisionClass, Result, Rules,
+    same_shape, Behaviour, PrecisionClass, Result, Rules,
 };
 
 /// Checks cross-entropy's operands: floating logits `[..., C]`, i32 targets `[...]`.
@@ -28,32 +28,27 @@ fn mse(a: &TensorType, b: &TensorType) -> Result<()> {
     same_shape(a, b, "mse")
 }
 
+/// A check of a loss's two operands.
+type OperandCheck = fn(&TensorType, &TensorType) -> Result<()>;
+
 impl Rules for super::Family {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
-        let scalar = TensorType::new(DType::F32, vec![]);
-        match op {
-            Op::CrossEntropy => {
-                arity(op, inputs, 2, 2)?;
-                cross_entropy(inputs[0], inputs[1])?;
-                Ok(scalar)
-            }
-            Op::CrossEntropyBackward => {
-                arity(op, inputs, 3, 3)?;
-                cross_entropy(inputs[0], inputs[1])?;
-                Ok(inputs[0].clone())
-            }
-            Op::Mse => {
-                arity(op, inputs, 2, 2)?;
-                mse(inputs[0], inputs[1])?;
-                Ok(scalar)
-            }
-            Op::MseBackward => {
-                arity(op, inputs, 3, 3)?;
-                mse(inputs[0], inputs[1])?;
-                Ok(inputs[0].clone())
-            }
-            _ => foreign(op, "loss"),
-        }
+        let (check, backward): (OperandCheck, bool) = match op {
+            Op::CrossEntropy => (cross_entropy, false),
+            Op::CrossEntropyBackward => (cross_entropy, true),
+            Op::Mse => (mse, false),
+            Op::MseBackward => (mse, true),
+            _ => return foreign(op, "loss"),
+        };
+        // A backward op also reads the loss's gradient and returns the first operand's type.
+        let n = if backward { 3 } else { 2 };
+        arity(op, inputs, n, n)?;
+        check(inputs[0], inputs[1])?;
+        Ok(if backward {
+            inputs[0].clone()
+        } else {
+            TensorType::new(DType::F32, vec![])
+        })
     }
 
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
@@ -63,18 +58,10 @@ impl Rules for super::Family {
         }
     }
 
-    fn precision(&self, op: &Op) -> PrecisionClass {
+    fn behaviour(&self, op: &Op) -> Behaviour {
         match op {
-            Op::CrossEntropy => PrecisionClass::AsIs,
-            _ => PrecisionClass::Widest,
+            Op::CrossEntropy => Behaviour::CHEAP.in_precision(PrecisionClass::AsIs),
+            _ => Behaviour::CHEAP,
         }
-    }
-
-    fn class(&self, _op: &Op) -> OpClass {
-        OpClass::Cheap
-    }
-
-    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
-        &[]
     }
 }

@@ -1,8 +1,9 @@
 //! Shape and dtype rule, cost and precision class of the batched matmul.
 
-use crate::ir::{broadcast, Op, OpClass, TensorType};
+use crate::ir::{broadcast, Op, TensorType};
 use crate::ops::rules::{
-    arity, fail, float, foreign, rank_at_least, same_dtype, PrecisionClass, Result, Rules,
+    arity, fail, float, foreign, rank_at_least, same_dtype, Behaviour, PrecisionClass, Result,
+    Rules,
 };
 
 /// `op(a) @ op(b)` with the last two dims transposed where `ta`/`tb`, batch dims broadcast.
@@ -56,15 +57,7 @@ impl Rules for super::Family {
         2 * out.numel() * k as u64
     }
 
-    fn precision(&self, _op: &Op) -> PrecisionClass {
-        PrecisionClass::Low
-    }
-
-    fn class(&self, _op: &Op) -> OpClass {
-        OpClass::Heavy
-    }
-
-    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
-        &[]
+    fn behaviour(&self, _op: &Op) -> Behaviour {
+        Behaviour::HEAVY.in_precision(PrecisionClass::Low)
     }
 }

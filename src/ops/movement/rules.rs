@@ -1,10 +1,10 @@
 //! Shape and dtype rule, cost and precision class of the data movement ops: reshape,
 //! permute, slice, its zero-padding backward, and concat.
 
-use crate::ir::{numel, Op, OpClass, ShapeDisplay, TensorType};
+use crate::ir::{numel, Op, ShapeDisplay, TensorType};
 use crate::ops::rules::{
-    arity, axis_below_rank, elementwise_flops, fail, float, foreign, same_dtype, PrecisionClass,
-    Result, Rules,
+    arity, axis_below_rank, elementwise_flops, fail, float, foreign, same_dtype, Behaviour, Result,
+    Rules,
 };
 
 fn reshape(x: &TensorType, shape: &[usize]) -> Result<TensorType> {
@@ -121,15 +121,7 @@ impl Rules for super::Family {
         }
     }
 
-    fn precision(&self, _op: &Op) -> PrecisionClass {
-        PrecisionClass::Widest
-    }
-
-    fn class(&self, _op: &Op) -> OpClass {
-        OpClass::Cheap
-    }
-
-    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
-        &[]
+    fn behaviour(&self, _op: &Op) -> Behaviour {
+        Behaviour::CHEAP
     }
 }

@@ -2,10 +2,10 @@
 //! ops, and the channel count their affine parameters have.
 
 use super::NormKind;
-use crate::ir::{Op, OpClass, TensorType};
+use crate::ir::{Op, TensorType};
 use crate::ops::rules::{
     arity, elementwise_flops, fail, first_numel, float, foreign, rank_at_least, same_shape,
-    PrecisionClass, Result, Rules,
+    Behaviour, PrecisionClass, Result, Rules,
 };
 
 /// Channel count the affine parameters of a normalization have for input shape `x`.
@@ -86,23 +86,15 @@ impl Rules for super::Family {
         }
     }
 
-    fn precision(&self, op: &Op) -> PrecisionClass {
+    fn behaviour(&self, op: &Op) -> Behaviour {
         match op {
             // autocast runs batch_norm in its input's precision (statistics in fp32).
             Op::Norm {
                 kind: NormKind::Batch,
                 ..
-            } => PrecisionClass::Widest,
-            Op::Norm { .. } => PrecisionClass::Fp32,
-            _ => PrecisionClass::Widest,
+            } => Behaviour::CHEAP,
+            Op::Norm { .. } => Behaviour::CHEAP.in_precision(PrecisionClass::Fp32),
+            _ => Behaviour::CHEAP,
         }
-    }
-
-    fn class(&self, _op: &Op) -> OpClass {
-        OpClass::Cheap
-    }
-
-    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
-        &[]
     }
 }

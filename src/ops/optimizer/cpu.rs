@@ -35,35 +35,24 @@ impl CpuKernel for super::Family {
                 x(2)[0],
                 *growth_interval,
             ),
-            Op::AdamW(p) => {
-                let clip = if n > 4 { x(4)[0] } else { 1.0 };
-                kernels::adamw_update(
-                    step.input_mut(0),
-                    x(1),
-                    step.input_mut(2),
-                    step.input_mut(3),
-                    p.lr,
-                    p.beta1,
-                    p.beta2,
-                    p.eps,
-                    p.weight_decay,
-                    step.step_number(),
-                    clip,
-                )
-            }
-            Op::Sgd(p) => {
-                let clip = if n > 3 { x(3)[0] } else { 1.0 };
-                kernels::sgd_update(
-                    step.input_mut(0),
-                    x(1),
-                    step.input_mut(2),
-                    p.lr,
-                    p.momentum,
-                    p.weight_decay,
-                    step.step_number(),
-                    clip,
-                )
-            }
+            // The grad-scale multiplier, when given, follows the state inputs.
+            Op::AdamW(p) => kernels::adamw_update(
+                step.input_mut(0),
+                x(1),
+                step.input_mut(2),
+                step.input_mut(3),
+                p,
+                step.step_number(),
+                if n > 4 { x(4)[0] } else { 1.0 },
+            ),
+            Op::Sgd(p) => kernels::sgd_update(
+                step.input_mut(0),
+                x(1),
+                step.input_mut(2),
+                p,
+                step.step_number(),
+                if n > 3 { x(3)[0] } else { 1.0 },
+            ),
             op => return Err(foreign_op(op, "optimizer")),
         }
         Ok(())

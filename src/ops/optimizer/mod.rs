@@ -22,6 +22,19 @@ pub struct AdamWParams {
     pub weight_decay: f32,
 }
 
+impl Default for AdamWParams {
+    /// `torch.optim.AdamW`'s defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
+    fn default() -> Self {
+        AdamWParams {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
 /// SGD hyper-parameters, as `torch.optim.SGD` (no dampening, no nesterov).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SgdParams {

@@ -49,20 +49,6 @@ __device__ void sgd_kernel(char* arena, u64 o_p, u64 o_g, u64 o_b, u64 o_clip, u
     }
 }
 
-__device__ __forceinline__ double block_sum_f64(double v) {
-    __shared__ double memc_red_d[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (lane == 0) memc_red_d[warp] = v;
-    __syncthreads();
-    v = lane < nw ? memc_red_d[lane] : 0.0;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // Adds this thread's share of sum(x^2) over one gradient (fp64). Single-block kernel.
 template <typename T, typename C> __device__ __forceinline__ void clip_accum(char* arena, u64 o_x, double& acc) {
     const T* x = tensor_at<T>(arena, o_x);
@@ -75,7 +61,7 @@ template <typename T, typename C> __device__ __forceinline__ void clip_accum(cha
 // out[0] = m min(1, MAX_NORM / (m sqrt(sum of squares) + 1e-6)), where m is the unscale
 // multiplier when SCALED (its offset is o_mul) and 1 otherwise; m = 0 gives 0.
 template <typename C> __device__ __forceinline__ void clip_finish(char* arena, u64 o_mul, u64 o_out, double acc) {
-    const double total = block_sum_f64(acc);
+    const double total = block_reduce<MemcSum<double>>(acc);
     if (threadIdx.x == 0) {
         const double m = C::SCALED ? (double)tensor_at<float>(arena, o_mul)[0] : 1.0;
         const double c = (double)C::MAX_NORM / (m * sqrt(total) + 1e-6);
@@ -93,7 +79,7 @@ template <typename T, typename C> __device__ __forceinline__ void unscale_accum(
 
 // out[0] = 1 / scale when no gradient element was non-finite, else 0.
 __device__ __forceinline__ void unscale_finish(char* arena, u64 o_scale, u64 o_out, double bad) {
-    const double total = block_sum_f64(bad);
+    const double total = block_reduce<MemcSum<double>>(bad);
     if (threadIdx.x == 0) {
         const float s = tensor_at<float>(arena, o_scale)[0];
         tensor_at<float>(arena, o_out)[0] = total > 0.0 ? 0.0f : 1.0f / s;

@@ -5,7 +5,7 @@
 use crate::ir::{DType, Op, OpClass, TensorType};
 use crate::ops::rules::{
     arity, elementwise_flops, fail, first_numel, float, foreign, same_dtype, same_shape,
-    scalar_f32, PrecisionClass, Result, Rules,
+    scalar_f32, Behaviour, Result, Rules,
 };
 
 /// `(acc, grad)`: an f32 accumulator and a floating gradient of its shape.
@@ -98,21 +98,18 @@ impl Rules for super::Family {
         }
     }
 
-    fn precision(&self, _op: &Op) -> PrecisionClass {
-        PrecisionClass::Widest
-    }
-
-    fn class(&self, _op: &Op) -> OpClass {
-        OpClass::Update
-    }
-
-    fn mutated_inputs(&self, op: &Op) -> &'static [usize] {
-        match op {
+    fn behaviour(&self, op: &Op) -> Behaviour {
+        let mutated_inputs: &'static [usize] = match op {
             Op::AdamW(_) => &[0, 2, 3],
             Op::Sgd(_) => &[0, 2],
             Op::LossScaleUpdate { .. } => &[0, 1],
             Op::AccumulateGrad { .. } => &[0],
             _ => &[],
+        };
+        Behaviour {
+            class: OpClass::Update,
+            mutated_inputs,
+            ..Behaviour::CHEAP
         }
     }
 }

@@ -29,39 +29,25 @@ impl Backward for super::Family {
 /// Gradients of `a f b` with respect to `a` and `b`.
 fn binary(cx: &mut Vjp<'_>, f: BinaryFn) -> Result<(), StageError> {
     let (a, b, y, dy) = (cx.x[0], cx.x[1], cx.y, cx.dy);
-    match f {
-        BinaryFn::Add => {
-            cx.set(0, |rw| rw.sum_to(dy, a))?;
-            cx.set(1, |rw| rw.sum_to(dy, b))
-        }
-        BinaryFn::Sub => {
-            cx.set(0, |rw| rw.sum_to(dy, a))?;
-            cx.set(1, |rw| {
-                let n = rw.add(Op::Unary(UnaryFn::Neg), vec![dy])?;
-                rw.sum_to(n, b)
-            })
-        }
-        BinaryFn::Mul => {
-            cx.set(0, |rw| {
-                let t = rw.add(Op::Binary(BinaryFn::Mul), vec![dy, b])?;
-                rw.sum_to(t, a)
-            })?;
-            cx.set(1, |rw| {
-                let t = rw.add(Op::Binary(BinaryFn::Mul), vec![dy, a])?;
-                rw.sum_to(t, b)
-            })
-        }
-        BinaryFn::Div => {
-            cx.set(0, |rw| {
-                let t = rw.add(Op::Binary(BinaryFn::Div), vec![dy, b])?;
-                rw.sum_to(t, a)
-            })?;
-            cx.set(1, |rw| {
+    // d(a f b)/da is 1 for a sum or difference, and `1 f b` for a product or quotient.
+    cx.set(0, |rw| {
+        let t = match f {
+            BinaryFn::Add | BinaryFn::Sub => dy,
+            BinaryFn::Mul | BinaryFn::Div => rw.add(Op::Binary(f), vec![dy, b])?,
+        };
+        rw.sum_to(t, a)
+    })?;
+    cx.set(1, |rw| {
+        let t = match f {
+            BinaryFn::Add => dy,
+            BinaryFn::Sub => rw.add(Op::Unary(UnaryFn::Neg), vec![dy])?,
+            BinaryFn::Mul => rw.add(Op::Binary(BinaryFn::Mul), vec![dy, a])?,
+            BinaryFn::Div => {
                 let t = rw.add(Op::Binary(BinaryFn::Mul), vec![dy, y])?;
                 let t = rw.add(Op::Binary(BinaryFn::Div), vec![t, b])?;
-                let t = rw.add(Op::Unary(UnaryFn::Neg), vec![t])?;
-                rw.sum_to(t, b)
-            })
-        }
-    }
+                rw.add(Op::Unary(UnaryFn::Neg), vec![t])?
+            }
+        };
+        rw.sum_to(t, b)
+    })
 }

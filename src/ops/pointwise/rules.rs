@@ -1,9 +1,9 @@
 //! Shape and dtype rule, cost and precision class of the pointwise ops.
 
-use crate::ir::{broadcast, Op, OpClass, TensorType, UnaryFn};
+use crate::ir::{broadcast, Op, TensorType, UnaryFn};
 use crate::ops::rules::{
-    arity, elementwise_flops, fail, float, foreign, same_dtype, same_shape, PrecisionClass, Result,
-    Rules,
+    arity, elementwise_flops, fail, float, foreign, same_dtype, same_shape, Behaviour,
+    PrecisionClass, Result, Rules,
 };
 
 impl Rules for super::Family {
@@ -44,21 +44,13 @@ impl Rules for super::Family {
         }
     }
 
-    fn precision(&self, op: &Op) -> PrecisionClass {
+    fn behaviour(&self, op: &Op) -> Behaviour {
         match op {
             // autocast's fp32 list (softplus among them, as torch.autocast runs it).
             Op::Unary(
                 UnaryFn::Exp | UnaryFn::Log | UnaryFn::Sqrt | UnaryFn::Rsqrt | UnaryFn::Softplus,
-            ) => PrecisionClass::Fp32,
-            _ => PrecisionClass::Widest,
+            ) => Behaviour::CHEAP.in_precision(PrecisionClass::Fp32),
+            _ => Behaviour::CHEAP,
         }
-    }
-
-    fn class(&self, _op: &Op) -> OpClass {
-        OpClass::Cheap
-    }
-
-    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
-        &[]
     }
 }

@@ -2,7 +2,7 @@
 //! `pool.cu`.
 
 use crate::codegen::build::{c_bool, c_u64};
-use crate::codegen::geometry::u;
+use crate::codegen::geometry::{u, window_consts};
 use crate::codegen::launch::{single, templated, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel, KernelParam};
@@ -14,7 +14,7 @@ const TEMPLATE: &str = include_str!("pool.cu");
 
 /// Pooling constants for input `x` and pooled `y` (NCHW), `n` elements written.
 fn pool_cfg(p: &PoolParams, x: &[usize], y: &[usize], max: bool, n: u64) -> Vec<String> {
-    vec![
+    let mut consts = vec![
         c_u64("N", n),
         c_u64("H", u(x[2])),
         c_u64("W", u(x[3])),
@@ -22,12 +22,10 @@ fn pool_cfg(p: &PoolParams, x: &[usize], y: &[usize], max: bool, n: u64) -> Vec<
         c_u64("WO", u(y[3])),
         c_u64("KH", u(p.kernel[0])),
         c_u64("KW", u(p.kernel[1])),
-        c_u64("SH", u(p.stride[0])),
-        c_u64("SW", u(p.stride[1])),
-        c_u64("PH", u(p.padding[0])),
-        c_u64("PW", u(p.padding[1])),
-        c_bool("MAX", max),
-    ]
+    ];
+    consts.extend(window_consts(p.stride, p.padding));
+    consts.push(c_bool("MAX", max));
+    consts
 }
 
 impl CudaLowering for super::Family {

@@ -2,10 +2,10 @@
 //! backward ops.
 
 use super::PoolParams;
-use crate::ir::{Op, OpClass, TensorType};
+use crate::ir::{Op, TensorType};
 use crate::ops::rules::{
-    arity, elementwise_flops, fail, float, foreign, rank_exactly, window_out, PrecisionClass,
-    Result, Rules,
+    arity, elementwise_flops, fail, float, foreign, rank_exactly, window_out, Behaviour, Result,
+    Rules,
 };
 
 /// The output of pooling `x[N, C, H, W]`.
@@ -78,15 +78,7 @@ impl Rules for super::Family {
         elementwise_flops(inputs, out)
     }
 
-    fn precision(&self, _op: &Op) -> PrecisionClass {
-        PrecisionClass::Widest
-    }
-
-    fn class(&self, _op: &Op) -> OpClass {
-        OpClass::Cheap
-    }
-
-    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
-        &[]
+    fn behaviour(&self, _op: &Op) -> Behaviour {
+        Behaviour::CHEAP
     }
 }

@@ -1,9 +1,7 @@
 //! Shape and dtype rule, cost and precision class of dropout.
 
 use crate::ir::{Op, OpClass, TensorType};
-use crate::ops::rules::{
-    arity, elementwise_flops, fail, float, foreign, PrecisionClass, Result, Rules,
-};
+use crate::ops::rules::{arity, elementwise_flops, fail, float, foreign, Behaviour, Result, Rules};
 
 impl Rules for super::Family {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
@@ -25,15 +23,10 @@ impl Rules for super::Family {
         elementwise_flops(inputs, out)
     }
 
-    fn precision(&self, _op: &Op) -> PrecisionClass {
-        PrecisionClass::Widest
-    }
-
-    fn class(&self, _op: &Op) -> OpClass {
-        OpClass::Random
-    }
-
-    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
-        &[]
+    fn behaviour(&self, _op: &Op) -> Behaviour {
+        Behaviour {
+            class: OpClass::Random,
+            ..Behaviour::CHEAP
+        }
     }
 }

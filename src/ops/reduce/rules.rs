@@ -1,9 +1,10 @@
 //! Shape and dtype rule, cost and precision class of the reductions and broadcasts between
 //! a shape and its broadcast. Integer tensors are neither reduced nor broadcast.
 
-use crate::ir::{broadcast, Op, OpClass, ShapeDisplay, TensorType};
+use crate::ir::{broadcast, Op, ShapeDisplay, TensorType};
 use crate::ops::rules::{
-    arity, elementwise_flops, fail, float, foreign, same_shape, PrecisionClass, Result, Rules,
+    arity, elementwise_flops, fail, float, foreign, same_shape, Behaviour, PrecisionClass, Result,
+    Rules,
 };
 
 /// Fails unless `x` is floating: the reductions and broadcasts take no integer tensors.
@@ -25,39 +26,46 @@ fn max_to(op: &Op, x: &TensorType, shape: &[usize]) -> Result<TensorType> {
     Ok(TensorType::new(x.dtype, shape.to_vec()))
 }
 
+/// The type of the only input reduced (`reduce`) or broadcast to `shape`, which must
+/// broadcast to the input, or the input to it.
+fn between_broadcasts(
+    op: &Op,
+    inputs: &[&TensorType],
+    shape: &[usize],
+    reduce: bool,
+) -> Result<TensorType> {
+    arity(op, inputs, 1, 1)?;
+    let x = inputs[0];
+    let (from, to, verb, help) = if reduce {
+        (
+            shape,
+            &x.shape[..],
+            "reduce",
+            "the target must broadcast to the input",
+        )
+    } else {
+        (
+            &x.shape[..],
+            shape,
+            "broadcast",
+            "dims must be equal or 1, aligned from the right",
+        )
+    };
+    if broadcast(from, to).as_deref() != Some(to) {
+        return fail(
+            format!("cannot {verb} {x} to {}", ShapeDisplay(shape)),
+            help,
+        );
+    }
+    reducible(op, x)?;
+    Ok(TensorType::new(x.dtype, shape.to_vec()))
+}
+
 impl Rules for super::Family {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         match op {
-            Op::SumTo { shape } => {
-                arity(op, inputs, 1, 1)?;
-                let x = inputs[0];
-                match broadcast(shape, &x.shape) {
-                    Some(b) if b == x.shape => {}
-                    _ => {
-                        return fail(
-                            format!("cannot reduce {x} to {}", ShapeDisplay(shape)),
-                            "the target must broadcast to the input",
-                        )
-                    }
-                }
-                reducible(op, x)?;
-                Ok(TensorType::new(x.dtype, shape.clone()))
-            }
-            Op::BroadcastTo { shape } => {
-                arity(op, inputs, 1, 1)?;
-                let x = inputs[0];
-                match broadcast(&x.shape, shape) {
-                    Some(b) if &b == shape => {}
-                    _ => {
-                        return fail(
-                            format!("cannot broadcast {x} to {}", ShapeDisplay(shape)),
-                            "dims must be equal or 1, aligned from the right",
-                        )
-                    }
-                }
-                reducible(op, x)?;
-                Ok(TensorType::new(x.dtype, shape.clone()))
-            }
+            Op::SumTo { shape } => between_broadcasts(op, inputs, shape, true),
+            Op::BroadcastTo { shape } => between_broadcasts(op, inputs, shape, false),
             Op::MaxTo { shape } => {
                 arity(op, inputs, 1, 1)?;
                 max_to(op, inputs[0], shape)
@@ -77,18 +85,12 @@ impl Rules for super::Family {
         elementwise_flops(inputs, out)
     }
 
-    fn precision(&self, op: &Op) -> PrecisionClass {
+    fn behaviour(&self, op: &Op) -> Behaviour {
         match op {
-            Op::SumTo { .. } | Op::MaxTo { .. } => PrecisionClass::Fp32,
-            _ => PrecisionClass::Widest,
+            Op::SumTo { .. } | Op::MaxTo { .. } => {
+                Behaviour::CHEAP.in_precision(PrecisionClass::Fp32)
+            }
+            _ => Behaviour::CHEAP,
         }
-    }
-
-    fn class(&self, _op: &Op) -> OpClass {
-        OpClass::Cheap
-    }
-
-    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
-        &[]
     }
 }

@@ -1,8 +1,9 @@
 //! Shape and dtype rule, cost and precision class of softmax and log-softmax.
 
-use crate::ir::{Op, OpClass, TensorType};
+use crate::ir::{Op, TensorType};
 use crate::ops::rules::{
-    arity, axis_below_rank, first_numel, float, foreign, same_shape, PrecisionClass, Result, Rules,
+    arity, axis_below_rank, first_numel, float, foreign, same_shape, Behaviour, PrecisionClass,
+    Result, Rules,
 };
 
 impl Rules for super::Family {
@@ -29,18 +30,12 @@ impl Rules for super::Family {
         5 * first_numel(inputs)
     }
 
-    fn precision(&self, op: &Op) -> PrecisionClass {
+    fn behaviour(&self, op: &Op) -> Behaviour {
         match op {
-            Op::Softmax { .. } | Op::LogSoftmax { .. } => PrecisionClass::Fp32,
-            _ => PrecisionClass::Widest,
+            Op::Softmax { .. } | Op::LogSoftmax { .. } => {
+                Behaviour::CHEAP.in_precision(PrecisionClass::Fp32)
+            }
+            _ => Behaviour::CHEAP,
         }
-    }
-
-    fn class(&self, _op: &Op) -> OpClass {
-        OpClass::Cheap
-    }
-
-    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
-        &[]
     }
 }

@@ -2,7 +2,7 @@
 //! optimizer state and fills take no inputs and have the type they declare.
 
 use crate::ir::{Op, OpClass, TensorType};
-use crate::ops::rules::{arity, elementwise_flops, foreign, PrecisionClass, Result, Rules};
+use crate::ops::rules::{arity, elementwise_flops, foreign, Behaviour, Result, Rules};
 
 impl Rules for super::Family {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
@@ -25,18 +25,13 @@ impl Rules for super::Family {
         }
     }
 
-    fn precision(&self, _op: &Op) -> PrecisionClass {
-        PrecisionClass::Widest
-    }
-
-    fn class(&self, op: &Op) -> OpClass {
+    fn behaviour(&self, op: &Op) -> Behaviour {
         match op {
-            Op::Fill { .. } => OpClass::Cheap,
-            _ => OpClass::Source,
+            Op::Fill { .. } => Behaviour::CHEAP,
+            _ => Behaviour {
+                class: OpClass::Source,
+                ..Behaviour::CHEAP
+            },
         }
-    }
-
-    fn mutated_inputs(&self, _op: &Op) -> &'static [usize] {
-        &[]
     }
 }

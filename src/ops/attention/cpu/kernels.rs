@@ -31,6 +31,25 @@ pub struct AttnGeom {
 }
 
 impl AttnGeom {
+    /// Runs `f(scratch, row, out_row)` on every query row (`row = batch * t_q + position`) of
+    /// `out`, in parallel, each thread reusing one scratch of `scratch_len` floats (zeroed once).
+    fn par_query_rows(
+        &self,
+        out: &mut [f32],
+        scratch_len: usize,
+        f: impl Fn(&mut [f32], usize, &mut [f32]) + Sync + Send,
+    ) {
+        let qw = self.widths().0;
+        let rows = self.b * self.t_q;
+        if qw == 0 || rows == 0 {
+            return;
+        }
+        out[..rows * qw]
+            .par_chunks_mut(qw)
+            .enumerate()
+            .for_each_init(|| vec![0.0f32; scratch_len], |s, (row, o)| f(s, row, o));
+    }
+
     /// Number of keys query `i` attends (a prefix `0..n` of the keys).
     fn n_keys(&self, i: usize) -> usize {
         if !self.causal {
@@ -110,29 +129,19 @@ impl RowCtx<'_> {
 pub fn attention_forward(g: &AttnGeom, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
     let (qw, kvw) = g.widths();
     let ctx = RowCtx { g, k, v, dout: &[] };
-    let rows = g.b * g.t_q;
-    if qw == 0 || rows == 0 {
-        return;
-    }
-    out[..rows * qw]
-        .par_chunks_mut(qw)
-        .enumerate()
-        .for_each_init(
-            || vec![0.0f32; g.t_k],
-            |p, (row, o)| {
-                let (bi, i) = (row / g.t_q, row % g.t_q);
-                let p = &mut p[..g.n_keys(i)];
-                for h in 0..g.heads {
-                    let kvh = g.kv_of(h);
-                    ctx.probs(bi, kvh, g.head(q, row, qw, h), p);
-                    let oh = &mut o[h * g.head_dim..(h + 1) * g.head_dim];
-                    oh.fill(0.0);
-                    for (j, &pj) in p.iter().enumerate() {
-                        axpy(pj, g.head(v, bi * g.t_k + j, kvw, kvh), oh);
-                    }
-                }
-            },
-        );
+    g.par_query_rows(out, g.t_k, |p, row, o| {
+        let (bi, i) = (row / g.t_q, row % g.t_q);
+        let p = &mut p[..g.n_keys(i)];
+        for h in 0..g.heads {
+            let kvh = g.kv_of(h);
+            ctx.probs(bi, kvh, g.head(q, row, qw, h), p);
+            let oh = &mut o[h * g.head_dim..(h + 1) * g.head_dim];
+            oh.fill(0.0);
+            for (j, &pj) in p.iter().enumerate() {
+                axpy(pj, g.head(v, bi * g.t_k + j, kvw, kvh), oh);
+            }
+        }
+    });
 }
 
 /// Gradient of `sum(out * dout)` w.r.t. the chosen input, written over `dst` (shape of that
@@ -202,32 +211,22 @@ pub fn attention_backward(
 fn attention_backward_q(ctx: &RowCtx, q: &[f32], dst: &mut [f32]) {
     let g = ctx.g;
     let (qw, kvw) = g.widths();
-    let rows = g.b * g.t_q;
-    if qw == 0 || rows == 0 {
-        return;
-    }
-    dst[..rows * qw]
-        .par_chunks_mut(qw)
-        .enumerate()
-        .for_each_init(
-            || vec![0.0f32; 2 * g.t_k],
-            |scratch, (row, d)| {
-                let (bi, i) = (row / g.t_q, row % g.t_q);
-                let nk = g.n_keys(i);
-                let (p, dp) = scratch.split_at_mut(g.t_k);
-                let (p, dp) = (&mut p[..nk], &mut dp[..nk]);
-                for h in 0..g.heads {
-                    let kvh = g.kv_of(h);
-                    ctx.probs(bi, kvh, g.head(q, row, qw, h), p);
-                    ctx.score_grads(bi, kvh, g.head(ctx.dout, row, qw, h), p, dp);
-                    let dh = &mut d[h * g.head_dim..(h + 1) * g.head_dim];
-                    dh.fill(0.0);
-                    for (j, &ds) in p.iter().enumerate() {
-                        axpy(g.scale * ds, g.head(ctx.k, bi * g.t_k + j, kvw, kvh), dh);
-                    }
-                }
-            },
-        );
+    g.par_query_rows(dst, 2 * g.t_k, |scratch, row, d| {
+        let (bi, i) = (row / g.t_q, row % g.t_q);
+        let nk = g.n_keys(i);
+        let (p, dp) = scratch.split_at_mut(g.t_k);
+        let (p, dp) = (&mut p[..nk], &mut dp[..nk]);
+        for h in 0..g.heads {
+            let kvh = g.kv_of(h);
+            ctx.probs(bi, kvh, g.head(q, row, qw, h), p);
+            ctx.score_grads(bi, kvh, g.head(ctx.dout, row, qw, h), p, dp);
+            let dh = &mut d[h * g.head_dim..(h + 1) * g.head_dim];
+            dh.fill(0.0);
+            for (j, &ds) in p.iter().enumerate() {
+                axpy(g.scale * ds, g.head(ctx.k, bi * g.t_k + j, kvw, kvh), dh);
+            }
+        }
+    });
 }
 
 /// A raw view of an exclusively borrowed output that parallel tasks write in disjoint segments.

@@ -1,6 +1,7 @@
 //! Optimizer updates applied in place (AdamW, SGD with momentum), the global-norm clip
 //! coefficient, and dynamic loss scaling (overflow check and scale update).
 
+use crate::ops::optimizer::{AdamWParams, SgdParams};
 use rayon::prelude::*;
 
 /// Elements per parallel task.
@@ -9,23 +10,25 @@ const CHUNK: usize = 4096;
 /// One torch.optim.AdamW step `t` (1-based), in place, with `g` first multiplied by
 /// `grad_scale` (0 skips the step: an overflowed loss-scaled step): `m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr*wd*p;
 /// p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)`.
-#[allow(clippy::too_many_arguments)]
 pub fn adamw_update(
     p: &mut [f32],
     g: &[f32],
     m: &mut [f32],
     v: &mut [f32],
-    lr: f32,
-    b1: f32,
-    b2: f32,
-    eps: f32,
-    wd: f32,
+    params: &AdamWParams,
     t: u64,
     grad_scale: f32,
 ) {
     if grad_scale == 0.0 {
         return;
     }
+    let AdamWParams {
+        lr,
+        beta1: b1,
+        beta2: b2,
+        eps,
+        weight_decay: wd,
+    } = *params;
     let t = i32::try_from(t).unwrap_or(i32::MAX);
     let bc1 = (1.0 - f64::from(b1).powi(t)) as f32;
     let bc2 = (1.0 - f64::from(b2).powi(t)) as f32;
@@ -46,20 +49,22 @@ pub fn adamw_update(
 /// One torch.optim.SGD step `t` (1-based) with momentum (dampening 0, no nesterov), in place:
 /// `g' = g*grad_scale + wd*p; buf = momentum*buf + g'` (`buf = g'` at t == 1 or when momentum
 /// is 0); `p -= lr*buf`. A `grad_scale` of 0 skips the step.
-#[allow(clippy::too_many_arguments)]
 pub fn sgd_update(
     p: &mut [f32],
     g: &[f32],
     buf: &mut [f32],
-    lr: f32,
-    momentum: f32,
-    wd: f32,
+    params: &SgdParams,
     t: u64,
     grad_scale: f32,
 ) {
     if grad_scale == 0.0 {
         return;
     }
+    let SgdParams {
+        lr,
+        momentum,
+        weight_decay: wd,
+    } = *params;
     let fresh = t <= 1 || momentum == 0.0;
     p.par_chunks_mut(CHUNK)
         .zip(g.par_chunks(CHUNK).zip(buf.par_chunks_mut(CHUNK)))
@@ -131,6 +136,25 @@ pub fn loss_scale_update(scale: &mut f32, clean: &mut f32, multiplier: f32, grow
 mod tests {
     use super::*;
 
+    /// AdamW at lr 0.1, beta1 0.9 and eps 1e-8.
+    fn adamw(beta2: f32, weight_decay: f32) -> AdamWParams {
+        AdamWParams {
+            lr: 0.1,
+            beta2,
+            weight_decay,
+            ..AdamWParams::default()
+        }
+    }
+
+    /// SGD at lr 0.1 and momentum 0.9.
+    fn sgd(weight_decay: f32) -> SgdParams {
+        SgdParams {
+            lr: 0.1,
+            momentum: 0.9,
+            weight_decay,
+        }
+    }
+
     /// Reference values computed independently in f64 (Python) from the torch AdamW formulas
     /// for p0 = [0.5, -1.0, 2.0], lr 0.1, betas (0.9, 0.999), eps 1e-8, wd 0.01, grad_scale 0.5,
     /// grads per step g1 = [0.2, -0.4, 1.0], g2 = [-0.6, 0.1, 0.8], g3 = [0.3, 0.3, -2.0].
@@ -146,11 +170,7 @@ mod tests {
                 g,
                 &mut m,
                 &mut v,
-                0.1,
-                0.9,
-                0.999,
-                1e-8,
-                0.01,
+                &adamw(0.999, 0.01),
                 t as u64 + 1,
                 0.5,
             );
@@ -176,10 +196,10 @@ mod tests {
         let mut buf = [f32::NAN; 2];
         let g = [0.5f32, 0.25];
         // t = 1: g' = g*2 + 0.1*p = [1.1, 0.3]; buf = g'; p = [0.89, -2.03].
-        sgd_update(&mut p, &g, &mut buf, 0.1, 0.9, 0.1, 1, 2.0);
+        sgd_update(&mut p, &g, &mut buf, &sgd(0.1), 1, 2.0);
         assert!((p[0] - 0.89).abs() < 1e-6 && (p[1] + 2.03).abs() < 1e-6);
         // t = 2: g' = [1.089, 0.297]; buf = 0.9*[1.1, 0.3] + g' = [2.079, 0.567].
-        sgd_update(&mut p, &g, &mut buf, 0.1, 0.9, 0.1, 2, 2.0);
+        sgd_update(&mut p, &g, &mut buf, &sgd(0.1), 2, 2.0);
         assert!((buf[0] - 2.079).abs() < 1e-6 && (buf[1] - 0.567).abs() < 1e-6);
         assert!((p[0] - (0.89 - 0.2079)).abs() < 1e-6 && (p[1] - (-2.03 - 0.0567)).abs() < 1e-6);
     }
@@ -200,17 +220,13 @@ mod tests {
             &[1.0, 1.0],
             &mut m,
             &mut v,
-            0.1,
-            0.9,
-            0.99,
-            1e-8,
-            0.1,
+            &adamw(0.99, 0.1),
             3,
             0.0,
         );
         assert_eq!((p, m, v), ([1.0, 2.0], [0.5; 2], [0.25; 2]));
         let (mut p, mut buf) = ([1.0f32], [0.5f32]);
-        sgd_update(&mut p, &[1.0], &mut buf, 0.1, 0.9, 0.0, 2, 0.0);
+        sgd_update(&mut p, &[1.0], &mut buf, &sgd(0.0), 2, 0.0);
         assert_eq!((p, buf), ([1.0], [0.5]));
     }
 

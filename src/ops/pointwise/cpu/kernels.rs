@@ -101,10 +101,8 @@ pub fn unary_backward(f: UnaryFn, x: &[f32], dy: &[f32], dx: &mut [f32]) {
 /// `out = op(a, b)` with numpy broadcasting of both operands to `out_shape`, row by row.
 fn binary_with(
     op: impl Fn(f32, f32) -> f32 + Sync,
-    a: &[f32],
-    a_shape: &[usize],
-    b: &[f32],
-    b_shape: &[usize],
+    (a, a_shape): (&[f32], &[usize]),
+    (b, b_shape): (&[f32], &[usize]),
     out: &mut [f32],
     out_shape: &[usize],
 ) {
@@ -135,11 +133,12 @@ pub fn binary(
     out_shape: &[usize],
 ) {
     debug_assert_eq!(out.len(), out_shape.iter().product::<usize>());
+    let (a, b) = ((a, a_shape), (b, b_shape));
     match f {
-        BinaryFn::Add => binary_with(|x, y| x + y, a, a_shape, b, b_shape, out, out_shape),
-        BinaryFn::Sub => binary_with(|x, y| x - y, a, a_shape, b, b_shape, out, out_shape),
-        BinaryFn::Mul => binary_with(|x, y| x * y, a, a_shape, b, b_shape, out, out_shape),
-        BinaryFn::Div => binary_with(|x, y| x / y, a, a_shape, b, b_shape, out, out_shape),
+        BinaryFn::Add => binary_with(|x, y| x + y, a, b, out, out_shape),
+        BinaryFn::Sub => binary_with(|x, y| x - y, a, b, out, out_shape),
+        BinaryFn::Mul => binary_with(|x, y| x * y, a, b, out, out_shape),
+        BinaryFn::Div => binary_with(|x, y| x / y, a, b, out, out_shape),
     }
 }
 

@@ -237,9 +237,7 @@ mod tests {
             c: 1,
             h: 2,
             w: 2,
-            kernel: [2, 2],
-            stride: [2, 2],
-            padding: [0, 0],
+            ..pool_geoms()[1]
         };
         let mut dx = vec![f32::NAN; 4];
         max_pool2d_backward(&g, &[0.0, 1.0, 1.0, 1.0], &[3.0], &mut dx);
