@@ -99,26 +99,36 @@ fn summary(
 /// The plan's record of `train { }`: its settings without their source positions.
 impl From<&TrainSpec> for TrainSummary {
     fn from(t: &TrainSpec) -> TrainSummary {
-        TrainSummary {
-            optimizer: t.optimizer,
-            precision: t.precision,
-            master_weights: t.master_weights,
-            accumulate: t.accumulate,
-            budget: t.budget,
-            clip_grad_norm: t.clip_grad_norm,
-        }
+        t.settings.clone()
     }
 }
 
-/// Plans `graph` under `policy`, returning the rewritten graph and its plan.
+/// The step to plan: for which target, the model's name, its graph and its `train { }`
+/// settings (none for inference).
+#[derive(Clone, Copy)]
+pub struct Step<'a> {
+    /// Where the plan runs.
+    pub target: Target,
+    /// The model's name, as the report shows it.
+    pub model: &'a str,
+    /// The graph before checkpointing.
+    pub graph: &'a Graph,
+    /// The `train { }` settings, if the step trains.
+    pub train: Option<&'a TrainSpec>,
+}
+
+/// Plans the step's graph under `policy`, returning the rewritten graph and its plan.
 pub fn plan_with(
-    target: Target,
-    model: &str,
-    graph: &Graph,
-    train: Option<&TrainSpec>,
+    step: Step,
     policy: Policy,
     options: &BuildOptions,
 ) -> Result<(Graph, Plan), StageError> {
+    let Step {
+        target,
+        model,
+        graph,
+        train,
+    } = step;
     let recompute = checkpoint::choose(graph, policy);
     let rewritten = checkpoint::rewrite(graph, &recompute)?;
     crate::ir::verify(&rewritten.graph).map_err(|e| {
@@ -154,14 +164,12 @@ fn infeasible(train: &TrainSpec, budget: u64, plan: &Plan) -> FitError {
 /// Plans the step: the policy of `mode`, or in auto mode the least recomputation that fits
 /// the budget. Fails with a diagnostic naming the minimum feasible budget found.
 pub fn fit(
-    target: Target,
-    model: &str,
-    graph: &Graph,
-    train: Option<&TrainSpec>,
+    step: Step,
     mode: CheckpointMode,
     options: &BuildOptions,
 ) -> Result<(Graph, Plan), FitError> {
-    let budget = train.and_then(|t| t.budget);
+    let Step { graph, train, .. } = step;
+    let budget = train.and_then(|t| t.settings.budget);
     let fixed = match mode {
         CheckpointMode::KeepAll => Some(Policy::KeepAll),
         CheckpointMode::MinCut => Some(Policy::MinCut { penalty: None }),
@@ -184,7 +192,7 @@ pub fn fit(
         None => {
             let mut chosen = None;
             for policy in [Policy::KeepAll, Policy::MinCut { penalty: None }] {
-                let (_, p) = plan_with(target, model, graph, train, policy, &quick)?;
+                let (_, p) = plan_with(step, policy, &quick)?;
                 if fits(&p) {
                     chosen = Some(policy);
                     break;
@@ -205,10 +213,7 @@ pub fn fit(
                     use rayon::prelude::*;
                     let plans = candidates
                         .par_iter()
-                        .map(|&policy| {
-                            plan_with(target, model, graph, train, policy, &quick)
-                                .map(|(_, p)| (policy, p))
-                        })
+                        .map(|&policy| plan_with(step, policy, &quick).map(|(_, p)| (policy, p)))
                         .collect::<Result<Vec<_>, _>>()?;
                     for (policy, p) in plans {
                         let cost = p
@@ -233,7 +238,7 @@ pub fn fit(
             }
         }
     };
-    let (g, plan) = plan_with(target, model, graph, train, chosen, options)?;
+    let (g, plan) = plan_with(step, chosen, options)?;
     match (train, budget) {
         (Some(t), Some(b)) if plan.arena_bytes > b => Err(infeasible(t, b, &plan)),
         _ => Ok((g, plan)),

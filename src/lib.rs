@@ -107,16 +107,16 @@ fn apply_train_options(
     t: &mut front::train::TrainSpec,
     options: &Options,
 ) -> Result<(), UserError> {
-    t.budget = options.budget.or(t.budget);
-    t.precision = options.precision.unwrap_or(t.precision);
-    t.master_weights = options.master_weights.unwrap_or(t.master_weights);
-    t.accumulate = options.accumulate.unwrap_or(t.accumulate);
-    if !t.master_weights && t.precision != front::train::Precision::Bf16 {
+    t.settings.budget = options.budget.or(t.settings.budget);
+    t.settings.precision = options.precision.unwrap_or(t.settings.precision);
+    t.settings.master_weights = options.master_weights.unwrap_or(t.settings.master_weights);
+    t.settings.accumulate = options.accumulate.unwrap_or(t.settings.accumulate);
+    if !t.settings.master_weights && t.settings.precision != front::train::Precision::Bf16 {
         return Err(UserError::at(
             t.precision_span,
             format!(
                 "master_weights = off needs bf16, not {}",
-                format!("{:?}", t.precision).to_lowercase()
+                format!("{:?}", t.settings.precision).to_lowercase()
             ),
             "this precision",
             "use `precision = bf16` (fp16 weights without fp32 masters lose small updates and overflow)",
@@ -133,18 +133,19 @@ fn optimizer_in_backward(
     loss_scaled: bool,
     requested: Option<bool>,
 ) -> Result<bool, UserError> {
-    let needs_all_grads = t.clip_grad_norm.is_some() || loss_scaled || t.accumulate > 1;
+    let needs_all_grads =
+        t.settings.clip_grad_norm.is_some() || loss_scaled || t.settings.accumulate > 1;
     let in_backward = requested.unwrap_or(!needs_all_grads);
     if !(in_backward && needs_all_grads) {
         return Ok(in_backward);
     }
-    let why = if t.clip_grad_norm.is_some() {
+    let why = if t.settings.clip_grad_norm.is_some() {
         (
             "global-norm clipping",
             "clip_grad_norm is set",
             "clipping needs every gradient first: drop --optimizer-in-backward or the clipping",
         )
-    } else if t.accumulate > 1 {
+    } else if t.settings.accumulate > 1 {
         ("gradient accumulation", "accumulate is set", "the update needs every micro-batch's gradient: drop --optimizer-in-backward or the accumulation")
     } else {
         ("fp16 loss scaling", "precision is fp16", "the overflow check needs every gradient first: drop --optimizer-in-backward or use bf16")
@@ -166,7 +167,8 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
         apply_train_options(t, options)?;
     }
     let (graph, in_backward) = match &module.train {
-        Some(t) => {
+        Some(spec) => {
+            let t = &spec.settings;
             let loss = module.graph.output("loss").ok_or_else(|| {
                 CompileError::Internal(vec!["training graph without loss".into()])
             })?;
@@ -183,7 +185,7 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
             let g = passes::optimizer::run(&diff, &opts)?;
             verified(&g, "optimizer")?;
             let in_backward = optimizer_in_backward(
-                t,
+                spec,
                 mixed.loss_scale.is_some(),
                 options.optimizer_in_backward,
             )?;
@@ -196,15 +198,13 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
         layout_time: options.layout_time,
         alignment: options.target.alignment(),
     };
-    let (graph, plan) = budget::fit(
-        options.target,
-        &module.name,
-        &graph,
-        module.train.as_ref(),
-        options.checkpoint,
-        &build,
-    )
-    .map_err(|e| match e {
+    let step = budget::Step {
+        target: options.target,
+        model: &module.name,
+        graph: &graph,
+        train: module.train.as_ref(),
+    };
+    let (graph, plan) = budget::fit(step, options.checkpoint, &build).map_err(|e| match e {
         budget::FitError::User(u) => CompileError::User(u),
         budget::FitError::Internal(e) => e.into(),
     })?;

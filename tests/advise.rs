@@ -1,23 +1,16 @@
 //! `memc advise`: every row is a compiled plan, judged against the budget, best first.
 #![allow(clippy::panic, clippy::unwrap_used)]
 
+mod common;
+
 use memc::advise::advise;
 use memc::Options;
 
 #[test]
 fn rows_are_compiled_plans_sorted_best_first() {
-    let src =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/gpt2.mdl")).unwrap();
-    let dims = [
-        ("L", 4),
-        ("D", 32),
-        ("T", 16),
-        ("V", 64),
-        ("H", 4),
-        ("B", 4),
-    ];
+    let src = common::example("gpt2");
     let options = Options {
-        overrides: dims.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+        overrides: common::tiny_gpt(4),
         ..Options::default()
     };
     let keep = memc::compile(&src, &options)

@@ -12,16 +12,8 @@ use memc::{CompileError, Options};
 use std::collections::BTreeMap;
 
 fn small_gpt(checkpoint: CheckpointMode, budget: Option<u64>) -> Options {
-    let dims = [
-        ("L", 4),
-        ("D", 32),
-        ("T", 16),
-        ("V", 64),
-        ("H", 4),
-        ("B", 2),
-    ];
     Options {
-        overrides: common::overrides(&dims),
+        overrides: common::tiny_gpt(2),
         checkpoint,
         budget,
         ..Options::default()

@@ -1,25 +1,9 @@
 //! The command line: exit codes, `--dump` files, and diagnostics for bad run-time files.
 #![allow(clippy::panic, clippy::unwrap_used)]
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-fn memc(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_memc"))
-        .args(args)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run memc")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("memc-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
-}
-
-const MLP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/mlp.mdl");
+use common::{assert_success, memc, scratch, MLP};
 
 #[test]
 fn dump_writes_loss_and_every_gradient() {
@@ -32,11 +16,7 @@ fn dump_writes_loss_and_every_gradient() {
         "--dump",
         dir.to_str().unwrap_or_default(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     for name in [
         "loss.npy",
         "grad.fc1.weight.npy",
@@ -69,11 +49,7 @@ fn plan_json_round_trips_through_run() {
     assert!(out.status.success());
     let direct = memc(&["run", MLP, "--set", "B=4", "--steps", "3"]);
     let from_plan = memc(&["run", plan.to_str().unwrap_or_default(), "--steps", "3"]);
-    assert!(
-        from_plan.status.success(),
-        "{}",
-        String::from_utf8_lossy(&from_plan.stderr)
-    );
+    assert_success(&from_plan);
     assert_eq!(direct.stdout, from_plan.stdout);
     assert_eq!(String::from_utf8_lossy(&direct.stdout).lines().count(), 3);
 }
@@ -87,11 +63,7 @@ fn params_round_trip_and_bad_files_exit_2() {
         .status
         .success());
     let ok = memc(&["run", MLP, "--set", "B=4", "--params", s]);
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    assert_success(&ok);
     let wrong_shape = memc(&["run", MLP, "--set", "H=32", "--set", "B=4", "--params", s]);
     assert_eq!(wrong_shape.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&wrong_shape.stderr).contains("the model expects"));
@@ -138,11 +110,7 @@ fn arena_command_checks_capacity_and_csv() {
         "-o",
         solved.to_str().unwrap_or_default(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert!(std::fs::read_to_string(&solved)
         .expect("solution")
         .starts_with("id,lower,upper,size,offset"));
@@ -207,11 +175,7 @@ fn fit_accumulate_reports_the_micro_batch_and_compile_wants_a_count() {
         "--accumulate",
     ]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let got = ["batch", "micro_batch", "accumulate", "next_micro_batch"].map(|k| v[k].as_i64());
     assert_eq!(got, [Some(8), Some(2), Some(4), Some(4)], "{text}");

@@ -2,10 +2,12 @@
 //! here, independently of the search), infeasible and unknown dims fail, and the CLI answers.
 #![allow(clippy::panic, clippy::unwrap_used)]
 
+mod common;
+
+use common::{assert_success, memc, MLP};
 use memc::fit::{fit_dim, FitError};
 use memc::{compile, CompileError, Options};
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 fn source(name: &str) -> String {
@@ -127,16 +129,6 @@ fn unknown_dim_lists_the_dims() {
     }
 }
 
-fn memc(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_memc"))
-        .args(args)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run memc")
-}
-
-const MLP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/mlp.mdl");
-
 #[test]
 fn cli_json_and_text() {
     let out = memc(&[
@@ -149,11 +141,7 @@ fn cli_json_and_text() {
         "--layout-time",
         "0",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["dim"], "B");
     let value = v["value"].as_i64().unwrap();

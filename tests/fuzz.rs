@@ -29,25 +29,21 @@ impl Rng {
     }
 }
 
+/// Dims of the transformer examples: llama's, of which gpt2 has all but the last (`F`).
+const TRANSFORMER: [(&str, i64); 7] = [
+    ("L", 1),
+    ("T", 16),
+    ("D", 64),
+    ("H", 4),
+    ("V", 128),
+    ("B", 2),
+    ("F", 96),
+];
+
 fn overrides(example: &str) -> Vec<(String, i64)> {
     let set: &[(&str, i64)] = match example {
-        "gpt2.mdl" => &[
-            ("L", 1),
-            ("T", 16),
-            ("D", 64),
-            ("H", 4),
-            ("V", 128),
-            ("B", 2),
-        ],
-        "llama7b.mdl" => &[
-            ("L", 1),
-            ("T", 16),
-            ("D", 64),
-            ("H", 4),
-            ("V", 128),
-            ("B", 2),
-            ("F", 96),
-        ],
+        "gpt2.mdl" => &TRANSFORMER[..6],
+        "llama7b.mdl" => &TRANSFORMER,
         "resnet18.mdl" => &[("B", 1), ("S", 32), ("K", 10)],
         "unet.mdl" => &[("B", 1), ("S", 16)],
         "mlp.mdl" => &[("B", 2), ("IN", 16), ("H", 8)],

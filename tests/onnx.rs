@@ -7,6 +7,9 @@
 //! MEMC_REQUIRE_ONNXRUNTIME=1 makes it fail.
 #![allow(clippy::panic, clippy::unwrap_used)]
 
+mod common;
+
+use common::{memc, scratch};
 use memc::exec::io::{read_npy, TensorData};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -38,28 +41,10 @@ const SHIPPED: &[&str] = &[
     "light_squeezenet",
 ];
 
-fn memc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memc"))
-        .args(args)
-        .current_dir(ROOT)
-        .env("NO_COLOR", "1")
-        .env_remove("RUST_BACKTRACE")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run memc: {e}"))
-}
-
 fn ok(out: Output, what: &str) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{what} failed:\n{stderr}");
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("memc-onnx-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
 }
 
 fn s(p: &Path) -> &str {
@@ -262,14 +247,21 @@ fn light_models_match_onnxruntime() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-#[test]
-fn dynamic_batch_becomes_a_settable_dim() {
-    let dir = scratch("dynamic");
+/// `tests/onnx/dynamic_batch.onnx` imported into a fresh scratch dir `name`: the dir and
+/// the `.mdl` path.
+fn import_dynamic_batch(name: &str) -> (PathBuf, PathBuf) {
+    let dir = scratch(name);
     let mdl = dir.join("m.mdl");
     ok(
         memc(&["import", "tests/onnx/dynamic_batch.onnx", "-o", s(&mdl)]),
         "import",
     );
+    (dir, mdl)
+}
+
+#[test]
+fn dynamic_batch_becomes_a_settable_dim() {
+    let (dir, mdl) = import_dynamic_batch("dynamic");
     let text = std::fs::read_to_string(&mdl).expect("mdl");
     for want in ["dim N = 1", "input x: [N, 3, 8, 8]", "reshape(p, (N, 64))"] {
         assert!(text.contains(want), "no `{want}` in:\n{text}");
@@ -298,12 +290,7 @@ fn dynamic_batch_becomes_a_settable_dim() {
 
 #[test]
 fn inference_plan_frees_every_value_after_its_last_use() {
-    let dir = scratch("report");
-    let mdl = dir.join("m.mdl");
-    ok(
-        memc(&["import", "tests/onnx/dynamic_batch.onnx", "-o", s(&mdl)]),
-        "import",
-    );
+    let (dir, mdl) = import_dynamic_batch("report");
     let report = ok(memc(&["compile", s(&mdl), "--format", "json"]), "compile");
     let v: serde_json::Value = serde_json::from_str(&report).expect("json");
     let r = &v["report"];

@@ -23,7 +23,7 @@ mod cuda_cases;
 
 use cuda_cases::*;
 use half::{bf16, f16};
-use memc::codegen::{cast_kernel, kernel_for, plan_kernel_uses, Kernel, KernelParam};
+use memc::codegen::{cast_kernel, plan_kernel_uses, Kernel, KernelParam};
 use memc::exec::cpu::CpuExecutor;
 use memc::exec::kernels::{reduce, rng};
 use memc::front::train::Precision;
@@ -394,43 +394,15 @@ fn compare(got: &[f32], want: &[f32], dtype: DType) -> (f32, f32) {
 }
 
 /// One op case at one dtype.
-struct Case {
-    label: String,
-    dtype: DType,
-    op: Op,
-    f32_op: Op,
-    f32_inputs: Vec<TensorType>,
-    inputs: Vec<TensorType>,
-    output: TensorType,
-    kernel: Kernel,
-}
+type Case = KernelCase;
 
-/// Every op case in f32, f16 and bf16 (the optimizers' clip coefficient stays f32, as the
-/// clip op always produces it).
+/// Every op case in f32, f16 and bf16; ops on f32 scalars only (the loss-scale update) give
+/// one kernel for every dtype: it is run once.
 fn all_cases() -> Vec<Case> {
-    let mut out = Vec::new();
-    for (label, op, f32_inputs) in cases() {
-        for dtype in [DType::F32, DType::F16, DType::BF16] {
-            let (variant, inputs) = with_dtype(&op, &f32_inputs, dtype);
-            let output = output(&variant, &inputs);
-            let kernel = kernel_for(&variant, &inputs, &output)
-                .unwrap_or_else(|e| panic!("{label}/{dtype}: {e}"))
-                .unwrap_or_else(|| panic!("{label}/{dtype}: no kernel"));
-            // Ops on f32 scalars only (the loss-scale update) give one kernel for every
-            // dtype: run it once.
-            if out.iter().any(|c: &Case| c.kernel.name == kernel.name) {
-                continue;
-            }
-            out.push(Case {
-                label: format!("{label}/{dtype}"),
-                dtype,
-                op: variant,
-                f32_op: op.clone(),
-                f32_inputs: f32_inputs.clone(),
-                inputs,
-                output,
-                kernel,
-            });
+    let mut out: Vec<Case> = Vec::new();
+    for case in kernel_cases() {
+        if !out.iter().any(|c| c.kernel.name == case.kernel.name) {
+            out.push(case);
         }
     }
     out

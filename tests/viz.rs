@@ -2,6 +2,9 @@
 //! where Chromium is installed, the page loads headless without console errors.
 #![allow(clippy::panic, clippy::unwrap_used)]
 
+mod common;
+
+use common::assert_success;
 use memc::plan::Plan;
 use memc::{compile, Options};
 use std::path::Path;
@@ -114,14 +117,19 @@ fn cli_writes_the_page() {
         .arg(&out_path)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let html = std::fs::read_to_string(&out_path).unwrap();
     let plan = plan_of(&example("mlp.mdl"), &[("B", 8)]);
     assert_eq!(html, memc::viz::render_html(&plan));
+}
+
+/// Whether `/usr/bin/chromium` exists; prints SKIP when it does not.
+fn chromium_installed() -> bool {
+    let installed = Path::new("/usr/bin/chromium").exists();
+    if !installed {
+        eprintln!("SKIP: chromium not installed");
+    }
+    installed
 }
 
 /// Runs chromium with `args` on `page`, killing it after two minutes; (stdout, stderr).
@@ -171,8 +179,7 @@ fn chromium(args: &[&str], page: &Path, profile: &Path) -> (String, String) {
 
 #[test]
 fn chromium_loads_the_page_without_console_errors() {
-    if !Path::new("/usr/bin/chromium").exists() {
-        eprintln!("SKIP: chromium not installed");
+    if !chromium_installed() {
         return;
     }
     let dir = scratch();
@@ -202,8 +209,7 @@ fn chromium_loads_the_page_without_console_errors() {
 #[test]
 fn chromium_check_sees_console_errors() {
     // The check above would notice a broken page.
-    if !Path::new("/usr/bin/chromium").exists() {
-        eprintln!("SKIP: chromium not installed");
+    if !chromium_installed() {
         return;
     }
     let dir = scratch();

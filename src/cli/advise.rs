@@ -16,13 +16,7 @@ pub struct AdviseArgs {
 
 /// Prints the options best first.
 pub fn advise(a: AdviseArgs) -> Result<(), Failure> {
-    let src = super::read_source(&a.args.file)?;
-    let opts = super::options(&a.args)?;
-    let Some(budget) = opts.budget else {
-        return Err(Failure::Plain(
-            "memc advise needs --budget SIZE (e.g. --budget 24GiB)".into(),
-        ));
-    };
+    let (src, opts, budget) = super::budgeted(&a.args, "advise")?;
     let mut unbudgeted = a.args.clone();
     unbudgeted.budget = None;
     super::compile_file(&unbudgeted)?;

@@ -24,13 +24,7 @@ pub struct FitArgs {
 /// Runs the search and prints the answer (text: the dim, value, arena at value and value+1,
 /// then the plan's report; JSON: `{"dim", "value", "arena_bytes", "next_arena_bytes", ...}`).
 pub fn fit(a: FitArgs) -> Result<(), Failure> {
-    let src = super::read_source(&a.args.file)?;
-    let opts = super::options(&a.args)?;
-    let Some(budget) = opts.budget else {
-        return Err(Failure::Plain(
-            "memc fit needs --budget SIZE (e.g. --budget 24GiB)".into(),
-        ));
-    };
+    let (src, opts, budget) = super::budgeted(&a.args, "fit")?;
     let bar = progress();
     let mut on_probe = |p: &Probe| {
         if let Some(bar) = &bar {

@@ -290,6 +290,19 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
     })
 }
 
+/// The source, options and budget of a command that needs `--budget`; a plain failure
+/// saying so when it is missing.
+fn budgeted(args: &CompileArgs, command: &str) -> Result<(String, Options, u64), Failure> {
+    let src = read_source(&args.file)?;
+    let opts = options(args)?;
+    let Some(budget) = opts.budget else {
+        return Err(Failure::Plain(format!(
+            "memc {command} needs --budget SIZE (e.g. --budget 24GiB)"
+        )));
+    };
+    Ok((src, opts, budget))
+}
+
 /// The value of an `on|off` flag, if given.
 fn on_off(flag: &str, value: &Option<String>) -> Result<Option<bool>, Failure> {
     match value.as_deref() {

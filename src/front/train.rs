@@ -3,6 +3,7 @@
 use super::ast::{Expr, ExprKind, Ident};
 use crate::diagnostic::UserError;
 use crate::ir::{AdamWParams, SgdParams, Span};
+use crate::plan::TrainSummary;
 use serde::{Deserialize, Serialize};
 
 /// The optimizer of a training step.
@@ -25,32 +26,13 @@ pub enum Precision {
 /// Everything `train { }` says, with defaults filled in.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainSpec {
-    pub optimizer: Optimizer,
-    pub precision: Precision,
-    /// Whether bf16/fp16 steps keep fp32 master weights (parameters stored in the low
-    /// precision when not).
-    #[serde(default = "yes")]
-    pub master_weights: bool,
-    /// Micro-batches per step: the step runs the model as written this many times on
-    /// successive micro-batches, accumulating gradients, then updates once.
-    #[serde(default = "one")]
-    pub accumulate: u32,
-    /// Bytes the step must fit in, if set.
-    pub budget: Option<u64>,
-    /// Global-norm clipping threshold, if set.
-    pub clip_grad_norm: Option<f32>,
+    /// The settings themselves, as the plan records them.
+    #[serde(flatten)]
+    pub settings: TrainSummary,
     /// Where the section is, for budget diagnostics.
     pub span: Span,
     /// Where `precision` was set (the section when it was not).
     pub precision_span: Span,
-}
-
-fn yes() -> bool {
-    true
-}
-
-fn one() -> u32 {
-    1
 }
 
 fn number(e: &Expr) -> Option<f64> {
@@ -168,27 +150,29 @@ fn optimizer(e: &Expr) -> Result<Optimizer, UserError> {
 /// Reads the settings of a `train` section.
 pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, UserError> {
     let mut spec = TrainSpec {
-        optimizer: Optimizer::AdamW(AdamWParams {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-        }),
-        precision: Precision::Fp32,
-        master_weights: true,
-        accumulate: 1,
-        budget: None,
-        clip_grad_norm: None,
+        settings: TrainSummary {
+            optimizer: Optimizer::AdamW(AdamWParams {
+                lr: 1e-3,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.01,
+            }),
+            precision: Precision::Fp32,
+            master_weights: true,
+            accumulate: 1,
+            budget: None,
+            clip_grad_norm: None,
+        },
         span,
         precision_span: span,
     };
     for (name, value) in settings {
         match name.name.as_str() {
-            "optimizer" => spec.optimizer = optimizer(value)?,
+            "optimizer" => spec.settings.optimizer = optimizer(value)?,
             "precision" => {
                 spec.precision_span = value.span;
-                spec.precision = match &value.kind {
+                spec.settings.precision = match &value.kind {
                     ExprKind::Path(p) if p.len() == 1 && p[0].name == "fp32" => Precision::Fp32,
                     ExprKind::Path(p) if p.len() == 1 && p[0].name == "bf16" => Precision::Bf16,
                     ExprKind::Path(p) if p.len() == 1 && p[0].name == "fp16" => Precision::Fp16,
@@ -203,7 +187,7 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
                 }
             }
             "master_weights" => {
-                spec.master_weights = match &value.kind {
+                spec.settings.master_weights = match &value.kind {
                     ExprKind::Path(p) if p.len() == 1 && p[0].name == "on" => true,
                     ExprKind::Path(p) if p.len() == 1 && p[0].name == "off" => false,
                     _ => {
@@ -226,10 +210,10 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
                         "write e.g. `accumulate = 4`: four micro-batches per update",
                     ));
                 }
-                spec.accumulate = n as u32;
+                spec.settings.accumulate = n as u32;
             }
             "budget" => match &value.kind {
-                ExprKind::Size(b) if *b > 0 => spec.budget = Some(*b),
+                ExprKind::Size(b) if *b > 0 => spec.settings.budget = Some(*b),
                 _ => {
                     return Err(UserError::at(
                         value.span,
@@ -249,7 +233,7 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
                         "write e.g. `clip_grad_norm = 1.0`",
                     ));
                 }
-                spec.clip_grad_norm = Some(v);
+                spec.settings.clip_grad_norm = Some(v);
             }
             other => {
                 return Err(UserError::at(

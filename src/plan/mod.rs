@@ -164,10 +164,12 @@ pub struct Plan {
 pub struct TrainSummary {
     pub optimizer: Optimizer,
     pub precision: Precision,
-    /// Whether bf16/fp16 steps keep fp32 master weights.
+    /// Whether bf16/fp16 steps keep fp32 master weights (parameters stored in the low
+    /// precision when not).
     #[serde(default = "yes")]
     pub master_weights: bool,
-    /// Micro-batches per step (gradients accumulate over them, then one update).
+    /// Micro-batches per step: the step runs the model as written this many times on
+    /// successive micro-batches, accumulating gradients, then updates once.
     #[serde(default = "one")]
     pub accumulate: u32,
     /// Bytes the step must fit in, if set.

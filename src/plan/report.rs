@@ -165,6 +165,15 @@ fn row(out: &mut String, label: &str, bytes: u64, note: &str) {
     );
 }
 
+/// An indented line of `count` values of `bytes` each, after `lead` and before `tail`.
+fn count_row(out: &mut String, lead: &str, count: u64, bytes: u64, tail: &str) {
+    let _ = writeln!(
+        out,
+        "    {lead} {count:>6} x {:>12}{tail}",
+        human_bytes(bytes)
+    );
+}
+
 /// The mixed-precision lines of the report.
 fn render_precision(out: &mut String, p: &PrecisionSummary) {
     let scaling = if p.loss_scaling {
@@ -209,14 +218,8 @@ fn render_checkpoint(out: &mut String, c: &CheckpointSummary, step_flops: u64) {
         ),
     );
     for g in &c.recomputed {
-        let _ = writeln!(
-            out,
-            "    {:<24} {:<12} {:>6} x {:>12}",
-            g.op,
-            g.block,
-            g.count,
-            human_bytes(g.bytes)
-        );
+        let lead = format!("{:<24} {:<12}", g.op, g.block);
+        count_row(out, &lead, g.count, g.bytes, "");
     }
 }
 
@@ -305,14 +308,8 @@ pub fn render_text(plan: &Plan) -> String {
     if !r.saved.is_empty() {
         let _ = writeln!(out, "  saved for backward, by op:");
         for s in &r.saved {
-            let _ = writeln!(
-                out,
-                "    {:<24} {:>6} x {:>12} {:>20}",
-                s.op,
-                s.count,
-                human_bytes(s.bytes),
-                grouped(s.bytes)
-            );
+            let tail = format!(" {:>20}", grouped(s.bytes));
+            count_row(&mut out, &format!("{:<24}", s.op), s.count, s.bytes, &tail);
         }
     }
     if let Some(p) = &r.precision {

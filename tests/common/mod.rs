@@ -1,8 +1,11 @@
-//! Helpers shared by integration tests: compile a source, run steps on the CPU.
+//! Helpers shared by integration tests: compile a source, run steps on the CPU, run the
+//! `memc` binary.
 #![allow(dead_code, clippy::panic)]
 
 use memc::exec::cpu::CpuExecutor;
 use memc::{compile, Compiled, Options};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
 
 /// The source of `examples/NAME.mdl`.
 pub fn example(name: &str) -> String {
@@ -19,6 +22,19 @@ pub const SMALL_GPT: &[(&str, i64)] = &[
     ("H", 4),
     ("B", 4),
 ];
+
+/// Overrides for a GPT-2 that compiles in moments: 4 layers, D=32, T=16, V=64, 4 heads,
+/// batch `batch`.
+pub fn tiny_gpt(batch: i64) -> Vec<(String, i64)> {
+    overrides(&[
+        ("L", 4),
+        ("D", 32),
+        ("T", 16),
+        ("V", 64),
+        ("H", 4),
+        ("B", batch),
+    ])
+}
 
 /// `--set` style overrides from `(name, value)` pairs.
 pub fn overrides(dims: &[(&str, i64)]) -> Vec<(String, i64)> {
@@ -53,4 +69,43 @@ pub fn executor(c: &Compiled, seed: u64) -> CpuExecutor {
 pub fn loss(ex: &mut CpuExecutor) -> f32 {
     ex.run_step(None).expect("step");
     ex.output("loss").expect("loss output")[0]
+}
+
+/// `examples/mlp.mdl`, as an absolute path.
+pub const MLP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/mlp.mdl");
+
+/// Runs the `memc` binary from the repository root with `args`: no colour, no backtraces,
+/// no stdin.
+pub fn memc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memc"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("NO_COLOR", "1")
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run memc: {e}"))
+}
+
+/// Fails unless `out` exited with status 0, showing its stderr.
+#[track_caller]
+pub fn assert_success(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A fresh, empty directory under the system temp dir, named after the test binary, `name`
+/// and the process.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "memc-{}-{name}-{}",
+        env!("CARGO_CRATE_NAME"),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
 }

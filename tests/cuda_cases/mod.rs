@@ -1,12 +1,24 @@
 //! Shared test cases: a representative op/shape set covering every kernel family.
 #![allow(clippy::panic, dead_code)]
 
+use memc::codegen::{kernel_for, Kernel};
 use memc::ir::infer::infer;
 use memc::ir::*;
 
 /// A tensor type.
 pub fn t(dtype: DType, shape: &[usize]) -> TensorType {
     TensorType::new(dtype, shape.to_vec())
+}
+
+/// AdamW with the usual lr, betas and eps, and `weight_decay`.
+pub fn adamw(weight_decay: f32) -> AdamWParams {
+    AdamWParams {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay,
+    }
 }
 
 /// (label, op, inputs) in f32; `with_dtype` derives the f16/bf16 variants.
@@ -30,18 +42,19 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         causal: true,
         scale: 0.125,
     };
-    let adam = AdamWParams {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        weight_decay: 0.01,
-    };
+    let adam = adamw(0.01);
     let sgd = SgdParams {
         lr: 0.1,
         momentum: 0.9,
         weight_decay: 0.0,
     };
+    let attn_bwd = |which| Op::AttentionBackward { attn, which };
+    let attn_bwd_in = vec![
+        f(&[2, 10, 64]),
+        f(&[2, 12, 32]),
+        f(&[2, 12, 32]),
+        f(&[2, 10, 64]),
+    ];
     vec![
         (
             "fill",
@@ -321,42 +334,18 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ),
         (
             "attention_bwd_q",
-            Op::AttentionBackward {
-                attn,
-                which: AttnInput::Q,
-            },
-            vec![
-                f(&[2, 10, 64]),
-                f(&[2, 12, 32]),
-                f(&[2, 12, 32]),
-                f(&[2, 10, 64]),
-            ],
+            attn_bwd(AttnInput::Q),
+            attn_bwd_in.clone(),
         ),
         (
             "attention_bwd_k",
-            Op::AttentionBackward {
-                attn,
-                which: AttnInput::K,
-            },
-            vec![
-                f(&[2, 10, 64]),
-                f(&[2, 12, 32]),
-                f(&[2, 12, 32]),
-                f(&[2, 10, 64]),
-            ],
+            attn_bwd(AttnInput::K),
+            attn_bwd_in.clone(),
         ),
         (
             "attention_bwd_v",
-            Op::AttentionBackward {
-                attn,
-                which: AttnInput::V,
-            },
-            vec![
-                f(&[2, 10, 64]),
-                f(&[2, 12, 32]),
-                f(&[2, 12, 32]),
-                f(&[2, 10, 64]),
-            ],
+            attn_bwd(AttnInput::V),
+            attn_bwd_in.clone(),
         ),
         (
             "attention_hd128",
@@ -472,4 +461,43 @@ pub fn output(op: &Op, inputs: &[TensorType]) -> TensorType {
         Ok(t) => t,
         Err(e) => panic!("bad test case {op:?}: {}", e.message),
     }
+}
+
+/// One case at one dtype, with its kernel.
+pub struct KernelCase {
+    /// `label/dtype`.
+    pub label: String,
+    pub dtype: DType,
+    pub op: Op,
+    pub f32_op: Op,
+    pub f32_inputs: Vec<TensorType>,
+    pub inputs: Vec<TensorType>,
+    pub output: TensorType,
+    pub kernel: Kernel,
+}
+
+/// Every case in f32, f16 and bf16 (the optimizers' clip coefficient stays f32, as the clip
+/// op always produces it), in case order; panics naming a case that has no kernel.
+pub fn kernel_cases() -> Vec<KernelCase> {
+    let mut out = Vec::new();
+    for (label, f32_op, f32_inputs) in cases() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let (op, inputs) = with_dtype(&f32_op, &f32_inputs, dtype);
+            let output = output(&op, &inputs);
+            let kernel = kernel_for(&op, &inputs, &output)
+                .unwrap_or_else(|e| panic!("{label}/{dtype}: {e}"))
+                .unwrap_or_else(|| panic!("{label}/{dtype}: no kernel"));
+            out.push(KernelCase {
+                label: format!("{label}/{dtype}"),
+                dtype,
+                op,
+                f32_op: f32_op.clone(),
+                f32_inputs: f32_inputs.clone(),
+                inputs,
+                output,
+                kernel,
+            });
+        }
+    }
+    out
 }

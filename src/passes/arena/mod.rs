@@ -4,13 +4,6 @@
 //! then a deterministic MiniMalloc-style branch-and-bound search over canonical solutions that
 //! tries to close the gap to the bound (or reach the requested capacity) within a node budget.
 //! [`validate`] is an independent checker for any layout.
-#![warn(
-    clippy::unwrap_used,
-    clippy::panic,
-    clippy::todo,
-    clippy::dbg_macro,
-    clippy::print_stdout
-)]
 
 mod bound;
 mod flat;
@@ -232,6 +225,26 @@ mod tests {
             .collect()
     }
 
+    /// `rounds` random instances from `seed`, each with its round number and alignment: 1 to
+    /// `max_n` buffers over `horizon` steps with sizes below `max_size` (as
+    /// [`random_instance`]), the alignment cycling through `alignments`.
+    pub(crate) fn random_rounds(
+        seed: u64,
+        rounds: usize,
+        max_n: u64,
+        alignments: [u64; 3],
+        (horizon, max_size): (u64, u64),
+    ) -> Vec<(usize, u64, Vec<BufferRequest>)> {
+        let mut rng = Rng::new(seed);
+        (0..rounds)
+            .map(|round| {
+                let n = 1 + rng.below(max_n) as usize;
+                let reqs = random_instance(&mut rng, n, horizon, max_size);
+                (round, alignments[round % 3], reqs)
+            })
+            .collect()
+    }
+
     fn options(alignment: u64, ms: u64) -> LayoutOptions {
         LayoutOptions {
             alignment,
@@ -300,11 +313,7 @@ mod tests {
 
     #[test]
     fn random_layouts_are_valid_and_bounded() {
-        let mut rng = Rng::new(7);
-        for round in 0..150 {
-            let n = 1 + rng.below(60) as usize;
-            let alignment = [1, 4, 16][round % 3];
-            let reqs = random_instance(&mut rng, n, 30, 100);
+        for (round, alignment, reqs) in random_rounds(7, 150, 60, [1, 4, 16], (30, 100)) {
             let result = layout(&reqs, &options(alignment, 5));
             assert_eq!(
                 validate(&reqs, &result.offsets, result.size, alignment),
@@ -327,11 +336,7 @@ mod tests {
 
     #[test]
     fn small_instances_are_optimal() {
-        let mut rng = Rng::new(11);
-        for round in 0..300 {
-            let n = 1 + rng.below(7) as usize;
-            let alignment = [1, 2, 4][round % 3];
-            let reqs = random_instance(&mut rng, n, 8, 9);
+        for (round, alignment, reqs) in random_rounds(11, 300, 7, [1, 2, 4], (8, 9)) {
             let result = layout(&reqs, &options(alignment, 200));
             let optimum = brute_force(&reqs, alignment);
             assert_eq!(result.size, optimum, "{round}: {reqs:?} {result:?}");

@@ -514,7 +514,7 @@ impl<'p> Solver<'p> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{brute_force, random_instance, Rng};
+    use super::super::tests::{brute_force, random_rounds};
     use super::super::{validate, BufferRequest};
     use super::*;
 
@@ -527,11 +527,7 @@ mod tests {
 
     #[test]
     fn decision_probes_match_brute_force() {
-        let mut rng = Rng::new(23);
-        for round in 0..250 {
-            let n = 1 + rng.below(8) as usize;
-            let alignment = [1, 2, 4][round % 3];
-            let reqs = random_instance(&mut rng, n, 10, 9);
+        for (round, alignment, reqs) in random_rounds(23, 250, 8, [1, 2, 4], (10, 9)) {
             let optimum = brute_force(&reqs, alignment);
             let problem = Problem::new(&reqs, alignment);
             match probe(&problem, optimum) {
