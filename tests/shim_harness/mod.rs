@@ -1,0 +1,372 @@
+//! The shim harness: compiles generated kernels with g++ against `kernels/sim/cuda_sim.h`,
+//! launches them over an arena file, encodes and decodes arena bytes per dtype, seeds op
+//! inputs, runs the CPU backend on the same inputs, and compares within per-dtype
+//! tolerances (see `tests/shim.rs` for the rules).
+use half::{bf16, f16};
+use memc::codegen::{Kernel, KernelParam};
+use memc::exec::cpu::CpuExecutor;
+use memc::exec::kernels::{reduce, rng};
+use memc::ir::{DType, Graph, Op, Origin, Phase, Span, TensorType};
+use memc::plan::{build, verify, BuildOptions};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub const SIM_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/sim");
+pub const ALIGN: u64 = 256;
+/// The byte the shim's arenas start filled with outside initialized tensors.
+pub const POISON: u8 = 0xff;
+/// The 1-based training step passed to every launch (exercises SGD momentum and AdamW bias
+/// correction past the first step in the op cases).
+pub const CASE_STEP: u64 = 3;
+
+/// Why the shim cannot run here, if it cannot.
+pub fn gxx_missing() -> Option<String> {
+    match Command::new("g++").arg("--version").output() {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => Some(format!(
+            "g++ --version failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        )),
+        Err(e) => Some(format!("g++ not found: {e}")),
+    }
+}
+
+/// `f` over `items` on up to `available_parallelism` threads, results in item order.
+pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let next = AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<R>>> =
+        items.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..workers.min(items.len()) {
+            s.spawn(|| {
+                let mut i = next.fetch_add(1, Ordering::Relaxed);
+                while let Some(item) = items.get(i) {
+                    *results[i].lock().unwrap() = Some(f(item));
+                    i = next.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|m| m.into_inner().unwrap().expect("every item ran"))
+        .collect()
+}
+
+/// Compiles `kernel` with its launcher into an executable in `dir`.
+pub fn compile(kernel: &Kernel, dir: &Path) -> Result<PathBuf, String> {
+    let args: Vec<String> = (0..kernel.params.len() - 1)
+        .map(|i| format!("a[{i}]"))
+        .collect();
+    let main = format!(
+        "#include \"cuda_sim.h\"\n#include \"{name}.cu\"\n\
+         int main(int argc, char** argv) {{\n    return memc_sim::run_main(argc, argv, {n}, \
+         [](char* arena, const unsigned long long* a) {{ {entry}(arena{sep}{args}); }});\n}}\n",
+        name = kernel.name,
+        n = args.len(),
+        entry = kernel.entry,
+        sep = if args.is_empty() { "" } else { ", " },
+        args = args.join(", "),
+    );
+    let cu = dir.join(format!("{}.cu", kernel.name));
+    let cpp = dir.join(format!("{}.cpp", kernel.name));
+    let exe = dir.join(&kernel.name);
+    std::fs::write(&cu, &kernel.source).map_err(|e| e.to_string())?;
+    std::fs::write(&cpp, main).map_err(|e| e.to_string())?;
+    let out = Command::new("g++")
+        .args(["-std=c++17", "-O1", "-Wno-unknown-pragmas", "-I", SIM_DIR])
+        .arg(&cpp)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "g++ failed on {}:\n{}",
+            kernel.name,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(exe)
+}
+
+/// Runs one launch of `kernel` over the arena file with the given values for its params.
+/// `reverse` runs blocks and threads in reverse order (see `cuda_sim.h`).
+pub fn launch(
+    exe: &Path,
+    kernel: &Kernel,
+    arena: &Path,
+    reverse: bool,
+    value: impl Fn(KernelParam) -> u64,
+) -> Result<(), String> {
+    let geometry = kernel.grid.iter().chain(&kernel.block).map(u32::to_string);
+    let args = kernel.params[1..].iter().map(|&p| value(p).to_string());
+    let mut cmd = Command::new(exe);
+    if reverse {
+        cmd.env("MEMC_SIM_REVERSE", "1");
+    }
+    let out = cmd
+        .arg(arena)
+        .args(geometry)
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} exited with {}: {}",
+            kernel.name,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+pub fn round_to(dtype: DType, v: f32) -> f32 {
+    match dtype {
+        DType::F16 => f16::from_f32(v).to_f32(),
+        DType::BF16 => bf16::from_f32(v).to_f32(),
+        _ => v,
+    }
+}
+
+/// Stores `values` (ids as their integer values) at byte `off` as `dtype`.
+pub fn put(arena: &mut [u8], off: u64, dtype: DType, values: &[f32]) {
+    let size = dtype.size() as usize;
+    for (i, &v) in values.iter().enumerate() {
+        let at = off as usize + i * size;
+        let dst = &mut arena[at..at + size];
+        match dtype {
+            DType::F32 => dst.copy_from_slice(&v.to_le_bytes()),
+            DType::F16 => dst.copy_from_slice(&f16::from_f32(v).to_le_bytes()),
+            DType::BF16 => dst.copy_from_slice(&bf16::from_f32(v).to_le_bytes()),
+            DType::I32 => dst.copy_from_slice(&(v as i32).to_le_bytes()),
+        }
+    }
+}
+
+/// Reads `n` elements of `dtype` at byte `off` as f32.
+pub fn get(arena: &[u8], off: u64, dtype: DType, n: usize) -> Vec<f32> {
+    let size = dtype.size() as usize;
+    (0..n)
+        .map(|i| {
+            let at = off as usize + i * size;
+            let b = &arena[at..at + size];
+            match dtype {
+                DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                DType::F16 => f16::from_le_bytes([b[0], b[1]]).to_f32(),
+                DType::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+                DType::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32,
+            }
+        })
+        .collect()
+}
+
+/// Seeded input data for `op` at the given (possibly 16-bit) input types, exactly
+/// representable in them: ids below the op's limit, floats standard normal except where the
+/// op needs otherwise (positive second moments and divisors, y = max_to(x)).
+pub fn case_data(op: &Op, inputs: &[TensorType], seed: u64) -> Vec<Vec<f32>> {
+    let mut data: Vec<Vec<f32>> = Vec::new();
+    for (i, ty) in inputs.iter().enumerate() {
+        let n = ty.numel() as usize;
+        let key = seed.wrapping_mul(31).wrapping_add(i as u64);
+        let values: Vec<f32> = if ty.dtype == DType::I32 {
+            let limit = match op {
+                Op::Embedding => inputs[0].shape[0],
+                Op::EmbeddingBackward { rows } => *rows,
+                _ => inputs[0].shape.last().copied().unwrap_or(1),
+            };
+            (0..n)
+                .map(|j| (rng::uniform01(key, 0, j as u64) * limit as f32).floor())
+                .collect()
+        } else if let (Op::MaxToBackward, 1) = (op, i) {
+            let mut y = vec![0.0; n];
+            reduce::max_to(&data[0], &inputs[0].shape, &mut y, &ty.shape);
+            y
+        } else {
+            let positive = matches!(
+                (op, i),
+                (Op::AdamW(_), 3 | 4) | (Op::Sgd(_), 3) | (Op::Binary(_), 1)
+            );
+            (0..n)
+                .map(|j| {
+                    let v = rng::normal01(key, 0, j as u64);
+                    if positive {
+                        v.abs() + 0.5
+                    } else {
+                        v
+                    }
+                })
+                .collect()
+        };
+        data.push(values.iter().map(|&v| round_to(ty.dtype, v)).collect());
+    }
+    data
+}
+
+/// What a step produced: its output (if it has one) and its in-place updated inputs.
+#[derive(Debug)]
+pub struct Results {
+    pub output: Option<Vec<f32>>,
+    pub updated: Vec<(usize, Vec<f32>)>,
+}
+
+impl Results {
+    /// Every value's bits, in order.
+    pub fn bits(&self) -> Vec<u32> {
+        let updated = self.updated.iter().flat_map(|(_, v)| v);
+        self.output
+            .iter()
+            .flatten()
+            .chain(updated)
+            .map(|v| v.to_bits())
+            .collect()
+    }
+}
+
+pub fn origin(phase: Phase) -> Origin {
+    Origin {
+        span: Span { start: 0, end: 0 },
+        scope: String::new(),
+        phase,
+    }
+}
+
+/// The CPU backend on a one-step plan of `op` over f32/i32 `inputs` holding `data`.
+pub fn cpu_reference(op: &Op, inputs: &[TensorType], data: &[Vec<f32>], step: u64) -> Results {
+    let mut g = Graph::new();
+    let ins = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let input = Op::Input {
+                name: format!("in{i}"),
+                ty: t.clone(),
+            };
+            g.add(input, vec![], &origin(Phase::Forward)).unwrap()
+        })
+        .collect();
+    let phase = if op.mutated_inputs().is_empty() {
+        Phase::Forward
+    } else {
+        Phase::Update
+    };
+    let v = g.add(op.clone(), ins, &origin(phase)).unwrap();
+    if g.node(v).ty.bytes() > 0 {
+        g.outputs.push(("out".to_string(), v));
+    }
+    let options = BuildOptions {
+        optimizer_in_backward: false,
+        layout_time: std::time::Duration::from_millis(10),
+        alignment: ALIGN,
+    };
+    let plan = verify(build("case", &g, None, &options).unwrap()).unwrap();
+    let mut ex = CpuExecutor::new(&plan).unwrap();
+    let buffer = |i: usize| plan.plan().inputs[i].buffer;
+    for (i, values) in data.iter().enumerate() {
+        assert_eq!(plan.plan().inputs[i].name, format!("in{i}"));
+        if inputs[i].dtype == DType::I32 {
+            let ids: Vec<i32> = values.iter().map(|&v| v as i32).collect();
+            ex.bind_ids(buffer(i), &ids).unwrap();
+        } else {
+            ex.bind_input(buffer(i), values.clone()).unwrap();
+        }
+    }
+    ex.set_step_number(step);
+    ex.run_step(None).unwrap();
+    Results {
+        output: ex.output("out").map(std::borrow::Cow::into_owned),
+        updated: op
+            .mutated_inputs()
+            .iter()
+            .map(|&i| (i, ex.read(buffer(i)).to_vec()))
+            .collect(),
+    }
+}
+
+/// The kernel of `op` over `inputs` run through the shim on an arena holding `data`.
+pub fn shim_run(
+    exe: &Path,
+    kernel: &Kernel,
+    (inputs, output): (&[TensorType], &TensorType),
+    data: &[Vec<f32>],
+    mutated: &[usize],
+    arena_file: &Path,
+    reverse: bool,
+) -> Result<Results, String> {
+    // Each tensor is followed by at least one guard block; the arena starts as POISON bytes
+    // (NaN in every float type), so an unwritten output element fails the comparison and a
+    // write outside a tensor shows in the guards.
+    let mut offsets = Vec::new();
+    let mut end = 0u64;
+    for t in inputs.iter().chain(std::iter::once(output)) {
+        offsets.push(end);
+        end += (t.bytes().div_ceil(ALIGN) + 1) * ALIGN;
+    }
+    let mut arena = vec![POISON; end as usize];
+    for (i, values) in data.iter().enumerate() {
+        put(&mut arena, offsets[i], inputs[i].dtype, values);
+    }
+    std::fs::write(arena_file, &arena).map_err(|e| e.to_string())?;
+    launch(exe, kernel, arena_file, reverse, |p| match p {
+        KernelParam::Arena => 0,
+        KernelParam::Input(i) => offsets[i],
+        KernelParam::Output => offsets[inputs.len()],
+        KernelParam::Step | KernelParam::Stream => CASE_STEP,
+        // The CPU reference runs one micro-step: the first.
+        KernelParam::MicroStep => 0,
+    })?;
+    let after = std::fs::read(arena_file).map_err(|e| e.to_string())?;
+    let types = inputs.iter().chain(std::iter::once(output));
+    for ((t, &at), next) in types.zip(&offsets).zip(offsets[1..].iter().chain([&end])) {
+        let guard = (at + t.bytes()) as usize..*next as usize;
+        if after[guard.clone()] != arena[guard.clone()] {
+            return Err(format!(
+                "the kernel wrote outside its tensors (bytes {guard:?})"
+            ));
+        }
+    }
+    let arena = after;
+    let read = |off: u64, t: &TensorType| get(&arena, off, t.dtype, t.numel() as usize);
+    Ok(Results {
+        output: (output.bytes() > 0).then(|| read(offsets[inputs.len()], output)),
+        updated: mutated
+            .iter()
+            .map(|&i| (i, read(offsets[i], &inputs[i])))
+            .collect(),
+    })
+}
+
+/// Relative tolerance for values stored as `dtype` (see the file comment).
+pub fn rtol(dtype: DType) -> f32 {
+    match dtype {
+        DType::F16 => 2f32.powi(-9),
+        DType::BF16 => 2f32.powi(-6),
+        _ => 1e-4,
+    }
+}
+
+/// Largest |got - want| over the tensor, and the largest ratio of error to allowed error
+/// (the tensor passes when that ratio is at most 1).
+pub fn compare(got: &[f32], want: &[f32], dtype: DType) -> (f32, f32) {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    got.iter()
+        .zip(want)
+        .fold((0f32, 0f32), |(max_err, max_ratio), (&g, &w)| {
+            if g.is_nan() && w.is_nan() {
+                return (max_err, max_ratio);
+            }
+            let err = (g - w).abs();
+            let allowed = rtol(dtype) * (w.abs() + 0.1 * scale) + f32::MIN_POSITIVE;
+            let ratio = if err.is_nan() {
+                f32::INFINITY
+            } else {
+                err / allowed
+            };
+            (max_err.max(err), max_ratio.max(ratio))
+        })
+}
