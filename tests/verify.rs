@@ -298,3 +298,32 @@ fn the_compiled_plans_verify_after_a_json_round_trip() {
         assert!(verify(back).is_ok());
     }
 }
+
+/// An input the step also returns keeps its bytes to the end of the step: its storage is not
+/// reused by the values computed after its last reader, so the output reads back the input.
+#[test]
+fn an_input_returned_as_an_output_lives_to_the_end() {
+    let src = "model io {
+  input x: [64, 64]
+  param w: [64, 64] = normal(0.1)
+  let a = x @ w
+  let b = relu(a) @ w
+  let c = b @ w
+  output y = x
+  output z = c
+}";
+    let compiled = match memc::compile(src, &Options::default()) {
+        Ok(c) => c,
+        Err(e) => panic!("io does not compile: {e:?}"),
+    };
+    let plan = compiled.plan.plan();
+    let x = plan.inputs[0].buffer;
+    let last = plan.steps.len() - 1;
+    assert_eq!(plan.buffers[x.index()].last, last);
+    let mut ex = memc::exec::cpu::CpuExecutor::new(&compiled.plan).unwrap();
+    ex.init_params(7).unwrap();
+    let data: Vec<f32> = (0..64 * 64).map(|i| i as f32 / 100.0).collect();
+    ex.bind_input(x, data.clone()).unwrap();
+    ex.run_step(None).unwrap();
+    assert_eq!(ex.output("y").unwrap().into_owned(), data);
+}

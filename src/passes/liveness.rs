@@ -39,6 +39,11 @@ pub fn run(graph: &Graph, schedule: &Schedule) -> Vec<Option<Interval>> {
                     first: 0,
                     last: end,
                 }),
+                // An input the step also returns must still hold it when the step ends.
+                Op::Input { .. } if outputs.contains(&v) => Some(Interval {
+                    first: 0,
+                    last: end,
+                }),
                 Op::Input { .. } => used.map(|last| Interval { first: 0, last }),
                 _ => {
                     let first = position[v.index()];

@@ -36,7 +36,7 @@ impl VerifiedPlan {
 ///   `first..=last`;
 /// - every binding (parameter, gradient, optimizer state, input, output) names a buffer;
 ///   buffers bound at load (parameters, optimizer state, inputs) are bound once and live from
-///   step 0, persistent ones and outputs other than inputs to the last step;
+///   step 0, persistent ones and outputs to the last step;
 /// - every step names existing buffers, live at that step, and is well-typed for them
 ///   (`ir::infer::infer`); its output is written by it alone, at the output's first step,
 ///   and is never a buffer bound at load; its workspace lives for that step alone and is as
@@ -218,15 +218,13 @@ impl<'p> Checker<'p> {
                 ));
             }
         }
-        // An input named as an output lives to its last reader, as every input does.
         for (what, b) in &plan.outputs {
             match self.buffer(*b) {
                 None => self.error(format!("output `{what}` names missing buffer {b}")),
-                Some(buf) if buf.last < end && !plan.inputs.iter().any(|i| i.buffer == *b) => self
-                    .error(format!(
-                        "output `{what}`: {b} `{}` ends at step {}, before the last step {end}",
-                        buf.name, buf.last
-                    )),
+                Some(buf) if buf.last < end => self.error(format!(
+                    "output `{what}`: {b} `{}` ends at step {}, before the last step {end}",
+                    buf.name, buf.last
+                )),
                 Some(_) => {}
             }
         }
