@@ -52,6 +52,20 @@ fn plan_json_round_trips_through_run() {
     assert_success(&from_plan);
     assert_eq!(direct.stdout, from_plan.stdout);
     assert_eq!(String::from_utf8_lossy(&direct.stdout).lines().count(), 3);
+    // Compile options cannot change a compiled plan: they are refused, never ignored.
+    let path = plan.to_str().unwrap_or_default();
+    for flags in [
+        &["--set", "NOPE=4"][..],
+        &["--precision", "bf16", "--accumulate", "2"],
+        &["--checkpoint", "sqrt"],
+        &["--budget", "1GiB", "--layout-time", "1"],
+    ] {
+        let out = memc(&[&["run", path][..], flags].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
+        assert!(stderr.contains("is a compiled plan"), "{stderr}");
+        assert!(stderr.contains(flags[0]), "{flags:?}: {stderr}");
+    }
 }
 
 #[test]

@@ -39,6 +39,9 @@ enum Emit {
     Plan,
 }
 
+/// Seconds the layout search may take unless `--layout-time` says otherwise.
+const LAYOUT_TIME: f64 = 0.2;
+
 #[derive(clap::Args, Clone)]
 pub struct CompileArgs {
     /// The .mdl file.
@@ -53,7 +56,7 @@ pub struct CompileArgs {
     #[arg(long, value_name = "on|off")]
     optimizer_in_backward: Option<String>,
     /// Seconds the layout search may take.
-    #[arg(long, default_value_t = 0.2)]
+    #[arg(long, default_value_t = LAYOUT_TIME)]
     layout_time: f64,
     /// Recomputation: auto (only when the budget demands), none, mincut, or sqrt (every
     /// round(sqrt(blocks))-th block output saved).
@@ -78,6 +81,28 @@ pub struct CompileArgs {
 }
 
 impl CompileArgs {
+    /// The options given that shape compilation (all but the file and `--device`), by flag,
+    /// so that running an already compiled plan can refuse them instead of ignoring them.
+    pub fn compile_options_given(&self) -> Vec<&'static str> {
+        let given = [
+            ("--set", !self.set.is_empty()),
+            ("--budget", self.budget.is_some()),
+            (
+                "--optimizer-in-backward",
+                self.optimizer_in_backward.is_some(),
+            ),
+            ("--layout-time", self.layout_time != LAYOUT_TIME),
+            ("--checkpoint", self.checkpoint != "auto"),
+            ("--precision", self.precision.is_some()),
+            ("--master-weights", self.master_weights.is_some()),
+            ("--accumulate", self.accumulate.is_some()),
+        ];
+        given
+            .into_iter()
+            .filter_map(|(flag, on)| on.then_some(flag))
+            .collect()
+    }
+
     /// Whether `--accumulate` was given without a count (`memc fit`'s accumulation search).
     pub fn accumulate_search(&self) -> bool {
         self.accumulate == Some(None)

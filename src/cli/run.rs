@@ -40,6 +40,15 @@ pub struct RunArgs {
 fn load_plan(args: &RunArgs) -> Result<VerifiedPlan, Failure> {
     let path = &args.compile.file;
     if path.extension().is_some_and(|e| e == "json") {
+        let given = args.compile.compile_options_given();
+        if !given.is_empty() {
+            return Err(Failure::Plain(format!(
+                "{} is a compiled plan, so {} cannot change it; compile the .mdl with {} instead",
+                path.display(),
+                given.join(", "),
+                if given.len() == 1 { "it" } else { "them" }
+            )));
+        }
         let text = super::read_source(path)?;
         let plan: Plan = serde_json::from_str(&text)
             .map_err(|e| Failure::Plain(format!("{} is not a memc plan: {e}", path.display())))?;
