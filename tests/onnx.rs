@@ -179,7 +179,13 @@ fn light_models_match_onnxruntime() {
             false,
         )
     }));
-    for small in ["dynamic_batch", "attention_mix", "resize", "softplus"] {
+    for small in [
+        "dynamic_batch",
+        "attention_mix",
+        "resize",
+        "softplus",
+        "flatten_negative",
+    ] {
         let path = Path::new(ROOT).join(format!("tests/onnx/{small}.onnx"));
         cases.push((small.into(), path, false));
     }

@@ -3,8 +3,8 @@
 //! (`ConstantOfShape`) become constants and then parameters.
 
 use super::shapes::{
-    axes_arg, axis, broadcast_index, broadcast_inputs, coords, flat, reshape_target, squeezed,
-    transpose_perm, unsqueezed,
+    axes_arg, axis, broadcast_index, broadcast_inputs, coords, flat, flattened, reshape_target,
+    squeezed, transpose_perm, unsqueezed,
 };
 use super::tensor::{self, Const, Data};
 use super::{Env, Node, Value};
@@ -389,13 +389,7 @@ pub(super) fn fold(node: &Node, env: &Env) -> R<Option<Const>> {
                 }
                 "Squeeze" => squeezed(node, &c.shape, axes_arg(node, env)?.as_deref())?,
                 "Reshape" => reshape_target(node, &c.shape, &node.konst(env, 1)?.ints())?,
-                _ => {
-                    let ax = axis(node, node.int("axis", 1), c.shape.len() + 1)?;
-                    vec![
-                        c.shape[..ax].iter().product(),
-                        c.shape[ax..].iter().product(),
-                    ]
-                }
+                _ => flattened(node, &c.shape)?.0,
             };
             Const {
                 shape,

@@ -81,6 +81,22 @@ pub(super) fn axis(node: &Node, a: i64, rank: usize) -> R<usize> {
     Ok(if a < 0 { (a + r) as usize } else { a as usize })
 }
 
+/// ONNX `Flatten`'s output shape `[prod(shape[..axis]), prod(shape[axis..])]` and the axis,
+/// which lies in `-rank..=rank`, a negative one counting from the back (-1: all but the
+/// last dim in the first output dim).
+pub(super) fn flattened(node: &Node, shape: &[usize]) -> R<(Vec<usize>, usize)> {
+    let (a, r) = (node.int("axis", 1), shape.len() as i64);
+    if a < -r || a > r {
+        return Err(node.err(
+            format!("Flatten axis {a} is out of range for rank {r}"),
+            "the file is malformed",
+        ));
+    }
+    let ax = if a < 0 { a + r } else { a } as usize;
+    let out = vec![shape[..ax].iter().product(), shape[ax..].iter().product()];
+    Ok((out, ax))
+}
+
 /// ONNX `Reshape` target resolution: 0 copies the input dim, -1 is inferred.
 pub(super) fn reshape_target(node: &Node, input: &[usize], target: &[i64]) -> R<Vec<usize>> {
     let numel: usize = input.iter().product();

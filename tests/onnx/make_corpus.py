@@ -8,7 +8,8 @@ Erf-based GELU, Pow, ReduceMean, Sqrt, Div, Flatten and a Gemm with alpha and be
 tests/onnx/resize.onnx: nearest Resize by scales (half_pixel) and by sizes (asymmetric, floor)
 around a Conv, and an asymmetric constant Pad;
 tests/onnx/softplus.onnx: Softplus of a projection widened 40x, so that inputs reach where
-exp(x) overflows f32.
+exp(x) overflows f32;
+tests/onnx/flatten_negative.onnx: Flatten with axis -1 ([2, 3, 4, 5] -> [24, 5]) before a MatMul.
 """
 import os
 
@@ -172,6 +173,11 @@ def main():
     ]
     inits = [weight("w", [8, 5]), floats(40.0, "gain")]
     save(model(nodes, [tensor("x", [3, 8])], [tensor("y", [3, 5])], inits), "softplus.onnx")
+    nodes = [
+        mk("Flatten", ["x"], ["f"], name="flatten_last", axis=-1),
+        mk("MatMul", ["f", "w"], ["y"], name="proj"),
+    ]
+    save(model(nodes, [tensor("x", [2, 3, 4, 5])], [tensor("y", [24, 3])], [weight("w", [5, 3])]), "flatten_negative.onnx")
 
 
 if __name__ == "__main__":

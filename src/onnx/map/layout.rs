@@ -2,7 +2,9 @@
 //! `Concat`, `Reshape`, `Flatten`, `Squeeze`, `Unsqueeze`, `Transpose` and `Split`.
 
 use super::{operand, operands, reshape_expr, tuple_text, Out, R};
-use crate::onnx::shapes::{axes_arg, axis, reshape_target, squeezed, transpose_perm, unsqueezed};
+use crate::onnx::shapes::{
+    axes_arg, axis, flattened, reshape_target, squeezed, transpose_perm, unsqueezed,
+};
 use crate::onnx::write::Writer;
 use crate::onnx::{Env, Node, Value};
 
@@ -113,15 +115,9 @@ fn reshape(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
             (shape, syms)
         }
         "Flatten" => {
-            let ax = axis(node, node.int("axis", 1), x.shape.len() + 1)?;
+            let (shape, ax) = flattened(node, &x.shape)?;
             let lead = if ax == 1 { x.syms[0].clone() } else { None };
-            (
-                vec![
-                    x.shape[..ax].iter().product(),
-                    x.shape[ax..].iter().product(),
-                ],
-                vec![lead, None],
-            )
+            (shape, vec![lead, None])
         }
         "Squeeze" => {
             let shape = squeezed(node, &x.shape, axes_arg(node, env)?.as_deref())?;
