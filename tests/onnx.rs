@@ -265,6 +265,20 @@ fn import_dynamic_batch(name: &str) -> (PathBuf, PathBuf) {
     (dir, mdl)
 }
 
+/// ReduceSum without axes and with `noop_with_empty_axes = 1` is the identity (onnxruntime
+/// 1.20 cannot run this model: it reduces every axis and then fails its own output check).
+#[test]
+fn reduce_sum_with_noop_and_no_axes_is_the_identity() {
+    let dir = scratch("reduce-noop");
+    let mdl = dir.join("m.mdl");
+    let model = Path::new(ROOT).join("tests/onnx/reduce_noop.onnx");
+    ok(memc(&["import", s(&model), "-o", s(&mdl)]), "import");
+    let text = std::fs::read_to_string(&mdl).expect("mdl");
+    assert!(text.contains("output y = h"), "{text}");
+    assert!(!text.contains("sum("), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn dynamic_batch_becomes_a_settable_dim() {
     let (dir, mdl) = import_dynamic_batch("dynamic");

@@ -9,7 +9,9 @@ tests/onnx/resize.onnx: nearest Resize by scales (half_pixel) and by sizes (asym
 around a Conv, and an asymmetric constant Pad;
 tests/onnx/softplus.onnx: Softplus of a projection widened 40x, so that inputs reach where
 exp(x) overflows f32;
-tests/onnx/flatten_negative.onnx: Flatten with axis -1 ([2, 3, 4, 5] -> [24, 5]) before a MatMul.
+tests/onnx/flatten_negative.onnx: Flatten with axis -1 ([2, 3, 4, 5] -> [24, 5]) before a MatMul;
+tests/onnx/reduce_noop.onnx: ReduceSum without axes and with noop_with_empty_axes = 1 (the
+identity) after a MatMul (onnxruntime 1.20 cannot run it: tests/onnx.rs checks the import).
 """
 import os
 
@@ -178,6 +180,11 @@ def main():
         mk("MatMul", ["f", "w"], ["y"], name="proj"),
     ]
     save(model(nodes, [tensor("x", [2, 3, 4, 5])], [tensor("y", [24, 3])], [weight("w", [5, 3])]), "flatten_negative.onnx")
+    nodes = [
+        mk("MatMul", ["x", "w"], ["h"], name="proj"),
+        mk("ReduceSum", ["h"], ["y"], name="noop_sum", noop_with_empty_axes=1),
+    ]
+    save(model(nodes, [tensor("x", [3, 4])], [tensor("y", [3, 2])], [weight("w", [4, 2])]), "reduce_noop.onnx")
 
 
 if __name__ == "__main__":

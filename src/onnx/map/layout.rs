@@ -35,6 +35,11 @@ fn reduce(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
         node.ints("axes")
     };
     let rank = x.shape.len();
+    let no_axes = axes.as_ref().is_none_or(Vec::is_empty);
+    if no_axes && from_input && node.int("noop_with_empty_axes", 0) != 0 {
+        // ONNX: with no axes and noop_with_empty_axes set, the reduction is the identity.
+        return Ok(Out::Values(vec![Value::Dyn(x)]));
+    }
     let axes: Vec<usize> = match axes.filter(|a| !a.is_empty()) {
         Some(a) => a.iter().map(|&v| axis(node, v, rank)).collect::<R<_>>()?,
         None => (0..rank).collect(),
