@@ -3,7 +3,7 @@
 
 use crate::budget::CheckpointMode;
 use crate::fit::{fit_accumulation, fit_dim};
-use crate::front::train::Precision;
+use crate::settings::Precision;
 use crate::{compile, CompileError, Options};
 use serde::Serialize;
 

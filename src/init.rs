@@ -71,7 +71,7 @@ mod tests {
     use super::*;
     use crate::exec::cpu::CpuExecutor;
     use crate::exec::lowp;
-    use crate::front::train::Precision;
+    use crate::settings::Precision;
     use crate::Options;
 
     fn mlp(precision: Precision, master_weights: bool) -> crate::plan::VerifiedPlan {

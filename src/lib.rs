@@ -18,6 +18,7 @@ pub mod onnx;
 pub mod ops;
 pub mod passes;
 pub mod plan;
+pub mod settings;
 pub mod viz;
 
 use diagnostic::UserError;
@@ -38,7 +39,7 @@ pub struct Options {
     /// How recomputation is chosen.
     pub checkpoint: budget::CheckpointMode,
     /// Overrides the `precision` of `train { }`.
-    pub precision: Option<front::train::Precision>,
+    pub precision: Option<settings::Precision>,
     /// Overrides `master_weights` of `train { }`.
     pub master_weights: Option<bool>,
     /// Overrides `accumulate` of `train { }` (micro-batches per step).
@@ -111,7 +112,7 @@ fn apply_train_options(
     t.settings.precision = options.precision.unwrap_or(t.settings.precision);
     t.settings.master_weights = options.master_weights.unwrap_or(t.settings.master_weights);
     t.settings.accumulate = options.accumulate.unwrap_or(t.settings.accumulate);
-    if !t.settings.master_weights && t.settings.precision != front::train::Precision::Bf16 {
+    if !t.settings.master_weights && t.settings.precision != settings::Precision::Bf16 {
         return Err(UserError::at(
             t.precision_span,
             format!(

@@ -301,9 +301,9 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
         budget,
         checkpoint,
         precision: args.precision.map(|p| match p {
-            PrecisionArg::Fp32 => memc::front::train::Precision::Fp32,
-            PrecisionArg::Bf16 => memc::front::train::Precision::Bf16,
-            PrecisionArg::Fp16 => memc::front::train::Precision::Fp16,
+            PrecisionArg::Fp32 => memc::settings::Precision::Fp32,
+            PrecisionArg::Bf16 => memc::settings::Precision::Bf16,
+            PrecisionArg::Fp16 => memc::settings::Precision::Fp16,
         }),
         master_weights,
         accumulate: args.accumulate.flatten(),

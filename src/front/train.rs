@@ -3,25 +3,9 @@
 use super::ast::{Expr, ExprKind, Ident};
 use crate::diagnostic::UserError;
 use crate::ir::{AdamWParams, SgdParams, Span};
-use crate::plan::TrainSummary;
+use crate::settings::TrainSummary;
+pub use crate::settings::{Optimizer, Precision};
 use serde::{Deserialize, Serialize};
-
-/// The optimizer of a training step.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum Optimizer {
-    AdamW(AdamWParams),
-    Sgd(SgdParams),
-}
-
-/// Numeric precision of the step: fp32, or mixed with fp32 master weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    Fp32,
-    Bf16,
-    Fp16,
-}
 
 /// Everything `train { }` says, with defaults filled in.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -8,8 +8,8 @@
 
 use super::autodiff::Differentiated;
 use super::StageError;
-use crate::front::train::Optimizer;
 use crate::ir::*;
+use crate::settings::Optimizer;
 
 /// Training settings the optimizer pass needs.
 #[derive(Debug, Clone, Copy, PartialEq)]

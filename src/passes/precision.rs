@@ -26,8 +26,8 @@
 //! autodiff; the optimizer pass unscales and checks the gradients.
 
 use super::StageError;
-use crate::front::train::Precision;
 use crate::ir::*;
+use crate::settings::Precision;
 use std::collections::HashMap;
 
 /// `torch.amp.GradScaler`'s initial scale.

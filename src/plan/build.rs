@@ -334,9 +334,9 @@ pub fn build_for(
 fn precision_summary(
     graph: &Graph,
     schedule: &Schedule,
-    precision: crate::front::train::Precision,
+    precision: crate::settings::Precision,
 ) -> Option<PrecisionSummary> {
-    if precision == crate::front::train::Precision::Fp32 {
+    if precision == crate::settings::Precision::Fp32 {
         return None;
     }
     let mut summary = PrecisionSummary {

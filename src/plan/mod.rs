@@ -6,6 +6,7 @@ mod report;
 mod target;
 mod verify;
 
+pub use crate::settings::TrainSummary;
 pub use build::{build, build_for, BuildOptions};
 pub use report::{
     grouped, human_bytes, live_bytes, render_text, Bytes, CheckpointSummary, PhasePeak,
@@ -14,7 +15,6 @@ pub use report::{
 pub use target::Target;
 pub use verify::{verify, PlanError, VerifiedPlan};
 
-use crate::front::train::{Optimizer, Precision};
 use crate::ir::{Init, Op, Phase, TensorType};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -155,33 +155,4 @@ pub struct Plan {
     pub outputs: Vec<(String, BufferId)>,
     pub train: Option<TrainSummary>,
     pub report: Report,
-}
-
-/// What a training plan records of its `train { }` settings: everything the executors and
-/// the report read, without the source positions the front end keeps for diagnostics. The
-/// JSON field names are those of the front end's `train { }` settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TrainSummary {
-    pub optimizer: Optimizer,
-    pub precision: Precision,
-    /// Whether bf16/fp16 steps keep fp32 master weights (parameters stored in the low
-    /// precision when not).
-    #[serde(default = "yes")]
-    pub master_weights: bool,
-    /// Micro-batches per step: the step runs the model as written this many times on
-    /// successive micro-batches, accumulating gradients, then updates once.
-    #[serde(default = "one")]
-    pub accumulate: u32,
-    /// Bytes the step must fit in, if set.
-    pub budget: Option<u64>,
-    /// Global-norm clipping threshold, if set.
-    pub clip_grad_norm: Option<f32>,
-}
-
-fn yes() -> bool {
-    true
-}
-
-fn one() -> u32 {
-    1
 }

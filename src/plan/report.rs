@@ -94,7 +94,7 @@ pub struct CheckpointSummary {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrecisionSummary {
     /// `fp32`, `bf16` or `fp16`.
-    pub precision: crate::front::train::Precision,
+    pub precision: crate::settings::Precision,
     /// Cast launches in the step (recomputed casts included).
     pub casts: u64,
     /// Bytes the casts write.

@@ -1,0 +1,52 @@
+//! How a step trains: the optimizer, the precision, accumulation, the budget and clipping.
+//! The front end parses them from `train { }`, the passes apply them and the plan records
+//! them, so they belong to none of those stages.
+
+use crate::ir::{AdamWParams, SgdParams};
+use serde::{Deserialize, Serialize};
+
+/// The optimizer of a training step.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Optimizer {
+    AdamW(AdamWParams),
+    Sgd(SgdParams),
+}
+
+/// Numeric precision of the step: fp32, or mixed with fp32 master weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Fp32,
+    Bf16,
+    Fp16,
+}
+
+/// What a training plan records of its `train { }` settings: everything the executors and
+/// the report read, without the source positions the front end keeps for diagnostics. The
+/// JSON field names are those of the `train { }` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainSummary {
+    pub optimizer: Optimizer,
+    pub precision: Precision,
+    /// Whether bf16/fp16 steps keep fp32 master weights (parameters stored in the low
+    /// precision when not).
+    #[serde(default = "yes")]
+    pub master_weights: bool,
+    /// Micro-batches per step: the step runs the model as written this many times on
+    /// successive micro-batches, accumulating gradients, then updates once.
+    #[serde(default = "one")]
+    pub accumulate: u32,
+    /// Bytes the step must fit in, if set.
+    pub budget: Option<u64>,
+    /// Global-norm clipping threshold, if set.
+    pub clip_grad_norm: Option<f32>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn one() -> u32 {
+    1
+}
