@@ -199,3 +199,24 @@ fn fit_accumulate_reports_the_micro_batch_and_compile_wants_a_count() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--accumulate needs a count"), "{stderr}");
 }
+
+/// Files memc writes get the mode a plain create gives (0666 less the umask), not 0600.
+#[cfg(unix)]
+#[test]
+fn written_files_follow_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("umask");
+    for (umask, mode) in [("022", 0o644), ("077", 0o600), ("002", 0o664)] {
+        let out_file = dir.join(format!("plan-{umask}.json"));
+        let script = format!("umask {umask} && exec \"$0\" compile \"$1\" --emit plan -o \"$2\"",);
+        let status = std::process::Command::new("sh")
+            .args(["-c", &script, env!("CARGO_BIN_EXE_memc"), MLP])
+            .arg(&out_file)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let got = std::fs::metadata(&out_file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(got, mode, "umask {umask}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

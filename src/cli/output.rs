@@ -19,14 +19,23 @@ pub fn write(path: Option<&Path>, text: &str) -> Result<(), Failure> {
     }
 }
 
-/// Writes bytes to `path` through a temporary file in the same folder, then renames.
+/// Writes bytes to `path` through a temporary file in the same folder, then renames. The file
+/// gets the mode a plain create would give it (0666 less the umask), not the temporary
+/// file's private 0600.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let fail = |e: std::io::Error| Failure::Plain(format!("cannot write {}: {e}", path.display()));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(fail)?;
+    let mut builder = tempfile::Builder::new();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // open(2) applies the umask to this mode, as it does for any new file.
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let mut tmp = builder.tempfile_in(dir).map_err(fail)?;
     tmp.write_all(bytes).map_err(fail)?;
     tmp.persist(path).map_err(|e| fail(e.error))?;
     Ok(())
