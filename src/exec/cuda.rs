@@ -1,7 +1,8 @@
 //! The CUDA backend: one device allocation holds the plan's whole arena; every step launches
 //! its generated kernel (NVRTC PTX, loaded through the driver API) with the arena base and
 //! the byte offsets the plan assigned. Nothing else is allocated on the device, and the
-//! host never holds more than one buffer's contents at a time.
+//! host never builds the arena: parameters and state are uploaded one buffer at a time
+//! (only the bound inputs stay on the host, every micro-batch of them).
 //!
 //! Every entry point checks that the driver library loads before calling into cudarc, whose
 //! dynamically loaded symbols panic when it is absent.
