@@ -106,6 +106,15 @@ fn misalign(plan: &mut Plan) -> BufferId {
     b
 }
 
+/// The verifier's message for buffer `b` placed off the target's 256-byte alignment.
+fn misaligned_message(plan: &Plan, b: BufferId) -> String {
+    format!(
+        "{b} `{}` at offset {} is not a multiple of the alignment 256",
+        plan.buffers[b.index()].name,
+        plan.buffers[b.index()].offset
+    )
+}
+
 #[test]
 fn a_step_reading_its_own_output_is_refused() {
     let mut plan = mlp(None);
@@ -196,11 +205,7 @@ fn an_update_naming_one_buffer_for_two_in_place_inputs_is_refused() {
 fn a_misaligned_offset_is_refused_whatever_the_plan_says_its_alignment_is() {
     let mut plan = mlp(None);
     let b = misalign(&mut plan);
-    let needle = format!(
-        "{b} `{}` at offset {} is not a multiple of the alignment 256",
-        plan.buffers[b.index()].name,
-        plan.buffers[b.index()].offset
-    );
+    let needle = misaligned_message(&plan, b);
     let errors = refused(plan, &needle);
     assert!(
         errors.iter().any(|e| e.contains("states alignment 64")),
@@ -212,11 +217,7 @@ fn a_misaligned_offset_is_refused_whatever_the_plan_says_its_alignment_is() {
 fn memc_run_refuses_a_misaligned_offset() {
     let mut plan = mlp(None);
     let b = misalign(&mut plan);
-    let needle = format!(
-        "{b} `{}` at offset {} is not a multiple of the alignment 256",
-        plan.buffers[b.index()].name,
-        plan.buffers[b.index()].offset
-    );
+    let needle = misaligned_message(&plan, b);
     run_refuses("misaligned", &plan, &needle);
 }
 
