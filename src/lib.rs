@@ -177,6 +177,8 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
             verified(&mixed.graph, "precision")?;
             let diff = passes::autodiff::run(&mixed.graph, mixed.objective)?;
             verified(&diff.graph, "autodiff")?;
+            let diff = passes::saves::choose(diff)?.diff;
+            verified(&diff.graph, "saves")?;
             let opts = passes::optimizer::OptimizerOptions {
                 optimizer: t.optimizer,
                 clip_grad_norm: t.clip_grad_norm,

@@ -87,6 +87,11 @@ gradcheck! {
     tanh: ("A = 3, B = 4", X, "tanh(x)", "[A, B]", 1e-2, 1e-2);
     sigmoid: ("A = 3, B = 4", X, "sigmoid(x)", "[A, B]", 1e-2, 1e-2);
     relu: ("A = 3, B = 4", X, "relu(x)", "[A, B]", 1e-3, 1e-2);
+    // Computed inputs whose outputs the product keeps: derivatives taken from the output.
+    relu_from_output: ("A = 3, B = 4", X, "relu(x * 2.0)", "[A, B]", 1e-3, 1e-2);
+    tanh_from_output: ("A = 3, B = 4", X, "tanh(x * 0.5)", "[A, B]", 1e-2, 1e-2);
+    sigmoid_from_output: ("A = 3, B = 4", X, "sigmoid(x * 0.5)", "[A, B]", 1e-2, 1e-2);
+    exp_from_output: ("A = 3, B = 4", X, "exp(x * 0.5)", "[A, B]", 1e-2, 1e-2);
     gelu_tanh: ("A = 3, B = 4", X, "gelu(x)", "[A, B]", 1e-2, 1e-2);
     gelu_exact: ("A = 3, B = 4", X, "gelu(x, exact = true)", "[A, B]", 1e-2, 1e-2);
     silu: ("A = 3, B = 4", X, "silu(x)", "[A, B]", 1e-2, 1e-2);

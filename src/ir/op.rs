@@ -50,6 +50,9 @@ pub enum Op {
     Unary(UnaryFn),
     /// `(x, dy) -> f'(x) * dy`.
     UnaryBackward(UnaryFn),
+    /// `(y, dy) -> f'(x) * dy` from the forward output `y = f(x)`, for the functions whose
+    /// derivative is a function of their output ([`UnaryFn::derivative_from_output`]).
+    UnaryOutputBackward(UnaryFn),
     /// `(a, b) -> a op b`, broadcasting.
     Binary(BinaryFn),
     /// `x -> x * scale + shift`.
@@ -205,6 +208,7 @@ impl Op {
             Fill { .. } => "fill",
             Unary(_) => "unary",
             UnaryBackward(_) => "unary_backward",
+            UnaryOutputBackward(_) => "unary_output_backward",
             Binary(_) => "binary",
             Affine { .. } => "affine",
             SumTo { .. } => "sum_to",

@@ -5,6 +5,19 @@ use crate::ir::{Op, ValueId};
 use crate::passes::autodiff::Rewriter;
 use crate::passes::StageError;
 
+/// Another form of a backward node: an op that computes bitwise the same value from other
+/// inputs (a forward output instead of an input, say), so the plan may save whichever
+/// forward values are cheaper to keep.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Alternative {
+    /// The backward node as its rule first built it.
+    pub node: ValueId,
+    /// The op of the other form; its output type equals the node's.
+    pub op: Op,
+    /// The inputs of the other form.
+    pub inputs: Vec<ValueId>,
+}
+
 /// Reverse-mode rule of a family's forward ops.
 pub trait Backward {
     /// Appends to `cx`'s rewriter the backward ops of the node `cx.y` (whose op is `op`) and

@@ -41,9 +41,11 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         Op::Input { .. } | Op::Param { .. } | Op::OptimState { .. } | Op::Fill { .. } => {
             &source::Family
         }
-        Op::Unary(_) | Op::UnaryBackward(_) | Op::Binary(_) | Op::Affine { .. } => {
-            &pointwise::Family
-        }
+        Op::Unary(_)
+        | Op::UnaryBackward(_)
+        | Op::UnaryOutputBackward(_)
+        | Op::Binary(_)
+        | Op::Affine { .. } => &pointwise::Family,
         Op::Cast { .. } => &cast::Family,
         Op::SumTo { .. } | Op::BroadcastTo { .. } | Op::MaxTo { .. } | Op::MaxToBackward => {
             &reduce::Family

@@ -5,7 +5,7 @@
 
 use super::StageError;
 use crate::ir::*;
-use crate::ops::backward::Vjp;
+use crate::ops::backward::{Alternative, Vjp};
 use std::collections::HashMap;
 
 /// The graph extended with backward nodes, and each parameter's gradient value.
@@ -14,6 +14,9 @@ pub struct Differentiated {
     pub graph: Graph,
     /// `(parameter, gradient)` for every parameter the loss depends on, in parameter order.
     pub grads: Vec<(ValueId, ValueId)>,
+    /// Other forms of backward nodes, which read other forward values for the same result;
+    /// [`super::saves::choose`] picks among them.
+    pub alternatives: Vec<Alternative>,
 }
 
 /// The graph being extended with backward nodes; backward rules add their ops through it.
@@ -22,6 +25,7 @@ pub struct Differentiated {
 pub struct Rewriter {
     graph: Graph,
     origin: Origin,
+    alternatives: Vec<Alternative>,
 }
 
 impl Rewriter {
@@ -30,6 +34,12 @@ impl Rewriter {
         self.graph
             .add(op, inputs, &self.origin)
             .map_err(|e| StageError::internal("autodiff", e.message))
+    }
+
+    /// Records that `op` applied to `inputs` computes the same value as the backward node
+    /// `node` (bitwise), reading other forward values; the saves pass may swap them.
+    pub fn offer(&mut self, node: ValueId, op: Op, inputs: Vec<ValueId>) {
+        self.alternatives.push(Alternative { node, op, inputs });
     }
 
     /// The shape of value `v`.
@@ -94,6 +104,7 @@ pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
             scope: String::new(),
             phase: Phase::Backward,
         },
+        alternatives: Vec::new(),
     };
     let mut grads: HashMap<ValueId, ValueId> = HashMap::new();
     if requires[loss.index()] {
@@ -137,5 +148,6 @@ pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
     Ok(Differentiated {
         graph: rw.graph,
         grads,
+        alternatives: rw.alternatives,
     })
 }

@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod liveness;
 pub mod optimizer;
 pub mod precision;
+pub mod saves;
 pub mod schedule;
 
 use std::fmt;

@@ -83,6 +83,16 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             vec![f(&[4, 33]), f(&[4, 33])],
         ),
         (
+            "unary_out_bwd_relu",
+            Op::UnaryOutputBackward(UnaryFn::Relu),
+            vec![f(&[4, 33]), f(&[4, 33])],
+        ),
+        (
+            "unary_out_bwd_tanh",
+            Op::UnaryOutputBackward(UnaryFn::Tanh),
+            vec![f(&[5, 7]), f(&[5, 7])],
+        ),
+        (
             "binary",
             Op::Binary(BinaryFn::Add),
             vec![f(&[2, 3, 4]), f(&[3, 1])],

@@ -1,15 +1,26 @@
 //! Backward rules (vector-Jacobian products as graph ops) of the pointwise ops: broadcast
 //! operands get their gradient summed back to their own shape.
 
-use crate::ir::{BinaryFn, Op, UnaryFn};
+use crate::ir::{BinaryFn, DType, Op, UnaryFn};
 use crate::ops::backward::{Backward, Vjp};
 use crate::passes::StageError;
 
 impl Backward for super::Family {
     fn vjp(&self, op: &Op, cx: &mut Vjp<'_>) -> Result<(), StageError> {
-        let (x, dy) = (cx.x, cx.dy);
+        let (x, y, dy) = (cx.x, cx.y, cx.dy);
         match op {
-            Op::Unary(f) => cx.set(0, |rw| rw.add(Op::UnaryBackward(*f), vec![x[0], dy])),
+            Op::Unary(f) => cx.set(0, |rw| {
+                let dx = rw.add(Op::UnaryBackward(*f), vec![x[0], dy])?;
+                // From the output, the derivative is bitwise the same where `y` holds what the
+                // kernel computed: always for relu (y > 0 exactly where x > 0), in fp32 for
+                // the others (a rounded 16-bit `y` would change it).
+                if f.derivative_from_output()
+                    && (*f == UnaryFn::Relu || rw.dtype(y) == DType::F32)
+                {
+                    rw.offer(dx, Op::UnaryOutputBackward(*f), vec![y, dy]);
+                }
+                Ok(dx)
+            }),
             Op::Binary(f) => binary(cx, *f),
             Op::Affine { scale, .. } => cx.set(0, |rw| {
                 rw.add(
@@ -20,7 +31,7 @@ impl Backward for super::Family {
                     vec![dy],
                 )
             }),
-            Op::UnaryBackward(_) => Err(cx.not_forward(op)),
+            Op::UnaryBackward(_) | Op::UnaryOutputBackward(_) => Err(cx.not_forward(op)),
             _ => Err(cx.foreign(op, "pointwise")),
         }
     }

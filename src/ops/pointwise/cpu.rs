@@ -14,6 +14,9 @@ impl CpuKernel for super::Family {
         match step.op() {
             Op::Unary(f) => kernels::unary_forward(*f, x(0), step.output()),
             Op::UnaryBackward(f) => kernels::unary_backward(*f, x(0), x(1), step.output()),
+            Op::UnaryOutputBackward(f) => {
+                kernels::unary_output_backward(*f, x(0), x(1), step.output())
+            }
             Op::Binary(f) => kernels::binary(
                 *f,
                 x(0),

@@ -65,6 +65,13 @@ impl CudaLowering for super::Family {
                 ("unary_backward_kernel", &[a.ty(0)?, a.ty(1)?], 2),
                 Elementwise(n_out),
             )),
+            Op::UnaryOutputBackward(f) => Ok(templated(
+                "unary_output_backward",
+                files,
+                vec![c_u64("N", n_out), c_int("OP", unary_code(*f))],
+                ("unary_output_backward_kernel", &[a.ty(0)?, a.ty(1)?], 2),
+                Elementwise(n_out),
+            )),
             Op::Binary(f) => {
                 let (x, y) = (a.at(0)?, a.at(1)?);
                 let lines = vec![

@@ -90,6 +90,20 @@ impl UnaryFn {
     }
 }
 
+impl UnaryFn {
+    /// Whether `f'(x)` is a function of the output `y = f(x)` alone (`exp`: y; `tanh`:
+    /// 1 - y²; `sigmoid`: y(1 - y); `relu`: 1 where y > 0), so a backward op may read the
+    /// output instead of the input ([`crate::ir::Op::UnaryOutputBackward`]). The kernels
+    /// compute `f'(x)` for these functions as this function of `f(x)`, so both forms give
+    /// bitwise the same gradient when `y` is stored at the precision it was computed in.
+    pub fn derivative_from_output(self) -> bool {
+        matches!(
+            self,
+            UnaryFn::Exp | UnaryFn::Tanh | UnaryFn::Sigmoid | UnaryFn::Relu
+        )
+    }
+}
+
 /// Binary elementwise functions with numpy broadcasting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

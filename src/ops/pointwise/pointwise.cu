@@ -46,16 +46,26 @@ template <int OP> __device__ __forceinline__ float unary_eval(float x) {
     }
 }
 
+// f'(x) from y = f(x), for the functions whose derivative is a function of their output.
+template <int OP> __device__ __forceinline__ float unary_deriv_of_output(float y) {
+    switch (OP) {
+    case U_EXP: return y;
+    case U_TANH: return 1.0f - y * y;
+    case U_SIGMOID: return y * (1.0f - y);
+    default: return y > 0.0f ? 1.0f : 0.0f;
+    }
+}
+
 template <int OP> __device__ __forceinline__ float unary_deriv(float x) {
     switch (OP) {
     case U_NEG: return -1.0f;
-    case U_EXP: return expf(x);
+    case U_EXP:
+    case U_TANH:
+    case U_SIGMOID:
+    case U_RELU: return unary_deriv_of_output<OP>(unary_eval<OP>(x));
     case U_LOG: return 1.0f / x;
     case U_SQRT: return 0.5f / sqrtf(x);
     case U_RSQRT: return -0.5f / (x * sqrtf(x));
-    case U_TANH: { const float t = tanhf(x); return 1.0f - t * t; }
-    case U_SIGMOID: { const float s = memc_sigmoid(x); return s * (1.0f - s); }
-    case U_RELU: return x > 0.0f ? 1.0f : 0.0f;
     case U_GELU_TANH: {
         const float t = tanhf(MEMC_SQRT_2_OVER_PI * (x + MEMC_GELU_C * x * x * x));
         return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * MEMC_SQRT_2_OVER_PI * (1.0f + 3.0f * MEMC_GELU_C * x * x);
@@ -90,6 +100,15 @@ __device__ void unary_backward_kernel(char* arena, u64 o_x, u64 o_dy, u64 o_dx) 
     const TD* dy = tensor_at<TD>(arena, o_dy);
     T* dx = tensor_at<T>(arena, o_dx);
     MEMC_GRID_LOOP(i, C::N) st(dx, i, unary_deriv<C::OP>(ld(x, i)) * ld(dy, i));
+}
+
+// dx[i] = f'(x[i]) * dy[i] from the forward output y = f(x).
+template <typename T, typename TD, typename C>
+__device__ void unary_output_backward_kernel(char* arena, u64 o_y, u64 o_dy, u64 o_dx) {
+    const T* y = tensor_at<T>(arena, o_y);
+    const TD* dy = tensor_at<TD>(arena, o_dy);
+    T* dx = tensor_at<T>(arena, o_dx);
+    MEMC_GRID_LOOP(i, C::N) st(dx, i, unary_deriv_of_output<C::OP>(ld(y, i)) * ld(dy, i));
 }
 
 // out = a (op) b with numpy broadcasting: C::OUT is the output shape, C::SA / C::SB the

@@ -14,7 +14,7 @@ impl Rules for super::Family {
                 float(inputs[0], "operand")?;
                 Ok(inputs[0].clone())
             }
-            Op::UnaryBackward(_) => {
+            Op::UnaryBackward(_) | Op::UnaryOutputBackward(_) => {
                 arity(op, inputs, 2, 2)?;
                 same_shape(inputs[0], inputs[1], op.name())?;
                 float(inputs[0], "operand")?;
@@ -39,7 +39,7 @@ impl Rules for super::Family {
 
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
         match op {
-            Op::Unary(_) | Op::UnaryBackward(_) => 4 * out.numel(),
+            Op::Unary(_) | Op::UnaryBackward(_) | Op::UnaryOutputBackward(_) => 4 * out.numel(),
             _ => elementwise_flops(inputs, out),
         }
     }

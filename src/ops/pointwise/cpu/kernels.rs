@@ -40,25 +40,12 @@ fn eval(f: UnaryFn, x: f32) -> f32 {
 fn derivative(f: UnaryFn, x: f32) -> f32 {
     match f {
         UnaryFn::Neg => -1.0,
-        UnaryFn::Exp => x.exp(),
+        UnaryFn::Exp | UnaryFn::Tanh | UnaryFn::Sigmoid | UnaryFn::Relu => {
+            output_derivative(f, eval(f, x))
+        }
         UnaryFn::Log => 1.0 / x,
         UnaryFn::Sqrt => 0.5 / x.sqrt(),
         UnaryFn::Rsqrt => -0.5 / (x * x.sqrt()),
-        UnaryFn::Tanh => {
-            let t = x.tanh();
-            1.0 - t * t
-        }
-        UnaryFn::Sigmoid => {
-            let s = sigmoid(x);
-            s * (1.0 - s)
-        }
-        UnaryFn::Relu => {
-            if x > 0.0 {
-                1.0
-            } else {
-                0.0
-            }
-        }
         UnaryFn::GeluTanh => {
             let t = (SQRT_2_OVER_PI * (x + GELU_C * x * x * x)).tanh();
             0.5 * (1.0 + t)
@@ -77,6 +64,24 @@ fn derivative(f: UnaryFn, x: f32) -> f32 {
     }
 }
 
+/// `f'(x)` from `y = f(x)` for the functions where [`UnaryFn::derivative_from_output`]
+/// holds (NaN for the others, which never reach it).
+fn output_derivative(f: UnaryFn, y: f32) -> f32 {
+    match f {
+        UnaryFn::Exp => y,
+        UnaryFn::Tanh => 1.0 - y * y,
+        UnaryFn::Sigmoid => y * (1.0 - y),
+        UnaryFn::Relu => {
+            if y > 0.0 {
+                1.0
+            } else {
+                0.0
+            }
+        }
+        _ => f32::NAN,
+    }
+}
+
 /// Computes `out[i] = f(x[i])` for every element.
 pub fn unary_forward(f: UnaryFn, x: &[f32], out: &mut [f32]) {
     debug_assert_eq!(x.len(), out.len());
@@ -87,13 +92,25 @@ pub fn unary_forward(f: UnaryFn, x: &[f32], out: &mut [f32]) {
 
 /// Computes `dx[i] = f'(x[i]) * dy[i]`, where `x` is the forward input.
 pub fn unary_backward(f: UnaryFn, x: &[f32], dy: &[f32], dx: &mut [f32]) {
-    debug_assert_eq!(x.len(), dx.len());
+    times_slope(x, dy, dx, |x| derivative(f, x));
+}
+
+/// Computes `dx[i] = f'(x[i]) * dy[i]` from the forward output `y = f(x)`, for the
+/// functions where [`UnaryFn::derivative_from_output`] holds; bitwise what
+/// [`unary_backward`] gives from `x`.
+pub fn unary_output_backward(f: UnaryFn, y: &[f32], dy: &[f32], dx: &mut [f32]) {
+    times_slope(y, dy, dx, |y| output_derivative(f, y));
+}
+
+/// `dx[i] = slope(v[i]) * dy[i]`.
+fn times_slope(v: &[f32], dy: &[f32], dx: &mut [f32], slope: impl Fn(f32) -> f32 + Sync) {
+    debug_assert_eq!(v.len(), dx.len());
     debug_assert_eq!(dy.len(), dx.len());
     dx.par_chunks_mut(CHUNK)
-        .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
-        .for_each(|(d, (x, dy))| {
-            for ((d, &x), &g) in d.iter_mut().zip(x).zip(dy) {
-                *d = derivative(f, x) * g;
+        .zip(v.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
+        .for_each(|(d, (v, dy))| {
+            for ((d, &v), &g) in d.iter_mut().zip(v).zip(dy) {
+                *d = slope(v) * g;
             }
         });
 }
@@ -242,6 +259,24 @@ mod tests {
                     x[i],
                     dx[i]
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn output_form_is_bitwise_the_input_form() {
+        let mut rng = Rng(0x9e37_79b9);
+        for &f in UnaryFn::ALL.iter().filter(|f| f.derivative_from_output()) {
+            let mut x = input_for(f, &mut rng, 4000);
+            x.extend([0.0, -0.0, 30.0, -30.0, f32::MIN_POSITIVE, -f32::MIN_POSITIVE]);
+            let dy = rng.vec(x.len());
+            let mut y = vec![0.0; x.len()];
+            unary_forward(f, &x, &mut y);
+            let (mut from_x, mut from_y) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+            unary_backward(f, &x, &dy, &mut from_x);
+            unary_output_backward(f, &y, &dy, &mut from_y);
+            for i in 0..x.len() {
+                assert_eq!(from_x[i].to_bits(), from_y[i].to_bits(), "{f:?} x={}", x[i]);
             }
         }
     }
