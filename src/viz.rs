@@ -64,15 +64,19 @@ fn esc(s: &str) -> String {
     out
 }
 
-/// Live bytes at each step (sum of the buffers whose lifetime contains it).
+/// Live bytes at each step (sum of the buffers whose lifetime contains it; views hold
+/// their root's bytes and count nothing).
 pub fn live_bytes(plan: &Plan) -> Vec<u64> {
     let n = plan.steps.len().max(1);
     crate::plan::live_bytes(
         n,
-        plan.buffers.iter().map(|b| {
-            let first = b.first.min(n - 1);
-            (b.bytes, first, b.last.min(n - 1).max(first))
-        }),
+        plan.buffers
+            .iter()
+            .filter(|b| b.view_of.is_none())
+            .map(|b| {
+                let first = b.first.min(n - 1);
+                (b.bytes, first, b.last.min(n - 1).max(first))
+            }),
     )
 }
 
@@ -205,6 +209,9 @@ fn svg(out: &mut String, plan: &Plan, live: &[u64]) {
     let prod = producers(plan);
     let _ = writeln!(out, r#"<g id="buffers">"#);
     for (b, p) in plan.buffers.iter().zip(&prod) {
+        if b.view_of.is_some() {
+            continue;
+        }
         buffer_rect(out, b, p, &sc);
     }
     let _ = writeln!(out, "</g>");
@@ -339,6 +346,7 @@ fn legend(out: &mut String, plan: &Plan) {
         let (count, bytes) = plan
             .buffers
             .iter()
+            .filter(|b| b.view_of.is_none())
             .filter(|b| b.class == c)
             .fold((0u64, 0u64), |(n, s), b| (n + 1, s + b.bytes));
         if count == 0 {

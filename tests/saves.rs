@@ -29,7 +29,10 @@ fn relu_backward_reads_the_output_the_next_matmul_keeps() {
     // h = relu(images @ fc1 + b) is read by fc2's weight gradient; the pre-activation is no
     // longer saved. Saved: h (64 x 256 x 4 B) and the logits cross-entropy reads (64 x 10 x 4 B).
     let c = compiled(&src);
-    assert_eq!(c.plan.plan().report.bytes.activations, 64 * 256 * 4 + 64 * 10 * 4);
+    assert_eq!(
+        c.plan.plan().report.bytes.activations,
+        64 * 256 * 4 + 64 * 10 * 4
+    );
 }
 
 #[test]

@@ -278,6 +278,9 @@ fn shim_plan_step(plan: &Plan, arena: &mut Vec<u8>, dir: &Path) -> Result<PlanRu
         kernels: uses.len(),
     };
     for (s, step) in plan.steps.iter().enumerate() {
+        if !plan.launches(step) {
+            continue; // a view: its bytes are its root's
+        }
         let types: Vec<TensorType> = step.inputs.iter().map(|&b| buffer(b).ty.clone()).collect();
         let data: Vec<Vec<f32>> = step.inputs.iter().map(|&b| read(arena, b)).collect();
         if let Op::AdamW(_) | Op::Sgd(_) = step.op {

@@ -80,6 +80,9 @@ pub fn plan_kernel_uses(
 ) -> Result<Vec<(Kernel, Vec<usize>)>, CodegenError> {
     let mut out: Vec<(Kernel, Vec<usize>)> = Vec::new();
     for (s, step) in plan.steps.iter().enumerate() {
+        if !plan.launches(step) {
+            continue;
+        }
         let inputs: Vec<crate::ir::TensorType> = step
             .inputs
             .iter()

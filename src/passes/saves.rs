@@ -32,7 +32,10 @@ impl<'g> Readers<'g> {
             graph,
             count: HashMap::new(),
         };
-        for v in graph.values().filter(|&v| graph.node(v).phase != Phase::Forward) {
+        for v in graph
+            .values()
+            .filter(|&v| graph.node(v).phase != Phase::Forward)
+        {
             readers.add(&graph.node(v).inputs, 1);
         }
         readers

@@ -2,6 +2,7 @@
 //! with FLOPs, and the memory report.
 
 use super::report::{live_bytes, Bytes, PhasePeak, PrecisionSummary, Report, SavedKind};
+use super::views;
 use super::*;
 use crate::ir::cost::flops;
 use crate::ir::{Graph, Op, ValueId};
@@ -66,11 +67,14 @@ fn name_of(
 }
 
 fn peak_of(graph: &Graph, schedule: &Schedule) -> u64 {
-    let lives = liveness::run(graph, schedule);
+    let mut lives = liveness::run(graph, schedule);
+    let grads = gradient_values(graph);
+    let roots = views::roots(graph, |v| class_of(graph, v, &grads));
+    views::extend_roots(&mut lives, &roots);
     let spans = graph.values().filter_map(|v| {
         let bytes = graph.node(v).ty.bytes();
         lives[v.index()]
-            .filter(|_| bytes > 0)
+            .filter(|_| bytes > 0 && roots[v.index()].is_none())
             .map(|i| (bytes, i.first, i.last))
     });
     live_bytes(schedule.order.len().max(1), spans)
@@ -99,8 +103,11 @@ struct Buffers {
 }
 
 impl Buffers {
-    fn new(graph: &Graph, lives: &[Option<Interval>]) -> Buffers {
+    fn new(graph: &Graph, own_lives: &[Option<Interval>]) -> Buffers {
         let grads = gradient_values(graph);
+        let roots = views::roots(graph, |v| class_of(graph, v, &grads));
+        let mut lives = own_lives.to_vec();
+        views::extend_roots(&mut lives, &roots);
         let mut grad_of = BTreeMap::new();
         for v in graph.values() {
             if let Op::AdamW(_) | Op::Sgd(_) = graph.node(v).op {
@@ -135,6 +142,7 @@ impl Buffers {
                 first,
                 last,
                 class,
+                view_of: roots[v.index()].and_then(|r| out.of[r.index()]),
             });
         }
         out
@@ -172,6 +180,7 @@ impl Buffers {
                     first: s,
                     last: s,
                     class: BufferClass::Workspace,
+                    view_of: None,
                 });
                 id
             });
@@ -303,6 +312,11 @@ pub fn build_for(
     for (b, &off) in buffers.buffers.iter_mut().zip(&layout.offsets) {
         b.offset = off;
     }
+    for i in 0..buffers.buffers.len() {
+        if let Some(root) = buffers.buffers[i].view_of {
+            buffers.buffers[i].offset = buffers.buffers[root.index()].offset;
+        }
+    }
     let alt_peak = alt_peak(graph, train, options)?;
     let mut report = report(
         graph,
@@ -398,9 +412,10 @@ fn report(
     alt_peak: Option<u64>,
     in_backward: bool,
 ) -> Report {
+    // Views hold no bytes of their own: every sum below counts their roots only.
+    let owned = || buffers.iter().filter(|b| b.view_of.is_none());
     let sum = |c: BufferClass| {
-        buffers
-            .iter()
+        owned()
             .filter(|b| b.class == c)
             .map(|b| b.bytes)
             .sum::<u64>()
@@ -412,6 +427,7 @@ fn report(
         .filter(|s| s.phase != crate::ir::Phase::Forward)
     {
         for &b in &s.inputs {
+            let b = buffers[b.index()].view_of.unwrap_or(b);
             is_saved[b.index()] |= buffers[b.index()].class == BufferClass::Activation;
         }
     }
@@ -423,7 +439,7 @@ fn report(
         }
     }
     let n = steps.len().max(1);
-    let live = live_bytes(n, buffers.iter().map(|b| (b.bytes, b.first, b.last)));
+    let live = live_bytes(n, owned().map(|b| (b.bytes, b.first, b.last)));
     let mut phases: Vec<PhasePeak> = Vec::new();
     for (s, step) in steps.iter().enumerate() {
         match phases.iter_mut().find(|p| p.phase == step.phase) {
@@ -443,11 +459,7 @@ fn report(
             .sum(),
         bytes: Bytes {
             params: sum(BufferClass::Param),
-            grads: buffers
-                .iter()
-                .filter(|b| b.class == BufferClass::Gradient)
-                .map(|b| b.bytes)
-                .sum(),
+            grads: sum(BufferClass::Gradient),
             optimizer: sum(BufferClass::OptimState),
             activations: buffers
                 .iter()
@@ -459,7 +471,7 @@ fn report(
             peak,
             lower_bound: layout.lower_bound,
             arena: layout.size,
-            no_reuse: buffers.iter().map(|b| b.bytes).sum(),
+            no_reuse: owned().map(|b| b.bytes).sum(),
         },
         phases,
         saved: saved

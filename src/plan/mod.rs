@@ -5,6 +5,7 @@ mod build;
 mod report;
 mod target;
 mod verify;
+mod views;
 
 pub use crate::settings::TrainSummary;
 pub use build::{build, build_for, BuildOptions};
@@ -31,6 +32,14 @@ impl BufferId {
 }
 
 impl Plan {
+    /// Whether `step` launches a kernel: false for a step whose output is a view of its
+    /// input's bytes (a reshape), which computes nothing.
+    pub fn launches(&self, step: &Step) -> bool {
+        step.output
+            .and_then(|o| self.buffers.get(o.index()))
+            .is_none_or(|b| b.view_of.is_none())
+    }
+
     /// Micro-batches per training step: `accumulate` of the training spec (1 for inference).
     pub fn micro_steps(&self) -> u32 {
         self.train.as_ref().map_or(1, |t| t.accumulate.max(1))
@@ -87,13 +96,23 @@ pub struct Buffer {
     pub first: usize,
     pub last: usize,
     pub class: BufferClass,
+    /// The buffer whose bytes this one views (a reshape's output shares its input's
+    /// storage): same offset and bytes, inside the root's lifetime; the step that outputs a
+    /// view launches nothing ([`Plan::launches`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view_of: Option<BufferId>,
 }
 
 impl Buffer {
-    /// The layout request of this buffer: its bytes over the half-open steps `first..last+1`.
+    /// The layout request of this buffer: its bytes over the half-open steps `first..last+1`;
+    /// a view requests nothing of its own (its root holds the bytes).
     pub fn request(&self) -> crate::passes::arena::BufferRequest {
         crate::passes::arena::BufferRequest {
-            size: self.bytes,
+            size: if self.view_of.is_some() {
+                0
+            } else {
+                self.bytes
+            },
             start: self.first as u64,
             end: self.last as u64 + 1,
         }

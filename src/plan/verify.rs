@@ -49,7 +49,10 @@ impl VerifiedPlan {
 ///   what it overwrites, and before every reader in a later phase (the schedule invariant);
 /// - offsets are multiples of the plan target's alignment ([`super::Target::alignment`]),
 ///   which the plan's `alignment` field must state, buffers end inside the arena, and
-///   buffers live at the same step never share bytes.
+///   buffers live at the same step never share bytes;
+/// - a view ([`Buffer::view_of`]) shares its root's offset and bytes inside the root's
+///   lifetime, is output by a reshape of its root (or of another view of it) that launches
+///   nothing, and neither it nor its root is written in place.
 pub fn verify(plan: Plan) -> Result<VerifiedPlan, Vec<PlanError>> {
     let mut check = Checker::new(&plan);
     check.buffers();
@@ -57,6 +60,7 @@ pub fn verify(plan: Plan) -> Result<VerifiedPlan, Vec<PlanError>> {
     for (s, step) in plan.steps.iter().enumerate() {
         check.step(s, step);
     }
+    check.views();
     check.in_place_order();
     check.micro_batches();
     check.layout();
@@ -355,9 +359,70 @@ impl<'p> Checker<'p> {
         }
     }
 
+    /// Every view sits at its root's bytes within the root's lifetime, comes from a reshape
+    /// of the same storage, and no step writes the shared bytes in place.
+    fn views(&mut self) {
+        let plan = self.plan;
+        let root_of = |b: BufferId| {
+            plan.buffers
+                .get(b.index())
+                .and_then(|x| x.view_of)
+                .unwrap_or(b)
+        };
+        for v in plan.buffers.iter().filter(|b| b.view_of.is_some()) {
+            let r = root_of(v.id);
+            let Some(root) = self.buffer(r) else {
+                self.error(format!(
+                    "view {} `{}` names missing buffer {r}",
+                    v.id, v.name
+                ));
+                continue;
+            };
+            let inside = root.first <= v.first && v.last <= root.last;
+            if root.view_of.is_some() || root.offset != v.offset || root.bytes != v.bytes || !inside
+            {
+                self.error(format!(
+                    "view {} `{}` does not sit at the bytes of its root {r} `{}` within its lifetime",
+                    v.id, v.name, root.name
+                ));
+            }
+        }
+        for (s, step) in plan.steps.iter().enumerate() {
+            let shared = |b: &BufferId| {
+                plan.buffers
+                    .get(b.index())
+                    .is_some_and(|x| x.view_of.is_some())
+                    || plan.buffers.iter().any(|x| x.view_of == Some(*b))
+            };
+            if !plan.launches(step) {
+                let same = match (step.inputs.first(), step.output) {
+                    (Some(&i), Some(o)) => root_of(i) == root_of(o),
+                    _ => false,
+                };
+                if !matches!(step.op, crate::ir::Op::Reshape { .. }) || !same {
+                    self.error(format!(
+                        "{} outputs a view but is not a reshape of its root",
+                        at(s, step)
+                    ));
+                }
+            }
+            for &i in step.op.mutated_inputs() {
+                if step.inputs.get(i).is_some_and(shared) {
+                    self.error(format!(
+                        "{} writes in place a buffer that views share",
+                        at(s, step)
+                    ));
+                }
+            }
+        }
+    }
+
     /// What the step writes (output, workspace, in-place inputs) shares no byte with any
-    /// other operand of the step.
+    /// other operand of the step; a step that launches nothing (a view) writes nothing.
     fn aliasing(&mut self, s: usize, step: &Step) {
+        if !self.plan.launches(step) {
+            return;
+        }
         let mutated = step.op.mutated_inputs();
         let operands: Vec<(Role, BufferId, bool)> = step
             .inputs

@@ -14,8 +14,7 @@ impl Backward for super::Family {
                 // From the output, the derivative is bitwise the same where `y` holds what the
                 // kernel computed: always for relu (y > 0 exactly where x > 0), in fp32 for
                 // the others (a rounded 16-bit `y` would change it).
-                if f.derivative_from_output()
-                    && (*f == UnaryFn::Relu || rw.dtype(y) == DType::F32)
+                if f.derivative_from_output() && (*f == UnaryFn::Relu || rw.dtype(y) == DType::F32)
                 {
                     rw.offer(dx, Op::UnaryOutputBackward(*f), vec![y, dy]);
                 }

@@ -268,7 +268,14 @@ mod tests {
         let mut rng = Rng(0x9e37_79b9);
         for &f in UnaryFn::ALL.iter().filter(|f| f.derivative_from_output()) {
             let mut x = input_for(f, &mut rng, 4000);
-            x.extend([0.0, -0.0, 30.0, -30.0, f32::MIN_POSITIVE, -f32::MIN_POSITIVE]);
+            x.extend([
+                0.0,
+                -0.0,
+                30.0,
+                -30.0,
+                f32::MIN_POSITIVE,
+                -f32::MIN_POSITIVE,
+            ]);
             let dy = rng.vec(x.len());
             let mut y = vec![0.0; x.len()];
             unary_forward(f, &x, &mut y);

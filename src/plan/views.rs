@@ -1,0 +1,53 @@
+//! Views: a `reshape` changes no byte of a contiguous tensor, so its output shares its
+//! input's storage instead of being copied. The view's buffer sits at its root's offset, its
+//! step launches no kernel, and the root lives as long as any of its views.
+//!
+//! A value becomes a view only when sharing is safe and the accounting stays exact: its
+//! root is a value a step computes (not a parameter, optimizer state or input, which are
+//! bound from outside), nothing writes the root in place, and both hold the same kind of
+//! bytes (the same buffer class, so the report's parts add up as before).
+
+use crate::ir::{Graph, Op, ValueId};
+use crate::passes::liveness::Interval;
+
+/// The value whose storage each value shares (by value index): `Some(root)` for a view,
+/// `None` for a value with storage of its own. `class` gives each value's buffer class key
+/// (views need the root's). Roots are never views themselves.
+pub fn roots<C: PartialEq>(graph: &Graph, class: impl Fn(ValueId) -> C) -> Vec<Option<ValueId>> {
+    let mut written_in_place = vec![false; graph.len()];
+    for v in graph.values() {
+        let node = graph.node(v);
+        for &i in node.op.mutated_inputs() {
+            if let Some(&u) = node.inputs.get(i) {
+                written_in_place[u.index()] = true;
+            }
+        }
+    }
+    let mut root: Vec<Option<ValueId>> = vec![None; graph.len()];
+    for v in graph.values() {
+        let node = graph.node(v);
+        if !matches!(node.op, Op::Reshape { .. }) || written_in_place[v.index()] {
+            continue;
+        }
+        let input = node.inputs[0];
+        let r = root[input.index()].unwrap_or(input);
+        let source = graph.node(r).op.class() == crate::ir::OpClass::Source;
+        if !source && !written_in_place[r.index()] && class(r) == class(v) {
+            root[v.index()] = Some(r);
+        }
+    }
+    root
+}
+
+/// Extends each root's lifetime over its views' (a view with no lifetime adds nothing).
+pub fn extend_roots(lives: &mut [Option<Interval>], roots: &[Option<ValueId>]) {
+    for (v, r) in roots.iter().enumerate() {
+        let (Some(r), Some(view)) = (r, lives[v]) else {
+            continue;
+        };
+        if let Some(root) = lives[r.index()].as_mut() {
+            root.first = root.first.min(view.first);
+            root.last = root.last.max(view.last);
+        }
+    }
+}
