@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 
+import torch
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pytorch_peak  # noqa: E402
 import twins  # noqa: E402
@@ -94,8 +96,6 @@ def main():
                 f"{after['bytes']['arena'] / peak:.3f} |"
             )
             print(rows[-1], file=sys.stderr, flush=True)
-    import torch
-
     head = [
         f"Measured {datetime.date.today().isoformat()} at memc commit {git_commit()}, "
         f"torch {torch.__version__}; checkpointed column: memc `--checkpoint {ckpt}`, "
