@@ -518,8 +518,9 @@ pub fn render_html(plan: &Plan) -> String {
     );
     let _ = writeln!(
         out,
-        r#"<p id="summary">{} buffers, {} steps · arena {} ({} bytes) · peak live {} ({} bytes) · lower bound {} · no reuse {}{}. Each rectangle is a buffer over the steps it is live (x) and the bytes it occupies in the arena (y); hover for details.</p>"#,
+        r#"<p id="summary">{} buffers ({} views of others), {} steps · arena {} ({} bytes) · peak live {} ({} bytes) · lower bound {} · no reuse {}{}. Each rectangle is a buffer over the steps it is live (x) and the bytes it occupies in the arena (y); hover for details.</p>"#,
         plan.buffers.len(),
+        plan.buffers.iter().filter(|b| b.view_of.is_some()).count(),
         plan.steps.len(),
         human_bytes(plan.arena_bytes),
         grouped(plan.arena_bytes),
