@@ -1,9 +1,10 @@
 //! Fitting a step into its budget: plans the graph under a checkpointing policy and, in
-//! `auto` mode, keeps everything if that fits, else compiles every candidate policy
-//! (per-block, every k-th block, sqrt(n), selective, min-cut, and min-cuts over a sweep of
-//! recomputation penalties) and keeps the fitting plan with the least recompute FLOPs. The
-//! sweep is exhaustive rather than a bisection because the laid-out peak is not monotone in
-//! the penalty: recomputed values also occupy memory during backward.
+//! `auto` mode, keeps everything if that fits, else compiles the candidate policies in stages
+//! of growing recomputation (selective and min-cut; then per-block, every k-th block,
+//! sqrt(n) and min-cuts over a sweep of recomputation penalties) and keeps the fitting plan
+//! with the least recompute FLOPs. The sweep is exhaustive rather than a bisection because
+//! the laid-out peak is not monotone in the penalty: recomputed values also occupy memory
+//! during backward.
 
 use crate::diagnostic::UserError;
 use crate::front::train::TrainSpec;
@@ -134,7 +135,7 @@ fn summary(
             "block: each block instance's input saved, one block recomputed at a time".into()
         }
         Policy::Segments { every } => {
-            format!("every={every}: the output of every {every}-th block instance saved")
+            format!("every={every}: one block instance output in {every} saved")
         }
         Policy::Selective => {
             "selective: cheap ops inside blocks recomputed, heavy ops' outputs kept".into()
@@ -242,60 +243,82 @@ fn infeasible(train: &TrainSpec, budget: u64, plan: &Plan) -> FitError {
     ))
 }
 
-/// The candidates of auto mode once keeping everything does not fit: per-block and every
-/// k-th block for k up to max(4, sqrt(n)) (sqrt(n) among them), selective, min-cut with
-/// heavy ops kept, and min-cuts over a sweep of recomputation penalties (1e2 down to 1e-13
-/// bytes per FLOP).
-pub fn auto_candidates(graph: &Graph) -> Vec<Policy> {
+/// Auto mode's candidates, in stages of growing recomputation: keep-all; the policies that
+/// recompute no heavy op (selective, min-cut with heavy ops kept); then per-block and every
+/// k-th block for k up to max(4, sqrt(n)) (sqrt(n) among them), which recompute a superset
+/// of what selective recomputes, and min-cuts over a sweep of recomputation penalties (1e2
+/// down to 1e-13 bytes per FLOP).
+pub fn auto_candidates(graph: &Graph) -> [Vec<Policy>; 3] {
     let longest = checkpoint::sqrt_segment(graph)
         .max(4)
         .min(checkpoint::instances(graph).max(1));
-    let mut candidates: Vec<Policy> = (1..=longest)
+    let mut heavy: Vec<Policy> = (1..=longest)
         .map(|every| Policy::Segments { every })
         .collect();
-    candidates.extend([Policy::Selective, Policy::MinCut { penalty: None }]);
-    candidates.extend((0..16).map(|i| Policy::MinCut {
+    heavy.extend((0..16).map(|i| Policy::MinCut {
         penalty: Some(10f64.powf(2.0 - i as f64)),
     }));
-    candidates
+    [
+        vec![Policy::KeepAll],
+        vec![Policy::Selective, Policy::MinCut { penalty: None }],
+        heavy,
+    ]
 }
 
-/// Among `candidates`, planned with the quick layout, the one fitting `budget` with the least
-/// recompute FLOPs (then the smallest arena); the smallest arena when none fits.
-fn least_recompute(
+/// A candidate planned with the quick layout: its policy, recompute FLOPs and arena bytes.
+type Candidate = (Policy, u64, u64);
+
+/// The candidates planned with the quick layout, in parallel.
+fn plan_candidates(
     step: Step,
     candidates: &[Policy],
+    quick: &BuildOptions,
+) -> Result<Vec<Candidate>, StageError> {
+    use rayon::prelude::*;
+    candidates
+        .par_iter()
+        .map(|&policy| {
+            let (_, p) = plan_with(step, policy, quick)?;
+            let flops = p
+                .report
+                .checkpoint
+                .as_ref()
+                .map_or(0, |c| c.recompute_flops);
+            Ok((policy, flops, p.arena_bytes))
+        })
+        .collect()
+}
+
+/// Auto mode's choice: the first stage of [`auto_candidates`] with a plan that fits `budget`
+/// gives its plan with the least recompute FLOPs (then the smallest arena); when none fits
+/// with the quick layout, the smallest candidate, which then gets the full layout search
+/// (and the infeasible diagnostic if it still misses).
+fn least_recompute(
+    step: Step,
     budget: Option<u64>,
     quick: &BuildOptions,
 ) -> Result<Policy, StageError> {
-    use rayon::prelude::*;
-    let plans = candidates
-        .par_iter()
-        .map(|&policy| plan_with(step, policy, quick).map(|(_, p)| (policy, p)))
-        .collect::<Result<Vec<_>, _>>()?;
-    let key = |p: &Plan| {
-        let flops = p
-            .report
-            .checkpoint
-            .as_ref()
-            .map_or(0, |c| c.recompute_flops);
-        (flops, p.arena_bytes)
-    };
-    let fitting = plans
-        .iter()
-        .filter(|(_, p)| budget.is_none_or(|b| p.arena_bytes <= b))
-        .min_by_key(|(_, p)| key(p));
-    // Nothing fits with the quick layout: the smallest candidate gets the full layout search,
-    // and the infeasible diagnostic if it still misses.
-    let smallest = plans.iter().min_by_key(|(_, p)| (p.arena_bytes, key(p)));
-    Ok(fitting
-        .or(smallest)
-        .map_or(Policy::KeepAll, |(policy, _)| *policy))
+    let mut smallest: Option<Candidate> = None;
+    for stage in auto_candidates(step.graph) {
+        let planned = plan_candidates(step, &stage, quick)?;
+        let fitting = planned
+            .iter()
+            .filter(|c| budget.is_none_or(|b| c.2 <= b))
+            .min_by_key(|c| (c.1, c.2));
+        if let Some(&(policy, _, _)) = fitting {
+            return Ok(policy);
+        }
+        smallest = planned
+            .into_iter()
+            .chain(smallest)
+            .min_by_key(|c| (c.2, c.1));
+    }
+    Ok(smallest.map_or(Policy::KeepAll, |c| c.0))
 }
 
-/// Plans the step: the policy of `mode`, or in auto mode keep-all when it fits the budget and
-/// otherwise the [`auto_candidates`] plan with the least recompute FLOPs that fits. Fails
-/// with a diagnostic naming the minimum feasible budget found.
+/// Plans the step: the policy of `mode`, or in auto mode the [`auto_candidates`] plan with
+/// the least recompute FLOPs that fits the budget (keep-all without one). Fails with a
+/// diagnostic naming the minimum feasible budget found.
 pub fn fit(
     step: Step,
     mode: CheckpointMode,
@@ -309,14 +332,8 @@ pub fn fit(
     };
     let chosen = match mode.policy(graph) {
         Some(policy) => policy,
-        None => {
-            let (_, keep) = plan_with(step, Policy::KeepAll, &quick)?;
-            if budget.is_none_or(|b| keep.arena_bytes <= b) {
-                Policy::KeepAll
-            } else {
-                least_recompute(step, &auto_candidates(graph), budget, &quick)?
-            }
-        }
+        None if budget.is_none() => Policy::KeepAll,
+        None => least_recompute(step, budget, &quick)?,
     };
     let (g, plan) = plan_with(step, chosen, options)?;
     match (train, budget) {

@@ -416,7 +416,7 @@ fn widening_casts_are_recomputed_with_identical_gradients() {
     let (x, y) = (fingerprint_plan(&saved), fingerprint_plan(&recomputed));
     assert_eq!(x.0, y.0, "gradients differ");
     assert_eq!(x.1, y.1, "parameters differ");
-    // The recompute figure lists the two casts (the cast family counts no FLOPs).
+    // The recompute figure counts the two casts: one FLOP per element, fp32 bytes written.
     let summary = keep_all
         .plan
         .plan()
@@ -429,6 +429,7 @@ fn widening_casts_are_recomputed_with_identical_gradients() {
         "{summary:?}"
     );
     assert_eq!(summary.recomputed_bytes, 2 * 1024 * 4);
+    assert_eq!(summary.recompute_flops, 2 * 1024);
 }
 
 #[test]
