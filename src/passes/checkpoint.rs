@@ -46,8 +46,8 @@ pub enum Policy {
     /// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
     /// Models": inside block instances, recompute every op of class `Cheap` (pointwise ops,
     /// casts of activations, movement, norms, reductions, softmax, pooling, rope, embedding
-    /// lookups) and `Random` (dropout), and the separable attention core: matmuls of two
-    /// activations that feed a softmax or read one through such ops (`q @ k^T` and
+    /// lookups, losses) and `Random` (dropout), and the separable attention core: matmuls
+    /// of two activations that feed a softmax or read one through such ops (`q @ k^T` and
     /// `p @ v` of attention written out). Heavy ops (matmuls with a weight, convolutions,
     /// the fused attention op, whose backward reads only `q, k, v`) keep their outputs, as
     /// do boundary values and everything outside blocks.
