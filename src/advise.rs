@@ -83,28 +83,37 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
             budget,
             "all gradients coexist",
         ),
-        row(
-            source,
-            "min-cut checkpointing",
-            with(CheckpointMode::MinCut, None, None),
-            budget,
-            "recomputes cheap ops only",
+    ];
+    for (mode, option, note) in [
+        (
+            CheckpointMode::BLOCK,
+            "per-block checkpointing",
+            "each block's input saved (--checkpoint block)",
         ),
-        row(
-            source,
+        (
+            CheckpointMode::Sqrt,
             "sqrt(n) block checkpointing",
-            with(CheckpointMode::Segments(0), None, None),
-            budget,
-            "Chen et al. 2016",
+            "Chen et al. 2016 (--checkpoint sqrt)",
         ),
-        row(
-            source,
+        (
+            CheckpointMode::Selective,
+            "selective recomputation",
+            "Korthikanti et al. 2022: cheap ops in blocks (--checkpoint selective)",
+        ),
+        (
+            CheckpointMode::MinCut,
+            "min-cut checkpointing",
+            "recomputes cheap ops only (--checkpoint mincut)",
+        ),
+        (
+            CheckpointMode::Auto,
             "checkpointing fitted to the budget",
-            with(CheckpointMode::Auto, None, Some(budget)),
-            budget,
             "least recompute that fits",
         ),
-    ];
+    ] {
+        let fitted = (mode == CheckpointMode::Auto).then_some(budget);
+        rows.push(row(source, option, with(mode, None, fitted), budget, note));
+    }
     rows.extend(precision_rows(
         source,
         &with(CheckpointMode::KeepAll, None, None),

@@ -1,6 +1,7 @@
-//! `memc bench checkpoint`: keep-everything, sqrt(n) segments and the budget-driven min-cut
-//! measured by the same planner on the example models, at budgets that keep 75%, 50% and
-//! 25% of the keep-everything saved-activation bytes on top of everything else.
+//! `memc bench checkpoint`: keep-everything, per-block, sqrt(n) segments, selective and
+//! min-cut recomputation, and the budget-driven choice, measured by the same planner on the
+//! example models, at budgets that keep 75%, 50% and 25% of the keep-everything
+//! saved-activation bytes on top of everything else.
 
 use crate::budget::CheckpointMode;
 use crate::plan::human_bytes;
@@ -60,7 +61,8 @@ fn measure(
     }
 }
 
-/// The comparison table for the models in `examples` (gpt2, llama7b, resnet18 when present).
+/// The comparison table for the models in `examples` (gpt2, llama7b, resnet18, unet when
+/// present).
 pub fn checkpoint_table(examples: &Path) -> Result<String, std::io::Error> {
     let mut out = String::new();
     let _ = writeln!(
@@ -68,7 +70,7 @@ pub fn checkpoint_table(examples: &Path) -> Result<String, std::io::Error> {
         "{:<10} {:>18} {:<10} {:>12} {:>10} {:>9}",
         "model", "budget (act kept)", "policy", "arena", "recompute", "compile"
     );
-    for name in ["gpt2", "llama7b", "resnet18"] {
+    for name in ["gpt2", "llama7b", "resnet18", "unet"] {
         let path = examples.join(format!("{name}.mdl"));
         if !path.exists() {
             continue;
@@ -85,27 +87,15 @@ pub fn checkpoint_table(examples: &Path) -> Result<String, std::io::Error> {
             Err(_) => continue,
         };
         let b = &keep.plan.plan().report.bytes;
-        row(
-            &mut out,
-            name,
-            "-",
-            "keep-all",
-            measure(&src, CheckpointMode::KeepAll, None),
-        );
-        row(
-            &mut out,
-            name,
-            "-",
-            "sqrt(n)",
-            measure(&src, CheckpointMode::Segments(0), None),
-        );
-        row(
-            &mut out,
-            name,
-            "-",
-            "min-cut",
-            measure(&src, CheckpointMode::MinCut, None),
-        );
+        for (label, mode) in [
+            ("keep-all", CheckpointMode::KeepAll),
+            ("block", CheckpointMode::BLOCK),
+            ("sqrt(n)", CheckpointMode::Sqrt),
+            ("selective", CheckpointMode::Selective),
+            ("min-cut", CheckpointMode::MinCut),
+        ] {
+            row(&mut out, name, "-", label, measure(&src, mode, None));
+        }
         for fraction in [0.75, 0.5, 0.25] {
             let budget = b.arena - (b.activations as f64 * (1.0 - fraction)) as u64;
             let label = format!("{} ({}%)", human_bytes(budget), (fraction * 100.0) as u32);

@@ -1,33 +1,108 @@
 //! Fitting a step into its budget: plans the graph under a checkpointing policy and, in
-//! `auto` mode, keeps everything if that fits, else min-cut with heavy ops kept, else the
-//! candidate with the least recompute FLOPs that fits among sqrt(n)-style segments and
-//! min-cuts over a sweep of recomputation penalties (1e2 down to 1e-13 bytes per FLOP).
-//! The sweep is exhaustive rather than a bisection because the laid-out peak is not
-//! monotone in the penalty: recomputed values also occupy memory during backward.
+//! `auto` mode, keeps everything if that fits, else compiles the candidate policies in stages
+//! of growing recomputation (selective and min-cut; then per-block, every k-th block,
+//! sqrt(n) and min-cuts over a sweep of recomputation penalties) and keeps the fitting plan
+//! with the least recompute FLOPs. The sweep is exhaustive rather than a bisection because
+//! the laid-out peak is not monotone in the penalty: recomputed values also occupy memory
+//! during backward.
 
 use crate::diagnostic::UserError;
 use crate::front::train::TrainSpec;
 use crate::ir::cost::flops;
-use crate::ir::{Graph, TensorType};
+use crate::ir::{Graph, Span, TensorType};
 use crate::passes::checkpoint::{self, Policy};
 use crate::passes::StageError;
 use crate::plan::{
     self, human_bytes, BuildOptions, CheckpointSummary, Plan, RecomputedGroup, Target, TrainSummary,
 };
 use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
-/// How the compiler chooses recomputation.
+/// How the compiler chooses recomputation (`--checkpoint`). Whatever the mode, casts that
+/// widen low-precision activations to fp32 are recomputed rather than saved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CheckpointMode {
-    /// Keep everything unless the budget demands more; then min-cut, then heavy ops too.
+    /// Keep everything unless the budget demands more; then the fitting candidate (per-block,
+    /// every k-th block, sqrt(n), selective, min-cut) with the least recompute FLOPs.
     #[default]
     Auto,
+    /// Save every value backward reads (`none`).
     KeepAll,
+    /// Save the boundary of every k-th block instance (`every=K`; `block` is k = 1).
+    Every(NonZeroUsize),
+    /// Every k-th block with k = round(sqrt(block instances)) (Chen et al. 2016).
+    Sqrt,
     /// Min-cut with heavy and random ops never recomputed.
     MinCut,
-    /// Save every k-th block output (k = round(sqrt(blocks)) when 0).
-    Segments(usize),
+    /// Korthikanti et al.'s selective recomputation: cheap ops inside blocks recomputed,
+    /// heavy ops' outputs kept ([`Policy::Selective`]).
+    Selective,
+}
+
+impl CheckpointMode {
+    /// Per-block checkpointing (`block`): every block instance's input saved.
+    pub const BLOCK: CheckpointMode = CheckpointMode::Every(NonZeroUsize::MIN);
+
+    /// Parses a `--checkpoint` value: `auto`, `none`, `block`, `every=K` (K >= 1), `sqrt`,
+    /// `mincut` or `selective`. Errors carry a span into `text` and a help line.
+    pub fn parse(text: &str) -> Result<CheckpointMode, UserError> {
+        const HELP: &str =
+            "use auto, none, block, every=K (K a positive integer), sqrt, mincut or selective";
+        let whole = Span::new(0, text.len());
+        Ok(match text {
+            "auto" => CheckpointMode::Auto,
+            "none" => CheckpointMode::KeepAll,
+            "block" => CheckpointMode::BLOCK,
+            "sqrt" => CheckpointMode::Sqrt,
+            "mincut" => CheckpointMode::MinCut,
+            "selective" => CheckpointMode::Selective,
+            _ => {
+                let Some(k) = text.strip_prefix("every") else {
+                    return Err(UserError::at(
+                        whole,
+                        format!("unknown checkpointing policy `{text}`"),
+                        "not a policy",
+                        HELP,
+                    ));
+                };
+                let Some(k) = k.strip_prefix('=').filter(|k| !k.is_empty()) else {
+                    return Err(UserError::at(
+                        whole,
+                        "`every` needs a block count: every=K",
+                        "no block count",
+                        "e.g. every=2 saves the output of every second block instance",
+                    ));
+                };
+                let span = Span::new(text.len() - k.len(), text.len());
+                match k.parse::<usize>().ok().and_then(NonZeroUsize::new) {
+                    Some(k) => CheckpointMode::Every(k),
+                    None => {
+                        return Err(UserError::at(
+                            span,
+                            format!("`{k}` is not a positive block count"),
+                            "expected an integer of at least 1",
+                            "e.g. every=2 saves the output of every second block instance",
+                        ))
+                    }
+                }
+            }
+        })
+    }
+
+    /// The policy of a fixed mode on `graph` (None for auto).
+    fn policy(self, graph: &Graph) -> Option<Policy> {
+        Some(match self {
+            CheckpointMode::Auto => return None,
+            CheckpointMode::KeepAll => Policy::KeepAll,
+            CheckpointMode::Every(k) => Policy::Segments { every: k.get() },
+            CheckpointMode::Sqrt => Policy::Segments {
+                every: checkpoint::sqrt_segment(graph),
+            },
+            CheckpointMode::MinCut => Policy::MinCut { penalty: None },
+            CheckpointMode::Selective => Policy::Selective,
+        })
+    }
 }
 
 /// Why no plan was produced.
@@ -50,13 +125,20 @@ fn summary(
     plan: &Plan,
 ) -> Option<CheckpointSummary> {
     let name = match policy {
-        Policy::KeepAll => return None,
+        Policy::KeepAll if clones.is_empty() => return None,
+        Policy::KeepAll => "keep all (fp32 copies of low-precision activations recomputed)".into(),
         Policy::MinCut { penalty: None } => "min-cut (heavy and random ops kept)".to_string(),
         Policy::MinCut { penalty: Some(p) } => {
             format!("min-cut, recompute penalty {p:.3e} bytes/FLOP")
         }
+        Policy::Segments { every: 1 } => {
+            "block: each block instance's input saved, one block recomputed at a time".into()
+        }
         Policy::Segments { every } => {
-            format!("save every {every}-th block output (sqrt(n) segments)")
+            format!("every={every}: one block instance output in {every} saved")
+        }
+        Policy::Selective => {
+            "selective: cheap ops inside blocks recomputed, heavy ops' outputs kept".into()
         }
     };
     let mut groups: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
@@ -161,8 +243,82 @@ fn infeasible(train: &TrainSpec, budget: u64, plan: &Plan) -> FitError {
     ))
 }
 
-/// Plans the step: the policy of `mode`, or in auto mode the least recomputation that fits
-/// the budget. Fails with a diagnostic naming the minimum feasible budget found.
+/// Auto mode's candidates, in stages of growing recomputation: keep-all; the policies that
+/// recompute no heavy op (selective, min-cut with heavy ops kept); then per-block and every
+/// k-th block for k up to max(4, sqrt(n)) (sqrt(n) among them), which recompute a superset
+/// of what selective recomputes, and min-cuts over a sweep of recomputation penalties (1e2
+/// down to 1e-13 bytes per FLOP).
+pub fn auto_candidates(graph: &Graph) -> [Vec<Policy>; 3] {
+    let longest = checkpoint::sqrt_segment(graph)
+        .max(4)
+        .min(checkpoint::instances(graph).max(1));
+    let mut heavy: Vec<Policy> = (1..=longest)
+        .map(|every| Policy::Segments { every })
+        .collect();
+    heavy.extend((0..16).map(|i| Policy::MinCut {
+        penalty: Some(10f64.powf(2.0 - i as f64)),
+    }));
+    [
+        vec![Policy::KeepAll],
+        vec![Policy::Selective, Policy::MinCut { penalty: None }],
+        heavy,
+    ]
+}
+
+/// A candidate planned with the quick layout: its policy, recompute FLOPs and arena bytes.
+type Candidate = (Policy, u64, u64);
+
+/// The candidates planned with the quick layout, in parallel.
+fn plan_candidates(
+    step: Step,
+    candidates: &[Policy],
+    quick: &BuildOptions,
+) -> Result<Vec<Candidate>, StageError> {
+    use rayon::prelude::*;
+    candidates
+        .par_iter()
+        .map(|&policy| {
+            let (_, p) = plan_with(step, policy, quick)?;
+            let flops = p
+                .report
+                .checkpoint
+                .as_ref()
+                .map_or(0, |c| c.recompute_flops);
+            Ok((policy, flops, p.arena_bytes))
+        })
+        .collect()
+}
+
+/// Auto mode's choice: the first stage of [`auto_candidates`] with a plan that fits `budget`
+/// gives its plan with the least recompute FLOPs (then the smallest arena); when none fits
+/// with the quick layout, the smallest candidate, which then gets the full layout search
+/// (and the infeasible diagnostic if it still misses).
+fn least_recompute(
+    step: Step,
+    budget: Option<u64>,
+    quick: &BuildOptions,
+) -> Result<Policy, StageError> {
+    let mut smallest: Option<Candidate> = None;
+    for stage in auto_candidates(step.graph) {
+        let planned = plan_candidates(step, &stage, quick)?;
+        let fitting = planned
+            .iter()
+            .filter(|c| budget.is_none_or(|b| c.2 <= b))
+            .min_by_key(|c| (c.1, c.2));
+        if let Some(&(policy, _, _)) = fitting {
+            return Ok(policy);
+        }
+        smallest = planned
+            .into_iter()
+            .chain(smallest)
+            .min_by_key(|c| (c.2, c.1));
+    }
+    Ok(smallest.map_or(Policy::KeepAll, |c| c.0))
+}
+
+/// Plans the step: the policy of `mode`, or in auto mode the [`auto_candidates`] plan with
+/// the least recompute FLOPs that fits the budget (keep-all without one). Fails with a
+/// diagnostic naming the minimum feasible budget found.
 pub fn fit(
     step: Step,
     mode: CheckpointMode,
@@ -170,73 +326,14 @@ pub fn fit(
 ) -> Result<(Graph, Plan), FitError> {
     let Step { graph, train, .. } = step;
     let budget = train.and_then(|t| t.settings.budget);
-    let fixed = match mode {
-        CheckpointMode::KeepAll => Some(Policy::KeepAll),
-        CheckpointMode::MinCut => Some(Policy::MinCut { penalty: None }),
-        CheckpointMode::Segments(k) => Some(Policy::Segments {
-            every: if k == 0 {
-                checkpoint::sqrt_segment(graph)
-            } else {
-                k
-            },
-        }),
-        CheckpointMode::Auto => None,
-    };
     let quick = BuildOptions {
         layout_time: Duration::ZERO,
         ..options.clone()
     };
-    let fits = |p: &Plan| budget.is_none_or(|b| p.arena_bytes <= b);
-    let chosen = match fixed {
+    let chosen = match mode.policy(graph) {
         Some(policy) => policy,
-        None => {
-            let mut chosen = None;
-            for policy in [Policy::KeepAll, Policy::MinCut { penalty: None }] {
-                let (_, p) = plan_with(step, policy, &quick)?;
-                if fits(&p) {
-                    chosen = Some(policy);
-                    break;
-                }
-            }
-            match chosen {
-                Some(p) => p,
-                None => {
-                    let every = checkpoint::sqrt_segment(graph);
-                    let mut candidates: Vec<Policy> = (1..=every.max(2))
-                        .map(|every| Policy::Segments { every })
-                        .collect();
-                    candidates.extend((0..16).map(|i| Policy::MinCut {
-                        penalty: Some(10f64.powf(2.0 - i as f64)),
-                    }));
-                    let mut best: Option<(u64, Policy)> = None;
-                    let mut smallest: Option<(u64, Policy)> = None;
-                    use rayon::prelude::*;
-                    let plans = candidates
-                        .par_iter()
-                        .map(|&policy| plan_with(step, policy, &quick).map(|(_, p)| (policy, p)))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    for (policy, p) in plans {
-                        let cost = p
-                            .report
-                            .checkpoint
-                            .as_ref()
-                            .map_or(0, |c| c.recompute_flops);
-                        if fits(&p) && best.is_none_or(|(c, _)| cost < c) {
-                            best = Some((cost, policy));
-                        }
-                        if smallest.is_none_or(|(bytes, _)| p.arena_bytes < bytes) {
-                            smallest = Some((p.arena_bytes, policy));
-                        }
-                    }
-                    // Nothing fits with the quick layout: the smallest candidate gets the full
-                    // layout search below, and the infeasible diagnostic if it still misses.
-                    match best.or(smallest) {
-                        Some((_, policy)) => policy,
-                        None => Policy::KeepAll,
-                    }
-                }
-            }
-        }
+        None if budget.is_none() => Policy::KeepAll,
+        None => least_recompute(step, budget, &quick)?,
     };
     let (g, plan) = plan_with(step, chosen, options)?;
     match (train, budget) {

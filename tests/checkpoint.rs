@@ -1,15 +1,37 @@
 //! Checkpointing: recomputation changes memory, never results — gradients and updated
-//! parameters are bitwise identical to the keep-everything plan on the CPU backend, dropout
-//! included; budgets are met, and an impossible budget gets its diagnostic.
+//! parameters are bitwise identical to the keep-everything plan on the CPU backend under
+//! every policy (per-block, every k-th block, sqrt(n), selective, min-cut), dropout and
+//! mixed precision included; per-block checkpointing recomputes one block at a time,
+//! selective recomputation keeps heavy outputs, widening casts are recomputed, budgets are
+//! met, and an impossible budget gets its diagnostic.
 #![allow(clippy::panic, clippy::unwrap_used)]
 
 mod common;
 
-use common::{compiled_with, example, executor};
+use common::{compiled_with, example};
 use memc::budget::CheckpointMode;
+use memc::exec::cpu::CpuExecutor;
 use memc::front::train::Precision;
+use memc::ir::{Graph, Phase, ValueId};
+use memc::passes::checkpoint::{self, Policy};
+use memc::plan::VerifiedPlan;
+use memc::plan::{BuildOptions, Target};
+use memc::settings::TrainSummary;
 use memc::{CompileError, Options};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+/// Every fixed policy that recomputes: block, every=2, sqrt, selective, mincut.
+fn policies() -> [CheckpointMode; 5] {
+    [
+        CheckpointMode::BLOCK,
+        CheckpointMode::Every(NonZeroUsize::new(2).unwrap()),
+        CheckpointMode::Sqrt,
+        CheckpointMode::Selective,
+        CheckpointMode::MinCut,
+    ]
+}
 
 fn small_gpt(checkpoint: CheckpointMode, budget: Option<u64>) -> Options {
     Options {
@@ -25,8 +47,14 @@ type Bits = BTreeMap<String, Vec<u32>>;
 
 /// Gradient bits of the first step, parameter bits after two steps, and the arena size.
 fn fingerprint(src: &str, options: &Options) -> (Bits, Bits, u64) {
-    let c = compiled_with(src, options);
-    let mut ex = executor(&c, 11);
+    fingerprint_plan(&compiled_with(src, options).plan)
+}
+
+/// [`fingerprint`] of a verified plan, from parameters and inputs of seed 11.
+fn fingerprint_plan(plan: &VerifiedPlan) -> (Bits, Bits, u64) {
+    let mut ex = CpuExecutor::new(plan).expect("cpu plan");
+    ex.init_params(11).expect("init");
+    ex.synthetic_inputs(11).expect("inputs");
     let mut grads = BTreeMap::new();
     ex.run_step(Some(&mut |n: &str, g: &[f32]| {
         grads.insert(n.to_string(), g.iter().map(|x| x.to_bits()).collect());
@@ -44,7 +72,7 @@ fn fingerprint(src: &str, options: &Options) -> (Bits, Bits, u64) {
             )
         })
         .collect();
-    (grads, params, c.plan.plan().arena_bytes)
+    (grads, params, plan.plan().arena_bytes)
 }
 
 const DROPOUT_GPT: &str = "model g {
@@ -67,6 +95,30 @@ const DROPOUT_GPT: &str = "model g {
   train { optimizer = adamw(lr = 1e-2) }
 }";
 
+/// A GPT with attention written out (`softmax(q @ k^T)` then `@ v`): its attention core is
+/// separable, so selective recomputation recomputes both activation matmuls.
+const MANUAL_ATTENTION_GPT: &str = "model g {
+  dim B = 2, T = 8, D = 16, H = 1, V = 32, L = 3
+  input tokens: i32[B, T]
+  input targets: i32[B, T]
+  param wte: [V, D] = normal(0.02)
+  block layer(x) {
+    param ln: layernorm(D)
+    param qkv: linear(D, 3*D)
+    param proj: linear(D, D)
+    param fc: linear(D, 4*D)
+    param out: linear(4*D, D)
+    let q, k, v = split(linear(layernorm(x, ln), qkv), 3)
+    let p = dropout(softmax(q @ transpose(k) * 0.25), p = 0.1)
+    x = x + linear(p @ v, proj)
+    x = x + linear(gelu(linear(x, fc)), out)
+    return x
+  }
+  let x = repeat L layer(embed(wte, tokens))
+  loss = cross_entropy(x @ transpose(wte), targets)
+  train { optimizer = adamw(lr = 1e-2) }
+}";
+
 /// Checkpointing options in `precision` (the file's when None).
 fn checkpointed(mode: CheckpointMode, precision: Option<Precision>) -> Options {
     Options {
@@ -81,10 +133,12 @@ fn recomputation_is_bitwise_identical() {
         (example("gpt2"), None),
         (DROPOUT_GPT.to_string(), None),
         (DROPOUT_GPT.to_string(), Some(Precision::Bf16)),
+        (MANUAL_ATTENTION_GPT.to_string(), None),
+        (MANUAL_ATTENTION_GPT.to_string(), Some(Precision::Fp16)),
     ];
     for (src, precision) in cases {
         let base = fingerprint(&src, &checkpointed(CheckpointMode::KeepAll, precision));
-        for mode in [CheckpointMode::MinCut, CheckpointMode::Segments(2)] {
+        for mode in policies() {
             let other = fingerprint(&src, &checkpointed(mode, precision));
             assert_eq!(base.0, other.0, "{mode:?}: gradients differ");
             assert_eq!(base.1, other.1, "{mode:?}: parameters differ");
@@ -161,7 +215,290 @@ fn weight_copies_are_made_once_per_step_under_recomputation() {
     };
     let keep = copies(CheckpointMode::KeepAll);
     assert!(keep.0 > 0);
-    for mode in [CheckpointMode::MinCut, CheckpointMode::Segments(2)] {
+    for mode in policies() {
         assert_eq!(copies(mode), keep, "{mode:?} recomputed a weight copy");
+    }
+}
+
+/// The training graph of `src` in `precision` as checkpointing receives it (the optimizer
+/// in backward), and its `train { }` settings.
+fn training_graph(
+    src: &str,
+    overrides: &[(String, i64)],
+    precision: Precision,
+) -> (Graph, TrainSummary) {
+    let ast = memc::front::parse(src).unwrap();
+    let module = memc::front::lower(&ast, overrides).unwrap();
+    let mut train = module.train.unwrap().settings;
+    train.precision = precision;
+    let loss = module.graph.output("loss").unwrap();
+    let mixed = memc::passes::precision::run(&module.graph, loss, precision, true).unwrap();
+    let diff = memc::passes::autodiff::run(&mixed.graph, mixed.objective).unwrap();
+    let options = memc::passes::optimizer::OptimizerOptions {
+        optimizer: train.optimizer,
+        clip_grad_norm: train.clip_grad_norm,
+        loss_scale: mixed.loss_scale,
+        accumulate: train.accumulate,
+    };
+    let graph = memc::passes::optimizer::run(&diff, &options).unwrap();
+    (graph, train)
+}
+
+/// The verified CPU plan of `graph` with the values of `recompute` recomputed.
+fn plan_recomputing(
+    graph: &Graph,
+    train: &TrainSummary,
+    recompute: &BTreeSet<ValueId>,
+) -> VerifiedPlan {
+    let rewritten = checkpoint::rewrite(graph, recompute).unwrap();
+    let options = BuildOptions {
+        optimizer_in_backward: true,
+        layout_time: Duration::ZERO,
+        alignment: Target::Cpu.alignment(),
+    };
+    let plan =
+        memc::plan::build_for(Target::Cpu, "m", &rewritten.graph, Some(train), &options).unwrap();
+    memc::plan::verify(plan).unwrap()
+}
+
+#[test]
+fn block_recomputes_one_block_at_a_time_and_saves_what_crosses_blocks() {
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let (graph, _) = training_graph(DROPOUT_GPT, &common::tiny_gpt(2), precision);
+        let recompute = checkpoint::choose(&graph, Policy::Segments { every: 1 });
+        let rewritten = checkpoint::rewrite(&graph, &recompute).unwrap();
+        let g = &rewritten.graph;
+        let clones: BTreeMap<ValueId, ValueId> =
+            rewritten.clones.iter().map(|&(o, c)| (c, o)).collect();
+        // The backward window of each instance: from its first step (clones included) to its
+        // last backward step; creation order is the schedule's order.
+        let mut windows: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+        for v in g.values() {
+            let node = g.node(v);
+            let own = checkpoint::instance(&node.scope);
+            if node.phase == Phase::Backward && !own.is_empty() {
+                let w = windows
+                    .entry(own.to_string())
+                    .or_insert((v.index(), v.index()));
+                w.1 = v.index();
+            }
+        }
+        assert_eq!(windows.len(), 4, "{precision:?}: one window per layer");
+        let mut spans: Vec<(usize, usize)> = windows.values().copied().collect();
+        spans.sort();
+        assert!(
+            spans.windows(2).all(|w| w[0].1 < w[1].0),
+            "{precision:?}: backward windows of the instances overlap: {spans:?}"
+        );
+        assert!(!clones.is_empty());
+        for (&c, &original) in &clones {
+            let own = checkpoint::instance(&g.node(c).scope).to_string();
+            let (first, last) = windows[&own];
+            assert!(
+                first <= c.index(),
+                "{precision:?}: {c} made before {own}'s backward"
+            );
+            for reader in g.users(c) {
+                assert!(
+                    reader.index() <= last && checkpoint::instance(&g.node(reader).scope) == own,
+                    "{precision:?}: {c} ({own}) read by {reader} outside its block's backward"
+                );
+            }
+            for user in graph.users(original) {
+                let node = graph.node(user);
+                assert!(
+                    node.phase != Phase::Forward || checkpoint::instance(&node.scope) == own,
+                    "{precision:?}: {original} flows from {own} into {user} yet is recomputed"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn selective_keeps_heavy_outputs_and_recomputes_the_attention_core() {
+    let recomputed = |src: &str| {
+        let c = compiled_with(src, &small_gpt(CheckpointMode::Selective, None));
+        let summary = c.plan.plan().report.checkpoint.clone().expect("summary");
+        let mut ops: BTreeMap<String, u64> = BTreeMap::new();
+        for g in summary.recomputed {
+            *ops.entry(g.op).or_default() += g.count;
+        }
+        ops
+    };
+    // Written-out attention: q @ k^T and p @ v of each of the 4 layers, never a matmul with
+    // a weight; softmax, dropout, norms and pointwise ops recomputed.
+    let manual = recomputed(MANUAL_ATTENTION_GPT);
+    assert_eq!(manual.get("matmul"), Some(&8), "{manual:?}");
+    for op in ["softmax", "dropout", "norm", "unary"] {
+        assert!(manual.contains_key(op), "{op} not recomputed: {manual:?}");
+    }
+    // Fused attention: its output is kept like every heavy op's.
+    let fused = recomputed(DROPOUT_GPT);
+    assert!(
+        !fused.contains_key("matmul") && !fused.contains_key("attention"),
+        "{fused:?}"
+    );
+    assert!(fused.contains_key("dropout"), "{fused:?}");
+}
+
+#[test]
+fn block_and_selective_bytes_are_exact() {
+    // DROPOUT_GPT at B=2, T=16, D=32, V=64, L=4 (fp32); layout without search.
+    let bytes = |mode| {
+        let options = Options {
+            layout_time: Duration::ZERO,
+            ..small_gpt(mode, None)
+        };
+        let c = compiled_with(DROPOUT_GPT, &options);
+        let plan = c.plan.plan();
+        let flops = plan
+            .report
+            .checkpoint
+            .as_ref()
+            .map_or(0, |s| s.recompute_flops);
+        (plan.report.bytes.activations, plan.arena_bytes, flops)
+    };
+    let keep = bytes(CheckpointMode::KeepAll);
+    let block = bytes(CheckpointMode::BLOCK);
+    let selective = bytes(CheckpointMode::Selective);
+    // An activation [B, T, D] in fp32 is 4 KiB. Block saves the embedding (layer 0's input),
+    // the 4 layer outputs, the logits (8 KiB) and wte^T (8 KiB): 9 x 4 KiB.
+    assert_eq!(keep, (249_856, 869_636, 0));
+    assert_eq!(block, (36_864, 709_892, 2_138_112));
+    // Selective adds the heavy outputs: per layer qkv (12 KiB), attention (4 KiB) and fc
+    // (16 KiB), and recomputes no matmul.
+    assert_eq!(selective, (167_936, 804_100, 172_032));
+    assert_eq!(selective.0, block.0 + 4 * (12 + 4 + 16) * 1024);
+}
+
+/// A small UNet-style step: group norms (fp32 under bf16) on convolution outputs.
+const GROUPNORM_NET: &str = "model gn {
+  dim B = 2, C = 8, S = 8, G = 4
+  input x: [B, C, S, S]
+  input target: [B, C, S, S]
+  param c1: conv2d(C, C, 3, bias = true)
+  param n1: groupnorm(G, C)
+  param c2: conv2d(C, C, 3, bias = true)
+  param n2: groupnorm(G, C)
+  let h = conv2d(silu(groupnorm(conv2d(x, c1, padding = 1), n1)), c2, padding = 1)
+  loss = mse(silu(groupnorm(h, n2)), target)
+  train { optimizer = adamw(lr = 1e-2) }
+}";
+
+#[test]
+fn widening_casts_are_recomputed_with_identical_gradients() {
+    let (graph, train) = training_graph(GROUPNORM_NET, &[], Precision::Bf16);
+    let widening = checkpoint::widening_casts(&graph);
+    assert_eq!(widening.len(), 2, "one fp32 copy per group norm input");
+    let saved = plan_recomputing(&graph, &train, &BTreeSet::new());
+    let recomputed = plan_recomputing(&graph, &train, &widening);
+    let keep_all = compiled_with(
+        GROUPNORM_NET,
+        &Options {
+            precision: Some(Precision::Bf16),
+            checkpoint: CheckpointMode::KeepAll,
+            layout_time: Duration::ZERO,
+            ..Options::default()
+        },
+    );
+    assert_eq!(
+        keep_all.plan.plan().report.bytes,
+        recomputed.plan().report.bytes,
+        "keep-all recomputes the widening casts"
+    );
+    // Each group norm input ([B, C, S, S] = 1024 values) is saved as its bf16 source (2 KiB)
+    // instead of its fp32 copy (4 KiB).
+    let (a, b) = (&saved.plan().report.bytes, &recomputed.plan().report.bytes);
+    assert_eq!((a.activations, a.arena), (25_728, 56_580));
+    assert_eq!((b.activations, b.arena), (21_632, 54_304));
+    assert_eq!(a.activations - b.activations, 2 * 1024 * (4 - 2));
+    let (x, y) = (fingerprint_plan(&saved), fingerprint_plan(&recomputed));
+    assert_eq!(x.0, y.0, "gradients differ");
+    assert_eq!(x.1, y.1, "parameters differ");
+    // The recompute figure counts the two casts: one FLOP per element, fp32 bytes written.
+    let summary = keep_all
+        .plan
+        .plan()
+        .report
+        .checkpoint
+        .clone()
+        .expect("summary");
+    assert!(
+        summary.recomputed.iter().all(|g| g.op == "cast"),
+        "{summary:?}"
+    );
+    assert_eq!(summary.recomputed_bytes, 2 * 1024 * 4);
+    assert_eq!(summary.recompute_flops, 2 * 1024);
+}
+
+#[test]
+fn unet_in_bf16_saves_less_than_in_fp32() {
+    let report = |precision| {
+        let options = Options {
+            precision: Some(precision),
+            checkpoint: CheckpointMode::KeepAll,
+            layout_time: Duration::ZERO,
+            ..Options::default()
+        };
+        compiled_with(&example("unet"), &options)
+            .plan
+            .plan()
+            .report
+            .bytes
+            .clone()
+    };
+    let (fp32, bf16) = (report(Precision::Fp32), report(Precision::Bf16));
+    // Before widening casts were recomputed, bf16 saved 33,130,368 bytes (fp32 copies of
+    // every group norm input), more than fp32.
+    assert_eq!((fp32.activations, fp32.arena), (33_091_584, 60_848_388));
+    assert_eq!((bf16.activations, bf16.arena), (25_700_224, 52_538_372));
+}
+
+#[test]
+fn auto_picks_the_least_recompute_among_the_policies_that_fit() {
+    let quick = |mode, budget| Options {
+        layout_time: Duration::ZERO,
+        ..small_gpt(mode, budget)
+    };
+    let cost = |c: &memc::Compiled| {
+        let plan = c.plan.plan();
+        let flops = plan
+            .report
+            .checkpoint
+            .as_ref()
+            .map_or(0, |s| s.recompute_flops);
+        (flops, plan.arena_bytes)
+    };
+    let fixed: Vec<(CheckpointMode, (u64, u64))> = policies()
+        .into_iter()
+        .map(|m| (m, cost(&compiled_with(DROPOUT_GPT, &quick(m, None)))))
+        .collect();
+    let keep = cost(&compiled_with(
+        DROPOUT_GPT,
+        &quick(CheckpointMode::KeepAll, None),
+    ));
+    for &(mode, (_, arena)) in &fixed {
+        assert!(arena < keep.1, "{mode:?} saves nothing");
+        let auto = cost(&compiled_with(
+            DROPOUT_GPT,
+            &quick(CheckpointMode::Auto, Some(arena)),
+        ));
+        let best = fixed
+            .iter()
+            .filter(|(_, (_, a))| *a <= arena)
+            .map(|(_, (f, _))| *f)
+            .min()
+            .unwrap();
+        assert!(
+            auto.1 <= arena,
+            "budget {arena} ({mode:?}): auto needs {}",
+            auto.1
+        );
+        assert!(
+            auto.0 <= best,
+            "budget {arena} ({mode:?}): auto recomputes {} FLOPs, a policy needs {best}",
+            auto.0
+        );
     }
 }

@@ -220,3 +220,57 @@ fn written_files_follow_the_umask() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn checkpoint_policies_parse_and_bad_ones_exit_2() {
+    for policy in [
+        "block",
+        "every=2",
+        "sqrt",
+        "selective",
+        "mincut",
+        "none",
+        "auto",
+    ] {
+        assert_success(&memc(&["check", MLP, "--checkpoint", policy]));
+    }
+    for (policy, message, label) in [
+        (
+            "every=0",
+            "`0` is not a positive block count",
+            "expected an integer of at least 1",
+        ),
+        (
+            "every=two",
+            "`two` is not a positive block count",
+            "expected an integer",
+        ),
+        (
+            "every",
+            "`every` needs a block count: every=K",
+            "no block count",
+        ),
+        (
+            "every=",
+            "`every` needs a block count: every=K",
+            "no block count",
+        ),
+        (
+            "blocks",
+            "unknown checkpointing policy `blocks`",
+            "not a policy",
+        ),
+    ] {
+        let out = memc(&["check", MLP, "--checkpoint", policy]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{policy}: {stderr}");
+        assert!(stderr.contains(message), "{policy}: {stderr}");
+        assert!(
+            stderr.contains("╭─[--checkpoint:1:"),
+            "{policy}: no frame: {stderr}"
+        );
+        assert!(stderr.contains(label), "{policy}: no label: {stderr}");
+        assert!(stderr.contains("help:"), "{policy}: no help: {stderr}");
+        assert!(!stderr.contains("panicked"), "{policy}: {stderr}");
+    }
+}

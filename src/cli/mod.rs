@@ -58,9 +58,11 @@ pub struct CompileArgs {
     /// Seconds the layout search may take.
     #[arg(long, default_value_t = LAYOUT_TIME)]
     layout_time: f64,
-    /// Recomputation: auto (only when the budget demands), none, mincut, or sqrt (every
-    /// round(sqrt(blocks))-th block output saved).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "none", "mincut", "sqrt"])]
+    /// Recomputation: auto (only when the budget demands, then the fitting policy with the
+    /// least recompute), none, block (each block's input saved, one block recomputed at a
+    /// time), every=K (every K-th block's output saved), sqrt (K = round(sqrt(blocks))),
+    /// selective (cheap ops inside blocks recomputed, heavy ops' outputs kept) or mincut.
+    #[arg(long, default_value = "auto", value_name = "POLICY")]
     checkpoint: String,
     /// Mixed precision, overriding `train { precision }`: matmul, conv and attention in the
     /// low precision with fp32 master weights and optimizer (fp16 adds dynamic loss scaling).
@@ -288,12 +290,8 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
             "--layout-time must be a non-negative number of seconds".into(),
         ));
     }
-    let checkpoint = match args.checkpoint.as_str() {
-        "none" => memc::budget::CheckpointMode::KeepAll,
-        "mincut" => memc::budget::CheckpointMode::MinCut,
-        "sqrt" => memc::budget::CheckpointMode::Segments(0),
-        _ => memc::budget::CheckpointMode::Auto,
-    };
+    let checkpoint = memc::budget::CheckpointMode::parse(&args.checkpoint)
+        .map_err(|e| Failure::user(e, "--checkpoint", &args.checkpoint))?;
     Ok(Options {
         overrides,
         optimizer_in_backward,

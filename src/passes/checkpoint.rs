@@ -1,15 +1,26 @@
 //! Activation checkpointing: which forward values backward reads from memory and which it
-//! recomputes. The choice is a minimum cut (petgraph's Dinic max-flow) on a flow network
-//! over forward values, as in AOTAutograd's partitioner: each value `v` becomes
-//! `v_in -> v_out` with capacity = its bytes (saving it); `u_out -> v_in` is infinite for
-//! each data edge; values backward reads are tied to the sink; `source -> v_in` carries the
-//! price of recomputing `v`: nothing for cheap ops, `penalty x FLOPs` for heavy and random
-//! ops (infinite when they are banned); values that flow from one block instance into
-//! another are never recomputed (saved when needed), so recomputation stays inside a block
-//! and backward recomputes one block at a time; nor are low-precision copies of parameters
-//! (one cast per parameter and step). Values whose `v_in` ends on the sink side are
-//! recomputed; the rewrite clones them just before their first backward reader, from the
-//! saved values, with identical kernels (and dropout keys), so results are bitwise equal.
+//! recomputes. Policies:
+//!
+//! - keep-all saves every value backward reads;
+//! - segments (Chen et al. 2016; per-block checkpointing when every block is a segment)
+//!   save the output of every k-th block instance and recompute the rest of each segment;
+//! - selective (Korthikanti et al. 2022) keeps the outputs of heavy ops and recomputes the
+//!   cheap ops inside block instances;
+//! - min-cut (petgraph's Dinic max-flow on a flow network over forward values, as in
+//!   AOTAutograd's partitioner): each value `v` becomes `v_in -> v_out` with capacity = its
+//!   bytes (saving it); `u_out -> v_in` is infinite for each data edge; values backward reads
+//!   are tied to the sink; `source -> v_in` carries the price of recomputing `v`: nothing
+//!   for cheap ops, `penalty x FLOPs` for heavy and random ops (infinite when they are
+//!   banned).
+//!
+//! Under every policy, keep-all included, a cast that widens a low-precision activation to
+//! fp32 is recomputed from its saved input (half the bytes; the cast is exact), and values
+//! that flow from one block instance into another are never recomputed by min-cut and
+//! selective (saved when needed), so recomputation stays inside a block and backward
+//! recomputes one block at a time; nor are low-precision copies of parameters (one cast per
+//! parameter and step). The rewrite clones each recomputed value just before its first
+//! backward reader, from the saved values, with identical kernels (and dropout keys), so
+//! results are bitwise equal.
 
 use super::StageError;
 use crate::ir::cost::flops;
@@ -20,14 +31,27 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 /// How to choose the values to recompute.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Policy {
-    /// Save every value backward reads (no recomputation).
+    /// Save every value backward reads; only widening casts are recomputed.
     KeepAll,
     /// Min-cut; heavy and random ops cost `penalty` bytes per FLOP to recompute, or are never
     /// recomputed when `penalty` is `None`.
     MinCut { penalty: Option<f64> },
-    /// Chen et al. 2016: save the output of every `every`-th block instance (and everything
-    /// outside blocks); recompute the rest of each segment from its boundary.
+    /// Chen et al. 2016: save the boundary values (those read by another instance or outside
+    /// blocks) of every `every`-th block instance, counted in creation order across all
+    /// blocks, and everything outside blocks; recompute the rest of each segment from its
+    /// saved values. `every = 1` is per-block checkpointing (PyTorch's `checkpoint()` around
+    /// each block): every instance's input is saved and backward recomputes one instance at
+    /// a time.
     Segments { every: usize },
+    /// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+    /// Models": inside block instances, recompute every op of class `Cheap` (pointwise ops,
+    /// casts of activations, movement, norms, reductions, softmax, pooling, rope, embedding
+    /// lookups, losses) and `Random` (dropout), and the separable attention core: matmuls
+    /// of two activations that feed a softmax or read one through such ops (`q @ k^T` and
+    /// `p @ v` of attention written out). Heavy ops (matmuls with a weight, convolutions,
+    /// the fused attention op, whose backward reads only `q, k, v`) keep their outputs, as
+    /// do boundary values and everything outside blocks.
+    Selective,
 }
 
 /// A value's top-level block instance (`layer.3` of `layer.3.attn.0`), empty outside blocks.
@@ -39,9 +63,30 @@ pub fn instance(scope: &str) -> &str {
     }
 }
 
+/// Every top-level block instance, numbered in the order its first value was created.
+fn instance_order(graph: &Graph) -> BTreeMap<&str, usize> {
+    let mut order = BTreeMap::new();
+    for v in graph.values() {
+        let own = instance(&graph.node(v).scope);
+        if !own.is_empty() && !order.contains_key(own) {
+            order.insert(own, order.len());
+        }
+    }
+    order
+}
+
 fn is_forward_compute(graph: &Graph, v: ValueId) -> bool {
     let node = graph.node(v);
     node.phase == Phase::Forward && node.op.class() != OpClass::Source
+}
+
+/// Whether a forward op of another block instance (or outside blocks) reads `v`.
+fn crosses_block(graph: &Graph, v: ValueId) -> bool {
+    let own = instance(&graph.node(v).scope);
+    graph
+        .users(v)
+        .into_iter()
+        .any(|u| graph.node(u).phase == Phase::Forward && instance(&graph.node(u).scope) != own)
 }
 
 /// Forward values that some backward or update node reads.
@@ -79,12 +124,8 @@ fn min_cut(graph: &Graph, penalty: Option<f64>) -> BTreeSet<ValueId> {
                 net.add_edge(uout, vin, INF);
             }
         }
-        let own = instance(&node.scope);
-        let crosses_block = graph.users(v).into_iter().any(|u| {
-            graph.node(u).phase == Phase::Forward && instance(&graph.node(u).scope) != own
-        });
         let recompute_cost = match node.op.class() {
-            _ if crosses_block || is_weight_copy(graph, &dependent, v) => INF,
+            _ if crosses_block(graph, v) || is_weight_copy(graph, &dependent, v) => INF,
             OpClass::Heavy | OpClass::Random => {
                 let types: Vec<&TensorType> =
                     node.inputs.iter().map(|&i| &graph.node(i).ty).collect();
@@ -133,21 +174,13 @@ use petgraph::visit::EdgeRef;
 fn segments(graph: &Graph, every: usize) -> BTreeSet<ValueId> {
     let every = every.max(1);
     let dependent = graph.input_dependent();
+    let order = instance_order(graph);
     let keep = |v: ValueId| {
         let own = instance(&graph.node(v).scope);
-        if own.is_empty() {
+        let Some(&index) = order.get(own) else {
             return true;
-        }
-        let boundary = graph
-            .users(v)
-            .into_iter()
-            .any(|u| instance(&graph.node(u).scope) != own);
-        let index: usize = own
-            .rsplit('.')
-            .next()
-            .and_then(|i| i.parse().ok())
-            .unwrap_or(0);
-        boundary && (index + 1).is_multiple_of(every)
+        };
+        crosses_block(graph, v) && (index + 1).is_multiple_of(every)
     };
     graph
         .values()
@@ -157,25 +190,118 @@ fn segments(graph: &Graph, every: usize) -> BTreeSet<ValueId> {
         .collect()
 }
 
+/// Whether `v` is a softmax, or a cheap or random op reading (`forward`) or feeding (not
+/// `forward`) one within its block instance: `marks` holds the answer for values created
+/// before (`forward`) or after `v`.
+fn near_softmax(graph: &Graph, v: ValueId, marks: &[bool], forward: bool) -> bool {
+    let node = graph.node(v);
+    if matches!(node.op, Op::Softmax { .. }) {
+        return true;
+    }
+    if !matches!(node.op.class(), OpClass::Cheap | OpClass::Random) {
+        return false;
+    }
+    let own = instance(&node.scope);
+    let next = if forward {
+        node.inputs.clone()
+    } else {
+        graph.users(v)
+    };
+    next.into_iter().any(|n| {
+        marks[n.index()]
+            && graph.node(n).phase == Phase::Forward
+            && instance(&graph.node(n).scope) == own
+    })
+}
+
+/// The separable attention core: matmuls of two activations whose output reaches a softmax,
+/// or that read a softmax's output, through cheap and random ops of their block instance.
+fn attention_core(graph: &Graph, dependent: &[bool]) -> BTreeSet<ValueId> {
+    let values: Vec<ValueId> = graph.values().collect();
+    let mut after = vec![false; graph.len()];
+    for &v in &values {
+        after[v.index()] = near_softmax(graph, v, &after, true);
+    }
+    let mut before = vec![false; graph.len()];
+    for &v in values.iter().rev() {
+        before[v.index()] = near_softmax(graph, v, &before, false);
+    }
+    values
+        .into_iter()
+        .filter(|&v| {
+            let node = graph.node(v);
+            let own = instance(&node.scope);
+            let inside = |n: &ValueId| instance(&graph.node(*n).scope) == own;
+            matches!(node.op, Op::MatMul { .. })
+                && node.inputs.iter().all(|i| dependent[i.index()])
+                && (node.inputs.iter().any(|i| after[i.index()] && inside(i))
+                    || graph
+                        .users(v)
+                        .iter()
+                        .any(|u| before[u.index()] && inside(u)))
+        })
+        .collect()
+}
+
+fn selective(graph: &Graph) -> BTreeSet<ValueId> {
+    let dependent = graph.input_dependent();
+    let core = attention_core(graph, &dependent);
+    graph
+        .values()
+        .filter(|&v| {
+            let node = graph.node(v);
+            is_forward_compute(graph, v)
+                && !instance(&node.scope).is_empty()
+                && !crosses_block(graph, v)
+                && !is_weight_copy(graph, &dependent, v)
+                && (matches!(node.op.class(), OpClass::Cheap | OpClass::Random)
+                    || core.contains(&v))
+        })
+        .collect()
+}
+
+/// Casts that widen a low-precision (bf16, fp16) value computed from a step input to fp32.
+/// Such a cast is exact, so recomputing it from its saved input gives the same bits at half
+/// the saved bytes, for one cast kernel.
+pub fn widening_casts(graph: &Graph) -> BTreeSet<ValueId> {
+    let dependent = graph.input_dependent();
+    graph
+        .values()
+        .filter(|&v| {
+            let node = graph.node(v);
+            node.phase == Phase::Forward
+                && matches!(node.op, Op::Cast { to: DType::F32 })
+                && node.inputs.iter().all(|&i| {
+                    dependent[i.index()]
+                        && matches!(graph.node(i).ty.dtype, DType::BF16 | DType::F16)
+                })
+        })
+        .collect()
+}
+
 /// The segment length of Chen et al.'s sqrt(n) checkpointing: round(sqrt(top-level block
 /// instances)), at least 1.
 pub fn sqrt_segment(graph: &Graph) -> usize {
-    let instances: BTreeSet<&str> = graph
-        .values()
-        .map(|v| instance(&graph.node(v).scope))
-        .filter(|s| !s.is_empty())
-        .collect();
-    ((instances.len() as f64).sqrt().round() as usize).max(1)
+    ((instance_order(graph).len() as f64).sqrt().round() as usize).max(1)
 }
 
-/// The forward values `policy` recomputes (a superset of what the rewrite clones: only
-/// values some backward node needs, directly or through another recomputed value, are).
+/// The number of top-level block instances (`repeat` copies and block calls).
+pub fn instances(graph: &Graph) -> usize {
+    instance_order(graph).len()
+}
+
+/// The forward values `policy` recomputes, widening casts of activations always among them
+/// (a superset of what the rewrite clones: only values some backward node needs, directly
+/// or through another recomputed value, are).
 pub fn choose(graph: &Graph, policy: Policy) -> BTreeSet<ValueId> {
-    match policy {
+    let mut chosen = match policy {
         Policy::KeepAll => BTreeSet::new(),
         Policy::MinCut { penalty } => min_cut(graph, penalty),
         Policy::Segments { every } => segments(graph, every),
-    }
+        Policy::Selective => selective(graph),
+    };
+    chosen.extend(widening_casts(graph));
+    chosen
 }
 
 /// The graph with recomputation, and the original of every clone it made.
