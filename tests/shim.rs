@@ -27,7 +27,7 @@ use memc::codegen::{cast_kernel, plan_kernel_uses, KernelParam};
 use memc::exec::kernels::rng;
 use memc::front::train::Precision;
 use memc::ir::{DType, Op, TensorType};
-use memc::plan::Plan;
+use memc::plan::{Plan, Target};
 use shim_harness::*;
 use std::collections::HashMap;
 use std::path::Path;
@@ -47,6 +47,12 @@ fn all_cases() -> Vec<Case> {
     out
 }
 
+/// The scratch bytes the case's kernel takes on CUDA.
+fn workspace(case: &Case) -> u64 {
+    let refs: Vec<&TensorType> = case.inputs.iter().collect();
+    Target::CUDA_MIN.workspace_bytes(&case.op, &refs, &case.output)
+}
+
 /// Compiles, runs and compares one case; returns (max error, max error ratio).
 fn run_case(case: &Case, dir: &Path) -> Result<(f32, f32), String> {
     let exe = compile(&case.kernel, dir)?;
@@ -62,6 +68,7 @@ fn run_case(case: &Case, dir: &Path) -> Result<(f32, f32), String> {
             case.op.mutated_inputs(),
             &arena,
             reverse,
+            workspace(case),
         )
     };
     let got = run(false)?;
@@ -202,6 +209,7 @@ fn cast_kernels_round_like_the_half_crate() {
             &[],
             &arena,
             false,
+            0,
         )?;
         let got = got.output.ok_or("no output")?;
         let bad = xs
@@ -296,6 +304,7 @@ fn shim_plan_step(plan: &Plan, arena: &mut Vec<u8>, dir: &Path) -> Result<PlanRu
             KernelParam::Output => step.output.map_or(0, |b| buffer(b).offset),
             KernelParam::Step | KernelParam::Stream => 1,
             KernelParam::MicroStep => 0,
+            KernelParam::Workspace => step.workspace.map_or(0, |b| buffer(b).offset),
         })?;
         *arena = std::fs::read(&file).map_err(|e| e.to_string())?;
         let got = Results {

@@ -21,13 +21,14 @@ impl Target {
 
     /// Scratch bytes one launch of `op` needs on this target (0 when it needs none).
     ///
-    /// On the CPU this is the op family's [`crate::ops::cpu::CpuKernel::cpu_workspace_bytes`].
-    /// No generated CUDA kernel reads a workspace buffer (every kernel addresses only its
-    /// inputs and output in the arena), so on CUDA every step needs none.
+    /// On the CPU this is the op family's [`crate::ops::cpu::CpuKernel::cpu_workspace_bytes`],
+    /// on CUDA its [`crate::ops::cuda::CudaLowering::cuda_workspace_bytes`] (the kernels that
+    /// take a workspace receive its offset as an argument).
     pub fn workspace_bytes(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
+        let family = crate::ops::family(op);
         match self {
-            Target::Cpu => crate::ops::family(op).cpu_workspace_bytes(op, inputs, out),
-            Target::Cuda { .. } => 0,
+            Target::Cpu => family.cpu_workspace_bytes(op, inputs, out),
+            Target::Cuda { .. } => family.cuda_workspace_bytes(op, inputs, out),
         }
     }
 
