@@ -210,3 +210,33 @@ fn logits_read_elsewhere_are_not_fused() {
         "forward and dw (x is an input)"
     );
 }
+
+/// The fused head still bounds its targets by the classes (`memc run` refuses other ids).
+#[test]
+fn fused_targets_are_bounded_by_the_classes() {
+    let c = gpt(Precision::Fp32, true);
+    let targets = c.plan.plan().inputs.iter().find(|i| i.name == "targets");
+    assert_eq!(targets.and_then(|t| t.id_limit), Some(64));
+}
+
+/// Two heads reading one `transpose(e)` both read `e` in place: no transpose is left; a
+/// transpose something else reads stays for that reader.
+#[test]
+fn a_shared_transpose_is_dropped_once_every_head_is_fused() {
+    let src = |extra: &str| {
+        format!("model heads {{\n  dim N = 6, D = 4, V = 5\n  param x: [N, D] = normal(1.0)\n  param y: [N, D] = normal(1.0)\n  param e: [V, D] = normal(0.5)\n  input t: i32[N]\n  let wt = transpose(e)\n  loss = cross_entropy(x @ wt, t) + cross_entropy(y @ wt, t){extra}\n  train {{ optimizer = sgd(lr = 0.1) }}\n}}\n")
+    };
+    let permutes = |c: &Compiled| {
+        let plan = c.plan.plan();
+        plan.steps
+            .iter()
+            .filter(|s| s.phase == memc::ir::Phase::Forward && s.op.name() == "permute")
+            .count()
+    };
+    let both = compiled_with(&src(""), &Options::default());
+    assert_eq!(head_ops(both.plan.plan()).len(), 6);
+    assert_eq!(permutes(&both), 0);
+    let read = compiled_with(&src(" + mean(wt)"), &Options::default());
+    assert_eq!(head_ops(read.plan.plan()).len(), 6);
+    assert_eq!(permutes(&read), 1);
+}

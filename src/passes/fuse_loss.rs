@@ -16,8 +16,8 @@ fn internal(e: TypeError) -> StageError {
     StageError::internal("fuse_loss", e.message)
 }
 
-/// A cross-entropy of a matmul to fuse: the matmul, the transpose it reads (if fused away
-/// too), and the fused op's hidden states and weight.
+/// A cross-entropy of a matmul to fuse: the matmul, the transpose it reads (if any), and
+/// the fused op's hidden states and weight.
 struct Head {
     matmul: ValueId,
     transpose: Option<ValueId>,
@@ -49,7 +49,7 @@ fn head_at(graph: &Graph, ce: ValueId) -> Option<Head> {
     let (w, transposed, transpose) = match (&wn.op, wn.inputs.as_slice()) {
         _ if tb => (b, true, None),
         (Op::Permute { perm }, &[e]) if perm == &[1, 0] => {
-            (e, true, read_only_by(graph, b, logits).then_some(b))
+            (e, true, Some(b))
         }
         _ => (b, false, None),
     };
@@ -70,10 +70,14 @@ pub fn run(graph: &Graph, hidden: Option<DType>) -> Result<Graph, StageError> {
         .values()
         .filter_map(|v| head_at(graph, v).map(|h| (v, h)))
         .collect();
-    let skipped: Vec<ValueId> = heads
-        .iter()
-        .flat_map(|(_, h)| std::iter::once(h.matmul).chain(h.transpose))
-        .collect();
+    // The fused matmuls, and the transposes only they read.
+    let mut skipped: Vec<ValueId> = heads.iter().map(|(_, h)| h.matmul).collect();
+    for t in heads.iter().filter_map(|(_, h)| h.transpose) {
+        let unread = graph.users(t).iter().all(|u| skipped.contains(u));
+        if unread && graph.outputs.iter().all(|(_, o)| *o != t) && !skipped.contains(&t) {
+            skipped.push(t);
+        }
+    }
     let mut out = Graph::new();
     // Old value -> new value; `None` for the matmuls and transposes fused away.
     let mut map: Vec<Option<ValueId>> = Vec::with_capacity(graph.len());
