@@ -4,7 +4,8 @@
 //! sqrt(n) and min-cuts over a sweep of recomputation penalties) and keeps the fitting plan
 //! with the least recompute FLOPs. The sweep is exhaustive rather than a bisection because
 //! the laid-out peak is not monotone in the penalty: recomputed values also occupy memory
-//! during backward.
+//! during backward. When even that misses the budget, the fused loss head's chunks are
+//! halved and the search repeats.
 
 use crate::diagnostic::UserError;
 use crate::front::train::TrainSpec;
@@ -337,7 +338,20 @@ pub fn fit(
     };
     let (g, plan) = plan_with(step, chosen, options)?;
     match (train, budget) {
-        (Some(t), Some(b)) if plan.arena_bytes > b => Err(infeasible(t, b, &plan)),
+        // Over budget: the fused loss head's chunks halve (less scratch) while they can.
+        (Some(t), Some(b)) if plan.arena_bytes > b => {
+            match crate::passes::fuse_loss::halve_chunks(graph) {
+                Some(smaller) => fit(
+                    Step {
+                        graph: &smaller,
+                        ..step
+                    },
+                    mode,
+                    options,
+                ),
+                None => Err(infeasible(t, b, &plan)),
+            }
+        }
         _ => Ok((g, plan)),
     }
 }

@@ -7,7 +7,8 @@
 //!
 //! Every kernel takes one `char* arena` base pointer followed by `unsigned long long` byte
 //! offsets of its tensors (inputs in op order, then the output) and, for dropout and the
-//! optimizers, the step counter (gradient accumulation: the micro-step). Nothing allocates; there is no scratch memory.
+//! optimizers, the step counter (gradient accumulation: the micro-step), and for the few
+//! kernels that need scratch, the offset of the step's planned workspace. Nothing allocates.
 
 pub(crate) mod build;
 pub(crate) mod geometry;
@@ -35,6 +36,9 @@ pub enum KernelParam {
     Stream,
     /// `unsigned long long` 0-based micro-step within the step (gradient accumulation).
     MicroStep,
+    /// `unsigned long long` byte offset into the arena of the step's workspace (as many bytes
+    /// as [`crate::plan::Target::workspace_bytes`] gives; its contents are undefined on entry).
+    Workspace,
 }
 
 /// Why no kernel could be generated or compiled.

@@ -255,6 +255,7 @@ impl CudaExecutor {
                     KernelParam::Step => self.step,
                     KernelParam::Stream => stream,
                     KernelParam::MicroStep => u64::from(micro),
+                    KernelParam::Workspace => step.workspace.map_or(0, offset),
                     KernelParam::Arena => 0,
                 })
                 .collect();

@@ -397,6 +397,10 @@ fn id_limit(graph: &Graph, v: ValueId) -> Option<u64> {
                     .shape
                     .last()
                     .map(|&c| c as u64),
+                Op::LinearCrossEntropy(lce) if node.inputs[2] == v => {
+                    let w = &graph.node(node.inputs[1]).ty.shape;
+                    Some(w[usize::from(!lce.transposed)] as u64)
+                }
                 _ => None,
             }
         })
