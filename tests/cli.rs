@@ -229,6 +229,7 @@ fn checkpoint_policies_parse_and_bad_ones_exit_2() {
         "sqrt",
         "selective",
         "mincut",
+        "pointwise",
         "none",
         "auto",
     ] {

@@ -5,7 +5,7 @@ use super::report::{live_bytes, Bytes, PhasePeak, PrecisionSummary, Report, Save
 use super::views;
 use super::*;
 use crate::ir::cost::flops;
-use crate::ir::{Graph, Op, ValueId};
+use crate::ir::{Graph, Op, Phase, ValueId};
 use crate::passes::arena::{self, BufferRequest, LayoutOptions};
 use crate::passes::liveness::{self, Interval};
 use crate::passes::schedule::{self, Schedule, ScheduleOptions};
@@ -368,7 +368,9 @@ fn precision_summary(
             Op::Cast { .. } => {
                 summary.casts += 1;
                 summary.cast_bytes += node.ty.bytes();
-                if crate::passes::checkpoint::is_weight_copy(graph, &dependent, v) {
+                if node.phase == Phase::Forward
+                    && crate::passes::checkpoint::is_weight_copy(graph, &dependent, v)
+                {
                     summary.weight_copies += 1;
                     summary.weight_copy_bytes += node.ty.bytes();
                 }
