@@ -269,13 +269,30 @@ fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> R
         .iter()
         .find(|(n, _)| n == "loss")
         .map(|&(_, b)| b);
+    // Wall time of the steps after the first (which pays the module loads' first use);
+    // reading the loss waits for the step's kernels.
+    let mut after_first = std::time::Duration::ZERO;
     for step in 1..=args.steps {
+        let start = std::time::Instant::now();
         dev.run_step()
             .map_err(|e| Failure::Plain(format!("step {step}: {e}")))?;
         if let Some(b) = loss {
             let value = lowp::from_bytes(dtype(b), &dev.read(b).map_err(plain)?);
             show_loss(bar, step, value.first().copied().unwrap_or(f32::NAN))?;
         }
+        if step > 1 {
+            after_first += start.elapsed();
+        }
+    }
+    if args.steps > 1 {
+        super::output::write(
+            None,
+            &format!(
+                "cuda: {:.3} ms per step after the first, over {} steps\n",
+                after_first.as_secs_f64() * 1e3 / (args.steps - 1) as f64,
+                args.steps - 1
+            ),
+        )?;
     }
     if let Some(path) = &args.save_params {
         save_params(path, plan, |b| {

@@ -51,9 +51,30 @@ pub struct CudaExecutor {
     pub memory: (MemInfo, MemInfo),
 }
 
+/// The image of `kernel` the driver loads: a CUBIN for the device's compute capability
+/// `sm`, or PTX for `arch` where this NVRTC cannot target `sm` (the driver then JIT-compiles
+/// it). NVRTC or the CUDA headers missing is a device error naming what is missing.
+fn image(kernel: &Kernel, sm: (u32, u32), arch: &str) -> Result<cudarc::nvrtc::Ptx, ExecError> {
+    use crate::codegen::CodegenError;
+    let missing = |e: CodegenError| match e {
+        CodegenError::NvrtcMissing | CodegenError::HeadersMissing => {
+            ExecError::Device(e.to_string())
+        }
+        other => ExecError::Unsupported(other.to_string()),
+    };
+    match nvrtc::compile_cubin(kernel, sm) {
+        Ok(cubin) => Ok(cudarc::nvrtc::Ptx::from_binary(cubin.image)),
+        Err(CodegenError::Compile { .. }) => nvrtc::compile_ptx(kernel, arch)
+            .map(cudarc::nvrtc::Ptx::from_src)
+            .map_err(missing),
+        Err(e) => Err(missing(e)),
+    }
+}
+
 impl CudaExecutor {
-    /// Compiles every kernel of `plan` with NVRTC for the device's architecture (compute_80
-    /// or compute_90), loads them and allocates the zeroed arena. A plan built for a CUDA
+    /// Compiles every kernel of `plan` with NVRTC to a CUBIN for the device's compute
+    /// capability (PTX for compute_80 or compute_90 where NVRTC cannot target it), loads
+    /// them and allocates the zeroed arena. A plan built for a CUDA
     /// target runs only on a device of at least its compute capability.
     pub fn new(plan: &VerifiedPlan) -> Result<CudaExecutor, ExecError> {
         if !driver_present() {
@@ -83,10 +104,8 @@ impl CudaExecutor {
         let mut kernels = Vec::with_capacity(uses.len());
         let mut kernel_of = vec![None; plan.steps.len()];
         for (kernel, steps) in uses {
-            let ptx = nvrtc::compile_ptx(&kernel, arch)
-                .map_err(|e| ExecError::Unsupported(e.to_string()))?;
             let module = ctx
-                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .load_module(image(&kernel, (major as u32, minor as u32), arch)?)
                 .map_err(device_error)?;
             let function = module.load_function(&kernel.entry).map_err(device_error)?;
             for s in steps {
