@@ -7,8 +7,9 @@
 //! Every entry point checks that the driver library loads before calling into cudarc, whose
 //! dynamically loaded symbols panic when it is absent.
 
-use super::ExecError;
+use super::{ExecError, GradientHook};
 use crate::codegen::{nvrtc, plan_kernel_uses, Kernel, KernelParam};
+use crate::ir::Op;
 use crate::plan::{BufferId, Plan, Target, VerifiedPlan};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
@@ -234,8 +235,10 @@ impl CudaExecutor {
     }
 
     /// Runs one training step and waits for the device: every step of the plan on each
-    /// micro-batch in turn, the update-phase steps only after the last.
-    pub fn run_step(&mut self) -> Result<(), ExecError> {
+    /// micro-batch in turn, the update-phase steps only after the last. `on_gradient` sees
+    /// each complete gradient (decoded to f32) just before the update that consumes it; the
+    /// device is synchronized for each.
+    pub fn run_step(&mut self, mut on_gradient: Option<GradientHook>) -> Result<(), ExecError> {
         let micro_steps = self.micro_steps();
         for micro in 0..micro_steps {
             for (b, bytes) in std::mem::take(&mut self.bound) {
@@ -247,15 +250,21 @@ impl CudaExecutor {
                     .map_err(device_error)?;
                 self.bound.push((b, bytes));
             }
-            self.launch_steps(micro, micro + 1 == micro_steps)?;
+            self.launch_steps(micro, micro + 1 == micro_steps, &mut on_gradient)?;
         }
         self.stream.synchronize().map_err(device_error)?;
         self.step += 1;
         Ok(())
     }
 
-    /// Launches every step of micro-step `micro` (update-phase steps only when `last`).
-    fn launch_steps(&self, micro: u32, last: bool) -> Result<(), ExecError> {
+    /// Launches every step of micro-step `micro` (update-phase steps only when `last`),
+    /// showing `on_gradient` each update's gradient first.
+    fn launch_steps(
+        &self,
+        micro: u32,
+        last: bool,
+        on_gradient: &mut Option<GradientHook>,
+    ) -> Result<(), ExecError> {
         let stream = self.plan.dropout_stream(self.step, micro);
         for (s, step) in self.plan.steps.iter().enumerate() {
             let Some(k) = self.kernel_of[s] else {
@@ -263,6 +272,13 @@ impl CudaExecutor {
             };
             if !last && step.phase == crate::ir::Phase::Update {
                 continue;
+            }
+            if let (Some(hook), Op::AdamW(_) | Op::Sgd(_)) = (on_gradient.as_mut(), &step.op) {
+                if let Some(p) = self.plan.params.iter().find(|p| p.buffer == step.inputs[0]) {
+                    let grad = step.inputs[1];
+                    let dtype = self.plan.buffers[grad.index()].ty.dtype;
+                    hook(&p.name, &super::lowp::from_bytes(dtype, &self.read(grad)?));
+                }
             }
             let (kernel, function) = &self.kernels[k];
             let offset = |b: BufferId| self.plan.buffers[b.index()].offset;
