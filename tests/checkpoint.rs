@@ -43,6 +43,11 @@ fn small_gpt(checkpoint: CheckpointMode, budget: Option<u64>) -> Options {
     }
 }
 
+/// The checkpointing summary of a compiled plan (there is one: something is recomputed).
+fn summary_of(c: &memc::Compiled) -> memc::plan::CheckpointSummary {
+    c.plan.plan().report.checkpoint.clone().expect("summary")
+}
+
 /// Bit patterns of tensors by name.
 type Bits = BTreeMap<String, Vec<u32>>;
 
@@ -434,13 +439,7 @@ fn widening_casts_are_recomputed_with_identical_gradients() {
     assert_eq!(x.1, y.1, "parameters differ");
     // The recompute figure counts the two widening casts (one FLOP per element, fp32 bytes
     // written) and c2's bf16 weight copy ([C, C, 3, 3] = 576 values), which backward reads.
-    let summary = keep_all
-        .plan
-        .plan()
-        .report
-        .checkpoint
-        .clone()
-        .expect("summary");
+    let summary = summary_of(&keep_all);
     assert!(
         summary.recomputed.iter().all(|g| g.op == "cast"),
         "{summary:?}"
@@ -539,13 +538,7 @@ fn auto_without_a_budget_recomputes_pointwise_ops_only() {
     assert!(bytes(&pointwise).activations < bytes(&keep).activations);
     assert!(bytes(&pointwise).arena < bytes(&keep).arena);
     assert_eq!(bytes(&auto), bytes(&pointwise));
-    let summary = pointwise
-        .plan
-        .plan()
-        .report
-        .checkpoint
-        .clone()
-        .expect("summary");
+    let summary = summary_of(&pointwise);
     assert!(
         summary.policy.starts_with("pointwise"),
         "{}",

@@ -73,6 +73,7 @@ __device__ __forceinline__ void attn_row_stats(const T* k, const T* v, u64 b, u6
     const u64 nk = attn_nkeys<C>(i);
     for (u64 j = 0; j < nk; ++j) {
         float s = 0.0f, dp = 0.0f;
+#pragma unroll
         for (int d = 0; d < (int)C::DH; ++d) {
             s = fmaf(qr[d], ld(k, attn_kv<C>(b, j, kh) + d), s);
             dp = fmaf(dor[d], ld(v, attn_kv<C>(b, j, kh) + d), dp);
@@ -86,7 +87,10 @@ __device__ __forceinline__ void attn_row_stats(const T* k, const T* v, u64 b, u6
     dd = l > 0.0f ? du / l : 0.0f;
 }
 
-// dq = SCALE * sum_j p_j (dout . v_j - D) k_j. Grid: (ceil(TQ / BT), H, B).
+// dq = SCALE * sum_j p_j (dout . v_j - D) k_j. Grid: (ceil(TQ / BT), H, B). The
+// accumulator stays in registers (every index unrolled); the thread's scaled query row and
+// row of dout in shared memory (padded by one float against bank conflicts), so nothing
+// spills at a head dim of 64.
 template <typename T, typename C>
 __device__ void attention_backward_q_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_do, u64 o_dq) {
     const T* q = tensor_at<T>(arena, o_q);
@@ -97,7 +101,12 @@ __device__ void attention_backward_q_kernel(char* arena, u64 o_q, u64 o_k, u64 o
     const u64 b = blockIdx.z, h = blockIdx.y, kh = h / (C::H / C::KVH);
     const u64 i = (u64)blockIdx.x * C::BT + threadIdx.x;
     if (i >= C::TQ) return;
-    float qr[C::DH], dor[C::DH], acc[C::DH];
+    __shared__ float Qs[C::BT][C::DH + 1];
+    __shared__ float DOs[C::BT][C::DH + 1];
+    float* qr = Qs[threadIdx.x];
+    float* dor = DOs[threadIdx.x];
+    float acc[C::DH];
+#pragma unroll
     for (int d = 0; d < (int)C::DH; ++d) {
         qr[d] = ld(q, attn_q<C>(b, i, h) + d) * C::SCALE;
         dor[d] = ld(dout, attn_q<C>(b, i, h) + d);
@@ -109,19 +118,26 @@ __device__ void attention_backward_q_kernel(char* arena, u64 o_q, u64 o_k, u64 o
     const u64 nk = attn_nkeys<C>(i);
     for (u64 j = 0; j < nk; ++j) {
         float s = 0.0f, dp = 0.0f;
+#pragma unroll
         for (int d = 0; d < (int)C::DH; ++d) {
             s = fmaf(qr[d], ld(k, attn_kv<C>(b, j, kh) + d), s);
             dp = fmaf(dor[d], ld(v, attn_kv<C>(b, j, kh) + d), dp);
         }
         const float ds = expf(s - m) * inv * (dp - dd);
+        // Reload k rather than keep the first loop's DH values live beside acc.
+        asm volatile("" ::: "memory");
+#pragma unroll
         for (int d = 0; d < (int)C::DH; ++d) acc[d] = fmaf(ds, ld(k, attn_kv<C>(b, j, kh) + d), acc[d]);
     }
+#pragma unroll
     for (int d = 0; d < (int)C::DH; ++d) st(dq, attn_q<C>(b, i, h) + d, acc[d] * C::SCALE);
 }
 
 // dk_j = SCALE * sum_{h in group, i} p_ij (dout_i . v_j - D_i) q_i;  dv_j = sum p_ij dout_i.
 // C::WHICH_V selects dv. Grid: (ceil(TK / BT), KVH, B); one thread per key row; query tiles
-// of BT rows are staged in shared memory with their recomputed statistics.
+// of BT rows are staged in shared memory with their recomputed statistics. The accumulator
+// stays in registers; the thread's key row (and for dk its value row) is read from memory
+// (cached), so nothing spills at a head dim of 64.
 template <typename T, typename C>
 __device__ void attention_backward_kv_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_do, u64 o_dst) {
     const T* q = tensor_at<T>(arena, o_q);
@@ -135,12 +151,9 @@ __device__ void attention_backward_kv_kernel(char* arena, u64 o_q, u64 o_k, u64 
     const u64 b = blockIdx.z, kh = blockIdx.y, group = C::H / C::KVH;
     const u64 j = (u64)blockIdx.x * C::BT + threadIdx.x;
     const bool active = j < C::TK;
-    float kr[C::DH], vr[C::DH], acc[C::DH];
-    for (int d = 0; d < (int)C::DH; ++d) {
-        kr[d] = active ? ld(k, attn_kv<C>(b, j, kh) + d) : 0.0f;
-        vr[d] = active ? ld(v, attn_kv<C>(b, j, kh) + d) : 0.0f;
-        acc[d] = 0.0f;
-    }
+    float acc[C::DH];
+#pragma unroll
+    for (int d = 0; d < (int)C::DH; ++d) acc[d] = 0.0f;
     for (u64 h = kh * group; h < (kh + 1) * group; ++h) {
         for (u64 i0 = 0; i0 < C::TQ; i0 += C::BT) {
             const u64 i = i0 + threadIdx.x;
@@ -159,16 +172,21 @@ __device__ void attention_backward_kv_kernel(char* arena, u64 o_q, u64 o_k, u64 
             if (active) {
                 for (u64 ii = 0; ii < C::BT && i0 + ii < C::TQ; ++ii) {
                     if (j >= attn_nkeys<C>(i0 + ii)) continue;
-                    float s = 0.0f, dp = 0.0f;
-                    for (int d = 0; d < (int)C::DH; ++d) {
-                        s = fmaf(Qs[ii][d], kr[d], s);
-                        dp = fmaf(DOs[ii][d], vr[d], dp);
-                    }
+                    float s = 0.0f;
+#pragma unroll
+                    for (int d = 0; d < (int)C::DH; ++d) s = fmaf(Qs[ii][d], ld(k, attn_kv<C>(b, j, kh) + d), s);
                     const float p = expf(s - Ms[ii]) * Ls[ii];
                     if (C::WHICH_V) {
+#pragma unroll
                         for (int d = 0; d < (int)C::DH; ++d) acc[d] = fmaf(p, DOs[ii][d], acc[d]);
                     } else {
+                        float dp = 0.0f;
+#pragma unroll
+                        for (int d = 0; d < (int)C::DH; ++d) {
+                            dp = fmaf(DOs[ii][d], ld(v, attn_kv<C>(b, j, kh) + d), dp);
+                        }
                         const float ds = p * (dp - Ds[ii]);
+#pragma unroll
                         for (int d = 0; d < (int)C::DH; ++d) acc[d] = fmaf(ds, Qs[ii][d], acc[d]);
                     }
                 }
@@ -177,6 +195,8 @@ __device__ void attention_backward_kv_kernel(char* arena, u64 o_q, u64 o_k, u64 
         }
     }
     // Qs holds q * SCALE, so dk = sum ds * (q * SCALE) already carries the scale.
-    if (active)
+    if (active) {
+#pragma unroll
         for (int d = 0; d < (int)C::DH; ++d) st(dst, attn_kv<C>(b, j, kh) + d, acc[d]);
+    }
 }
