@@ -43,6 +43,22 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             },
             vec![f(&[301, 24])],
         ),
+        // 64 channels: sample chunks of 2, the last one short.
+        (
+            "batch_norm_bwd_w_chunks",
+            Op::NormBackwardWeight {
+                kind: NormKind::Batch,
+                eps: 1e-5,
+            },
+            vec![f(&[7, 64, 3]), f(&[7, 64, 3])],
+        ),
+        (
+            "batch_norm_bwd_b_chunks",
+            Op::NormBackwardBias {
+                kind: NormKind::Batch,
+            },
+            vec![f(&[7, 64, 3])],
+        ),
         (
             "batch_norm_bwd_b",
             Op::NormBackwardBias {

@@ -85,12 +85,15 @@ struct ParamGeometry {
     chunks: u64,
     ch: u64,
     cpt: u64,
+    /// fp32 partials per chunk and channel.
+    per_channel: u64,
 }
 
 /// The geometry of a weight (`bias` false) or bias gradient over `x`: layer/RMS norm split
 /// the rows into up to [`PARAM_BLOCKS`] chunks, a block each covering every channel;
-/// batch/group norm take a block per channel and sample chunk (batch weight gradients one
-/// chunk: their statistics span every sample).
+/// batch/group norm take a block per channel and sample chunk, about [`PARAM_BLOCKS`] in
+/// all. Each chunk keeps one fp32 partial per channel, but the batch weight gradient four
+/// (its statistics span every chunk: see `batch_weight_partial` in `norm.cu`).
 fn param_geometry(kind: NormKind, x: &[usize], bias: bool) -> ParamGeometry {
     let ch = u(norm_channels(kind, x));
     let (grid, block, (chunks, per), cpt) = match kind {
@@ -102,11 +105,7 @@ fn param_geometry(kind: NormKind, x: &[usize], bias: bool) -> ParamGeometry {
             ([split.0, 1, 1], block, split, cpt)
         }
         NormKind::Batch | NormKind::Group(_) => {
-            let most = if bias || kind != NormKind::Batch {
-                PARAM_BLOCKS.div_ceil(ch.max(1))
-            } else {
-                1
-            };
+            let most = PARAM_BLOCKS.div_ceil(ch.max(1));
             let (nb, s) = (
                 x.first().map_or(0, |&n| u(n)),
                 numel(x.get(2..).unwrap_or(&[])),
@@ -131,6 +130,7 @@ fn param_geometry(kind: NormKind, x: &[usize], bias: bool) -> ParamGeometry {
         chunks,
         ch,
         cpt,
+        per_channel: 1 + 3 * u64::from(kind == NormKind::Batch && !bias),
     }
 }
 
@@ -177,8 +177,9 @@ fn backward_param(a: &Args, kind: NormKind, eps: f32, bias: bool) -> Result<Kern
 }
 
 impl CudaLowering for super::Family {
-    /// The weight and bias gradients keep one fp32 partial per position chunk and channel
-    /// there (`chunks x channels x 4` bytes); the forward and the input gradient take none.
+    /// The weight and bias gradients keep their fp32 partials per position chunk and channel
+    /// there (`chunks x channels x 4` bytes, four times that for the batch weight gradient);
+    /// the forward and the input gradient take none.
     fn cuda_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], _: &TensorType) -> u64 {
         let (kind, bias) = match op {
             Op::NormBackwardWeight { kind, .. } => (*kind, false),
@@ -187,7 +188,7 @@ impl CudaLowering for super::Family {
         };
         inputs.first().map_or(0, |x| {
             let g = param_geometry(kind, &x.shape, bias);
-            g.chunks * g.ch * 4
+            g.chunks * g.ch * g.per_channel * 4
         })
     }
 
