@@ -95,6 +95,15 @@ __device__ __forceinline__ float block_sum(float v) { return block_reduce<MemcSu
 __device__ __forceinline__ float block_max(float v) { return block_reduce<MemcMax>(v); }
 __device__ __forceinline__ u64 block_min_u64(u64 v) { return block_reduce<MemcMinU64>(v); }
 
+// ---- two-stage reductions: per-block partials in the workspace, then one fixed-order sum ---
+// The finishing block's sum of p[0..n): thread t adds p[t], p[t + blockDim.x], ... in order,
+// then the block's fixed tree. Every thread of the block must call it; all get the sum.
+template <typename V> __device__ __forceinline__ V sum_partials(const V* p, u64 n) {
+    V s = (V)0;
+    for (u64 i = threadIdx.x; i < n; i += blockDim.x) s += p[i];
+    return block_reduce<MemcSum<V>>(s);
+}
+
 // Block-wide log-sum-exp of x[base + t * stride], t < n: returns {max, log(sum exp(x - max))}
 // to every thread (all threads of the block must call it).
 template <typename T>

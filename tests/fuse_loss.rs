@@ -136,8 +136,9 @@ fn fused_bf16_plan_bytes_are_exact() {
 const FUSED_ARENA: u64 = 804_612;
 const FUSED_SAVED: u64 = 112_768;
 
-/// On CUDA only the weight gradient takes a workspace: its column tiles' fp32 sums, as many
-/// tiles as one chunk of fp32 logits holds, at least one.
+/// On CUDA the fused head's weight gradient takes a workspace: its column tiles' fp32 sums, as
+/// many tiles as one chunk of fp32 logits holds, at least one. So do the layer norms' weight
+/// and bias gradients (their fp32 partials per row chunk and channel); no other step does.
 #[test]
 fn the_cuda_plan_gives_the_weight_gradient_its_workspace() {
     let c = compiled_with(
@@ -159,6 +160,10 @@ fn the_cuda_plan_gives_the_weight_gradient_its_workspace() {
             } => {
                 // 8 rows x 64 classes / (32 columns x 32 dims) = 0 -> one block of 32 x 32.
                 assert_eq!(lce.chunk, 8);
+                assert_eq!(ws, 32 * 32 * 4);
+            }
+            // 32 rows (2 x 16 tokens), a chunk each, of 32 channels.
+            Op::NormBackwardWeight { .. } | Op::NormBackwardBias { .. } => {
                 assert_eq!(ws, 32 * 32 * 4);
             }
             op => assert_eq!(ws, 0, "{}", op.name()),

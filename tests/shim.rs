@@ -321,6 +321,10 @@ fn shim_plan_step(plan: &Plan, arena: &mut Vec<u8>, dir: &Path) -> Result<PlanRu
             run.grads.insert(name, data[1].clone());
         }
         let (kernel, exe) = kernel_of[s].ok_or_else(|| format!("step {s} has no kernel"))?;
+        if kernel.table.is_some() {
+            put_table(arena, kernel, scratch_at, |i| buffer(step.inputs[i]).offset);
+            std::fs::write(&file, &*arena).map_err(|e| e.to_string())?;
+        }
         launch(exe, kernel, &file, false, |p| match p {
             KernelParam::Arena => 0,
             KernelParam::Input(i) => buffer(step.inputs[i]).offset,
@@ -328,6 +332,7 @@ fn shim_plan_step(plan: &Plan, arena: &mut Vec<u8>, dir: &Path) -> Result<PlanRu
             KernelParam::Step | KernelParam::Stream => 1,
             KernelParam::MicroStep => 0,
             KernelParam::Workspace => scratch_at,
+            KernelParam::Phase => 0,
         })?;
         *arena = std::fs::read(&file).map_err(|e| e.to_string())?;
         let got = Results {

@@ -26,6 +26,75 @@ pub struct Kernel {
     pub shared_bytes: u32,
     /// The entry's arguments in order: `Arena` first, then offsets and scalars.
     pub params: Vec<KernelParam>,
+    /// The grid of a second, finishing launch of the same entry (same block, same arguments
+    /// but [`KernelParam::Phase`] 1), issued right after the first in stream order: the
+    /// two-stage reductions sum their per-block partials there in a fixed order. `None`: one
+    /// launch.
+    pub finish: Option<[u32; 3]>,
+    /// The tensor table the host writes at the start of the step's workspace before the
+    /// launch, when the kernel reads a list of inputs through it instead of one argument each.
+    pub table: Option<TensorTable>,
+}
+
+/// Inputs a kernel reads through a table in its workspace rather than as arguments, so that
+/// its argument list stays the same size however many tensors it reads (CUDA before 12.1
+/// caps kernel arguments at 4 KiB).
+///
+/// The table is `3 x 8` bytes per input, little-endian `u64`s: the input's arena byte
+/// offset, the index of its first element in the flat index space of all the inputs in
+/// table order, and its element type (0 f32, 1 f16, 2 bf16, 3 i32). [`TensorTable::bytes`]
+/// renders it; the kernel's workspace begins with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorTable {
+    /// (input index, element count, type code) per row, in table order.
+    rows: Vec<(usize, u64, u64)>,
+}
+
+impl TensorTable {
+    /// Bytes one table row takes.
+    pub const ROW_BYTES: u64 = 24;
+
+    /// The table of `inputs` (indices into the op's inputs) of the given element counts and
+    /// types, in this order.
+    pub(crate) fn new(inputs: impl IntoIterator<Item = (usize, u64, crate::ir::DType)>) -> Self {
+        use crate::ir::DType;
+        let code = |d| match d {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            DType::BF16 => 2,
+            DType::I32 => 3,
+        };
+        TensorTable {
+            rows: inputs
+                .into_iter()
+                .map(|(i, n, d)| (i, n, code(d)))
+                .collect(),
+        }
+    }
+
+    /// The table's size in bytes: [`TensorTable::ROW_BYTES`] per input.
+    pub fn len_bytes(&self) -> u64 {
+        self.rows.len() as u64 * Self::ROW_BYTES
+    }
+
+    /// The op input indices the table lists, in table order.
+    pub fn inputs(&self) -> impl Iterator<Item = usize> + '_ {
+        self.rows.iter().map(|r| r.0)
+    }
+
+    /// The table's bytes, given each listed input's arena byte offset (`offset(i)` for op
+    /// input `i`).
+    pub fn bytes(&self, offset: impl Fn(usize) -> u64) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len_bytes() as usize);
+        let mut start = 0u64;
+        for &(i, n, code) in &self.rows {
+            for v in [offset(i), start, code] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            start += n;
+        }
+        out
+    }
 }
 
 /// The line that separates a kernel's shared templates from its own constants and entry.
@@ -43,6 +112,8 @@ pub(crate) struct Gen {
     params: Vec<KernelParam>,
     grid: [u32; 3],
     block: [u32; 3],
+    finish_grid: Option<[u32; 3]>,
+    table: Option<TensorTable>,
 }
 
 /// `static constexpr unsigned long long NAME = V;`
@@ -112,6 +183,8 @@ impl Gen {
             params: vec![KernelParam::Arena],
             grid: [1, 1, 1],
             block: [256, 1, 1],
+            finish_grid: None,
+            table: None,
         }
     }
 
@@ -135,6 +208,16 @@ impl Gen {
     pub(crate) fn launch(&mut self, grid: [u64; 3], block: u32) {
         self.grid = grid.map(|g| clamp_u32(g.max(1)));
         self.block = [block, 1, 1];
+    }
+
+    /// Adds a finishing launch over `grid` blocks (see [`Kernel::finish`]).
+    pub(crate) fn finish_over(&mut self, grid: u64) {
+        self.finish_grid = Some([clamp_u32(grid.max(1)), 1, 1]);
+    }
+
+    /// Makes the kernel read the inputs of `table` through its workspace.
+    pub(crate) fn table(&mut self, table: TensorTable) {
+        self.table = Some(table);
     }
 
     /// A grid-stride elementwise launch over `n` items, 256 threads a block.
@@ -177,6 +260,7 @@ impl Gen {
                 KernelParam::MicroStep => "u64 micro".to_string(),
                 KernelParam::Stream => "u64 stream".to_string(),
                 KernelParam::Workspace => "u64 ws".to_string(),
+                KernelParam::Phase => "u64 phase".to_string(),
             })
             .collect();
         let threads = self.block[0] * self.block[1] * self.block[2];
@@ -196,6 +280,8 @@ impl Gen {
             block: self.block,
             shared_bytes: 0,
             params: self.params,
+            finish: self.finish_grid,
+            table: self.table,
         }
     }
 }

@@ -76,6 +76,20 @@ pub(crate) fn pow2_block(n: u64, lo: u32, hi: u32) -> u32 {
     b
 }
 
+/// Most blocks the first launch of a two-stage reduction to a scalar spreads its work over:
+/// eight 256-thread blocks for each of the 132 streaming multiprocessors of an H100, enough
+/// to fill every one; the partials (8 bytes a block) stay small.
+pub(crate) const PARTIAL_BLOCKS: u64 = 8 * 132;
+
+/// Splits `n` items into equal contiguous chunks, one a block, over `ceil(n / min_chunk)`
+/// blocks but at most `max_blocks`: (blocks, items per chunk), both at least 1, every block
+/// with at least one item when `n > 0`; only the last chunk may be shorter.
+pub(crate) fn split(n: u64, min_chunk: u64, max_blocks: u64) -> (u64, u64) {
+    let blocks = n.div_ceil(min_chunk.max(1)).clamp(1, max_blocks.max(1));
+    let chunk = n.div_ceil(blocks).max(1);
+    (n.div_ceil(chunk).max(1), chunk)
+}
+
 /// Reduction geometry of `x` onto the dims where `keep` is true: OUT/OST map an output
 /// index to its group base, RSH/RST walk the group. Returns (lines, groups, group size).
 pub(crate) fn reduce_cfg(x: &[usize], keep: &[bool]) -> (Vec<String>, u64, u64) {
@@ -112,4 +126,22 @@ pub(crate) fn reduce_cfg(x: &[usize], keep: &[bool]) -> (Vec<String>, u64, u64) 
         c_dims("RST", &rst),
     ];
     (lines, n, r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_gives_every_block_work_and_covers_every_item() {
+        assert_eq!(split(0, 8, 4), (1, 1));
+        assert_eq!(split(3111, 2048, 1056), (2, 1556));
+        // Four blocks of 3 would leave the last empty: three blocks.
+        assert_eq!(split(9, 1, 4), (3, 3));
+        assert_eq!(split(10, 1, 4), (4, 3));
+        for (n, min, most) in [(1, 1, 1), (1000, 7, 30), (8192, 1, 264), (5, 100, 9)] {
+            let (blocks, chunk) = split(n, min, most);
+            assert!(blocks <= most && blocks * chunk >= n && (blocks - 1) * chunk < n);
+        }
+    }
 }

@@ -38,6 +38,28 @@ pub(crate) fn single(
     k.finish()
 }
 
+/// A two-stage reduction ([`super::Kernel::finish`]): [`single`] with the workspace and the
+/// phase appended to `params` (entry arguments `ws`, `phase`), launched over `grid` blocks
+/// of `block` threads, then once more over `finish` blocks.
+pub(crate) fn two_stage(
+    family: &'static str,
+    files: &[&'static str],
+    lines: Vec<String>,
+    call: String,
+    params: &[KernelParam],
+    (grid, block): ([u64; 3], u32),
+    finish: u64,
+) -> Kernel {
+    let mut k = Gen::new(family, files);
+    k.cfg("Cfg", lines);
+    k.call(call);
+    k.params(params);
+    k.params(&[KernelParam::Workspace, KernelParam::Phase]);
+    k.launch(grid, block);
+    k.finish_over(finish);
+    k.finish()
+}
+
 /// Entry arguments `in0` .. `in{n-1}`.
 pub(crate) fn in_names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("in{i}")).collect()

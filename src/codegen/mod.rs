@@ -9,6 +9,13 @@
 //! offsets of its tensors (inputs in op order, then the output) and, for dropout and the
 //! optimizers, the step counter (gradient accumulation: the micro-step), and for the few
 //! kernels that need scratch, the offset of the step's planned workspace. Nothing allocates.
+//!
+//! Reductions over a whole tensor are two-stage: a first launch over many blocks writes one
+//! partial per block into the workspace, a finishing launch of the same entry
+//! ([`Kernel::finish`], [`KernelParam::Phase`] 1) sums them in a fixed order, so results do
+//! not depend on how blocks are scheduled. Kernels reading a list of tensors whose length
+//! grows with the model (the clip coefficient, the overflow check) take it as a
+//! [`TensorTable`] the host writes at the start of their workspace before each launch.
 
 pub(crate) mod build;
 pub(crate) mod geometry;
@@ -17,7 +24,7 @@ pub mod nvrtc;
 pub mod ops;
 
 use crate::ir::DType;
-pub use build::Kernel;
+pub use build::{Kernel, TensorTable};
 pub use ops::kernel_for;
 
 /// One kernel argument, in signature order.
@@ -39,6 +46,9 @@ pub enum KernelParam {
     /// `unsigned long long` byte offset into the arena of the step's workspace (as many bytes
     /// as [`crate::plan::Target::workspace_bytes`] gives; its contents are undefined on entry).
     Workspace,
+    /// `unsigned long long` 0 on a kernel's first launch, 1 on its finishing launch
+    /// ([`Kernel::finish`]).
+    Phase,
 }
 
 /// Why no kernel could be generated or compiled.

@@ -1,6 +1,7 @@
 //! The CUDA backend: one device allocation holds the plan's whole arena; every step launches
 //! its generated kernel (NVRTC PTX, loaded through the driver API) with the arena base and
-//! the byte offsets the plan assigned. Nothing else is allocated on the device, and the
+//! the byte offsets the plan assigned (a two-stage reduction launches twice; a kernel reading
+//! a tensor table gets it copied into its workspace first). Nothing else is allocated on the device, and the
 //! host never builds the arena: parameters and state are uploaded one buffer at a time
 //! (only the bound inputs stay on the host, every micro-batch of them).
 //!
@@ -43,6 +44,9 @@ pub struct CudaExecutor {
     /// Distinct kernels with their loaded functions; `kernel_of[step]` indexes this list.
     kernels: Vec<(Kernel, CudaFunction)>,
     kernel_of: Vec<Option<usize>>,
+    /// Per step, the tensor table its kernel reads from the start of its workspace (the
+    /// plan's offsets are fixed, so it is rendered once and copied before every launch).
+    tables: Vec<Option<Vec<u8>>>,
     /// The 1-based number of the next training step.
     step: u64,
     /// Host copies of the inputs, one micro-batch after another, uploaded at the start of
@@ -114,6 +118,15 @@ impl CudaExecutor {
             }
             kernels.push((kernel, function));
         }
+        let tables = plan
+            .steps
+            .iter()
+            .zip(&kernel_of)
+            .map(|(step, k)| {
+                let table = k.and_then(|k| kernels[k].0.table.as_ref())?;
+                Some(table.bytes(|i| plan.buffers[step.inputs[i].index()].offset))
+            })
+            .collect();
         let stream = ctx.default_stream();
         let info = |ctx: &CudaContext| {
             ctx.mem_get_info()
@@ -135,6 +148,7 @@ impl CudaExecutor {
             arena,
             kernels,
             kernel_of,
+            tables,
             step: 1,
             bound: Vec::new(),
             memory: (before, after),
@@ -260,7 +274,7 @@ impl CudaExecutor {
     /// Launches every step of micro-step `micro` (update-phase steps only when `last`),
     /// showing `on_gradient` each update's gradient first.
     fn launch_steps(
-        &self,
+        &mut self,
         micro: u32,
         last: bool,
         on_gradient: &mut Option<GradientHook>,
@@ -282,34 +296,49 @@ impl CudaExecutor {
             }
             let (kernel, function) = &self.kernels[k];
             let offset = |b: BufferId| self.plan.buffers[b.index()].offset;
-            let values: Vec<u64> = kernel.params[1..]
-                .iter()
-                .map(|p| match p {
-                    KernelParam::Input(i) => offset(step.inputs[*i]),
-                    KernelParam::Output => step.output.map_or(0, offset),
-                    KernelParam::Step => self.step,
-                    KernelParam::Stream => stream,
-                    KernelParam::MicroStep => u64::from(micro),
-                    KernelParam::Workspace => step.workspace.map_or(0, offset),
-                    KernelParam::Arena => 0,
-                })
-                .collect();
-            let mut launch = self.stream.launch_builder(function);
-            launch.arg(&self.arena);
-            for v in &values {
-                launch.arg(v);
+            let workspace = step.workspace.map_or(0, offset);
+            if let Some(bytes) = &self.tables[s] {
+                let at = workspace as usize;
+                let mut view = self.arena.slice_mut(at..at + bytes.len());
+                self.stream
+                    .memcpy_htod(&bytes[..], &mut view)
+                    .map_err(device_error)?;
             }
-            let [gx, gy, gz] = kernel.grid;
-            let [bx, by, bz] = kernel.block;
-            let cfg = LaunchConfig {
-                grid_dim: (gx, gy, gz),
-                block_dim: (bx, by, bz),
-                shared_mem_bytes: kernel.shared_bytes,
-            };
-            // SAFETY: the entry's signature is `char*` followed by one `unsigned long long`
-            // per remaining `kernel.params` entry, exactly the arguments pushed above; every
-            // offset is a buffer the plan verifier placed inside the arena.
-            unsafe { launch.launch(cfg) }.map_err(device_error)?;
+            let phases = [Some(kernel.grid), kernel.finish];
+            for (phase, grid) in phases.into_iter().enumerate() {
+                let Some([gx, gy, gz]) = grid else {
+                    continue;
+                };
+                let values: Vec<u64> = kernel.params[1..]
+                    .iter()
+                    .map(|p| match p {
+                        KernelParam::Input(i) => offset(step.inputs[*i]),
+                        KernelParam::Output => step.output.map_or(0, offset),
+                        KernelParam::Step => self.step,
+                        KernelParam::Stream => stream,
+                        KernelParam::MicroStep => u64::from(micro),
+                        KernelParam::Workspace => workspace,
+                        KernelParam::Phase => phase as u64,
+                        KernelParam::Arena => 0,
+                    })
+                    .collect();
+                let mut launch = self.stream.launch_builder(function);
+                launch.arg(&self.arena);
+                for v in &values {
+                    launch.arg(v);
+                }
+                let [bx, by, bz] = kernel.block;
+                let cfg = LaunchConfig {
+                    grid_dim: (gx, gy, gz),
+                    block_dim: (bx, by, bz),
+                    shared_mem_bytes: kernel.shared_bytes,
+                };
+                // SAFETY: the entry's signature is `char*` followed by one `unsigned long long`
+                // per remaining `kernel.params` entry, exactly the arguments pushed above;
+                // every offset is a buffer the plan verifier placed inside the arena (a
+                // kernel's table fits its workspace: the lowering counts it in).
+                unsafe { launch.launch(cfg) }.map_err(device_error)?;
+            }
         }
         Ok(())
     }

@@ -1,6 +1,8 @@
 //! Shared test cases: a representative op/shape set covering every kernel family.
 #![allow(clippy::panic, dead_code)]
 
+mod multi_block;
+
 use memc::codegen::{kernel_for, Kernel};
 use memc::ir::infer::infer;
 use memc::ir::*;
@@ -82,7 +84,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         f(&[2, 12, 32]),
         f(&[2, 10, 64]),
     ];
-    vec![
+    let mut cases = vec![
         (
             "fill",
             Op::Fill {
@@ -267,11 +269,6 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             "cross_entropy",
             Op::CrossEntropy,
             vec![f(&[2, 7, 50]), t(I32, &[2, 7])],
-        ),
-        (
-            "cross_entropy_bwd",
-            Op::CrossEntropyBackward,
-            vec![f(&[2, 7, 50]), t(I32, &[2, 7]), f(&[])],
         ),
         (
             "linear_ce",
@@ -501,7 +498,9 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             Op::Sgd(sgd),
             vec![f(&[10]), f(&[10]), f(&[10]), f(&[])],
         ),
-    ]
+    ];
+    cases.extend(multi_block::cases());
+    cases
 }
 
 /// `inputs` with every floating tensor switched to `dtype`, but for scalars (clip and unscale

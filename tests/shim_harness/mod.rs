@@ -92,7 +92,8 @@ pub fn compile(kernel: &Kernel, dir: &Path) -> Result<PathBuf, String> {
     Ok(exe)
 }
 
-/// Runs one launch of `kernel` over the arena file with the given values for its params.
+/// Runs `kernel` over the arena file with the given values for its params: its launch and,
+/// for a two-stage kernel, its finishing launch ([`KernelParam::Phase`] 0, then 1).
 /// `reverse` runs blocks and threads in reverse order (see `cuda_sim.h`).
 pub fn launch(
     exe: &Path,
@@ -101,27 +102,43 @@ pub fn launch(
     reverse: bool,
     value: impl Fn(KernelParam) -> u64,
 ) -> Result<(), String> {
-    let geometry = kernel.grid.iter().chain(&kernel.block).map(u32::to_string);
-    let args = kernel.params[1..].iter().map(|&p| value(p).to_string());
-    let mut cmd = Command::new(exe);
-    if reverse {
-        cmd.env("MEMC_SIM_REVERSE", "1");
+    let grids = [Some(kernel.grid), kernel.finish];
+    for (phase, grid) in grids.into_iter().enumerate() {
+        let Some(grid) = grid else { continue };
+        let geometry = grid.iter().chain(&kernel.block).map(u32::to_string);
+        let args = kernel.params[1..].iter().map(|&p| match p {
+            KernelParam::Phase => phase.to_string(),
+            p => value(p).to_string(),
+        });
+        let mut cmd = Command::new(exe);
+        if reverse {
+            cmd.env("MEMC_SIM_REVERSE", "1");
+        }
+        let out = cmd
+            .arg(arena)
+            .args(geometry)
+            .args(args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "{} (phase {phase}) exited with {}: {}",
+                kernel.name,
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
     }
-    let out = cmd
-        .arg(arena)
-        .args(geometry)
-        .args(args)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{} exited with {}: {}",
-            kernel.name,
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ))
+    Ok(())
+}
+
+/// Writes `kernel`'s tensor table (if it reads one) at byte `workspace` of `arena`, with op
+/// input `i` at arena byte `offset(i)`, as the CUDA executor does before a launch.
+pub fn put_table(arena: &mut [u8], kernel: &Kernel, workspace: u64, offset: impl Fn(usize) -> u64) {
+    if let Some(table) = &kernel.table {
+        let bytes = table.bytes(offset);
+        let at = workspace as usize;
+        arena[at..at + bytes.len()].copy_from_slice(&bytes);
     }
 }
 
@@ -330,6 +347,9 @@ pub fn shim_run(
     for (i, values) in data.iter().enumerate() {
         put(&mut arena, offsets[i], inputs[i].dtype, values);
     }
+    put_table(&mut arena, kernel, offsets[inputs.len() + 1], |i| {
+        offsets[i]
+    });
     std::fs::write(arena_file, &arena).map_err(|e| e.to_string())?;
     launch(exe, kernel, arena_file, reverse, |p| match p {
         KernelParam::Arena => 0,
@@ -339,6 +359,7 @@ pub fn shim_run(
         // The CPU reference runs one micro-step: the first.
         KernelParam::MicroStep => 0,
         KernelParam::Workspace => offsets[inputs.len() + 1],
+        KernelParam::Phase => 0,
     })?;
     let after = std::fs::read(arena_file).map_err(|e| e.to_string())?;
     let types = inputs.iter().chain([output, &scratch]);

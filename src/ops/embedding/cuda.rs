@@ -1,5 +1,6 @@
-//! CUDA lowering of the embedding lookup and its deterministic gather-form backward onto
-//! `embedding.cu`.
+//! CUDA lowering of the embedding lookup and its deterministic backward onto `embedding.cu`:
+//! a block per tile of table rows, one pass over the ids per tile (no scan of all ids per
+//! element).
 
 use crate::codegen::build::c_u64;
 use crate::codegen::geometry::{pow2_block, u};
@@ -11,6 +12,14 @@ use crate::ops::cuda::CudaLowering;
 
 /// `embedding.cu`: the lookup and scatter-free backward templates.
 const TEMPLATE: &str = include_str!("embedding.cu");
+
+/// Most fp32 accumulators one thread of the backward holds: rows of a tile times the columns
+/// it owns.
+const MAX_ACC: u64 = 32;
+
+/// Tiles the backward aims for at least (twice the 132 streaming multiprocessors of an
+/// H100), so a short table still spreads over the whole GPU.
+const TILE_BLOCKS: u64 = 2 * 132;
 
 impl CudaLowering for super::Family {
     /// No kernel of this family reads a workspace.
@@ -44,7 +53,20 @@ impl CudaLowering for super::Family {
             Op::EmbeddingBackward { rows } => {
                 let ids = a.at(0)?;
                 let d = u(out.shape[1]);
-                let block = pow2_block(d, 32, 256);
+                let block = pow2_block(d.div_ceil(4), 32, 1024);
+                let cpt = d.div_ceil(u64::from(block)).max(1);
+                if cpt > MAX_ACC {
+                    return Err(a.unsupported(format!(
+                        "embedding dim {d} exceeds {} per block",
+                        MAX_ACC * 1024
+                    )));
+                }
+                // Rows a tile: as many as the accumulators hold, fewer when that leaves
+                // fewer than TILE_BLOCKS tiles.
+                let rt = u(*rows)
+                    .div_ceil(TILE_BLOCKS)
+                    .clamp(1, (MAX_ACC / cpt).max(1));
+                let tiles = u(*rows).div_ceil(rt);
                 Ok(templated(
                     "embedding_backward",
                     &[TEMPLATE],
@@ -52,12 +74,13 @@ impl CudaLowering for super::Family {
                         c_u64("D", d),
                         c_u64("ROWS", u(*rows)),
                         c_u64("NIDS", ids.numel()),
+                        c_u64("BLOCK", u64::from(block)),
+                        c_u64("CPT", cpt),
+                        c_u64("RT", rt),
+                        c_u64("TILES", tiles),
                     ],
                     ("embedding_backward_kernel", &[a.ty(1)?, a.out_ty()], 2),
-                    Launch::Grid(
-                        [d.div_ceil(u64::from(block)), u(*rows).min(65535), 1],
-                        block,
-                    ),
+                    Launch::PerBlock(tiles, block),
                 ))
             }
             _ => Err(a.foreign("embedding")),

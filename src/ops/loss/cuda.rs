@@ -1,11 +1,12 @@
-//! CUDA lowering of the losses onto `loss.cu`: cross-entropy and MSE (one block, fixed
-//! order) and their elementwise backwards; and of the fused linear cross-entropy onto
+//! CUDA lowering of the losses onto `loss.cu`: cross-entropy and MSE (two-stage: fp64
+//! partials of up to [`PARTIAL_BLOCKS`] blocks in the workspace, summed in a fixed order by a
+//! finishing block) and their elementwise backwards; and of the fused linear cross-entropy onto
 //! `linear_ce.cu` (a block per row forward and for the input gradient, column tiles summed in
 //! a workspace for the weight gradient).
 
 use crate::codegen::build::{c_bool, c_type, c_u64};
-use crate::codegen::geometry::{numel, pow2_block, u};
-use crate::codegen::launch::{in_names, single, templated, Launch};
+use crate::codegen::geometry::{numel, pow2_block, split, u, PARTIAL_BLOCKS};
+use crate::codegen::launch::{in_names, single, templated, two_stage, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel, KernelParam};
 use crate::ir::{LceGrad, LinearCe, Op, TensorType};
@@ -99,6 +100,44 @@ fn linear_ce(a: &Args, lce: &LinearCe, which: Option<LceGrad>) -> Result<Kernel,
     }
 }
 
+/// Elements an MSE block sums at least: 8 per thread of a 256-thread block.
+const MSE_MIN_CHUNK: u64 = 8 * 256;
+
+/// Blocks of the cross-entropy's first launch: one per row, at most [`PARTIAL_BLOCKS`].
+fn ce_parts(rows: u64) -> u64 {
+    rows.clamp(1, PARTIAL_BLOCKS)
+}
+
+/// The two-stage loss kernel `template` over inputs `in0`, `in1` with constants `lines`, its
+/// first launch over `parts` blocks of `block` threads (its `Cfg` also gets `PARTS`).
+fn scalar_loss(
+    a: &Args,
+    family: &'static str,
+    template: &str,
+    mut lines: Vec<String>,
+    (parts, block): (u64, u32),
+) -> Result<Kernel, CodegenError> {
+    lines.push(c_u64("PARTS", parts));
+    let call = format!(
+        "{template}<{}, Cfg>(arena, in0, in1, out, ws, phase)",
+        a.ty(0)?
+    );
+    let params = [
+        KernelParam::Input(0),
+        KernelParam::Input(1),
+        KernelParam::Output,
+    ];
+    Ok(two_stage(
+        family,
+        &[TEMPLATE],
+        lines,
+        call,
+        &params,
+        ([parts, 1, 1], block),
+        1,
+    ))
+}
+
 /// (rows, classes) of logits `shape`: the last dim holds the classes.
 fn rows_classes(shape: &[usize]) -> (u64, u64) {
     let cl = shape.last().map_or(1, |&c| u(c));
@@ -111,13 +150,13 @@ impl CudaLowering for super::Family {
         match a.op {
             Op::CrossEntropy => {
                 let (rows, cl) = rows_classes(&a.at(0)?.shape);
-                Ok(templated(
+                scalar_loss(
+                    a,
                     "cross_entropy",
-                    &[TEMPLATE],
+                    "cross_entropy_kernel",
                     vec![c_u64("ROWS", rows), c_u64("CL", cl)],
-                    ("cross_entropy_kernel", &[a.ty(0)?], 2),
-                    Launch::Grid([1, 1, 1], pow2_block(cl, 32, 1024)),
-                ))
+                    (ce_parts(rows), pow2_block(cl, 32, 256)),
+                )
             }
             Op::CrossEntropyBackward => {
                 let (rows, cl) = rows_classes(&a.at(0)?.shape);
@@ -129,13 +168,17 @@ impl CudaLowering for super::Family {
                     Launch::PerBlock(rows, pow2_block(cl, 32, 256)),
                 ))
             }
-            Op::Mse => Ok(templated(
-                "mse",
-                &[TEMPLATE],
-                vec![c_u64("N", a.at(0)?.numel())],
-                ("mse_kernel", &[a.ty(0)?], 2),
-                Launch::Grid([1, 1, 1], 1024),
-            )),
+            Op::Mse => {
+                let n = a.at(0)?.numel();
+                let (parts, chunk) = split(n, MSE_MIN_CHUNK, PARTIAL_BLOCKS);
+                scalar_loss(
+                    a,
+                    "mse",
+                    "mse_kernel",
+                    vec![c_u64("N", n), c_u64("CHUNK", chunk)],
+                    (parts, 256),
+                )
+            }
             Op::MseBackward => Ok(templated(
                 "mse_backward",
                 &[TEMPLATE],
@@ -149,19 +192,25 @@ impl CudaLowering for super::Family {
         }
     }
 
-    /// The weight gradient of the linear cross-entropy sums its column tiles in fp32 there:
-    /// `blocks x 32 x D x 4` bytes, as many tiles as one chunk of fp32 logits holds (at least
-    /// one).
+    /// The scalar losses keep one fp64 partial per block of their first launch there (8 bytes
+    /// each); the weight gradient of the linear cross-entropy sums its column tiles in fp32
+    /// there: `blocks x 32 x D x 4` bytes, as many tiles as one chunk of fp32 logits holds
+    /// (at least one).
     fn cuda_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], _: &TensorType) -> u64 {
-        let Op::LinearCrossEntropyBackward {
-            lce,
-            which: LceGrad::Weight,
-        } = op
-        else {
-            return 0;
-        };
-        super::rules::linear_ce(lce, inputs).map_or(0, |(n, d, v)| {
-            weight_blocks(lce, (n, d, v)) * WEIGHT_TILE.0 * d * 4
-        })
+        let numel = |i: usize| inputs.get(i).map_or(0, |t| t.numel());
+        match op {
+            Op::CrossEntropy => {
+                let (rows, _) = inputs.first().map_or((0, 1), |t| rows_classes(&t.shape));
+                ce_parts(rows) * 8
+            }
+            Op::Mse => split(numel(0), MSE_MIN_CHUNK, PARTIAL_BLOCKS).0 * 8,
+            Op::LinearCrossEntropyBackward {
+                lce,
+                which: LceGrad::Weight,
+            } => super::rules::linear_ce(lce, inputs).map_or(0, |(n, d, v)| {
+                weight_blocks(lce, (n, d, v)) * WEIGHT_TILE.0 * d * 4
+            }),
+            _ => 0,
+        }
     }
 }

@@ -1,13 +1,15 @@
-//! CUDA lowering of the normalizations onto `norm.cu`: the forward and the input and weight
-//! backwards, one block per statistics group; the bias backward is a reduce-template sum.
+//! CUDA lowering of the normalizations onto `norm.cu`: the forward and the input gradient, one
+//! block per statistics group; the weight and bias gradients, two-stage reductions over
+//! position chunks (fp32 partials per chunk and channel in the workspace, summed over the
+//! chunks in order by a thread per channel).
 
 use crate::codegen::build::{c_bool, c_f32, c_int, c_u64};
-use crate::codegen::geometry::{numel, pow2_block, u};
-use crate::codegen::launch::{single, templated, Launch};
+use crate::codegen::geometry::{numel, pow2_block, split, u};
+use crate::codegen::launch::{single, templated, two_stage, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel, KernelParam};
 use crate::ir::infer::norm_channels;
-use crate::ir::{NormKind, Op};
+use crate::ir::{NormKind, Op, TensorType};
 use crate::ops::cuda::CudaLowering;
 
 /// `norm.cu`: the layer / RMS / batch / group norm forward and input and weight backwards.
@@ -64,41 +66,130 @@ fn forward(a: &Args, kind: NormKind, eps: f32) -> Result<Kernel, CodegenError> {
     Ok(single("norm", &[TEMPLATE], lines, call, &p, launch))
 }
 
-/// The weight gradient: a thread per channel for layer/RMS norm, a block per channel for
-/// batch/group norm.
-fn backward_weight(a: &Args, kind: NormKind, eps: f32) -> Result<Kernel, CodegenError> {
-    let x = a.at(0)?;
-    let (lines, _, gsize) = norm_cfg(kind, eps, &x.shape, false);
-    let ch = u(norm_channels(kind, &x.shape));
-    let launch = match kind {
+/// Most position chunks of the weight and bias gradients: a block per chunk for layer/RMS
+/// norm (twice the 132 streaming multiprocessors of an H100; each writes `CH` fp32 partials),
+/// chunks times channels blocks for batch/group norm.
+const PARAM_BLOCKS: u64 = 2 * 132;
+
+/// Most channels one thread of the layer/RMS weight and bias gradients owns.
+const MAX_CPT: u64 = 32;
+
+/// The two-stage geometry of a weight or bias gradient.
+struct ParamGeometry {
+    /// Constants besides `norm_cfg`'s: `CPT`, `RPB`, `NPB`, `CHUNKS`.
+    lines: Vec<String>,
+    /// The first launch's grid and block.
+    grid: [u64; 3],
+    block: u32,
+    /// Position chunks, channels, and channels one thread owns (layer/RMS norm).
+    chunks: u64,
+    ch: u64,
+    cpt: u64,
+    /// fp32 partials per chunk and channel.
+    per_channel: u64,
+}
+
+/// The geometry of a weight (`bias` false) or bias gradient over `x`: layer/RMS norm split
+/// the rows into up to [`PARAM_BLOCKS`] chunks, a block each covering every channel;
+/// batch/group norm take a block per channel and sample chunk, about [`PARAM_BLOCKS`] in
+/// all. Each chunk keeps one fp32 partial per channel, but the batch weight gradient four
+/// (its statistics span every chunk: see `batch_weight_partial` in `norm.cu`).
+fn param_geometry(kind: NormKind, x: &[usize], bias: bool) -> ParamGeometry {
+    let ch = u(norm_channels(kind, x));
+    let (grid, block, (chunks, per), cpt) = match kind {
         NormKind::Layer | NormKind::Rms => {
-            let block = pow2_block(ch, 32, 256);
-            Launch::Grid([ch.div_ceil(u64::from(block)), 1, 1], block)
+            let rows = numel(x).checked_div(ch).unwrap_or(0);
+            let block = pow2_block(ch.div_ceil(8), 32, 1024);
+            let split = split(rows, 1, PARAM_BLOCKS);
+            let cpt = ch.div_ceil(u64::from(block)).max(1);
+            ([split.0, 1, 1], block, split, cpt)
         }
-        NormKind::Batch | NormKind::Group(_) => Launch::PerBlock(ch, pow2_block(gsize, 32, 256)),
+        NormKind::Batch | NormKind::Group(_) => {
+            let most = PARAM_BLOCKS.div_ceil(ch.max(1));
+            let (nb, s) = (
+                x.first().map_or(0, |&n| u(n)),
+                numel(x.get(2..).unwrap_or(&[])),
+            );
+            let split = split(nb, 1, most);
+            ([ch, split.0, 1], pow2_block(s, 32, 256), split, 1)
+        }
     };
-    Ok(templated(
-        "norm_backward_weight",
+    let (rpb, npb) = match kind {
+        NormKind::Layer | NormKind::Rms => (per, 1),
+        NormKind::Batch | NormKind::Group(_) => (1, per),
+    };
+    ParamGeometry {
+        lines: vec![
+            c_u64("CPT", cpt),
+            c_u64("RPB", rpb),
+            c_u64("NPB", npb),
+            c_u64("CHUNKS", chunks),
+        ],
+        grid,
+        block,
+        chunks,
+        ch,
+        cpt,
+        per_channel: 1 + 3 * u64::from(kind == NormKind::Batch && !bias),
+    }
+}
+
+/// The weight gradient (inputs x, dy) or, when `bias`, the bias gradient (input dy): two
+/// stages, fp32 partials per position chunk and channel in the workspace.
+fn backward_param(a: &Args, kind: NormKind, eps: f32, bias: bool) -> Result<Kernel, CodegenError> {
+    let x = a.at(0)?;
+    let (mut lines, _, _) = norm_cfg(kind, eps, &x.shape, false);
+    let g = param_geometry(kind, &x.shape, bias);
+    if g.cpt > MAX_CPT {
+        return Err(a.unsupported(format!(
+            "{} channels exceed {} per block",
+            g.ch,
+            MAX_CPT * 1024
+        )));
+    }
+    if g.grid[0] > u64::from(u32::MAX >> 1) {
+        return Err(a.unsupported(format!("{} channels exceed the grid", g.ch)));
+    }
+    lines.extend(g.lines);
+    lines.push(c_bool("BIAS", bias));
+    let (family, dy) = if bias {
+        ("norm_backward_bias", 0)
+    } else {
+        ("norm_backward_weight", 1)
+    };
+    let mut params: Vec<KernelParam> = (0..=dy).map(KernelParam::Input).collect();
+    params.push(KernelParam::Output);
+    let call = format!(
+        "norm_backward_param_kernel<{}, {}, {}, Cfg>(arena, in0, in{dy}, out, ws, phase)",
+        a.ty(0)?,
+        a.ty(dy)?,
+        a.out_ty()
+    );
+    Ok(two_stage(
+        family,
         &[TEMPLATE],
         lines,
-        (
-            "norm_backward_weight_kernel",
-            &[a.ty(0)?, a.ty(1)?, a.out_ty()],
-            2,
-        ),
-        launch,
+        call,
+        &params,
+        (g.grid, g.block),
+        g.ch.div_ceil(u64::from(g.block)),
     ))
 }
 
 impl CudaLowering for super::Family {
-    /// No kernel of this family reads a workspace.
-    fn cuda_workspace_bytes(
-        &self,
-        _: &crate::ir::Op,
-        _: &[&crate::ir::TensorType],
-        _: &crate::ir::TensorType,
-    ) -> u64 {
-        0
+    /// The weight and bias gradients keep their fp32 partials per position chunk and channel
+    /// there (`chunks x channels x 4` bytes, four times that for the batch weight gradient);
+    /// the forward and the input gradient take none.
+    fn cuda_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], _: &TensorType) -> u64 {
+        let (kind, bias) = match op {
+            Op::NormBackwardWeight { kind, .. } => (*kind, false),
+            Op::NormBackwardBias { kind } => (*kind, true),
+            _ => return 0,
+        };
+        inputs.first().map_or(0, |x| {
+            let g = param_geometry(kind, &x.shape, bias);
+            g.chunks * g.ch * g.per_channel * 4
+        })
     }
 
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
@@ -119,17 +210,8 @@ impl CudaLowering for super::Family {
                     Launch::PerBlock(groups, pow2_block(gsize, 32, 512)),
                 ))
             }
-            Op::NormBackwardWeight { kind, eps } => backward_weight(a, *kind, *eps),
-            Op::NormBackwardBias { kind } => {
-                let x = a.at(0)?;
-                let keep: Vec<bool> = (0..x.shape.len())
-                    .map(|d| match kind {
-                        NormKind::Layer | NormKind::Rms => d + 1 == x.shape.len(),
-                        NormKind::Batch | NormKind::Group(_) => d == 1,
-                    })
-                    .collect();
-                crate::ops::reduce::Family::reduce(a, "norm_backward_bias", &x.shape, &keep, false)
-            }
+            Op::NormBackwardWeight { kind, eps } => backward_param(a, *kind, *eps, false),
+            Op::NormBackwardBias { kind } => backward_param(a, *kind, 0.0, true),
             _ => Err(a.foreign("norm")),
         }
     }

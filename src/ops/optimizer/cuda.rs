@@ -1,12 +1,15 @@
 //! CUDA lowering of the optimizer ops onto `optim.cu`: AdamW and SGD updating in place, the
 //! global-norm clip coefficient, the fused unscale-and-overflow check, the loss-scale update
-//! and gradient accumulation.
+//! and gradient accumulation. The clip coefficient and the overflow check read their
+//! gradients through a tensor table in their workspace (their arguments do not grow with the
+//! model) and reduce them in two stages over up to [`PARTIAL_BLOCKS`] blocks.
 
 use crate::codegen::build::{c_bool, c_f32, c_u64, Gen};
+use crate::codegen::geometry::{split, PARTIAL_BLOCKS};
 use crate::codegen::launch::{in_names, single, Launch};
 use crate::codegen::ops::Args;
-use crate::codegen::{ctype, CodegenError, Kernel, KernelParam};
-use crate::ir::Op;
+use crate::codegen::{ctype, CodegenError, Kernel, KernelParam, TensorTable};
+use crate::ir::{Op, TensorType};
 use crate::ops::cuda::CudaLowering;
 use KernelParam::{Input as In, MicroStep, Output as Out, Step};
 
@@ -51,68 +54,107 @@ fn optimizer(
     ))
 }
 
-/// A single-block kernel that accumulates `accum<T, CfgI>(arena, inI, acc)` over the inputs
-/// in `range` (each becomes a parameter); the caller adds the finishing call.
-fn multi_tensor_reduce(
-    a: &Args,
-    family: &'static str,
-    accum: &str,
-    range: std::ops::Range<usize>,
-) -> Gen {
-    let mut k = Gen::new(family, &[TEMPLATE]);
-    k.call("double acc = 0.0".to_string());
-    for i in range {
-        k.cfg(&format!("Cfg{i}"), vec![c_u64("N", a.inputs[i].numel())]);
-        k.call(format!(
-            "{accum}<{}, Cfg{i}>(arena, in{i}, acc)",
-            ctype(a.inputs[i].dtype)
-        ));
-        k.params(&[In(i)]);
-    }
-    k.launch([1, 1, 1], 1024);
-    k
+/// Elements a block of the gradient reductions takes at least: 16 per thread of a
+/// 256-thread block.
+const MIN_CHUNK: u64 = 16 * 256;
+
+/// The gradients a reduction reads through its tensor table: every input but the scalar at
+/// `scalar` (the loss scale or the multiplier), if any.
+fn grads<'a>(
+    inputs: &'a [&TensorType],
+    scalar: Option<usize>,
+) -> impl Iterator<Item = (usize, &'a TensorType)> {
+    inputs
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(move |(i, _)| Some(*i) != scalar)
 }
 
-/// The clip coefficient over the gradients (the loss scale, when `scaled`, is the last input).
-fn clip_coefficient(a: &Args, max_norm: f32, scaled: bool) -> Kernel {
-    let grads = a.inputs.len() - usize::from(scaled);
-    let mut k = multi_tensor_reduce(a, "clip_coefficient", "clip_accum", 0..grads);
-    k.cfg(
-        "Cfg",
-        vec![c_f32("MAX_NORM", max_norm), c_bool("SCALED", scaled)],
-    );
-    let mul = if scaled {
-        k.params(&[In(grads)]);
-        format!("in{grads}")
-    } else {
-        "0ull".to_string()
+/// (table, elements, blocks, chunk) of a reduction over the gradients.
+fn split_grads(inputs: &[&TensorType], scalar: Option<usize>) -> (TensorTable, u64, u64, u64) {
+    let table = TensorTable::new(grads(inputs, scalar).map(|(i, t)| (i, t.numel(), t.dtype)));
+    let total: u64 = grads(inputs, scalar).map(|(_, t)| t.numel()).sum();
+    let (blocks, chunk) = split(total, MIN_CHUNK, PARTIAL_BLOCKS);
+    (table, total, blocks, chunk)
+}
+
+/// Where the op's scalar input sits among its inputs: the loss scale first for the overflow
+/// check, the multiplier last for a scaled clip coefficient.
+fn scalar_input(op: &Op, n_inputs: usize) -> Option<usize> {
+    match op {
+        Op::UnscaleGrads => Some(0),
+        Op::ClipCoefficient { scaled: true, .. } => n_inputs.checked_sub(1),
+        _ => None,
+    }
+}
+
+/// A two-stage reduction over the gradients (`template` is the clip coefficient's or the
+/// overflow check's): the table and the partials in the workspace, the scalar input (or 0)
+/// and the output as arguments; `lines` are its constants besides the geometry.
+fn gradient_reduction(
+    a: &Args,
+    family: &'static str,
+    template: &str,
+    mut lines: Vec<String>,
+) -> Kernel {
+    let refs: Vec<&TensorType> = a.inputs.iter().collect();
+    let scalar = scalar_input(a.op, refs.len());
+    let (table, total, blocks, chunk) = split_grads(&refs, scalar);
+    lines.extend([
+        c_u64("TENSORS", grads(&refs, scalar).count() as u64),
+        c_u64("TOTAL", total),
+        c_u64("CHUNK", chunk),
+        c_u64("PARTS", blocks),
+        c_u64("TABLE_BYTES", table.len_bytes()),
+    ]);
+    let mut k = Gen::new(family, &[TEMPLATE]);
+    k.cfg("Cfg", lines);
+    let scalar_arg = match scalar {
+        Some(i) => {
+            k.params(&[In(i)]);
+            format!("in{i}")
+        }
+        None => "0ull".to_string(),
     };
-    k.call(format!("clip_finish<Cfg>(arena, {mul}, out, acc)"));
-    k.params(&[Out]);
+    k.params(&[Out, KernelParam::Workspace, KernelParam::Phase]);
+    k.call(format!(
+        "{template}<Cfg>(arena, {scalar_arg}, out, ws, phase)"
+    ));
+    k.launch([blocks, 1, 1], 256);
+    k.finish_over(1);
+    k.table(table);
     k.finish()
 }
 
 impl CudaLowering for super::Family {
-    /// No kernel of this family reads a workspace.
-    fn cuda_workspace_bytes(
-        &self,
-        _: &crate::ir::Op,
-        _: &[&crate::ir::TensorType],
-        _: &crate::ir::TensorType,
-    ) -> u64 {
-        0
+    /// The clip coefficient and the overflow check keep their gradients' tensor table
+    /// (24 bytes a gradient) and then one fp64 partial per block of their first launch (8
+    /// bytes each) there; no other kernel of the family takes a workspace.
+    fn cuda_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], _: &TensorType) -> u64 {
+        match op {
+            Op::ClipCoefficient { .. } | Op::UnscaleGrads => {
+                let (table, _, blocks, _) = split_grads(inputs, scalar_input(op, inputs.len()));
+                table.len_bytes() + blocks * 8
+            }
+            _ => 0,
+        }
     }
 
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
-            Op::ClipCoefficient { max_norm, scaled } => Ok(clip_coefficient(a, *max_norm, *scaled)),
-            Op::UnscaleGrads => {
-                let mut k =
-                    multi_tensor_reduce(a, "unscale_grads", "unscale_accum", 1..a.inputs.len());
-                k.params(&[In(0), Out]);
-                k.call("unscale_finish(arena, in0, out, acc)".to_string());
-                Ok(k.finish())
-            }
+            Op::ClipCoefficient { max_norm, scaled } => Ok(gradient_reduction(
+                a,
+                "clip_coefficient",
+                "clip_coefficient_kernel",
+                vec![c_f32("MAX_NORM", *max_norm), c_bool("SCALED", *scaled)],
+            )),
+            Op::UnscaleGrads => Ok(gradient_reduction(
+                a,
+                "unscale_grads",
+                "unscale_grads_kernel",
+                Vec::new(),
+            )),
             Op::LossScaleUpdate { growth_interval } => Ok(single(
                 "loss_scale_update",
                 &[TEMPLATE],
@@ -159,5 +201,60 @@ impl CudaLowering for super::Family {
             }
             _ => Err(a.foreign("optimizer")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::DType;
+
+    /// The clip coefficient over `n` gradients of 1,000 elements (the multiplier last).
+    fn clip(n: usize) -> (Kernel, u64) {
+        let mut inputs = vec![TensorType::new(DType::F32, vec![1000]); n];
+        inputs.push(TensorType::new(DType::F32, vec![]));
+        let op = Op::ClipCoefficient {
+            max_norm: 1.0,
+            scaled: true,
+        };
+        let out = TensorType::new(DType::F32, vec![]);
+        let kernel = crate::codegen::kernel_for(&op, &inputs, &out)
+            .ok()
+            .flatten()
+            .expect("the clip coefficient has a kernel");
+        let refs: Vec<&TensorType> = inputs.iter().collect();
+        let ws = crate::plan::Target::CUDA_MIN.workspace_bytes(&op, &refs, &out);
+        (kernel, ws)
+    }
+
+    #[test]
+    fn gradient_reductions_take_the_same_arguments_for_any_number_of_tensors() {
+        let (few, few_ws) = clip(3);
+        let (many, many_ws) = clip(800);
+        // Arena, multiplier (the last input), output, workspace, phase.
+        for (k, n) in [(&few, 3), (&many, 800)] {
+            let want = [
+                KernelParam::Arena,
+                In(n),
+                Out,
+                KernelParam::Workspace,
+                KernelParam::Phase,
+            ];
+            assert_eq!(k.params, want);
+        }
+        // 3,000 elements: one block; 800,000: ceil(800,000 / 4,096) = 196 blocks.
+        assert_eq!(few.grid, [1, 1, 1]);
+        assert_eq!(many.grid, [196, 1, 1]);
+        assert_eq!(few_ws, 3 * 24 + 8);
+        assert_eq!(many_ws, 800 * 24 + 196 * 8);
+        let table = many.table.expect("a tensor table");
+        assert_eq!(table.len_bytes(), 800 * 24);
+        let bytes = table.bytes(|i| 256 * i as u64);
+        // Row 2: offset 512, first element 2,000, type f32 (0).
+        let row: Vec<u64> = bytes[48..72]
+            .chunks(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect();
+        assert_eq!(row, [512, 2000, 0]);
     }
 }

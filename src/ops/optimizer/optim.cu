@@ -49,19 +49,60 @@ __device__ void sgd_kernel(char* arena, u64 o_p, u64 o_g, u64 o_b, u64 o_clip, u
     }
 }
 
-// Adds this thread's share of sum(x^2) over one gradient (fp64). Single-block kernel.
-template <typename T, typename C> __device__ __forceinline__ void clip_accum(char* arena, u64 o_x, double& acc) {
-    const T* x = tensor_at<T>(arena, o_x);
-    for (u64 i = threadIdx.x; i < C::N; i += blockDim.x) {
-        const double v = (double)ld(x, i);
-        acc += v * v;
-    }
+// ---- reductions over every gradient: the tensors come as a table at the workspace's start
+// (3 u64 a tensor: arena offset, first flat index, type code; TensorTable in codegen), the
+// flat index space of all of them split into C::PARTS chunks of C::CHUNK elements. Phase 0:
+// block b reduces chunk b into the fp64 partial after the table; phase 1: one block sums the
+// partials in a fixed order.
+
+// Element i of table tensor e as fp32 (type codes 0 f32, 1 f16, 2 bf16).
+__device__ __forceinline__ float table_ld(char* arena, const u64* e, u64 i) {
+    if (e[2] == 1) return ld(tensor_at<__half>(arena, e[0]), i);
+    if (e[2] == 2) return ld(tensor_at<__nv_bfloat16>(arena, e[0]), i);
+    return ld(tensor_at<float>(arena, e[0]), i);
 }
+
+// Phase 0: partial[blockIdx.x] = sum of R::term(v) over the block's chunk, each thread taking
+// every blockDim.x-th element of each tensor's part of the chunk, tensors in table order.
+template <typename R, typename C> __device__ __forceinline__ void table_partial(char* arena, u64 o_ws) {
+    const u64* tab = tensor_at<u64>(arena, o_ws);
+    const u64 lo = (u64)blockIdx.x * C::CHUNK, hi = lo + C::CHUNK < C::TOTAL ? lo + C::CHUNK : C::TOTAL;
+    // The last tensor starting at or before lo (binary search over the first indices).
+    u64 a = 0, b = C::TENSORS;
+    while (b - a > 1) {
+        const u64 mid = (a + b) / 2;
+        if (tab[3 * mid + 1] <= lo) a = mid; else b = mid;
+    }
+    double acc = 0.0;
+    for (u64 t = a; t < C::TENSORS && tab[3 * t + 1] < hi; ++t) {
+        const u64 first = tab[3 * t + 1], end = t + 1 < C::TENSORS ? tab[3 * t + 4] : C::TOTAL;
+        const u64 from = lo > first ? lo : first, to = hi < end ? hi : end;
+        for (u64 i = from + threadIdx.x; i < to; i += blockDim.x) acc += R::term(table_ld(arena, tab + 3 * t, i - first));
+    }
+    acc = block_reduce<MemcSum<double>>(acc);
+    if (threadIdx.x == 0) tensor_at<double>(arena, o_ws + C::TABLE_BYTES)[blockIdx.x] = acc;
+}
+
+// Phase 1: the fixed-order sum of the C::PARTS partials (every thread of the block gets it).
+template <typename C> __device__ __forceinline__ double table_total(char* arena, u64 o_ws) {
+    return sum_partials(tensor_at<double>(arena, o_ws + C::TABLE_BYTES), C::PARTS);
+}
+
+// A gradient element's share of the squared norm.
+struct ClipTerm {
+    static __device__ __forceinline__ double term(float v) { return (double)v * (double)v; }
+};
+
+// Whether an element is non-finite, as 1 or 0.
+struct OverflowTerm {
+    static __device__ __forceinline__ double term(float v) { return isfinite(v) ? 0.0 : 1.0; }
+};
 
 // out[0] = m min(1, MAX_NORM / (m sqrt(sum of squares) + 1e-6)), where m is the unscale
 // multiplier when SCALED (its offset is o_mul) and 1 otherwise; m = 0 gives 0.
-template <typename C> __device__ __forceinline__ void clip_finish(char* arena, u64 o_mul, u64 o_out, double acc) {
-    const double total = block_reduce<MemcSum<double>>(acc);
+template <typename C> __device__ void clip_coefficient_kernel(char* arena, u64 o_mul, u64 o_out, u64 o_ws, u64 phase) {
+    if (phase == 0) return table_partial<ClipTerm, C>(arena, o_ws);
+    const double total = table_total<C>(arena, o_ws);
     if (threadIdx.x == 0) {
         const double m = C::SCALED ? (double)tensor_at<float>(arena, o_mul)[0] : 1.0;
         const double c = (double)C::MAX_NORM / (m * sqrt(total) + 1e-6);
@@ -69,17 +110,10 @@ template <typename C> __device__ __forceinline__ void clip_finish(char* arena, u
     }
 }
 
-// Counts this thread's non-finite elements of one gradient. Single-block kernel.
-template <typename T, typename C> __device__ __forceinline__ void unscale_accum(char* arena, u64 o_x, double& bad) {
-    const T* x = tensor_at<T>(arena, o_x);
-    for (u64 i = threadIdx.x; i < C::N; i += blockDim.x) {
-        if (!isfinite(ld(x, i))) bad += 1.0;
-    }
-}
-
-// out[0] = 1 / scale when no gradient element was non-finite, else 0.
-__device__ __forceinline__ void unscale_finish(char* arena, u64 o_scale, u64 o_out, double bad) {
-    const double total = block_reduce<MemcSum<double>>(bad);
+// out[0] = 1 / scale when no gradient element is non-finite, else 0.
+template <typename C> __device__ void unscale_grads_kernel(char* arena, u64 o_scale, u64 o_out, u64 o_ws, u64 phase) {
+    if (phase == 0) return table_partial<OverflowTerm, C>(arena, o_ws);
+    const double total = table_total<C>(arena, o_ws);
     if (threadIdx.x == 0) {
         const float s = tensor_at<float>(arena, o_scale)[0];
         tensor_at<float>(arena, o_out)[0] = total > 0.0 ? 0.0f : 1.0f / s;

@@ -1,0 +1,111 @@
+//! Op cases whose kernels spread a reduction over many blocks, at sizes that give several
+//! blocks and a partial last one: norm weight and bias gradients over row and sample chunks,
+//! embedding backward row tiles, the scalar losses and the gradient reductions.
+
+use super::t;
+use memc::ir::*;
+
+/// Gradients of 9,119 elements in all, for the multi-block gradient reductions.
+fn many_grads() -> Vec<TensorType> {
+    [&[40, 100][..], &[7], &[3000], &[64, 33]]
+        .iter()
+        .map(|s| t(DType::F32, s))
+        .collect()
+}
+
+/// The multi-block cases, as `super::cases` lists them.
+pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
+    use DType::{F32, I32};
+    let f = |s: &[usize]| t(F32, s);
+    vec![
+        // The weight and bias gradients over many row chunks (the last one partial), and
+        // over channels a thread owns several of.
+        (
+            "layer_norm_bwd_w_chunks",
+            Op::NormBackwardWeight {
+                kind: NormKind::Layer,
+                eps: 1e-5,
+            },
+            vec![f(&[301, 24]), f(&[301, 24])],
+        ),
+        (
+            "layer_norm_bwd_w_wide",
+            Op::NormBackwardWeight {
+                kind: NormKind::Layer,
+                eps: 1e-5,
+            },
+            vec![f(&[5, 300]), f(&[5, 300])],
+        ),
+        (
+            "layer_norm_bwd_b_chunks",
+            Op::NormBackwardBias {
+                kind: NormKind::Layer,
+            },
+            vec![f(&[301, 24])],
+        ),
+        // 64 channels: sample chunks of 2, the last one short.
+        (
+            "batch_norm_bwd_w_chunks",
+            Op::NormBackwardWeight {
+                kind: NormKind::Batch,
+                eps: 1e-5,
+            },
+            vec![f(&[7, 64, 3]), f(&[7, 64, 3])],
+        ),
+        (
+            "batch_norm_bwd_b_chunks",
+            Op::NormBackwardBias {
+                kind: NormKind::Batch,
+            },
+            vec![f(&[7, 64, 3])],
+        ),
+        (
+            "batch_norm_bwd_b",
+            Op::NormBackwardBias {
+                kind: NormKind::Batch,
+            },
+            vec![f(&[2, 3, 4, 4])],
+        ),
+        (
+            "group_norm_bwd_b",
+            Op::NormBackwardBias {
+                kind: NormKind::Group(2),
+            },
+            vec![f(&[3, 4, 5])],
+        ),
+        // Row tiles of 4 (the last one partial), several windows of ids, untouched rows.
+        (
+            "embedding_bwd_tiles",
+            Op::EmbeddingBackward { rows: 1001 },
+            vec![t(I32, &[3, 50]), f(&[3, 50, 100])],
+        ),
+        // More rows than the first launch has blocks: blocks take several rows.
+        (
+            "cross_entropy_rows",
+            Op::CrossEntropy,
+            vec![f(&[1100, 3]), t(I32, &[1100])],
+        ),
+        (
+            "cross_entropy_bwd",
+            Op::CrossEntropyBackward,
+            vec![f(&[2, 7, 50]), t(I32, &[2, 7]), f(&[])],
+        ),
+        // Two chunks, the last one element short.
+        ("mse_chunks", Op::Mse, vec![f(&[51, 61]), f(&[51, 61])]),
+        // Three chunks of the gradients' flat index space, boundaries inside tensors and a
+        // chunk spanning three of them.
+        (
+            "clip_chunks",
+            Op::ClipCoefficient {
+                max_norm: 1.0,
+                scaled: true,
+            },
+            [many_grads(), vec![t(F32, &[])]].concat(),
+        ),
+        (
+            "unscale_chunks",
+            Op::UnscaleGrads,
+            [vec![t(F32, &[])], many_grads()].concat(),
+        ),
+    ]
+}
