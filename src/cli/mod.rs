@@ -80,6 +80,10 @@ pub struct CompileArgs {
     /// scratch buffers). `memc run` also executes on it.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     device: String,
+    /// Estimate the step time on this GPU (a100, h100, h200, rtx4090): the report gains
+    /// the estimate, and checkpointing ranks its candidates by time on it (h100 without).
+    #[arg(long, value_name = "NAME")]
+    gpu: Option<String>,
 }
 
 impl CompileArgs {
@@ -98,6 +102,7 @@ impl CompileArgs {
             ("--precision", self.precision.is_some()),
             ("--master-weights", self.master_weights.is_some()),
             ("--accumulate", self.accumulate.is_some()),
+            ("--gpu", self.gpu.is_some()),
         ];
         given
             .into_iter()
@@ -292,6 +297,11 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
     }
     let checkpoint = memc::budget::CheckpointMode::parse(&args.checkpoint)
         .map_err(|e| Failure::user(e, "--checkpoint", &args.checkpoint))?;
+    let gpu = args
+        .gpu
+        .as_deref()
+        .map(|g| memc::cost::Gpu::parse(g).map_err(|e| Failure::user(e, "--gpu", g)))
+        .transpose()?;
     Ok(Options {
         overrides,
         optimizer_in_backward,
@@ -310,6 +320,7 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
         } else {
             memc::plan::Target::Cpu
         },
+        gpu,
     })
 }
 

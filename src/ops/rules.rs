@@ -37,6 +37,11 @@ pub struct Behaviour {
     pub class: OpClass,
     /// Indices of inputs the op overwrites in place.
     pub mutated_inputs: &'static [usize],
+    /// Whether the family's CUDA kernel for the op computes on tensor cores (16-bit inputs
+    /// at the 16-bit MMA rate, fp32 inputs as TF32). False while the kernel is a SIMT fp32
+    /// FMA kernel, as every generated kernel is today; the GPU cost model (`crate::cost`)
+    /// reads it, so moving a family to cuBLASLt or MMA flips its estimate here, in one place.
+    pub tensor_cores: bool,
 }
 
 impl Behaviour {
@@ -45,6 +50,7 @@ impl Behaviour {
         precision: PrecisionClass::Widest,
         class: OpClass::Cheap,
         mutated_inputs: &[],
+        tensor_cores: false,
     };
     /// Heavy work in its inputs' widest precision, writing no input.
     pub const HEAVY: Behaviour = Behaviour {
