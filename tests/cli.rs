@@ -304,6 +304,12 @@ fn gpu_estimates_the_step_in_text_and_json_and_unknown_names_exit_2() {
         "{e}"
     );
     assert!(e["launches"].as_u64().unwrap() > 0 && e["by_op"][0]["op"].is_string());
+    let bounds = e["steps"].as_array().unwrap().iter().map(|s| &s["bound"]);
+    assert!(
+        bounds.clone().all(|b| b == "compute" || b == "memory"),
+        "{e}"
+    );
+    assert!(bounds.clone().any(|b| b == "memory"), "{e}");
     let plain = memc(&["compile", MLP, "--format", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&plain.stdout).unwrap();
     assert!(

@@ -33,6 +33,25 @@ pub struct Estimate {
     pub bytes: u64,
     /// Time per op kind, most first.
     pub by_op: Vec<OpTime>,
+    /// Every launching step, in plan order, one launch each.
+    pub steps: Vec<StepTime>,
+}
+
+/// The estimate of one launch of one plan step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepTime {
+    /// Index of the step in [`Plan::steps`].
+    pub step: usize,
+    /// The op's kernel name.
+    pub op: String,
+    /// FLOPs of one launch.
+    pub flops: u64,
+    /// Bytes one launch moves.
+    pub bytes: u64,
+    /// Which limit its time comes from.
+    pub bound: Bound,
+    /// Its time, launch overhead included.
+    pub seconds: f64,
 }
 
 /// The estimated time of every launch of one op kind in a step.
@@ -64,10 +83,14 @@ pub fn estimate(plan: &Plan, gpu: Gpu) -> Estimate {
         flops: 0,
         bytes: 0,
         by_op: Vec::new(),
+        steps: Vec::new(),
     };
     let mut by_op: BTreeMap<&str, OpTime> = BTreeMap::new();
     let ty = |b: crate::plan::BufferId| plan.buffers.get(b.index()).map(|b| &b.ty);
-    for step in plan.steps.iter().filter(|s| plan.launches(s)) {
+    for (index, step) in plan.steps.iter().enumerate() {
+        if !plan.launches(step) {
+            continue;
+        }
         let inputs: Vec<_> = step.inputs.iter().filter_map(|&b| ty(b)).collect();
         let workspace = step
             .workspace
@@ -102,6 +125,14 @@ pub fn estimate(plan: &Plan, gpu: Gpu) -> Estimate {
         op.launches += repeats;
         op.seconds += n * time.seconds();
         op.compute_bound_seconds += compute_bound;
+        e.steps.push(StepTime {
+            step: index,
+            op: step.op.name().to_string(),
+            flops: work.flops,
+            bytes: work.bytes,
+            bound: time.bound,
+            seconds: time.seconds(),
+        });
     }
     e.launch_seconds = e.launches as f64 * LAUNCH_OVERHEAD_S;
     e.seconds = e.compute_bound_seconds + e.memory_bound_seconds + e.launch_seconds;
@@ -118,9 +149,10 @@ pub fn ms(seconds: f64) -> String {
     format!("{:.3} ms", seconds * 1e3)
 }
 
-/// The estimate's lines of the text report; `arena` is the plan's arena, compared with the
-/// GPU's memory.
-pub fn render_text(out: &mut String, e: &Estimate, arena: u64) {
+/// The estimate's lines of the text report on `plan`: its arena is compared with the GPU's
+/// memory, and a plan built for the CPU is said to count the CPU's kernel scratch.
+pub fn render_text(out: &mut String, e: &Estimate, plan: &Plan) {
+    let arena = plan.arena_bytes;
     let spec = e.gpu.spec();
     let pct = |s: f64| 100.0 * s / e.seconds.max(f64::MIN_POSITIVE);
     let _ = writeln!(
@@ -143,8 +175,8 @@ pub fn render_text(out: &mut String, e: &Estimate, arena: u64) {
     );
     let _ = writeln!(
         out,
-        "    {:.3} TFLOP, {} moved; {} of {} launches on tensor cores",
-        e.flops as f64 / 1e12,
+        "    {:.3} GFLOP, {} moved; {} of {} launches on tensor cores",
+        e.flops as f64 / 1e9,
         human_bytes(e.bytes),
         grouped(e.tensor_core_launches),
         grouped(e.launches)
@@ -160,6 +192,12 @@ pub fn render_text(out: &mut String, e: &Estimate, arena: u64) {
         human_bytes(arena),
         human_bytes(spec.memory)
     );
+    if plan.target == crate::plan::Target::Cpu {
+        let _ = writeln!(
+            out,
+            "    (a plan for the CPU: its kernel scratch is counted; --device cuda plans for the GPU)"
+        );
+    }
     for o in e.by_op.iter().take(TOP_OPS) {
         let bound = if 2.0 * o.compute_bound_seconds > o.seconds {
             "mostly compute-bound"
@@ -233,6 +271,20 @@ mod tests {
         assert_eq!(ops, [("matmul", 1), ("binary", 1)]);
         assert_eq!(e.by_op[0].seconds, matmul + LAUNCH_OVERHEAD_S);
         assert_eq!(e.by_op[1].compute_bound_seconds, 0.0);
+        let steps: Vec<(&str, u64, Bound)> = e
+            .steps
+            .iter()
+            .map(|s| (s.op.as_str(), s.bytes, s.bound))
+            .collect();
+        let matrix_bytes = 512 * 512 * 4;
+        assert_eq!(
+            steps,
+            [
+                ("matmul", 3 * matrix_bytes, Bound::Compute),
+                ("binary", 3 * matrix_bytes, Bound::Memory)
+            ]
+        );
+        assert_eq!(e.steps[1].seconds, add + LAUNCH_OVERHEAD_S);
     }
 
     #[test]

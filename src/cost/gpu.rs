@@ -36,7 +36,8 @@ pub struct GpuSpec {
     pub bandwidth: f64,
     /// Streaming multiprocessors.
     pub sms: u32,
-    /// Device memory in bytes, as the datasheet states it (the driver reports slightly less).
+    /// Device memory in bytes: the datasheet's GB figure taken as GiB (the driver reports
+    /// slightly less, e.g. 79.6 GiB on an H100 SXM).
     pub memory: u64,
 }
 
@@ -44,9 +45,9 @@ const TERA: f64 = 1e12;
 const GIB: u64 = 1 << 30;
 
 /// A100 SXM 80GB. NVIDIA A100 Tensor Core GPU datasheet (2021): FP32 19.5 TFLOPS, TF32
-/// Tensor Core 156 TFLOPS and BF16/FP16 Tensor Core 312 TFLOPS (dense; the datasheet's 312 /
-/// 624 are with sparsity), HBM2e 2,039 GB/s, 80 GB. 108 SMs: NVIDIA A100 Tensor Core GPU
-/// Architecture whitepaper (2020), table 3.
+/// Tensor Core 156 TFLOPS and BF16/FP16 Tensor Core 312 TFLOPS dense (312 and 624 with
+/// sparsity), HBM2e 2,039 GB/s, 80 GB. 108 SMs: NVIDIA A100 Tensor Core GPU Architecture
+/// whitepaper (2020), table 3.
 const A100: GpuSpec = GpuSpec {
     name: "A100 SXM 80GB",
     tensor_16bit: 312.0 * TERA,

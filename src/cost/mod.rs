@@ -7,7 +7,7 @@ mod estimate;
 mod gpu;
 mod model;
 
-pub use estimate::{estimate, ms, render_text, Estimate, OpTime};
+pub use estimate::{estimate, ms, render_text, Estimate, OpTime, StepTime};
 pub use gpu::{Gpu, GpuSpec};
 pub use model::{
     Bound, Time, Work, LAUNCH_OVERHEAD_S, MEMORY_EFFICIENCY, SIMT_EFFICIENCY,

@@ -322,7 +322,7 @@ pub fn render_text(plan: &Plan) -> String {
         render_checkpoint(&mut out, c, r.flops);
     }
     if let Some(e) = &r.estimate {
-        crate::cost::render_text(&mut out, e, b.arena);
+        crate::cost::render_text(&mut out, e, plan);
     }
     if let Some(t) = &plan.train {
         if let Some(budget) = t.budget {
