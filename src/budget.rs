@@ -2,10 +2,10 @@
 //! `auto` mode, keeps everything if that fits, else compiles the candidate policies in stages
 //! of growing recomputation (selective and min-cut; then per-block, every k-th block,
 //! sqrt(n) and min-cuts over a sweep of recomputation penalties) and keeps the fitting plan
-//! with the least estimated step time on the chosen GPU (`crate::cost`), which is the
-//! least recompute time: the steps every candidate shares cost the same. The sweep is exhaustive rather than a bisection because
-//! the laid-out peak is not monotone in the penalty: recomputed values also occupy memory
-//! during backward.
+//! with the least estimated step time on the chosen GPU (`crate::cost`): the least
+//! recompute time, since the steps every candidate shares cost the same. The sweep is
+//! exhaustive rather than a bisection because the laid-out peak is not monotone in the
+//! penalty: recomputed values also occupy memory during backward.
 
 use crate::cost::{estimate, Gpu};
 use crate::diagnostic::UserError;
@@ -294,11 +294,7 @@ fn plan_candidates(
 /// gives its plan with the least estimated step time (then the smallest arena); when none fits
 /// with the quick layout, the smallest candidate, which then gets the full layout search
 /// (and the infeasible diagnostic if it still misses).
-fn least_recompute(
-    step: Step,
-    budget: Option<u64>,
-    quick: &BuildOptions,
-) -> Result<Policy, StageError> {
+fn least_time(step: Step, budget: Option<u64>, quick: &BuildOptions) -> Result<Policy, StageError> {
     let mut smallest: Option<Candidate> = None;
     for stage in auto_candidates(step.graph) {
         let planned = plan_candidates(step, &stage, quick)?;
@@ -334,7 +330,7 @@ pub fn fit(
     let chosen = match mode.policy(graph) {
         Some(policy) => policy,
         None if budget.is_none() => Policy::KeepAll,
-        None => least_recompute(step, budget, &quick)?,
+        None => least_time(step, budget, &quick)?,
     };
     let (g, plan) = plan_with(step, chosen, options)?;
     match (train, budget) {

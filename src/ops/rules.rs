@@ -39,8 +39,9 @@ pub struct Behaviour {
     pub mutated_inputs: &'static [usize],
     /// Whether the family's CUDA kernel for the op computes on tensor cores (16-bit inputs
     /// at the 16-bit MMA rate, fp32 inputs as TF32). False while the kernel is a SIMT fp32
-    /// FMA kernel, as every generated kernel is today; the GPU cost model (`crate::cost`)
-    /// reads it, so moving a family to cuBLASLt or MMA flips its estimate here, in one place.
+    /// FMA kernel, as every generated kernel is today. The GPU cost model (`crate::cost`)
+    /// reads only this, so a family moving to cuBLASLt or MMA sets it in its `behaviour`,
+    /// the one place its estimate changes.
     pub tensor_cores: bool,
 }
 
