@@ -38,7 +38,7 @@ def memc_report(memc, name, config, ckpt, optimizer_in_backward=None):
     cfg = pytorch_peak.CONFIGS[config]
     cmd = [memc, "compile", os.path.join(ROOT, spec["spec"]), "--device", "cuda"]
     cmd += ["--format", "json", "--precision", "bf16" if cfg["bf16"] else "fp32"]
-    cmd += ["--checkpoint", ckpt if cfg["ckpt"] else "none", "--layout-time", LAYOUT_TIME]
+    cmd += ["--checkpoint", ckpt if cfg["ckpt"] else "auto", "--layout-time", LAYOUT_TIME]
     if optimizer_in_backward:
         cmd += ["--optimizer-in-backward", optimizer_in_backward]
     for k, v in spec["dims"].items():
@@ -98,7 +98,9 @@ def main():
             print(rows[-1], file=sys.stderr, flush=True)
     head = [
         f"Measured {datetime.date.today().isoformat()} at memc commit {git_commit()}, "
-        f"torch {torch.__version__}; checkpointed column: memc `--checkpoint {ckpt}`, "
+        f"torch {torch.__version__}; fp32 and bf16 rows: memc's default plan (`--checkpoint "
+        "auto` without a budget: the smaller of keep-all and pointwise recomputation), "
+        f"PyTorch eager; checkpointed rows: memc `--checkpoint {ckpt}`, "
         "PyTorch torch.utils.checkpoint around every block. * : memc's layout search "
         f"stopped ({LAYOUT_TIME} s) above the lower bound.",
         "",

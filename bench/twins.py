@@ -172,12 +172,12 @@ class LlamaLayer(nn.Module):
 
     def __init__(self, d, heads, f):
         super().__init__()
-        self.attn_norm = nn.RMSNorm(d, eps=1e-5)
+        self.attn_norm = nn.RMSNorm(d, eps=1e-6)
         self.wq = nn.Linear(d, d, bias=False)
         self.wk = nn.Linear(d, d, bias=False)
         self.wv = nn.Linear(d, d, bias=False)
         self.wo = nn.Linear(d, d, bias=False)
-        self.mlp_norm = nn.RMSNorm(d, eps=1e-5)
+        self.mlp_norm = nn.RMSNorm(d, eps=1e-6)
         self.w1 = nn.Linear(d, f, bias=False)
         self.w2 = nn.Linear(f, d, bias=False)
         self.w3 = nn.Linear(d, f, bias=False)
@@ -200,7 +200,7 @@ class Llama(Twin):
         super().__init__()
         self.tok = nn.Parameter(torch.empty(V, D))
         self.layers = nn.ModuleList(LlamaLayer(D, H, Fh) for _ in range(L))
-        self.norm = nn.RMSNorm(D, eps=1e-5)
+        self.norm = nn.RMSNorm(D, eps=1e-6)
         self.head = nn.Linear(D, V, bias=False)
         hd = D // H
         inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))

@@ -5,7 +5,8 @@
 //! with the least estimated step time on the chosen GPU (`crate::cost`): the least
 //! recompute time, since the steps every candidate shares cost the same. The sweep is
 //! exhaustive rather than a bisection because the laid-out peak is not monotone in the
-//! penalty: recomputed values also occupy memory during backward.
+//! penalty: recomputed values also occupy memory during backward. When even that misses the budget, the fused loss head's chunks are
+//! halved and the search repeats.
 
 use crate::cost::{estimate, Gpu};
 use crate::diagnostic::UserError;
@@ -22,15 +23,19 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 /// How the compiler chooses recomputation (`--checkpoint`). Whatever the mode, casts that
-/// widen low-precision activations to fp32 are recomputed rather than saved.
+/// widen low-precision activations to fp32 and low-precision weight copies are recomputed
+/// rather than saved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CheckpointMode {
-    /// Keep everything unless the budget demands more; then the fitting candidate (per-block,
-    /// every k-th block, sqrt(n), selective, min-cut) with the least estimated step time.
+    /// The smaller of keep-all and pointwise recomputation when it fits the budget (or there
+    /// is none); else the fitting candidate (per-block, every k-th block, sqrt(n),
+    /// selective, min-cut) with the least estimated step time.
     #[default]
     Auto,
     /// Save every value backward reads (`none`).
     KeepAll,
+    /// Recompute pointwise ops from values saved anyway ([`Policy::Pointwise`]).
+    Pointwise,
     /// Save the boundary of every k-th block instance (`every=K`; `block` is k = 1).
     Every(NonZeroUsize),
     /// Every k-th block with k = round(sqrt(block instances)) (Chen et al. 2016).
@@ -46,15 +51,16 @@ impl CheckpointMode {
     /// Per-block checkpointing (`block`): every block instance's input saved.
     pub const BLOCK: CheckpointMode = CheckpointMode::Every(NonZeroUsize::MIN);
 
-    /// Parses a `--checkpoint` value: `auto`, `none`, `block`, `every=K` (K >= 1), `sqrt`,
-    /// `mincut` or `selective`. Errors carry a span into `text` and a help line.
+    /// Parses a `--checkpoint` value: `auto`, `none`, `pointwise`, `block`, `every=K`
+    /// (K >= 1), `sqrt`, `mincut` or `selective`. Errors carry a span into `text` and a help line.
     pub fn parse(text: &str) -> Result<CheckpointMode, UserError> {
         const HELP: &str =
-            "use auto, none, block, every=K (K a positive integer), sqrt, mincut or selective";
+            "use auto, none, pointwise, block, every=K (K a positive integer), sqrt, mincut or selective";
         let whole = Span::new(0, text.len());
         Ok(match text {
             "auto" => CheckpointMode::Auto,
             "none" => CheckpointMode::KeepAll,
+            "pointwise" => CheckpointMode::Pointwise,
             "block" => CheckpointMode::BLOCK,
             "sqrt" => CheckpointMode::Sqrt,
             "mincut" => CheckpointMode::MinCut,
@@ -97,6 +103,7 @@ impl CheckpointMode {
         Some(match self {
             CheckpointMode::Auto => return None,
             CheckpointMode::KeepAll => Policy::KeepAll,
+            CheckpointMode::Pointwise => Policy::Pointwise,
             CheckpointMode::Every(k) => Policy::Segments { every: k.get() },
             CheckpointMode::Sqrt => Policy::Segments {
                 every: checkpoint::sqrt_segment(graph),
@@ -128,7 +135,11 @@ fn summary(
 ) -> Option<CheckpointSummary> {
     let name = match policy {
         Policy::KeepAll if clones.is_empty() => return None,
-        Policy::KeepAll => "keep all (fp32 copies of low-precision activations recomputed)".into(),
+        Policy::KeepAll => {
+            "keep all (casts recomputed: fp32 copies of activations, low-precision weight copies)"
+                .into()
+        }
+        Policy::Pointwise => "pointwise: pointwise ops recomputed from values saved anyway".into(),
         Policy::MinCut { penalty: None } => "min-cut (heavy and random ops kept)".to_string(),
         Policy::MinCut { penalty: Some(p) } => {
             format!("min-cut, recompute penalty {p:.3e} bytes/FLOP")
@@ -248,8 +259,9 @@ fn infeasible(train: &TrainSpec, budget: u64, plan: &Plan) -> FitError {
     ))
 }
 
-/// Auto mode's candidates, in stages of growing recomputation: keep-all; the policies that
-/// recompute no heavy op (selective, min-cut with heavy ops kept); then per-block and every
+/// Auto mode's candidates, in stages of growing recomputation: keep-all and pointwise (the
+/// smaller plan of the two is taken, as pointwise recomputation costs memory passes only);
+/// the policies that recompute no heavy op (selective, min-cut with heavy ops kept); then per-block and every
 /// k-th block for k up to max(4, sqrt(n)) (sqrt(n) among them), which recompute a superset
 /// of what selective recomputes, and min-cuts over a sweep of recomputation penalties (1e2
 /// down to 1e-13 bytes per FLOP).
@@ -264,7 +276,7 @@ pub fn auto_candidates(graph: &Graph) -> [Vec<Policy>; 3] {
         penalty: Some(10f64.powf(2.0 - i as f64)),
     }));
     [
-        vec![Policy::KeepAll],
+        vec![Policy::KeepAll, Policy::Pointwise],
         vec![Policy::Selective, Policy::MinCut { penalty: None }],
         heavy,
     ]
@@ -291,17 +303,26 @@ fn plan_candidates(
 }
 
 /// Auto mode's choice: the first stage of [`auto_candidates`] with a plan that fits `budget`
-/// gives its plan with the least estimated step time (then the smallest arena); when none fits
+/// gives its smallest plan (then the least estimated step time) when it is the first stage,
+/// else its plan with the least estimated step time (then the smallest arena); when none fits
 /// with the quick layout, the smallest candidate, which then gets the full layout search
 /// (and the infeasible diagnostic if it still misses).
 fn least_time(step: Step, budget: Option<u64>, quick: &BuildOptions) -> Result<Policy, StageError> {
     let mut smallest: Option<Candidate> = None;
-    for stage in auto_candidates(step.graph) {
+    for (index, stage) in auto_candidates(step.graph).into_iter().enumerate() {
         let planned = plan_candidates(step, &stage, quick)?;
         let fitting = planned
             .iter()
             .filter(|c| budget.is_none_or(|b| c.2 <= b))
-            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.2.cmp(&b.2)));
+            .min_by(|a, b| {
+                let time = a.1.total_cmp(&b.1);
+                let bytes = a.2.cmp(&b.2);
+                if index == 0 {
+                    bytes.then(time)
+                } else {
+                    time.then(bytes)
+                }
+            });
         if let Some(&(policy, _, _)) = fitting {
             return Ok(policy);
         }
@@ -313,8 +334,8 @@ fn least_time(step: Step, budget: Option<u64>, quick: &BuildOptions) -> Result<P
     Ok(smallest.map_or(Policy::KeepAll, |c| c.0))
 }
 
-/// Plans the step: the policy of `mode`, or in auto mode the [`auto_candidates`] plan with
-/// the least estimated step time that fits the budget (keep-all without one). Fails with a
+/// Plans the step: the policy of `mode`, or in auto mode the plan [`least_time`]
+/// chooses (the smaller of keep-all and pointwise without a budget). Fails with a
 /// diagnostic naming the minimum feasible budget found.
 pub fn fit(
     step: Step,
@@ -329,12 +350,24 @@ pub fn fit(
     };
     let chosen = match mode.policy(graph) {
         Some(policy) => policy,
-        None if budget.is_none() => Policy::KeepAll,
         None => least_time(step, budget, &quick)?,
     };
     let (g, plan) = plan_with(step, chosen, options)?;
     match (train, budget) {
-        (Some(t), Some(b)) if plan.arena_bytes > b => Err(infeasible(t, b, &plan)),
+        // Over budget: the fused loss head's chunks halve (less scratch) while they can.
+        (Some(t), Some(b)) if plan.arena_bytes > b => {
+            match crate::passes::fuse_loss::halve_chunks(graph) {
+                Some(smaller) => fit(
+                    Step {
+                        graph: &smaller,
+                        ..step
+                    },
+                    mode,
+                    options,
+                ),
+                None => Err(infeasible(t, b, &plan)),
+            }
+        }
         _ => Ok((g, plan)),
     }
 }

@@ -1,6 +1,6 @@
 //! memc: compiles a `.mdl` model spec into a memory-planned training or inference step.
 //!
-//! [`compile`] runs the pipeline: parse, lower, mixed precision, autodiff, optimizer, checkpointing chosen to
+//! [`compile`] runs the pipeline: parse, lower, loss-head fusion, mixed precision, autodiff, optimizer, checkpointing chosen to
 //! fit the budget, schedule, liveness, arena layout, plan verification. Each stage is a pure
 //! function of the previous one.
 pub mod advise;
@@ -50,6 +50,9 @@ pub struct Options {
     /// The GPU `--gpu` names: the report then carries the estimated step time on it, and
     /// checkpointing ranks by time on it (on [`cost::Gpu::default`], the H100, without one).
     pub gpu: Option<cost::Gpu>,
+    /// Fuse `cross_entropy(x @ w, t)` into the chunked linear cross-entropy
+    /// (`passes::fuse_loss`; default on).
+    pub fuse_loss: bool,
 }
 
 impl Default for Options {
@@ -65,6 +68,7 @@ impl Default for Options {
             accumulate: None,
             target: plan::Target::Cpu,
             gpu: None,
+            fuse_loss: true,
         }
     }
 }
@@ -171,6 +175,18 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
     verified(&module.graph, "lower")?;
     if let Some(t) = module.train.as_mut() {
         apply_train_options(t, options)?;
+    }
+    if options.fuse_loss {
+        let hidden = module
+            .train
+            .as_ref()
+            .and_then(|t| match t.settings.precision {
+                settings::Precision::Fp32 => None,
+                settings::Precision::Bf16 => Some(ir::DType::BF16),
+                settings::Precision::Fp16 => Some(ir::DType::F16),
+            });
+        module.graph = passes::fuse_loss::run(&module.graph, hidden)?;
+        verified(&module.graph, "fuse_loss")?;
     }
     let (graph, in_backward) = match &module.train {
         Some(spec) => {

@@ -13,7 +13,11 @@ fn rows_are_compiled_plans_sorted_best_first() {
         overrides: common::tiny_gpt(4),
         ..Options::default()
     };
-    let keep = memc::compile(&src, &options)
+    let keep_all = Options {
+        checkpoint: memc::budget::CheckpointMode::KeepAll,
+        ..options.clone()
+    };
+    let keep = memc::compile(&src, &keep_all)
         .unwrap()
         .plan
         .plan()

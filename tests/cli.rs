@@ -229,6 +229,7 @@ fn checkpoint_policies_parse_and_bad_ones_exit_2() {
         "sqrt",
         "selective",
         "mincut",
+        "pointwise",
         "none",
         "auto",
     ] {
@@ -325,4 +326,33 @@ fn gpu_estimates_the_step_in_text_and_json_and_unknown_names_exit_2() {
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// `memc emit` writes every kernel's source and a manifest naming its launch; where NVRTC
+/// loads, each kernel's PTX and ptxas's sm_90 figures too (and no library call: every step
+/// is a generated kernel).
+#[test]
+fn emit_writes_sources_and_a_manifest_with_ptxas_figures() {
+    let dir = scratch("emit");
+    let out = memc(&["emit", MLP, "-o", dir.to_str().unwrap_or_default()]);
+    assert_success(&out);
+    let text = std::fs::read_to_string(dir.join("manifest.json")).expect("manifest");
+    let manifest: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let kernels = manifest.as_array().expect("array");
+    assert!(!kernels.is_empty());
+    let nvrtc = memc::codegen::nvrtc::nvrtc_available();
+    for k in kernels {
+        let source = k["source"].as_str().expect("source");
+        assert!(dir.join(source).is_file(), "{source}");
+        assert!(k["library"].is_null(), "{k}");
+        if nvrtc {
+            assert!(dir.join(k["ptx"].as_str().expect("ptx")).is_file(), "{k}");
+            assert!(k["sm_90"]["registers"].as_u64().unwrap_or(0) > 0, "{k}");
+            assert_eq!(k["sm_90"]["spill_store_bytes"].as_u64(), Some(0), "{k}");
+        }
+    }
+    assert!(
+        nvrtc || std::env::var("MEMC_REQUIRE_NVRTC").as_deref() != Ok("1"),
+        "NVRTC required"
+    );
 }

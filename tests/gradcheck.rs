@@ -138,3 +138,41 @@ fn cross_entropy() {
     let err = check(src, 1e-2);
     assert!(err < 1e-2, "relative error {err:.2e}");
 }
+
+/// The fused loss head (`cross_entropy(x @ w, t)` becomes `linear_cross_entropy`) in both
+/// weight layouts, with a tied table read twice, over chunks that do not divide the rows
+/// (6 rows, default chunk 4 in fp32).
+#[test]
+fn linear_cross_entropy() {
+    let heads = [
+        (
+            "  param x: [N, D] = normal(1.0)\n  param w: [D, V] = normal(0.5)",
+            "x @ w",
+        ),
+        (
+            "  param x: [2, 3, D] = normal(1.0)\n  param e: [V, D] = normal(0.5)",
+            "x @ transpose(e)",
+        ),
+        (
+            "  param e: [V, D] = normal(1.0)\n  input ids: i32[N]",
+            "embed(e, ids) @ transpose(e)",
+        ),
+    ];
+    for (params, logits) in heads {
+        let targets = if logits.starts_with("x @ transpose") {
+            "[2, 3]"
+        } else {
+            "[N]"
+        };
+        let src = format!(
+            "model lce {{\n  dim N = 6, D = 4, V = 5\n{params}\n  input t: i32{targets}\n  loss = cross_entropy({logits}, t)\n  train {{ optimizer = sgd(lr = 0.0) }}\n}}\n"
+        );
+        let graph = common::compiled(&src).graph;
+        let fused = graph
+            .values()
+            .any(|v| matches!(graph.node(v).op, memc::ir::Op::LinearCrossEntropy(_)));
+        assert!(fused, "{logits}: the loss head was not fused");
+        let err = check(&src, 1e-2);
+        assert!(err < 1e-2, "{logits}: relative error {err:.2e}");
+    }
+}

@@ -143,3 +143,20 @@ fn a_broken_kernel_in_a_batch_is_named() {
         "{failures:?}"
     );
 }
+
+/// A CUBIN for each real architecture is an ELF image, and ptxas's report gives its
+/// registers (each thread of a cast uses some) and no spills.
+#[test]
+fn cubins_carry_ptxas_figures() {
+    if !nvrtc_ready() {
+        return;
+    }
+    let kernel = cast_kernel(DType::F32, DType::BF16, 4096);
+    for sm in [(8, 0), (9, 0)] {
+        let cubin = memc::codegen::nvrtc::compile_cubin(&kernel, sm).expect("cubin");
+        assert_eq!(&cubin.image[..4], b"\x7fELF", "sm_{}{}", sm.0, sm.1);
+        let r = cubin.resources;
+        assert!(r.registers > 0 && r.registers <= 255, "{r:?}");
+        assert_eq!((r.spill_store_bytes, r.spill_load_bytes), (0, 0), "{r:?}");
+    }
+}

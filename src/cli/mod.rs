@@ -76,14 +76,18 @@ pub struct CompileArgs {
     /// without N searches the micro-batch instead.
     #[arg(long, value_name = "N", num_args = 0..=1, value_parser = clap::value_parser!(u32).range(1..))]
     accumulate: Option<Option<u32>>,
-    /// Backend the plan is built for: cpu (reference) or cuda (sm_80 or newer; no kernel
-    /// scratch buffers). `memc run` also executes on it.
+    /// Backend the plan is built for: cpu (reference) or cuda (sm_80 or newer), which decides
+    /// each step's scratch buffer. `memc run` also executes on it.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     device: String,
     /// Estimate the step time on this GPU (a100, h100, h200, rtx4090): the report gains
     /// the estimate, and checkpointing ranks its candidates by time on it (h100 without).
     #[arg(long, value_name = "NAME")]
     gpu: Option<String>,
+    /// Fuse the loss head `cross_entropy(x @ w, t)` into a chunked linear cross-entropy that
+    /// never holds the logits (default on); off keeps the matmul and cross-entropy.
+    #[arg(long, value_name = "on|off")]
+    fuse_loss: Option<String>,
 }
 
 impl CompileArgs {
@@ -103,6 +107,7 @@ impl CompileArgs {
             ("--master-weights", self.master_weights.is_some()),
             ("--accumulate", self.accumulate.is_some()),
             ("--gpu", self.gpu.is_some()),
+            ("--fuse-loss", self.fuse_loss.is_some()),
         ];
         given
             .into_iter()
@@ -289,6 +294,7 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
     }
     let optimizer_in_backward = on_off("--optimizer-in-backward", &args.optimizer_in_backward)?;
     let master_weights = on_off("--master-weights", &args.master_weights)?;
+    let fuse_loss = on_off("--fuse-loss", &args.fuse_loss)?.unwrap_or(true);
     let budget = args.budget.as_deref().map(parse_size).transpose()?;
     if !(args.layout_time.is_finite() && args.layout_time >= 0.0) {
         return Err(Failure::Plain(
@@ -321,6 +327,7 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
             memc::plan::Target::Cpu
         },
         gpu,
+        fuse_loss,
     })
 }
 

@@ -108,10 +108,18 @@ pub fn arena(
     }
 }
 
-/// `memc emit`: `<kernel>.cu` (+ `.ptx` for compute_90 when NVRTC loads), `plan.json` and
-/// `manifest.json` mapping each kernel to its source, launch configuration and steps.
+/// `memc emit`: `<kernel>.cu`, and when NVRTC loads `<kernel>.ptx` (compute_90) and each
+/// kernel's sm_90 resources from ptxas (registers, shared memory, stack, spills);
+/// `plan.json` and `manifest.json` mapping each kernel to its source, launch configuration,
+/// resources, library (none: every step is a generated kernel) and steps. NVRTC loading
+/// without the CUDA headers is a plain error naming them.
 pub fn emit(compiled: &memc::Compiled, dir: &Path) -> Result<(), Failure> {
-    use memc::codegen::nvrtc::{compile_ptx, nvrtc_available};
+    use memc::codegen::nvrtc::{compile_cubin, compile_ptx, nvrtc_available};
+    use memc::codegen::CodegenError;
+    let failed = |e: CodegenError| match e {
+        CodegenError::NvrtcMissing | CodegenError::HeadersMissing => Failure::Plain(e.to_string()),
+        other => Failure::Internal(vec![other.to_string()]),
+    };
     let plan = compiled.plan.plan();
     let uses = memc::codegen::plan_kernel_uses(plan)
         .map_err(|e| Failure::Internal(vec![format!("codegen: {e}")]))?;
@@ -122,15 +130,15 @@ pub fn emit(compiled: &memc::Compiled, dir: &Path) -> Result<(), Failure> {
     for (k, steps) in &uses {
         let cu = format!("{}.cu", k.name);
         write_atomic(&dir.join(&cu), k.source.as_bytes())?;
-        let ptx = if with_ptx {
-            let text =
-                compile_ptx(k, "compute_90").map_err(|e| Failure::Internal(vec![e.to_string()]))?;
+        let (ptx, resources) = if with_ptx {
+            let text = compile_ptx(k, "compute_90").map_err(failed)?;
             write_atomic(&dir.join(format!("{}.ptx", k.name)), text.as_bytes())?;
-            Some(format!("{}.ptx", k.name))
+            let cubin = compile_cubin(k, (9, 0)).map_err(failed)?;
+            (Some(format!("{}.ptx", k.name)), Some(cubin.resources))
         } else {
-            None
+            (None, None)
         };
-        manifest.push(serde_json::json!({ "kernel": k.name, "entry": k.entry, "source": cu, "ptx": ptx, "grid": k.grid, "block": k.block, "shared_bytes": k.shared_bytes, "steps": steps }));
+        manifest.push(serde_json::json!({ "kernel": k.name, "entry": k.entry, "source": cu, "ptx": ptx, "sm_90": resources, "library": null, "grid": k.grid, "block": k.block, "shared_bytes": k.shared_bytes, "steps": steps }));
     }
     write_atomic(&dir.join("plan.json"), json(plan, true)?.as_bytes())?;
     let text = serde_json::to_string_pretty(&manifest)

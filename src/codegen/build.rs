@@ -176,6 +176,7 @@ impl Gen {
                 KernelParam::Step => "u64 step".to_string(),
                 KernelParam::MicroStep => "u64 micro".to_string(),
                 KernelParam::Stream => "u64 stream".to_string(),
+                KernelParam::Workspace => "u64 ws".to_string(),
             })
             .collect();
         let threads = self.block[0] * self.block[1] * self.block[2];

@@ -7,7 +7,8 @@
 //!
 //! Every kernel takes one `char* arena` base pointer followed by `unsigned long long` byte
 //! offsets of its tensors (inputs in op order, then the output) and, for dropout and the
-//! optimizers, the step counter (gradient accumulation: the micro-step). Nothing allocates; there is no scratch memory.
+//! optimizers, the step counter (gradient accumulation: the micro-step), and for the few
+//! kernels that need scratch, the offset of the step's planned workspace. Nothing allocates.
 
 pub(crate) mod build;
 pub(crate) mod geometry;
@@ -35,6 +36,9 @@ pub enum KernelParam {
     Stream,
     /// `unsigned long long` 0-based micro-step within the step (gradient accumulation).
     MicroStep,
+    /// `unsigned long long` byte offset into the arena of the step's workspace (as many bytes
+    /// as [`crate::plan::Target::workspace_bytes`] gives; its contents are undefined on entry).
+    Workspace,
 }
 
 /// Why no kernel could be generated or compiled.
@@ -47,8 +51,12 @@ pub enum CodegenError {
     #[error("`{op}` unsupported: {message}")]
     Unsupported { op: &'static str, message: String },
     /// The NVRTC shared library could not be loaded.
-    #[error("NVRTC not found (set up with scripts/cuda-env)")]
+    #[error("NVRTC not found: libnvrtc.so is on no library path (put the CUDA toolkit's lib64, or the nvidia-cuda-nvrtc wheel's lib, on LD_LIBRARY_PATH; scripts/cuda-env does)")]
     NvrtcMissing,
+    /// NVRTC loads but `cuda_fp16.h` / `cuda_bf16.h` were found nowhere
+    /// ([`nvrtc::cuda_include_dir`]).
+    #[error("CUDA headers cuda_fp16.h and cuda_bf16.h not found beside NVRTC, in $CUDA_HOME or /usr/local/cuda (set MEMC_CUDA_INCLUDE to their directory; the nvidia-cuda-runtime wheel has them)")]
+    HeadersMissing,
     /// An architecture other than compute_80 / compute_90 was requested.
     #[error("unsupported architecture `{0}` (use compute_80 or compute_90)")]
     Arch(String),

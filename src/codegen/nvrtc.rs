@@ -1,5 +1,6 @@
-//! NVRTC compilation of generated kernels (through cudarc, loading libnvrtc at run time) and
-//! an optional ptxas assembly check.
+//! NVRTC compilation of generated kernels (through cudarc, loading libnvrtc at run time):
+//! PTX for a virtual architecture, or a CUBIN for the device's own with ptxas's resource
+//! figures; the CUDA headers found without configuration; an optional ptxas assembly check.
 
 use crate::codegen::build::GENERATED;
 use crate::codegen::{CodegenError, Kernel};
@@ -20,27 +21,64 @@ fn static_arch(arch: &str) -> Result<&'static str, CodegenError> {
     }
 }
 
-/// Compiles `kernel` to PTX for `arch` ("compute_80" or "compute_90") with C++17 and the
-/// include directory of `cuda_fp16.h` / `cuda_bf16.h` taken from `MEMC_CUDA_INCLUDE`.
-/// Returns the PTX text, `NvrtcMissing` when libnvrtc cannot be loaded (never panics for
-/// that), or `Compile` with NVRTC's log.
-pub fn compile_ptx(kernel: &Kernel, arch: &str) -> Result<String, CodegenError> {
-    let arch = static_arch(arch)?;
+/// Headers the kernels include.
+const HEADERS: [&str; 2] = ["cuda_fp16.h", "cuda_bf16.h"];
+
+/// The directory holding `cuda_fp16.h` and `cuda_bf16.h`: `MEMC_CUDA_INCLUDE` when set;
+/// else the first that has both among the include directories beside each
+/// `LD_LIBRARY_PATH` entry (`<lib>/../include`; the PyPI wheels' `nvidia/cuda_nvrtc/lib`
+/// next to `nvidia/cuda_runtime/include`), `$CUDA_HOME/include`, `$CUDA_PATH/include`,
+/// `/usr/local/cuda/include` and `/usr/include`. None when no candidate has them.
+pub fn cuda_include_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("MEMC_CUDA_INCLUDE") {
+        return Some(PathBuf::from(dir));
+    }
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    for lib in std::env::var_os("LD_LIBRARY_PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+    {
+        candidates.push(lib.join("../include"));
+        candidates.push(lib.join("../../cuda_runtime/include"));
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(root) = std::env::var_os(var) {
+            candidates.push(PathBuf::from(root).join("include"));
+        }
+    }
+    candidates.push(PathBuf::from("/usr/local/cuda/include"));
+    candidates.push(PathBuf::from("/usr/include"));
+    candidates
+        .into_iter()
+        .find(|dir| HEADERS.iter().all(|h| dir.join(h).is_file()))
+}
+
+/// The checks every compilation starts with: NVRTC loads, the headers are found and the
+/// source has no NUL byte. Returns the include directory.
+fn ready(kernel: &Kernel) -> Result<PathBuf, CodegenError> {
     if !nvrtc_available() {
         return Err(CodegenError::NvrtcMissing);
     }
+    let include = cuda_include_dir().ok_or(CodegenError::HeadersMissing)?;
     if kernel.source.contains('\0') {
         return Err(CodegenError::Compile {
             name: kernel.name.clone(),
             log: "source contains a NUL byte".to_string(),
         });
     }
-    let include_paths = std::env::var("MEMC_CUDA_INCLUDE")
-        .map(|p| vec![p])
-        .unwrap_or_default();
+    Ok(include)
+}
+
+/// Compiles `kernel` to PTX for `arch` ("compute_80" or "compute_90") with C++17 and the
+/// headers of [`cuda_include_dir`]. Returns the PTX text, `NvrtcMissing` when libnvrtc
+/// cannot be loaded or `HeadersMissing` when the headers cannot be found (never panics for
+/// either), or `Compile` with NVRTC's log.
+pub fn compile_ptx(kernel: &Kernel, arch: &str) -> Result<String, CodegenError> {
+    let arch = static_arch(arch)?;
+    let include = ready(kernel)?;
     let opts = cudarc::nvrtc::CompileOptions {
         arch: Some(arch),
-        include_paths,
+        include_paths: vec![include.to_string_lossy().into_owned()],
         options: vec!["--std=c++17".to_string()],
         name: Some(format!("{}.cu", kernel.name)),
         ..Default::default()
@@ -210,4 +248,143 @@ pub fn check_all(kernels: &[(String, Kernel)], scratch: &std::path::Path) -> (us
         }
     });
     results.into_inner().unwrap_or_default()
+}
+
+/// ptxas's resource figures for one kernel image (`-v`): what each thread and block uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Resources {
+    /// Registers per thread.
+    pub registers: u32,
+    /// Static shared memory per block, bytes.
+    pub shared_bytes: u64,
+    /// Stack frame per thread (local memory), bytes.
+    pub stack_bytes: u64,
+    /// Bytes spilled to local memory per thread (stores).
+    pub spill_store_bytes: u64,
+    /// Bytes reloaded from spills per thread.
+    pub spill_load_bytes: u64,
+}
+
+/// The number right before the words `unit` in `line` (`"Used 32 registers"` -> 32 for
+/// `["registers"]`).
+fn number_before(line: &str, unit: &[&str]) -> Option<u64> {
+    let words: Vec<&str> = line.split([' ', ',']).filter(|w| !w.is_empty()).collect();
+    words
+        .windows(unit.len() + 1)
+        .find(|w| w[1..] == *unit)
+        .and_then(|w| w[0].parse().ok())
+}
+
+/// Reads ptxas's `-v` report (as NVRTC's log carries it) for one entry: registers, shared
+/// memory, stack frame and spill bytes. Lines it does not know are ignored; absent figures
+/// are zero.
+pub fn parse_resources(log: &str) -> Resources {
+    let mut r = Resources::default();
+    for line in log.lines() {
+        let figure = |unit: &[&str]| number_before(line, unit);
+        if let Some(n) = figure(&["registers"]) {
+            r.registers = u32::try_from(n).unwrap_or(u32::MAX);
+            r.shared_bytes = figure(&["bytes", "smem"]).unwrap_or(0);
+        }
+        if let Some(n) = figure(&["bytes", "stack", "frame"]) {
+            r.stack_bytes = n;
+            r.spill_store_bytes = figure(&["bytes", "spill", "stores"]).unwrap_or(0);
+            r.spill_load_bytes = figure(&["bytes", "spill", "loads"]).unwrap_or(0);
+        }
+    }
+    r
+}
+
+/// A kernel compiled for one real architecture: the image the driver loads without
+/// JIT-compiling, and ptxas's figures for it.
+#[derive(Debug, Clone)]
+pub struct Cubin {
+    /// The CUBIN bytes.
+    pub image: Vec<u8>,
+    /// Registers, shared memory, stack and spills.
+    pub resources: Resources,
+}
+
+/// Compiles `kernel` to a CUBIN for compute capability `sm` (e.g. (9, 0) -> `sm_90`) with
+/// ptxas's `-v` report parsed into [`Resources`]. Errors as [`compile_ptx`]; an
+/// architecture this NVRTC does not know is a `Compile` error (callers fall back to PTX).
+pub fn compile_cubin(kernel: &Kernel, sm: (u32, u32)) -> Result<Cubin, CodegenError> {
+    use cudarc::nvrtc::{result, sys};
+    use std::ffi::CString;
+    let include = ready(kernel)?;
+    let failed = |log: String| CodegenError::Compile {
+        name: kernel.name.clone(),
+        log,
+    };
+    let src = CString::new(kernel.source.as_bytes()).map_err(|e| failed(e.to_string()))?;
+    let name = CString::new(format!("{}.cu", kernel.name)).map_err(|e| failed(e.to_string()))?;
+    let options = [
+        format!("--gpu-architecture=sm_{}{}", sm.0, sm.1),
+        "--std=c++17".to_string(),
+        format!("--include-path={}", include.to_string_lossy()),
+        "--ptxas-options=-v".to_string(),
+    ];
+    let prog = result::create_program(&src, Some(&name)).map_err(|e| failed(format!("{e:?}")))?;
+    // SAFETY: `prog` was created above from `src` and `name`, which outlive it, and is
+    // destroyed once below; the CUBIN buffer has the size NVRTC reports.
+    let outcome = unsafe {
+        let compiled = result::compile_program(prog, &options);
+        let log = result::get_program_log(prog)
+            .map(|l| {
+                let bytes: Vec<u8> = l
+                    .iter()
+                    .take_while(|&&c| c != 0)
+                    .map(|&c| c as u8)
+                    .collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            })
+            .unwrap_or_default();
+        match compiled {
+            Err(e) => Err(failed(format!("{e:?}: {log}"))),
+            Ok(()) => {
+                let mut size = 0usize;
+                let image = match sys::nvrtcGetCUBINSize(prog, &mut size).result() {
+                    Ok(()) => {
+                        let mut image = vec![0u8; size];
+                        sys::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast())
+                            .result()
+                            .map(|()| image)
+                            .map_err(|e| failed(format!("{e:?}")))
+                    }
+                    Err(e) => Err(failed(format!("{e:?}"))),
+                };
+                image.map(|image| Cubin {
+                    image,
+                    resources: parse_resources(&log),
+                })
+            }
+        }
+    };
+    // SAFETY: created above, not destroyed before.
+    let _ = unsafe { result::destroy_program(prog) };
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ptxas_report_is_read() {
+        let log = "ptxas info    : Compiling entry function 'k' for 'sm_90'\n\
+                   ptxas info    : Function properties for k\n    \
+                   16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n\
+                   ptxas info    : Used 40 registers, 4096 bytes smem, 368 bytes cmem[0]\n";
+        assert_eq!(
+            parse_resources(log),
+            Resources {
+                registers: 40,
+                shared_bytes: 4096,
+                stack_bytes: 16,
+                spill_store_bytes: 8,
+                spill_load_bytes: 12,
+            }
+        );
+        assert_eq!(parse_resources("no report"), Resources::default());
+    }
 }

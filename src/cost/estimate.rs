@@ -206,7 +206,7 @@ pub fn render_text(out: &mut String, e: &Estimate, plan: &Plan) {
         };
         let _ = writeln!(
             out,
-            "    {:<24} {:>6} launches {:>12} {:>5.1}%  {bound}",
+            "    {:<36} {:>6} launches {:>12} {:>5.1}%  {bound}",
             o.op,
             grouped(o.launches),
             ms(o.seconds),

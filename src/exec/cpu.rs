@@ -2,7 +2,7 @@
 //! tensor a view at its planned offset; nothing else is allocated per step except the
 //! kernels' O(row) scratch.
 
-use super::{lowp, ExecError};
+use super::{lowp, ExecError, GradientHook};
 use crate::ir::{DType, Op, Phase};
 use crate::plan::{Buffer, BufferId, Plan, Step, VerifiedPlan};
 use std::borrow::Cow;
@@ -20,9 +20,6 @@ pub struct CpuExecutor {
     /// every micro-step (their arena bytes are reused after their last reader).
     bound: Vec<(BufferId, Vec<f32>)>,
 }
-
-/// Called before each update with the parameter name and its complete gradient.
-pub type GradientHook<'a> = &'a mut dyn FnMut(&str, &[f32]);
 
 impl CpuExecutor {
     /// Allocates the arena (zeroed) for `plan`. Every dtype runs: 16-bit tensors are stored

@@ -7,8 +7,9 @@
 //! Every entry point checks that the driver library loads before calling into cudarc, whose
 //! dynamically loaded symbols panic when it is absent.
 
-use super::ExecError;
+use super::{ExecError, GradientHook};
 use crate::codegen::{nvrtc, plan_kernel_uses, Kernel, KernelParam};
+use crate::ir::Op;
 use crate::plan::{BufferId, Plan, Target, VerifiedPlan};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
@@ -51,9 +52,30 @@ pub struct CudaExecutor {
     pub memory: (MemInfo, MemInfo),
 }
 
+/// The image of `kernel` the driver loads: a CUBIN for the device's compute capability
+/// `sm`, or PTX for `arch` where this NVRTC cannot target `sm` (the driver then JIT-compiles
+/// it). NVRTC or the CUDA headers missing is a device error naming what is missing.
+fn image(kernel: &Kernel, sm: (u32, u32), arch: &str) -> Result<cudarc::nvrtc::Ptx, ExecError> {
+    use crate::codegen::CodegenError;
+    let missing = |e: CodegenError| match e {
+        CodegenError::NvrtcMissing | CodegenError::HeadersMissing => {
+            ExecError::Device(e.to_string())
+        }
+        other => ExecError::Unsupported(other.to_string()),
+    };
+    match nvrtc::compile_cubin(kernel, sm) {
+        Ok(cubin) => Ok(cudarc::nvrtc::Ptx::from_binary(cubin.image)),
+        Err(CodegenError::Compile { .. }) => nvrtc::compile_ptx(kernel, arch)
+            .map(cudarc::nvrtc::Ptx::from_src)
+            .map_err(missing),
+        Err(e) => Err(missing(e)),
+    }
+}
+
 impl CudaExecutor {
-    /// Compiles every kernel of `plan` with NVRTC for the device's architecture (compute_80
-    /// or compute_90), loads them and allocates the zeroed arena. A plan built for a CUDA
+    /// Compiles every kernel of `plan` with NVRTC to a CUBIN for the device's compute
+    /// capability (PTX for compute_80 or compute_90 where NVRTC cannot target it), loads
+    /// them and allocates the zeroed arena. A plan built for a CUDA
     /// target runs only on a device of at least its compute capability.
     pub fn new(plan: &VerifiedPlan) -> Result<CudaExecutor, ExecError> {
         if !driver_present() {
@@ -83,10 +105,8 @@ impl CudaExecutor {
         let mut kernels = Vec::with_capacity(uses.len());
         let mut kernel_of = vec![None; plan.steps.len()];
         for (kernel, steps) in uses {
-            let ptx = nvrtc::compile_ptx(&kernel, arch)
-                .map_err(|e| ExecError::Unsupported(e.to_string()))?;
             let module = ctx
-                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .load_module(image(&kernel, (major as u32, minor as u32), arch)?)
                 .map_err(device_error)?;
             let function = module.load_function(&kernel.entry).map_err(device_error)?;
             for s in steps {
@@ -215,8 +235,10 @@ impl CudaExecutor {
     }
 
     /// Runs one training step and waits for the device: every step of the plan on each
-    /// micro-batch in turn, the update-phase steps only after the last.
-    pub fn run_step(&mut self) -> Result<(), ExecError> {
+    /// micro-batch in turn, the update-phase steps only after the last. `on_gradient` sees
+    /// each complete gradient (decoded to f32) just before the update that consumes it; the
+    /// device is synchronized for each.
+    pub fn run_step(&mut self, mut on_gradient: Option<GradientHook>) -> Result<(), ExecError> {
         let micro_steps = self.micro_steps();
         for micro in 0..micro_steps {
             for (b, bytes) in std::mem::take(&mut self.bound) {
@@ -228,15 +250,21 @@ impl CudaExecutor {
                     .map_err(device_error)?;
                 self.bound.push((b, bytes));
             }
-            self.launch_steps(micro, micro + 1 == micro_steps)?;
+            self.launch_steps(micro, micro + 1 == micro_steps, &mut on_gradient)?;
         }
         self.stream.synchronize().map_err(device_error)?;
         self.step += 1;
         Ok(())
     }
 
-    /// Launches every step of micro-step `micro` (update-phase steps only when `last`).
-    fn launch_steps(&self, micro: u32, last: bool) -> Result<(), ExecError> {
+    /// Launches every step of micro-step `micro` (update-phase steps only when `last`),
+    /// showing `on_gradient` each update's gradient first.
+    fn launch_steps(
+        &self,
+        micro: u32,
+        last: bool,
+        on_gradient: &mut Option<GradientHook>,
+    ) -> Result<(), ExecError> {
         let stream = self.plan.dropout_stream(self.step, micro);
         for (s, step) in self.plan.steps.iter().enumerate() {
             let Some(k) = self.kernel_of[s] else {
@@ -244,6 +272,13 @@ impl CudaExecutor {
             };
             if !last && step.phase == crate::ir::Phase::Update {
                 continue;
+            }
+            if let (Some(hook), Op::AdamW(_) | Op::Sgd(_)) = (on_gradient.as_mut(), &step.op) {
+                if let Some(p) = self.plan.params.iter().find(|p| p.buffer == step.inputs[0]) {
+                    let grad = step.inputs[1];
+                    let dtype = self.plan.buffers[grad.index()].ty.dtype;
+                    hook(&p.name, &super::lowp::from_bytes(dtype, &self.read(grad)?));
+                }
             }
             let (kernel, function) = &self.kernels[k];
             let offset = |b: BufferId| self.plan.buffers[b.index()].offset;
@@ -255,6 +290,7 @@ impl CudaExecutor {
                     KernelParam::Step => self.step,
                     KernelParam::Stream => stream,
                     KernelParam::MicroStep => u64::from(micro),
+                    KernelParam::Workspace => step.workspace.map_or(0, offset),
                     KernelParam::Arena => 0,
                 })
                 .collect();

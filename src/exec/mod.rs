@@ -7,6 +7,9 @@ pub mod lowp;
 
 use std::fmt;
 
+/// Called before each update with the parameter name and its complete gradient.
+pub type GradientHook<'a> = &'a mut dyn FnMut(&str, &[f32]);
+
 /// Why a plan could not run: bad data reached a kernel, or the plan needs what the backend lacks.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ExecError {

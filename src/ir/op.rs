@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::ops::attention::{AttnInput, AttnParams};
 pub use crate::ops::conv::ConvParams;
+pub use crate::ops::loss::{LceGrad, LinearCe};
 pub use crate::ops::norm::NormKind;
 pub use crate::ops::optimizer::{AdamWParams, SgdParams};
 pub use crate::ops::pointwise::{BinaryFn, UnaryFn};
@@ -89,6 +90,13 @@ pub enum Op {
     CrossEntropy,
     /// `(logits, targets, dloss) -> dlogits`.
     CrossEntropyBackward,
+    /// `(x[..., D], w[D, V] (`[V, D]` when transposed), targets[...]) -> f32[...]`: each
+    /// row's cross-entropy of the logits `x @ w` (fp32 accumulation and log-sum-exp), computed
+    /// `chunk` rows at a time; the fused loss head never holds all the logits.
+    LinearCrossEntropy(LinearCe),
+    /// `(x, w, targets, rows, drows) -> dx or dw` for `rows = LinearCrossEntropy(x, w,
+    /// targets)`: recomputes the logits chunk by chunk (the log-sum-exp comes from `rows`).
+    LinearCrossEntropyBackward { lce: LinearCe, which: LceGrad },
     /// `(a, b) -> mean((a - b)^2)`, a scalar.
     Mse,
     /// `(a, b, dloss) -> da`.
@@ -227,6 +235,15 @@ impl Op {
             EmbeddingBackward { .. } => "embedding_backward",
             CrossEntropy => "cross_entropy",
             CrossEntropyBackward => "cross_entropy_backward",
+            LinearCrossEntropy(_) => "linear_cross_entropy",
+            LinearCrossEntropyBackward {
+                which: LceGrad::Input,
+                ..
+            } => "linear_cross_entropy_backward_input",
+            LinearCrossEntropyBackward {
+                which: LceGrad::Weight,
+                ..
+            } => "linear_cross_entropy_backward_weight",
             Mse => "mse",
             MseBackward => "mse_backward",
             Reshape { .. } => "reshape",

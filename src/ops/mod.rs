@@ -59,7 +59,12 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::NormBackwardWeight { .. }
         | Op::NormBackwardBias { .. } => &norm::Family,
         Op::Embedding | Op::EmbeddingBackward { .. } => &embedding::Family,
-        Op::CrossEntropy | Op::CrossEntropyBackward | Op::Mse | Op::MseBackward => &loss::Family,
+        Op::CrossEntropy
+        | Op::CrossEntropyBackward
+        | Op::LinearCrossEntropy(_)
+        | Op::LinearCrossEntropyBackward { .. }
+        | Op::Mse
+        | Op::MseBackward => &loss::Family,
         Op::Reshape { .. }
         | Op::Permute { .. }
         | Op::Slice { .. }

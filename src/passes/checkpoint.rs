@@ -2,6 +2,9 @@
 //! recomputes. Policies:
 //!
 //! - keep-all saves every value backward reads;
+//! - pointwise (the default of AOTAutograd's partitioner behind `torch.compile`) is the
+//!   min-cut below with only pointwise ops and views recomputable: backward recomputes an
+//!   activation such as `gelu(h)` from an input it saves anyway rather than saving both;
 //! - segments (Chen et al. 2016; per-block checkpointing when every block is a segment)
 //!   save the output of every k-th block instance and recompute the rest of each segment;
 //! - selective (Korthikanti et al. 2022) keeps the outputs of heavy ops and recomputes the
@@ -13,12 +16,15 @@
 //!   for cheap ops, `penalty x FLOPs` for heavy and random ops (infinite when they are
 //!   banned).
 //!
-//! Under every policy, keep-all included, a cast that widens a low-precision activation to
-//! fp32 is recomputed from its saved input (half the bytes; the cast is exact), and values
-//! that flow from one block instance into another are never recomputed by min-cut and
-//! selective (saved when needed), so recomputation stays inside a block and backward
-//! recomputes one block at a time; nor are low-precision copies of parameters (one cast per
-//! parameter and step). The rewrite clones each recomputed value just before its first
+//! Under every policy, keep-all included, two kinds of cast are recomputed rather than saved,
+//! both exact, so gradients keep their bits: a cast that widens a low-precision activation to
+//! fp32, from its saved input (half the bytes), and a low-precision copy of a parameter, from
+//! the parameter, which lives through the step anyway (a bf16 matmul's backward then holds
+//! its weight copy only while its block is differentiated, not from forward on: mixed
+//! precision saves no more than fp32). Values that flow from one block instance into
+//! another are never recomputed by min-cut and selective (saved when needed), so
+//! recomputation stays inside a block and backward recomputes one block at a time. The
+//! rewrite clones each recomputed value just before its first
 //! backward reader, from the saved values, with identical kernels (and dropout keys), so
 //! results are bitwise equal.
 
@@ -31,11 +37,15 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 /// How to choose the values to recompute.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Policy {
-    /// Save every value backward reads; only widening casts are recomputed.
+    /// Save every value backward reads; only widening casts and weight copies are recomputed.
     KeepAll,
     /// Min-cut; heavy and random ops cost `penalty` bytes per FLOP to recompute, or are never
     /// recomputed when `penalty` is `None`.
     MinCut { penalty: Option<f64> },
+    /// Min-cut in which only pointwise ops (unary, binary, affine, casts) and movement
+    /// without arithmetic (reshape, permute, slice, broadcast) may be recomputed, inside
+    /// block instances: the recomputation costs memory passes, no matmul or reduction.
+    Pointwise,
     /// Chen et al. 2016: save the boundary values (those read by another instance or outside
     /// blocks) of every `every`-th block instance, counted in creation order across all
     /// blocks, and everything outside blocks; recompute the rest of each segment from its
@@ -102,13 +112,31 @@ fn needed(graph: &Graph) -> BTreeSet<ValueId> {
 const INF: u64 = u64::MAX / 8;
 
 /// Whether `v` is a low-precision copy of a weight (a cast computed from parameters alone;
-/// `input_dependent` as [`Graph::input_dependent`] gives it): made once per step and shared
-/// by its recomputed readers, as autocast's weight cache is, so never recomputed.
+/// `input_dependent` as [`Graph::input_dependent`] gives it). Policies never choose it:
+/// [`choose`] recomputes every weight copy backward reads, once, before its first backward
+/// reader.
 pub fn is_weight_copy(graph: &Graph, input_dependent: &[bool], v: ValueId) -> bool {
     matches!(graph.node(v).op, Op::Cast { .. }) && !input_dependent[v.index()]
 }
 
-fn min_cut(graph: &Graph, penalty: Option<f64>) -> BTreeSet<ValueId> {
+/// Whether `op` is pointwise or moves data without arithmetic ([`Policy::Pointwise`]).
+fn is_pointwise(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Affine { .. }
+            | Op::Cast { .. }
+            | Op::Reshape { .. }
+            | Op::Permute { .. }
+            | Op::Slice { .. }
+            | Op::BroadcastTo { .. }
+    )
+}
+
+/// The min-cut's recomputable ops: every cheap op, and heavy and random ops at `penalty`
+/// bytes per FLOP (never when `None`); with `pointwise_only`, pointwise ops alone.
+fn min_cut(graph: &Graph, penalty: Option<f64>, pointwise_only: bool) -> BTreeSet<ValueId> {
     let needed = needed(graph);
     let dependent = graph.input_dependent();
     let mut net: DiGraph<(), u64> = DiGraph::new();
@@ -126,6 +154,7 @@ fn min_cut(graph: &Graph, penalty: Option<f64>) -> BTreeSet<ValueId> {
         }
         let recompute_cost = match node.op.class() {
             _ if crosses_block(graph, v) || is_weight_copy(graph, &dependent, v) => INF,
+            _ if pointwise_only && !is_pointwise(&node.op) => INF,
             OpClass::Heavy | OpClass::Random => {
                 let types: Vec<&TensorType> =
                     node.inputs.iter().map(|&i| &graph.node(i).ty).collect();
@@ -279,6 +308,16 @@ pub fn widening_casts(graph: &Graph) -> BTreeSet<ValueId> {
         .collect()
 }
 
+/// Low-precision copies of parameters that forward computes ([`is_weight_copy`]). Backward
+/// recomputes them from the parameters (the same bits) instead of keeping them from forward.
+pub fn weight_copies(graph: &Graph) -> BTreeSet<ValueId> {
+    let dependent = graph.input_dependent();
+    graph
+        .values()
+        .filter(|&v| graph.node(v).phase == Phase::Forward && is_weight_copy(graph, &dependent, v))
+        .collect()
+}
+
 /// The segment length of Chen et al.'s sqrt(n) checkpointing: round(sqrt(top-level block
 /// instances)), at least 1.
 pub fn sqrt_segment(graph: &Graph) -> usize {
@@ -290,17 +329,19 @@ pub fn instances(graph: &Graph) -> usize {
     instance_order(graph).len()
 }
 
-/// The forward values `policy` recomputes, widening casts of activations always among them
-/// (a superset of what the rewrite clones: only values some backward node needs, directly
-/// or through another recomputed value, are).
+/// The forward values `policy` recomputes, widening casts of activations and weight copies
+/// always among them (a superset of what the rewrite clones: only values some backward node
+/// needs, directly or through another recomputed value, are).
 pub fn choose(graph: &Graph, policy: Policy) -> BTreeSet<ValueId> {
     let mut chosen = match policy {
         Policy::KeepAll => BTreeSet::new(),
-        Policy::MinCut { penalty } => min_cut(graph, penalty),
+        Policy::MinCut { penalty } => min_cut(graph, penalty, false),
+        Policy::Pointwise => min_cut(graph, None, true),
         Policy::Segments { every } => segments(graph, every),
         Policy::Selective => selective(graph),
     };
     chosen.extend(widening_casts(graph));
+    chosen.extend(weight_copies(graph));
     chosen
 }
 

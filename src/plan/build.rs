@@ -5,7 +5,7 @@ use super::report::{live_bytes, Bytes, PhasePeak, PrecisionSummary, Report, Save
 use super::views;
 use super::*;
 use crate::ir::cost::flops;
-use crate::ir::{Graph, Op, ValueId};
+use crate::ir::{Graph, Op, Phase, ValueId};
 use crate::passes::arena::{self, BufferRequest, LayoutOptions};
 use crate::passes::liveness::{self, Interval};
 use crate::passes::schedule::{self, Schedule, ScheduleOptions};
@@ -368,7 +368,9 @@ fn precision_summary(
             Op::Cast { .. } => {
                 summary.casts += 1;
                 summary.cast_bytes += node.ty.bytes();
-                if crate::passes::checkpoint::is_weight_copy(graph, &dependent, v) {
+                if node.phase == Phase::Forward
+                    && crate::passes::checkpoint::is_weight_copy(graph, &dependent, v)
+                {
                     summary.weight_copies += 1;
                     summary.weight_copy_bytes += node.ty.bytes();
                 }
@@ -397,6 +399,10 @@ fn id_limit(graph: &Graph, v: ValueId) -> Option<u64> {
                     .shape
                     .last()
                     .map(|&c| c as u64),
+                Op::LinearCrossEntropy(lce) if node.inputs[2] == v => {
+                    let w = &graph.node(node.inputs[1]).ty.shape;
+                    Some(w[usize::from(!lce.transposed)] as u64)
+                }
                 _ => None,
             }
         })

@@ -79,7 +79,8 @@ pub struct RecomputedGroup {
 /// What checkpointing decided: the policy, what it recomputes and what that costs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointSummary {
-    /// `keep-all`, `min-cut`, `min-cut (penalty P bytes/FLOP)` or `every-k-blocks`.
+    /// The policy in words, as the report prints it (`keep all (...)`, `pointwise: ...`,
+    /// `block: ...`, `every=K: ...`, `selective: ...`, `min-cut ...`).
     pub policy: String,
     /// Bytes of forward values kept for backward.
     pub kept_bytes: u64,
@@ -99,8 +100,9 @@ pub struct PrecisionSummary {
     pub casts: u64,
     /// Bytes the casts write.
     pub cast_bytes: u64,
-    /// Of those, the low-precision copies of weights (casts of values computed from
-    /// parameters alone; one per weight and step).
+    /// Of the forward casts, the low-precision copies of weights (casts of values computed
+    /// from parameters alone; one per weight in forward, and again in backward for the
+    /// weights backward reads).
     pub weight_copies: u64,
     /// Bytes of the weight copies.
     pub weight_copy_bytes: u64,
@@ -200,7 +202,7 @@ fn render_precision(out: &mut String, p: &PrecisionSummary) {
         "  weight copies",
         p.weight_copy_bytes,
         &format!(
-            "{} weights, each cast once per step",
+            "{} weights cast in forward; backward casts again those it reads",
             grouped(p.weight_copies)
         ),
     );

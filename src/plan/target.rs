@@ -21,13 +21,14 @@ impl Target {
 
     /// Scratch bytes one launch of `op` needs on this target (0 when it needs none).
     ///
-    /// On the CPU this is the op family's [`crate::ops::cpu::CpuKernel::cpu_workspace_bytes`].
-    /// No generated CUDA kernel reads a workspace buffer (every kernel addresses only its
-    /// inputs and output in the arena), so on CUDA every step needs none.
+    /// On the CPU this is the op family's [`crate::ops::cpu::CpuKernel::cpu_workspace_bytes`],
+    /// on CUDA its [`crate::ops::cuda::CudaLowering::cuda_workspace_bytes`] (the kernels that
+    /// take a workspace receive its offset as an argument).
     pub fn workspace_bytes(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
+        let family = crate::ops::family(op);
         match self {
-            Target::Cpu => crate::ops::family(op).cpu_workspace_bytes(op, inputs, out),
-            Target::Cuda { .. } => 0,
+            Target::Cpu => family.cpu_workspace_bytes(op, inputs, out),
+            Target::Cuda { .. } => family.cuda_workspace_bytes(op, inputs, out),
         }
     }
 
@@ -53,7 +54,7 @@ mod tests {
     use crate::ir::{ConvParams, DType};
 
     #[test]
-    fn the_cpu_target_asks_the_op_family_and_cuda_needs_no_scratch() {
+    fn each_target_asks_the_op_family() {
         let conv = Op::Conv2d(ConvParams {
             stride: [1, 1],
             padding: [1, 1],
@@ -70,6 +71,28 @@ mod tests {
         );
         assert!(cpu > 0);
         assert_eq!(Target::CUDA_MIN.workspace_bytes(&conv, &[&x, &w], &y), 0);
+        // The fused loss head's weight gradient: 4 rows of 100 fp32 logits on the CPU, one
+        // fp32 tile of 32 columns x 8 dims on CUDA.
+        let lce = crate::ir::LinearCe {
+            chunk: 4,
+            transposed: false,
+        };
+        let dw = Op::LinearCrossEntropyBackward {
+            lce,
+            which: crate::ir::LceGrad::Weight,
+        };
+        let h = TensorType::new(DType::BF16, vec![10, 8]);
+        let wt = TensorType::new(DType::BF16, vec![8, 100]);
+        let (t, rows) = (
+            TensorType::new(DType::I32, vec![10]),
+            TensorType::new(DType::F32, vec![10]),
+        );
+        let inputs = [&h, &wt, &t, &rows, &rows];
+        assert_eq!(Target::Cpu.workspace_bytes(&dw, &inputs, &wt), 4 * 100 * 4);
+        assert_eq!(
+            Target::CUDA_MIN.workspace_bytes(&dw, &inputs, &wt),
+            32 * 8 * 4
+        );
         assert_eq!(Target::Cpu.alignment(), Target::CUDA_MIN.alignment());
     }
 }

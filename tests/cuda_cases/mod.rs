@@ -21,6 +21,33 @@ pub fn adamw(weight_decay: f32) -> AdamWParams {
     }
 }
 
+/// The fused loss head's attributes.
+fn lce(chunk: usize, transposed: bool) -> LinearCe {
+    LinearCe { chunk, transposed }
+}
+
+/// A fused loss head's backward op.
+fn lce_bwd(chunk: usize, transposed: bool, which: LceGrad) -> Op {
+    Op::LinearCrossEntropyBackward {
+        lce: lce(chunk, transposed),
+        which,
+    }
+}
+
+/// The inputs of a fused loss head's backward: hidden states `rows ++ [dim]`, the weight,
+/// targets, and f32 per-row losses and their gradient.
+fn lce_bwd_in(rows: &[usize], dim: usize, w: &[usize]) -> Vec<TensorType> {
+    let mut x = rows.to_vec();
+    x.push(dim);
+    vec![
+        t(DType::F32, &x),
+        t(DType::F32, w),
+        t(DType::I32, rows),
+        t(DType::F32, rows),
+        t(DType::F32, rows),
+    ]
+}
+
 /// (label, op, inputs) in f32; `with_dtype` derives the f16/bf16 variants.
 pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
     use DType::{F32, I32};
@@ -246,6 +273,46 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             Op::CrossEntropyBackward,
             vec![f(&[2, 7, 50]), t(I32, &[2, 7]), f(&[])],
         ),
+        (
+            "linear_ce",
+            Op::LinearCrossEntropy(lce(3, false)),
+            vec![f(&[2, 7, 16]), f(&[16, 50]), t(I32, &[2, 7])],
+        ),
+        (
+            "linear_ce_tied",
+            Op::LinearCrossEntropy(lce(13, true)),
+            vec![f(&[40, 16]), f(&[80, 16]), t(I32, &[40])],
+        ),
+        (
+            "linear_ce_bwd_x",
+            lce_bwd(3, false, LceGrad::Input),
+            lce_bwd_in(&[2, 7], 16, &[16, 50]),
+        ),
+        (
+            "linear_ce_bwd_x_tied",
+            lce_bwd(13, true, LceGrad::Input),
+            lce_bwd_in(&[40], 16, &[80, 16]),
+        ),
+        (
+            "linear_ce_bwd_x_wide",
+            lce_bwd(2, false, LceGrad::Input),
+            lce_bwd_in(&[3], 300, &[300, 10]),
+        ),
+        (
+            "linear_ce_bwd_w",
+            lce_bwd(3, false, LceGrad::Weight),
+            lce_bwd_in(&[2, 7], 16, &[16, 50]),
+        ),
+        (
+            "linear_ce_bwd_w_tied",
+            lce_bwd(13, true, LceGrad::Weight),
+            lce_bwd_in(&[40], 16, &[80, 16]),
+        ),
+        (
+            "linear_ce_bwd_w_wide",
+            lce_bwd(2, false, LceGrad::Weight),
+            lce_bwd_in(&[3], 300, &[300, 10]),
+        ),
         ("mse", Op::Mse, vec![f(&[9, 3]), f(&[9, 3])]),
         (
             "mse_bwd",
@@ -439,7 +506,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
 
 /// `inputs` with every floating tensor switched to `dtype`, but for scalars (clip and unscale
 /// multipliers, the loss scale) and gradient accumulators, which the optimizer pass always
-/// makes f32.
+/// makes f32, and the fused loss head's per-row losses and their gradient, always f32.
 pub fn with_dtype(op: &Op, inputs: &[TensorType], dtype: DType) -> (Op, Vec<TensorType>) {
     let conv = |x: &TensorType| {
         if x.dtype.is_float() && !x.shape.is_empty() {
@@ -455,7 +522,11 @@ pub fn with_dtype(op: &Op, inputs: &[TensorType], dtype: DType) -> (Op, Vec<Tens
         },
         other => other.clone(),
     };
-    let accumulator = |i: usize| matches!(op, Op::AccumulateGrad { .. }) && i == 0;
+    let accumulator = |i: usize| match op {
+        Op::AccumulateGrad { .. } => i == 0,
+        Op::LinearCrossEntropyBackward { .. } => i >= 3,
+        _ => false,
+    };
     let inputs = inputs
         .iter()
         .enumerate()

@@ -167,7 +167,8 @@ pub fn get(arena: &[u8], off: u64, dtype: DType, n: usize) -> Vec<f32> {
 
 /// Seeded input data for `op` at the given (possibly 16-bit) input types, exactly
 /// representable in them: ids below the op's limit, floats standard normal except where the
-/// op needs otherwise (positive second moments and divisors, y = max_to(x)).
+/// op needs otherwise (positive second moments and divisors, y = max_to(x), the fused loss
+/// head's row losses from its forward).
 pub fn case_data(op: &Op, inputs: &[TensorType], seed: u64) -> Vec<Vec<f32>> {
     let mut data: Vec<Vec<f32>> = Vec::new();
     for (i, ty) in inputs.iter().enumerate() {
@@ -177,6 +178,9 @@ pub fn case_data(op: &Op, inputs: &[TensorType], seed: u64) -> Vec<Vec<f32>> {
             let limit = match op {
                 Op::Embedding => inputs[0].shape[0],
                 Op::EmbeddingBackward { rows } => *rows,
+                Op::LinearCrossEntropy(lce) | Op::LinearCrossEntropyBackward { lce, .. } => {
+                    inputs[1].shape[usize::from(!lce.transposed)]
+                }
                 _ => inputs[0].shape.last().copied().unwrap_or(1),
             };
             (0..n)
@@ -186,6 +190,18 @@ pub fn case_data(op: &Op, inputs: &[TensorType], seed: u64) -> Vec<Vec<f32>> {
             let mut y = vec![0.0; n];
             reduce::max_to(&data[0], &inputs[0].shape, &mut y, &ty.shape);
             y
+        } else if let (Op::LinearCrossEntropyBackward { lce, .. }, 3) = (op, i) {
+            // The forward's row losses, so that the recovered log-sum-exp is the rows' own.
+            let f32s: Vec<TensorType> = inputs[..3]
+                .iter()
+                .map(|t| match t.dtype {
+                    DType::I32 => t.clone(),
+                    _ => t.with_dtype(DType::F32),
+                })
+                .collect();
+            let forward = Op::LinearCrossEntropy(*lce);
+            let rows = cpu_reference(&forward, &f32s, &data, 1).output;
+            rows.expect("the forward has an output")
         } else {
             let positive = matches!(
                 (op, i),
@@ -287,7 +303,9 @@ pub fn cpu_reference(op: &Op, inputs: &[TensorType], data: &[Vec<f32>], step: u6
     }
 }
 
-/// The kernel of `op` over `inputs` run through the shim on an arena holding `data`.
+/// The kernel of `op` over `inputs` run through the shim on an arena holding `data`, with
+/// `workspace` bytes of scratch after the output (POISON on entry, as a reused arena's).
+#[allow(clippy::too_many_arguments)]
 pub fn shim_run(
     exe: &Path,
     kernel: &Kernel,
@@ -296,13 +314,15 @@ pub fn shim_run(
     mutated: &[usize],
     arena_file: &Path,
     reverse: bool,
+    workspace: u64,
 ) -> Result<Results, String> {
-    // Each tensor is followed by at least one guard block; the arena starts as POISON bytes
-    // (NaN in every float type), so an unwritten output element fails the comparison and a
-    // write outside a tensor shows in the guards.
+    // Each tensor (and the workspace) is followed by at least one guard block; the arena
+    // starts as POISON bytes (NaN in every float type), so an unwritten output element fails
+    // the comparison and a write outside a tensor shows in the guards.
+    let scratch = TensorType::new(DType::F32, vec![workspace.div_ceil(4) as usize]);
     let mut offsets = Vec::new();
     let mut end = 0u64;
-    for t in inputs.iter().chain(std::iter::once(output)) {
+    for t in inputs.iter().chain([output, &scratch]) {
         offsets.push(end);
         end += (t.bytes().div_ceil(ALIGN) + 1) * ALIGN;
     }
@@ -318,9 +338,10 @@ pub fn shim_run(
         KernelParam::Step | KernelParam::Stream => CASE_STEP,
         // The CPU reference runs one micro-step: the first.
         KernelParam::MicroStep => 0,
+        KernelParam::Workspace => offsets[inputs.len() + 1],
     })?;
     let after = std::fs::read(arena_file).map_err(|e| e.to_string())?;
-    let types = inputs.iter().chain(std::iter::once(output));
+    let types = inputs.iter().chain([output, &scratch]);
     for ((t, &at), next) in types.zip(&offsets).zip(offsets[1..].iter().chain([&end])) {
         let guard = (at + t.bytes()) as usize..*next as usize;
         if after[guard.clone()] != arena[guard.clone()] {

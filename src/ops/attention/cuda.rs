@@ -94,6 +94,16 @@ fn rope(a: &Args, heads: usize, base: f32, inverse: bool) -> Result<Kernel, Code
 }
 
 impl CudaLowering for super::Family {
+    /// No kernel of this family reads a workspace.
+    fn cuda_workspace_bytes(
+        &self,
+        _: &crate::ir::Op,
+        _: &[&crate::ir::TensorType],
+        _: &crate::ir::TensorType,
+    ) -> u64 {
+        0
+    }
+
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
             Op::Attention(p) => attention(a, p, None),

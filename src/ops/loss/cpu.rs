@@ -1,12 +1,28 @@
-//! CPU reference kernels of the loss ops (mean cross-entropy and mean squared error, and
-//! their backwards).
+//! CPU reference kernels of the loss ops (mean cross-entropy, mean squared error, the fused
+//! linear cross-entropy, and their backwards).
 
 mod kernels;
+mod linear;
 
 use crate::exec::cpu::CpuStep;
 use crate::exec::ExecError;
-use crate::ir::{Op, TensorType};
+use crate::ir::{LceGrad, LinearCe, Op, TensorType};
 use crate::ops::cpu::{foreign_op, CpuKernel};
+use linear::Head;
+
+/// The linear cross-entropy head of `step` (inputs x, w, targets first).
+fn head<'a>(step: &CpuStep<'a>, lce: &LinearCe) -> Head<'a> {
+    let (x, w) = (step.shape(0), step.shape(1));
+    Head {
+        x: step.input(0),
+        w: step.input(1),
+        targets: step.ids(2),
+        dim: x.last().copied().unwrap_or(1),
+        classes: if lce.transposed { w[0] } else { w[1] },
+        transposed: lce.transposed,
+        chunk: lce.chunk,
+    }
+}
 
 impl CpuKernel for super::Family {
     fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
@@ -21,6 +37,16 @@ impl CpuKernel for super::Family {
                 x(2)[0],
                 step.output(),
             ),
+            Op::LinearCrossEntropy(lce) => {
+                linear::forward(&head(step, lce), step.output(), step.workspace())
+            }
+            Op::LinearCrossEntropyBackward { lce, which } => {
+                let (h, rows, ws) = (head(step, lce), (x(3), x(4)), step.workspace());
+                match which {
+                    LceGrad::Input => linear::backward_input(&h, rows, step.output(), ws),
+                    LceGrad::Weight => linear::backward_weight(&h, rows, step.output(), ws),
+                }
+            }
             Op::Mse => {
                 kernels::mse(x(0), x(1), step.output());
                 Ok(())
@@ -33,7 +59,18 @@ impl CpuKernel for super::Family {
         }
     }
 
-    fn cpu_workspace_bytes(&self, _: &Op, _: &[&TensorType], _: &TensorType) -> u64 {
-        0
+    /// One chunk of fp32 logits for the linear cross-entropy ops; nothing for the others.
+    fn cpu_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], _: &TensorType) -> u64 {
+        match op {
+            Op::LinearCrossEntropy(lce) | Op::LinearCrossEntropyBackward { lce, .. } => {
+                match super::rules::linear_ce(lce, inputs) {
+                    Ok((rows, _, classes)) => {
+                        4 * Head::workspace_len(rows as usize, classes as usize, lce.chunk) as u64
+                    }
+                    Err(_) => 0,
+                }
+            }
+            _ => 0,
+        }
     }
 }

@@ -1,11 +1,44 @@
-//! Scalar losses: mean cross-entropy over class logits and mean squared error.
+//! Scalar losses: mean cross-entropy over class logits and mean squared error; and the fused
+//! loss head `linear_cross_entropy`, each row's cross-entropy of the logits `x @ w` computed
+//! chunk by chunk without ever holding all of them (nor, in backward, their gradient).
 
 mod backward;
 mod cpu;
 mod cuda;
 mod rules;
 
+use serde::{Deserialize, Serialize};
+
 /// The loss family; every stage's rule for its ops is implemented on it.
 pub struct Family;
 
 impl super::OpFamily for Family {}
+
+/// How the fused linear cross-entropy reads its weight and splits its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LinearCe {
+    /// Rows of hidden states whose logits are computed at a time (at least 1): the CPU
+    /// kernels hold `chunk x V` fp32 logits in their workspace, the CUDA weight gradient at
+    /// most as many bytes. The planner chooses it.
+    pub chunk: usize,
+    /// The weight is a `[V, D]` table read as its transpose (tied embeddings), not `[D, V]`.
+    pub transposed: bool,
+}
+
+/// Which operand a `linear_cross_entropy` backward op differentiates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LceGrad {
+    /// The hidden states `x`.
+    Input,
+    /// The weight `w`.
+    Weight,
+}
+
+/// `chunk` rows where the fp32 logits of one chunk (`chunk x classes x 4` bytes) take no
+/// more than the hidden states they are computed from (`rows x dim x elem_bytes`), between 1
+/// and `rows`: the fused loss head's default chunk.
+pub fn default_chunk(rows: usize, dim: usize, classes: usize, elem_bytes: usize) -> usize {
+    let hidden = rows.saturating_mul(dim).saturating_mul(elem_bytes);
+    (hidden / classes.saturating_mul(4).max(1)).clamp(1, rows.max(1))
+}

@@ -41,6 +41,16 @@ fn matmul(a: &Args, ta: bool, tb: bool) -> Result<Kernel, CodegenError> {
 }
 
 impl CudaLowering for super::Family {
+    /// No kernel of this family reads a workspace.
+    fn cuda_workspace_bytes(
+        &self,
+        _: &crate::ir::Op,
+        _: &[&crate::ir::TensorType],
+        _: &crate::ir::TensorType,
+    ) -> u64 {
+        0
+    }
+
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
             Op::MatMul { ta, tb } => matmul(a, *ta, *tb),

@@ -91,6 +91,16 @@ fn backward_weight(a: &Args, kind: NormKind, eps: f32) -> Result<Kernel, Codegen
 }
 
 impl CudaLowering for super::Family {
+    /// No kernel of this family reads a workspace.
+    fn cuda_workspace_bytes(
+        &self,
+        _: &crate::ir::Op,
+        _: &[&crate::ir::TensorType],
+        _: &crate::ir::TensorType,
+    ) -> u64 {
+        0
+    }
+
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
             Op::Norm { kind, eps } => forward(a, *kind, *eps),

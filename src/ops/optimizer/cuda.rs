@@ -93,6 +93,16 @@ fn clip_coefficient(a: &Args, max_norm: f32, scaled: bool) -> Kernel {
 }
 
 impl CudaLowering for super::Family {
+    /// No kernel of this family reads a workspace.
+    fn cuda_workspace_bytes(
+        &self,
+        _: &crate::ir::Op,
+        _: &[&crate::ir::TensorType],
+        _: &crate::ir::TensorType,
+    ) -> u64 {
+        0
+    }
+
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
             Op::ClipCoefficient { max_norm, scaled } => Ok(clip_coefficient(a, *max_norm, *scaled)),

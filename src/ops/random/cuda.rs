@@ -12,6 +12,16 @@ use crate::ops::cuda::CudaLowering;
 const TEMPLATE: &str = include_str!("rng.cu");
 
 impl CudaLowering for super::Family {
+    /// No kernel of this family reads a workspace.
+    fn cuda_workspace_bytes(
+        &self,
+        _: &crate::ir::Op,
+        _: &[&crate::ir::TensorType],
+        _: &crate::ir::TensorType,
+    ) -> u64 {
+        0
+    }
+
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
             Op::Dropout { p, seed } => {

@@ -1,0 +1,242 @@
+//! The fused loss head (`passes::fuse_loss`): `cross_entropy(x @ w, t)` becomes the chunked
+//! `linear_cross_entropy`, which gives the unfused step's loss and gradients (fp32: up to
+//! summation order; bf16/fp16: up to the unfused step's rounding of the logits and their
+//! gradient to 16 bits, which the fused op keeps in fp32), saves no logits (exact bytes
+//! asserted), shrinks its chunk under a tight budget, and takes a workspace on CUDA.
+#![allow(clippy::panic, clippy::unwrap_used)]
+
+mod common;
+
+use common::{compiled_with, example, executor, tiny_gpt};
+use memc::front::train::Precision;
+use memc::ir::{LceGrad, LinearCe, Op};
+use memc::plan::{Plan, Target};
+use memc::{Compiled, Options};
+use std::collections::HashMap;
+
+fn gpt(precision: Precision, fuse_loss: bool) -> Compiled {
+    compiled_with(
+        &example("gpt2"),
+        &Options {
+            overrides: tiny_gpt(2),
+            precision: Some(precision),
+            fuse_loss,
+            ..Options::default()
+        },
+    )
+}
+
+/// The loss and every parameter's gradient of one step from seed 7.
+fn step(c: &Compiled) -> (f32, HashMap<String, Vec<f32>>) {
+    let mut ex = executor(c, 7);
+    let mut grads = HashMap::new();
+    ex.run_step(Some(&mut |name: &str, g: &[f32]| {
+        grads.insert(name.to_string(), g.to_vec());
+    }))
+    .expect("step");
+    (ex.output("loss").expect("loss")[0], grads)
+}
+
+/// Relative L2 error of `got` against `want`.
+fn rel(got: &[f32], want: &[f32]) -> f64 {
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(&g, &w)| (f64::from(g) - f64::from(w)).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|&w| f64::from(w).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// The fused loss head's ops in a plan.
+fn head_ops(plan: &Plan) -> Vec<&Op> {
+    plan.steps
+        .iter()
+        .map(|s| &s.op)
+        .filter(|op| {
+            matches!(
+                op,
+                Op::LinearCrossEntropy(_) | Op::LinearCrossEntropyBackward { .. }
+            )
+        })
+        .collect()
+}
+
+/// Fused and unfused steps agree: fp32 within summation order (loss 1e-6, gradients 1e-5
+/// relative); bf16 and fp16 within the unfused step's rounding of logits and their gradient
+/// to 16 bits (loss 2^-8 relative for bf16, 2^-11 for fp16; gradients 2^-6 and 2^-9). The
+/// tied embedding's gradient includes the head's, so it is compared too.
+#[test]
+fn fused_and_unfused_steps_agree_in_every_precision() {
+    for (precision, loss_tol, grad_tol) in [
+        (Precision::Fp32, 1e-6, 1e-5),
+        (Precision::Bf16, 2f64.powi(-8), 2f64.powi(-6)),
+        (Precision::Fp16, 2f64.powi(-11), 2f64.powi(-9)),
+    ] {
+        let (fused, unfused) = (gpt(precision, true), gpt(precision, false));
+        assert_eq!(head_ops(fused.plan.plan()).len(), 3, "{precision:?}: fused");
+        assert!(head_ops(unfused.plan.plan()).is_empty());
+        let ((lf, gf), (lu, gu)) = (step(&fused), step(&unfused));
+        let loss_err = f64::from((lf - lu).abs()) / f64::from(lu.abs());
+        assert!(
+            loss_err <= loss_tol,
+            "{precision:?}: loss {lf} fused vs {lu} unfused"
+        );
+        assert_eq!(gf.len(), gu.len());
+        for (name, g) in &gu {
+            let err = rel(&gf[name], g);
+            assert!(
+                err <= grad_tol,
+                "{precision:?}: {name} gradient differs by {err:e} relative"
+            );
+        }
+    }
+}
+
+/// Exact bytes of the tiny GPT-2 at bf16 (B=2, T=16, D=32, V=64): the fused head saves its
+/// 32 f32 row losses instead of the 2x16x64 bf16 logits, its chunk is the 8 rows whose fp32
+/// logits take the bytes of the bf16 hidden states (32 rows x 32 x 2 bytes / (64 x 4)), and
+/// each of its three steps has that chunk's 2 KiB of fp32 logits as CPU workspace.
+#[test]
+fn fused_bf16_plan_bytes_are_exact() {
+    let (fused, unfused) = (gpt(Precision::Bf16, true), gpt(Precision::Bf16, false));
+    let (f, u) = (fused.plan.plan(), unfused.plan.plan());
+    let chunk = 32 * 32 * 2 / (64 * 4);
+    assert_eq!(chunk, 8);
+    for op in head_ops(f) {
+        let (Op::LinearCrossEntropy(lce) | Op::LinearCrossEntropyBackward { lce, .. }) = op else {
+            unreachable!()
+        };
+        assert_eq!(
+            *lce,
+            LinearCe {
+                chunk,
+                transposed: true
+            }
+        );
+    }
+    let saved = |p: &Plan, name: &str| {
+        p.report
+            .saved
+            .iter()
+            .find(|s| s.op == name)
+            .map_or(0, |s| s.bytes)
+    };
+    assert_eq!(saved(f, "linear_cross_entropy"), 32 * 4);
+    assert_eq!(saved(u, "matmul"), 2 * 16 * 64 * 2);
+    assert_eq!(f.report.bytes.workspace, 3 * chunk as u64 * 64 * 4);
+    assert_eq!(u.report.bytes.workspace, 0);
+    assert_eq!(
+        (f.arena_bytes, f.report.bytes.activations),
+        (FUSED_ARENA, FUSED_SAVED)
+    );
+}
+
+/// The tiny GPT-2's fused bf16 plan: arena and saved-activation bytes.
+const FUSED_ARENA: u64 = 804_612;
+const FUSED_SAVED: u64 = 112_768;
+
+/// On CUDA only the weight gradient takes a workspace: its column tiles' fp32 sums, as many
+/// tiles as one chunk of fp32 logits holds, at least one.
+#[test]
+fn the_cuda_plan_gives_the_weight_gradient_its_workspace() {
+    let c = compiled_with(
+        &example("gpt2"),
+        &Options {
+            overrides: tiny_gpt(2),
+            precision: Some(Precision::Bf16),
+            target: Target::CUDA_MIN,
+            ..Options::default()
+        },
+    );
+    let plan = c.plan.plan();
+    for s in &plan.steps {
+        let ws = s.workspace.map_or(0, |w| plan.buffers[w.index()].bytes);
+        match &s.op {
+            Op::LinearCrossEntropyBackward {
+                lce,
+                which: LceGrad::Weight,
+            } => {
+                // 8 rows x 64 classes / (32 columns x 32 dims) = 0 -> one block of 32 x 32.
+                assert_eq!(lce.chunk, 8);
+                assert_eq!(ws, 32 * 32 * 4);
+            }
+            op => assert_eq!(ws, 0, "{}", op.name()),
+        }
+    }
+}
+
+/// A budget that only a smaller chunk meets: a head whose chunk's logits (128 rows of 32
+/// classes, 16 KiB, as large as the hidden states) sit on the peak; with recomputation off,
+/// the chunks halve until the plan fits.
+#[test]
+fn a_tight_budget_shrinks_the_chunk() {
+    let src = "model head {\n  dim N = 256, D = 16, V = 32\n  param h: [N, D] = normal(1.0)\n  param w: [D, V] = normal(0.5)\n  input t: i32[N]\n  loss = cross_entropy(h @ w, t)\n  train { optimizer = sgd(lr = 0.1) }\n}\n";
+    let options = |budget| Options {
+        checkpoint: memc::budget::CheckpointMode::KeepAll,
+        budget,
+        ..Options::default()
+    };
+    let chunks = |c: &Compiled| -> Vec<usize> {
+        head_ops(c.plan.plan())
+            .into_iter()
+            .filter_map(|op| match op {
+                Op::LinearCrossEntropy(lce) | Op::LinearCrossEntropyBackward { lce, .. } => {
+                    Some(lce.chunk)
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let default = compiled_with(src, &options(None));
+    assert_eq!(chunks(&default), [128, 128, 128]);
+    let budget = default.plan.plan().arena_bytes - 1;
+    let tight = compiled_with(src, &options(Some(budget)));
+    assert!(tight.plan.plan().arena_bytes <= budget);
+    assert_eq!(chunks(&tight), [64, 64, 64]);
+}
+
+/// Logits something else reads stay a matmul: only the loss head is fused.
+#[test]
+fn logits_read_elsewhere_are_not_fused() {
+    let src = "model head {\n  dim N = 6, D = 4, V = 5\n  input x: [N, D]\n  input t: i32[N]\n  param w: [D, V] = normal(0.5)\n  let z = x @ w\n  loss = cross_entropy(z, t) + mean(z)\n  train { optimizer = sgd(lr = 0.1) }\n}\n";
+    let c = compiled_with(src, &Options::default());
+    assert!(head_ops(c.plan.plan()).is_empty());
+    let fused = src.replace(" + mean(z)", "");
+    let c = compiled_with(&fused, &Options::default());
+    assert_eq!(
+        head_ops(c.plan.plan()).len(),
+        2,
+        "forward and dw (x is an input)"
+    );
+}
+
+/// The fused head still bounds its targets by the classes (`memc run` refuses other ids).
+#[test]
+fn fused_targets_are_bounded_by_the_classes() {
+    let c = gpt(Precision::Fp32, true);
+    let targets = c.plan.plan().inputs.iter().find(|i| i.name == "targets");
+    assert_eq!(targets.and_then(|t| t.id_limit), Some(64));
+}
+
+/// Two heads reading one `transpose(e)` both read `e` in place: no transpose is left; a
+/// transpose something else reads stays for that reader.
+#[test]
+fn a_shared_transpose_is_dropped_once_every_head_is_fused() {
+    let src = |extra: &str| {
+        format!("model heads {{\n  dim N = 6, D = 4, V = 5\n  param x: [N, D] = normal(1.0)\n  param y: [N, D] = normal(1.0)\n  param e: [V, D] = normal(0.5)\n  input t: i32[N]\n  let wt = transpose(e)\n  loss = cross_entropy(x @ wt, t) + cross_entropy(y @ wt, t){extra}\n  train {{ optimizer = sgd(lr = 0.1) }}\n}}\n")
+    };
+    let permutes = |c: &Compiled| {
+        let plan = c.plan.plan();
+        plan.steps
+            .iter()
+            .filter(|s| s.phase == memc::ir::Phase::Forward && s.op.name() == "permute")
+            .count()
+    };
+    let both = compiled_with(&src(""), &Options::default());
+    assert_eq!(head_ops(both.plan.plan()).len(), 6);
+    assert_eq!(permutes(&both), 0);
+    let read = compiled_with(&src(" + mean(wt)"), &Options::default());
+    assert_eq!(head_ops(read.plan.plan()).len(), 6);
+    assert_eq!(permutes(&read), 1);
+}
