@@ -1,5 +1,6 @@
 //! `memc advise`: what each memory-saving option does to one model, every row a compiled
-//! plan (nothing estimated): peak arena bytes and the extra compute it costs.
+//! plan: its arena bytes (exact), the extra compute it costs, and its estimated step time on
+//! a GPU (`crate::cost`: an estimate, not a measurement), by which rows that fit rank.
 
 use crate::budget::CheckpointMode;
 use crate::fit::{fit_accumulation, fit_dim};
@@ -16,6 +17,9 @@ pub struct Advice {
     pub fits: bool,
     /// Recompute FLOPs as a percentage of the plan's FLOPs.
     pub extra_compute_percent: f64,
+    /// The plan's estimated step time in seconds on the options' GPU (the H100 when none
+    /// is named), when it compiled.
+    pub step_seconds: Option<f64>,
     /// False for rows that reach the budget by changing the batch size.
     pub keeps_batch: bool,
     pub note: String,
@@ -29,6 +33,7 @@ impl Advice {
             arena_bytes: None,
             fits: false,
             extra_compute_percent: 0.0,
+            step_seconds: None,
             keeps_batch,
             note,
         }
@@ -43,11 +48,13 @@ fn row(source: &str, option: &str, options: Options, budget: u64, note: &str) ->
                 100.0 * s.recompute_flops as f64 / r.flops.max(1) as f64
             });
             let arena = c.plan.plan().arena_bytes;
+            let gpu = options.gpu.unwrap_or_default();
             Advice {
                 option: option.to_string(),
                 arena_bytes: Some(arena),
                 fits: arena <= budget,
                 extra_compute_percent: extra,
+                step_seconds: Some(crate::cost::estimate(c.plan.plan(), gpu).seconds),
                 keeps_batch: true,
                 note: note.to_string(),
             }
@@ -59,7 +66,7 @@ fn row(source: &str, option: &str, options: Options, budget: u64, note: &str) ->
 
 /// Compiles the model under each option against `budget` and returns the rows, best first:
 /// plans that fit before those that do not, then those keeping the batch size, then by
-/// extra compute, then by bytes.
+/// estimated step time (rows without a plan last), then by bytes.
 pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
     let with =
         |checkpoint: CheckpointMode, in_backward: Option<bool>, budget: Option<u64>| Options {
@@ -139,7 +146,11 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
         b.fits
             .cmp(&a.fits)
             .then(b.keeps_batch.cmp(&a.keeps_batch))
-            .then(a.extra_compute_percent.total_cmp(&b.extra_compute_percent))
+            .then(
+                a.step_seconds
+                    .unwrap_or(f64::INFINITY)
+                    .total_cmp(&b.step_seconds.unwrap_or(f64::INFINITY)),
+            )
             .then(
                 a.arena_bytes
                     .unwrap_or(u64::MAX)

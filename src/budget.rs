@@ -2,11 +2,13 @@
 //! `auto` mode, keeps everything if that fits, else compiles the candidate policies in stages
 //! of growing recomputation (selective and min-cut; then per-block, every k-th block,
 //! sqrt(n) and min-cuts over a sweep of recomputation penalties) and keeps the fitting plan
-//! with the least recompute FLOPs. The sweep is exhaustive rather than a bisection because
-//! the laid-out peak is not monotone in the penalty: recomputed values also occupy memory
-//! during backward. When even that misses the budget, the fused loss head's chunks are
+//! with the least estimated step time on the chosen GPU (`crate::cost`): the least
+//! recompute time, since the steps every candidate shares cost the same. The sweep is
+//! exhaustive rather than a bisection because the laid-out peak is not monotone in the
+//! penalty: recomputed values also occupy memory during backward. When even that misses the budget, the fused loss head's chunks are
 //! halved and the search repeats.
 
+use crate::cost::{estimate, Gpu};
 use crate::diagnostic::UserError;
 use crate::front::train::TrainSpec;
 use crate::ir::cost::flops;
@@ -27,7 +29,7 @@ use std::time::Duration;
 pub enum CheckpointMode {
     /// The smaller of keep-all and pointwise recomputation when it fits the budget (or there
     /// is none); else the fitting candidate (per-block, every k-th block, sqrt(n),
-    /// selective, min-cut) with the least recompute FLOPs.
+    /// selective, min-cut) with the least estimated step time.
     #[default]
     Auto,
     /// Save every value backward reads (`none`).
@@ -196,8 +198,8 @@ impl From<&TrainSpec> for TrainSummary {
     }
 }
 
-/// The step to plan: for which target, the model's name, its graph and its `train { }`
-/// settings (none for inference).
+/// The step to plan: for which target, the model's name, its graph, its `train { }`
+/// settings (none for inference) and the GPU whose estimated time ranks recomputation.
 #[derive(Clone, Copy)]
 pub struct Step<'a> {
     /// Where the plan runs.
@@ -208,6 +210,8 @@ pub struct Step<'a> {
     pub graph: &'a Graph,
     /// The `train { }` settings, if the step trains.
     pub train: Option<&'a TrainSpec>,
+    /// The GPU candidates' estimated step times are compared on.
+    pub gpu: Gpu,
 }
 
 /// Plans the step's graph under `policy`, returning the rewritten graph and its plan.
@@ -221,6 +225,7 @@ pub fn plan_with(
         model,
         graph,
         train,
+        ..
     } = step;
     let recompute = checkpoint::choose(graph, policy);
     let rewritten = checkpoint::rewrite(graph, &recompute)?;
@@ -277,8 +282,9 @@ pub fn auto_candidates(graph: &Graph) -> [Vec<Policy>; 3] {
     ]
 }
 
-/// A candidate planned with the quick layout: its policy, recompute FLOPs and arena bytes.
-type Candidate = (Policy, u64, u64);
+/// A candidate planned with the quick layout: its policy, estimated step time in seconds
+/// and arena bytes.
+type Candidate = (Policy, f64, u64);
 
 /// The candidates planned with the quick layout, in parallel.
 fn plan_candidates(
@@ -291,45 +297,44 @@ fn plan_candidates(
         .par_iter()
         .map(|&policy| {
             let (_, p) = plan_with(step, policy, quick)?;
-            let flops = p
-                .report
-                .checkpoint
-                .as_ref()
-                .map_or(0, |c| c.recompute_flops);
-            Ok((policy, flops, p.arena_bytes))
+            Ok((policy, estimate(&p, step.gpu).seconds, p.arena_bytes))
         })
         .collect()
 }
 
 /// Auto mode's choice: the first stage of [`auto_candidates`] with a plan that fits `budget`
-/// gives its smallest plan (then the least recompute FLOPs) when it is the first stage, else
-/// its plan with the least recompute FLOPs (then the smallest arena); when none fits
+/// gives its smallest plan (then the least estimated step time) when it is the first stage,
+/// else its plan with the least estimated step time (then the smallest arena); when none fits
 /// with the quick layout, the smallest candidate, which then gets the full layout search
 /// (and the infeasible diagnostic if it still misses).
-fn least_recompute(
-    step: Step,
-    budget: Option<u64>,
-    quick: &BuildOptions,
-) -> Result<Policy, StageError> {
+fn least_time(step: Step, budget: Option<u64>, quick: &BuildOptions) -> Result<Policy, StageError> {
     let mut smallest: Option<Candidate> = None;
     for (index, stage) in auto_candidates(step.graph).into_iter().enumerate() {
         let planned = plan_candidates(step, &stage, quick)?;
         let fitting = planned
             .iter()
             .filter(|c| budget.is_none_or(|b| c.2 <= b))
-            .min_by_key(|c| if index == 0 { (c.2, c.1) } else { (c.1, c.2) });
+            .min_by(|a, b| {
+                let time = a.1.total_cmp(&b.1);
+                let bytes = a.2.cmp(&b.2);
+                if index == 0 {
+                    bytes.then(time)
+                } else {
+                    time.then(bytes)
+                }
+            });
         if let Some(&(policy, _, _)) = fitting {
             return Ok(policy);
         }
         smallest = planned
             .into_iter()
             .chain(smallest)
-            .min_by_key(|c| (c.2, c.1));
+            .min_by(|a, b| a.2.cmp(&b.2).then(a.1.total_cmp(&b.1)));
     }
     Ok(smallest.map_or(Policy::KeepAll, |c| c.0))
 }
 
-/// Plans the step: the policy of `mode`, or in auto mode the plan [`least_recompute`]
+/// Plans the step: the policy of `mode`, or in auto mode the plan [`least_time`]
 /// chooses (the smaller of keep-all and pointwise without a budget). Fails with a
 /// diagnostic naming the minimum feasible budget found.
 pub fn fit(
@@ -345,7 +350,7 @@ pub fn fit(
     };
     let chosen = match mode.policy(graph) {
         Some(policy) => policy,
-        None => least_recompute(step, budget, &quick)?,
+        None => least_time(step, budget, &quick)?,
     };
     let (g, plan) = plan_with(step, chosen, options)?;
     match (train, budget) {

@@ -8,6 +8,7 @@ pub mod arena_csv;
 pub mod bench;
 pub mod budget;
 pub mod codegen;
+pub mod cost;
 pub mod diagnostic;
 pub mod exec;
 pub mod fit;
@@ -46,6 +47,9 @@ pub struct Options {
     pub accumulate: Option<u32>,
     /// The backend the plan is built for (its workspace and alignment).
     pub target: plan::Target,
+    /// The GPU `--gpu` names: the report then carries the estimated step time on it, and
+    /// checkpointing ranks by time on it (on [`cost::Gpu::default`], the H100, without one).
+    pub gpu: Option<cost::Gpu>,
     /// Fuse `cross_entropy(x @ w, t)` into the chunked linear cross-entropy
     /// (`passes::fuse_loss`; default on).
     pub fuse_loss: bool,
@@ -63,6 +67,7 @@ impl Default for Options {
             master_weights: None,
             accumulate: None,
             target: plan::Target::Cpu,
+            gpu: None,
             fuse_loss: true,
         }
     }
@@ -222,11 +227,13 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
         model: &module.name,
         graph: &graph,
         train: module.train.as_ref(),
+        gpu: options.gpu.unwrap_or_default(),
     };
-    let (graph, plan) = budget::fit(step, options.checkpoint, &build).map_err(|e| match e {
+    let (graph, mut plan) = budget::fit(step, options.checkpoint, &build).map_err(|e| match e {
         budget::FitError::User(u) => CompileError::User(u),
         budget::FitError::Internal(e) => e.into(),
     })?;
+    plan.report.estimate = options.gpu.map(|gpu| cost::estimate(&plan, gpu));
     let plan = plan::verify(plan).map_err(|errs| {
         CompileError::Internal(errs.into_iter().map(|e| e.to_string()).collect())
     })?;

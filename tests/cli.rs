@@ -276,6 +276,58 @@ fn checkpoint_policies_parse_and_bad_ones_exit_2() {
     }
 }
 
+#[test]
+fn gpu_estimates_the_step_in_text_and_json_and_unknown_names_exit_2() {
+    let text = memc(&["compile", MLP, "--device", "cuda", "--gpu", "h100"]);
+    assert_success(&text);
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        stdout.contains("estimated step time on H100 SXM (132 SMs): ")
+            && stdout.contains("not a measurement")
+            && stdout.contains("launch overhead")
+            && stdout.contains("    matmul "),
+        "{stdout}"
+    );
+    let json = memc(&["compile", MLP, "--gpu", "RTX4090", "--format", "json"]);
+    assert_success(&json);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let e = &v["report"]["estimate"];
+    assert_eq!(e["gpu"], "rtx4090", "{e}");
+    let parts = [
+        "compute_bound_seconds",
+        "memory_bound_seconds",
+        "launch_seconds",
+    ]
+    .map(|k| e[k].as_f64().unwrap());
+    let total = e["seconds"].as_f64().unwrap();
+    assert!(
+        (parts.iter().sum::<f64>() - total).abs() <= 1e-12 * total,
+        "{e}"
+    );
+    assert!(e["launches"].as_u64().unwrap() > 0 && e["by_op"][0]["op"].is_string());
+    let bounds = e["steps"].as_array().unwrap().iter().map(|s| &s["bound"]);
+    assert!(
+        bounds.clone().all(|b| b == "compute" || b == "memory"),
+        "{e}"
+    );
+    assert!(bounds.clone().any(|b| b == "memory"), "{e}");
+    let plain = memc(&["compile", MLP, "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&plain.stdout).unwrap();
+    assert!(
+        v["report"].get("estimate").is_none(),
+        "no --gpu, no estimate"
+    );
+    let bad = memc(&["compile", MLP, "--gpu", "v100"]);
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("unknown GPU `v100`"), "{stderr}");
+    assert!(
+        stderr.contains("use one of: a100, h100, h200, rtx4090"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 /// `memc emit` writes every kernel's source and a manifest naming its launch; where NVRTC
 /// loads, each kernel's PTX and ptxas's sm_90 figures too (and no library call: every step
 /// is a generated kernel).

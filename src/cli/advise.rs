@@ -20,6 +20,7 @@ pub fn advise(a: AdviseArgs) -> Result<(), Failure> {
     let mut unbudgeted = a.args.clone();
     unbudgeted.budget = None;
     super::compile_file(&unbudgeted)?;
+    let gpu = opts.gpu.unwrap_or_default();
     let rows = memc::advise::advise(
         &src,
         &memc::Options {
@@ -34,24 +35,31 @@ pub fn advise(a: AdviseArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::Internal(vec![e.to_string()]))?,
         Format::Text => {
             let mut out = format!(
-                "options for {} within {}, best first (each row a compiled plan):\n",
+                "options for {} within {}, best first (each row a compiled plan; step times are estimates on {}, not measurements):\n",
                 a.args.file.display(),
-                human_bytes(budget)
+                human_bytes(budget),
+                gpu.spec().name
             );
             let _ = writeln!(
                 out,
-                "  {:<36} {:>12} {:>5} {:>9}  note",
-                "option", "arena", "fits", "recompute"
+                "  {:<36} {:>12} {:>5} {:>9} {:>12}  note",
+                "option",
+                "arena",
+                "fits",
+                "recompute",
+                format!("est. {}", gpu.name())
             );
             for r in &rows {
                 let arena = r.arena_bytes.map_or("-".to_string(), human_bytes);
+                let time = r.step_seconds.map_or("-".to_string(), memc::cost::ms);
                 let _ = writeln!(
                     out,
-                    "  {:<36} {:>12} {:>5} {:>8.2}%  {}",
+                    "  {:<36} {:>12} {:>5} {:>8.2}% {:>12}  {}",
                     r.option,
                     arena,
                     if r.fits { "yes" } else { "no" },
                     r.extra_compute_percent,
+                    time,
                     r.note
                 );
             }

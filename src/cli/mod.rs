@@ -80,6 +80,10 @@ pub struct CompileArgs {
     /// each step's scratch buffer. `memc run` also executes on it.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     device: String,
+    /// Estimate the step time on this GPU (a100, h100, h200, rtx4090): the report gains
+    /// the estimate, and checkpointing ranks its candidates by time on it (h100 without).
+    #[arg(long, value_name = "NAME")]
+    gpu: Option<String>,
     /// Fuse the loss head `cross_entropy(x @ w, t)` into a chunked linear cross-entropy that
     /// never holds the logits (default on); off keeps the matmul and cross-entropy.
     #[arg(long, value_name = "on|off")]
@@ -102,6 +106,7 @@ impl CompileArgs {
             ("--precision", self.precision.is_some()),
             ("--master-weights", self.master_weights.is_some()),
             ("--accumulate", self.accumulate.is_some()),
+            ("--gpu", self.gpu.is_some()),
             ("--fuse-loss", self.fuse_loss.is_some()),
         ];
         given
@@ -298,6 +303,11 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
     }
     let checkpoint = memc::budget::CheckpointMode::parse(&args.checkpoint)
         .map_err(|e| Failure::user(e, "--checkpoint", &args.checkpoint))?;
+    let gpu = args
+        .gpu
+        .as_deref()
+        .map(|g| memc::cost::Gpu::parse(g).map_err(|e| Failure::user(e, "--gpu", g)))
+        .transpose()?;
     Ok(Options {
         overrides,
         optimizer_in_backward,
@@ -316,6 +326,7 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
         } else {
             memc::plan::Target::Cpu
         },
+        gpu,
         fuse_loss,
     })
 }

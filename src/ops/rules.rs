@@ -37,6 +37,12 @@ pub struct Behaviour {
     pub class: OpClass,
     /// Indices of inputs the op overwrites in place.
     pub mutated_inputs: &'static [usize],
+    /// Whether the family's CUDA kernel for the op computes on tensor cores (16-bit inputs
+    /// at the 16-bit MMA rate, fp32 inputs as TF32). False while the kernel is a SIMT fp32
+    /// FMA kernel, as every generated kernel is today. The GPU cost model (`crate::cost`)
+    /// reads only this, so a family moving to cuBLASLt or MMA sets it in its `behaviour`,
+    /// the one place its estimate changes.
+    pub tensor_cores: bool,
 }
 
 impl Behaviour {
@@ -45,6 +51,7 @@ impl Behaviour {
         precision: PrecisionClass::Widest,
         class: OpClass::Cheap,
         mutated_inputs: &[],
+        tensor_cores: false,
     };
     /// Heavy work in its inputs' widest precision, writing no input.
     pub const HEAVY: Behaviour = Behaviour {

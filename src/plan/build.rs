@@ -495,5 +495,6 @@ fn report(
         layout_optimal: layout.optimal,
         checkpoint: None,
         precision: None,
+        estimate: None,
     }
 }

@@ -111,7 +111,7 @@ pub struct PrecisionSummary {
 }
 
 /// What the plan needs and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     pub param_count: u64,
     pub bytes: Bytes,
@@ -127,6 +127,9 @@ pub struct Report {
     /// Mixed precision, for training plans in bf16 or fp16.
     #[serde(default)]
     pub precision: Option<PrecisionSummary>,
+    /// The estimated step time on the GPU named by `--gpu` (absent when none is named).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<crate::cost::Estimate>,
 }
 
 /// `474.7 MiB` style size with binary units.
@@ -319,6 +322,9 @@ pub fn render_text(plan: &Plan) -> String {
     }
     if let Some(c) = &r.checkpoint {
         render_checkpoint(&mut out, c, r.flops);
+    }
+    if let Some(e) = &r.estimate {
+        crate::cost::render_text(&mut out, e, plan);
     }
     if let Some(t) = &plan.train {
         if let Some(budget) = t.budget {

@@ -1,0 +1,216 @@
+//! The time of one kernel launch on a GPU, from a roofline: the slower of its FLOPs at the
+//! rate its kind of kernel achieves and its bytes at the bandwidth a kernel achieves, plus a
+//! fixed launch overhead. The achievable fractions are stated assumptions, not measurements.
+
+use super::GpuSpec;
+use crate::ir::{DType, Op, TensorType};
+use serde::{Deserialize, Serialize};
+
+/// Fraction of the dense tensor-core peak a tensor-core kernel reaches. cuBLASLt bf16 GEMMs
+/// at transformer shapes reach about 70-80% of an H100's dense peak and FlashAttention-2
+/// 50-70% forward (see `REFERENCES.md`); 0.7 sits between the two.
+pub const TENSOR_CORE_EFFICIENCY: f64 = 0.7;
+
+/// Fraction of the fp32 FMA peak a SIMT kernel reaches. The generated GEMM (64 x 64 tiles,
+/// 4 x 4 outputs per thread, scalar shared-memory loads) issues two shared loads per four
+/// FMAs, which caps it near half the FMA rate before global-load stalls; a review of it at
+/// GPT-2 size put it at about 2% of an H100's bf16 peak, which is 30% of its fp32 peak.
+pub const SIMT_EFFICIENCY: f64 = 0.3;
+
+/// Fraction of the memory bandwidth a kernel streaming its operands reaches. Bandwidth
+/// tests (e.g. BabelStream) reach 80-90% of HBM peak with vector loads; memc's kernels load
+/// one element per thread and instruction, so the lower 0.7.
+pub const MEMORY_EFFICIENCY: f64 = 0.7;
+
+/// Seconds each kernel launch adds: the host-side cost of one `cuLaunchKernel` without CUDA
+/// Graphs plus the device's launch latency, about 5 microseconds on recent drivers. The plan
+/// launches its steps one by one, so every launch pays it.
+pub const LAUNCH_OVERHEAD_S: f64 = 5e-6;
+
+/// What one launch does, as the cost model sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Work {
+    /// FLOPs of the launch (multiply-add = 2).
+    pub flops: u64,
+    /// Bytes the launch moves: every input read once, the output written, the inputs it
+    /// updates in place written back, and its workspace.
+    pub bytes: u64,
+    /// Whether the kernel computes on tensor cores (the op family's answer).
+    pub tensor_cores: bool,
+    /// The dtype it computes on: its first input's (its output's without inputs).
+    pub dtype: DType,
+}
+
+impl Work {
+    /// The work of one launch of `op` reading `inputs` (each counted once as listed) and
+    /// writing `output` (None for updates, which write their mutated inputs instead), with
+    /// `workspace` bytes of scratch and `flops` as the op's rule counts them.
+    pub fn new(
+        op: &Op,
+        flops: u64,
+        inputs: &[&TensorType],
+        output: Option<&TensorType>,
+        workspace: u64,
+    ) -> Work {
+        let read: u64 = inputs.iter().map(|t| t.bytes()).sum();
+        let written_back: u64 = op
+            .mutated_inputs()
+            .iter()
+            .filter_map(|&i| inputs.get(i))
+            .map(|t| t.bytes())
+            .sum();
+        let behaviour = crate::ops::family(op).behaviour(op);
+        Work {
+            flops,
+            bytes: read + written_back + output.map_or(0, TensorType::bytes) + workspace,
+            tensor_cores: behaviour.tensor_cores,
+            dtype: inputs
+                .first()
+                .or(output.as_ref())
+                .map_or(DType::F32, |t| t.dtype),
+        }
+    }
+
+    /// The FLOP/s this work achieves on `gpu`: the 16-bit or TF32 tensor-core rate times
+    /// [`TENSOR_CORE_EFFICIENCY`] on tensor cores, else the fp32 FMA rate times
+    /// [`SIMT_EFFICIENCY`].
+    pub fn achievable_flops(&self, gpu: &GpuSpec) -> f64 {
+        match (self.tensor_cores, self.dtype) {
+            (true, DType::BF16 | DType::F16) => gpu.tensor_16bit * TENSOR_CORE_EFFICIENCY,
+            (true, _) => gpu.tensor_tf32 * TENSOR_CORE_EFFICIENCY,
+            (false, _) => gpu.fp32 * SIMT_EFFICIENCY,
+        }
+    }
+
+    /// The estimated time of one launch on `gpu`.
+    pub fn time(&self, gpu: &GpuSpec) -> Time {
+        let compute = self.flops as f64 / self.achievable_flops(gpu);
+        let memory = self.bytes as f64 / (gpu.bandwidth * MEMORY_EFFICIENCY);
+        Time {
+            compute,
+            memory,
+            bound: if compute > memory {
+                Bound::Compute
+            } else {
+                Bound::Memory
+            },
+        }
+    }
+}
+
+/// Which limit a launch's time comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bound {
+    /// Its FLOPs take longer than its bytes.
+    Compute,
+    /// Its bytes take at least as long as its FLOPs.
+    Memory,
+}
+
+/// The estimated time of one launch, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Time {
+    /// FLOPs at the achievable rate.
+    pub compute: f64,
+    /// Bytes at the achievable bandwidth.
+    pub memory: f64,
+    /// The larger of the two.
+    pub bound: Bound,
+}
+
+impl Time {
+    /// The bound part, `max(compute, memory)`, without the launch overhead.
+    pub fn bound_seconds(&self) -> f64 {
+        self.compute.max(self.memory)
+    }
+
+    /// The launch's whole time: the bound part plus [`LAUNCH_OVERHEAD_S`].
+    pub fn seconds(&self) -> f64 {
+        self.bound_seconds() + LAUNCH_OVERHEAD_S
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::Gpu;
+    use crate::ir::{cost::flops, BinaryFn};
+
+    fn t(dtype: DType, shape: &[usize]) -> TensorType {
+        TensorType::new(dtype, shape.to_vec())
+    }
+
+    #[test]
+    fn a_large_matmul_is_compute_bound_at_the_simt_rate() {
+        let op = Op::MatMul {
+            ta: false,
+            tb: false,
+        };
+        let (a, b, c) = (
+            t(DType::BF16, &[4096, 4096]),
+            t(DType::BF16, &[4096, 4096]),
+            t(DType::BF16, &[4096, 4096]),
+        );
+        let f = flops(&op, &[&a, &b], &c);
+        assert_eq!(f, 2 * 4096 * 4096 * 4096);
+        let w = Work::new(&op, f, &[&a, &b], Some(&c), 0);
+        assert_eq!(w.bytes, 3 * 4096 * 4096 * 2);
+        assert!(!w.tensor_cores, "matmuls are SIMT fp32 FMA kernels today");
+        let h100 = Gpu::H100.spec();
+        let time = w.time(h100);
+        assert_eq!(time.bound, Bound::Compute);
+        assert_eq!(time.compute, f as f64 / (66.9e12 * 0.3));
+        assert_eq!(time.seconds(), time.compute + 5e-6);
+        // 137.4 GFLOP at 20.07 TFLOP/s.
+        assert!((time.compute - 6.8478e-3).abs() < 1e-6, "{}", time.compute);
+    }
+
+    #[test]
+    fn on_tensor_cores_16_bit_work_runs_at_the_16_bit_rate_and_fp32_as_tf32() {
+        let mut w = Work {
+            flops: 1_000_000_000_000,
+            bytes: 0,
+            tensor_cores: true,
+            dtype: DType::BF16,
+        };
+        let a100 = Gpu::A100.spec();
+        assert_eq!(w.time(a100).compute, 1e12 / (312e12 * 0.7));
+        w.dtype = DType::F32;
+        assert_eq!(w.time(a100).compute, 1e12 / (156e12 * 0.7));
+        w.tensor_cores = false;
+        assert_eq!(w.time(a100).compute, 1e12 / (19.5e12 * 0.3));
+    }
+
+    #[test]
+    fn an_add_is_memory_bound_at_the_achievable_bandwidth() {
+        let op = Op::Binary(BinaryFn::Add);
+        let x = t(DType::F32, &[1 << 20]);
+        let f = flops(&op, &[&x, &x], &x);
+        let w = Work::new(&op, f, &[&x, &x], Some(&x), 0);
+        assert_eq!(w.bytes, 12 << 20);
+        let time = w.time(Gpu::H100.spec());
+        assert_eq!(time.bound, Bound::Memory);
+        assert_eq!(time.memory, (12u64 << 20) as f64 / (3.35e12 * 0.7));
+        // 12 MiB at 2.345 TB/s: 5.37 us, plus 5 us to launch.
+        assert!(
+            (time.seconds() - 10.365e-6).abs() < 1e-8,
+            "{}",
+            time.seconds()
+        );
+    }
+
+    #[test]
+    fn an_update_writes_back_the_inputs_it_mutates_and_its_workspace_counts() {
+        let op = Op::Sgd(crate::ir::SgdParams {
+            lr: 0.1,
+            momentum: 0.9,
+            weight_decay: 0.0,
+        });
+        let p = t(DType::F32, &[256]);
+        let w = Work::new(&op, 0, &[&p, &p, &p], None, 64);
+        let mutated = op.mutated_inputs().len() as u64;
+        assert_eq!(w.bytes, (3 + mutated) * 1024 + 64);
+        assert_eq!(w.time(Gpu::H100.spec()).bound, Bound::Memory);
+    }
+}
