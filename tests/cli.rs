@@ -329,8 +329,9 @@ fn gpu_estimates_the_step_in_text_and_json_and_unknown_names_exit_2() {
 }
 
 /// `memc emit` writes every kernel's source and a manifest naming its launch; where NVRTC
-/// loads, each kernel's PTX and ptxas's sm_90 figures too (and no library call: every step
-/// is a generated kernel).
+/// loads, each kernel's PTX and ptxas's figures for the GPU's architecture (sm_90 for the
+/// default H100; no library call: every step is a generated kernel), and the device bytes
+/// the kernels fix: module images and local memory.
 #[test]
 fn emit_writes_sources_and_a_manifest_with_ptxas_figures() {
     let dir = scratch("emit");
@@ -347,9 +348,26 @@ fn emit_writes_sources_and_a_manifest_with_ptxas_figures() {
         assert!(k["library"].is_null(), "{k}");
         if nvrtc {
             assert!(dir.join(k["ptx"].as_str().expect("ptx")).is_file(), "{k}");
-            assert!(k["sm_90"]["registers"].as_u64().unwrap_or(0) > 0, "{k}");
-            assert_eq!(k["sm_90"]["spill_store_bytes"].as_u64(), Some(0), "{k}");
+            assert_eq!(k["sm"], "sm_90", "{k}");
+            assert!(k["resources"]["registers"].as_u64().unwrap_or(0) > 0, "{k}");
+            assert_eq!(k["resources"]["spill_store_bytes"].as_u64(), Some(0), "{k}");
         }
+    }
+    if nvrtc {
+        let text = std::fs::read_to_string(dir.join("device.json")).expect("device.json");
+        let device: serde_json::Value = serde_json::from_str(&text).expect("json");
+        let field = |name: &str| device[name].as_u64().unwrap_or(0);
+        assert!(field("arena") > 0 && field("modules") > 0, "{device}");
+        // No MLP kernel has a stack frame, so no local memory is reserved.
+        assert_eq!(
+            (field("local_per_thread"), field("local")),
+            (0, 0),
+            "{device}"
+        );
+        assert_eq!(
+            field("total"),
+            field("arena") + field("modules") + field("local")
+        );
     }
     assert!(
         nvrtc || std::env::var("MEMC_REQUIRE_NVRTC").as_deref() != Ok("1"),

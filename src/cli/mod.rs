@@ -303,11 +303,7 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
     }
     let checkpoint = memc::budget::CheckpointMode::parse(&args.checkpoint)
         .map_err(|e| Failure::user(e, "--checkpoint", &args.checkpoint))?;
-    let gpu = args
-        .gpu
-        .as_deref()
-        .map(|g| memc::cost::Gpu::parse(g).map_err(|e| Failure::user(e, "--gpu", g)))
-        .transpose()?;
+    let gpu = gpu_of(args)?;
     Ok(Options {
         overrides,
         optimizer_in_backward,
@@ -329,6 +325,14 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
         gpu,
         fuse_loss,
     })
+}
+
+/// The GPU `--gpu` names, if any; an unknown name is a user error listing the known ones.
+fn gpu_of(args: &CompileArgs) -> Result<Option<memc::cost::Gpu>, Failure> {
+    args.gpu
+        .as_deref()
+        .map(|g| memc::cost::Gpu::parse(g).map_err(|e| Failure::user(e, "--gpu", g)))
+        .transpose()
 }
 
 /// The source, options and budget of a command that needs `--budget`; a plain failure
@@ -399,7 +403,10 @@ fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Fit(args) => fit::fit(args),
         Command::Viz(args) => viz::viz(args),
         Command::Advise(args) => advise::advise(args),
-        Command::Emit { args, output } => output::emit(&compile_file(&args)?, &output),
+        Command::Emit { args, output } => {
+            let gpu = gpu_of(&args)?.unwrap_or_default();
+            output::emit(&compile_file(&args)?, &output, gpu)
+        }
         Command::Arena {
             file,
             capacity,

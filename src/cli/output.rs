@@ -108,12 +108,15 @@ pub fn arena(
     }
 }
 
-/// `memc emit`: `<kernel>.cu`, and when NVRTC loads `<kernel>.ptx` (compute_90) and each
-/// kernel's sm_90 resources from ptxas (registers, shared memory, stack, spills);
-/// `plan.json` and `manifest.json` mapping each kernel to its source, launch configuration,
-/// resources, library (none: every step is a generated kernel) and steps. NVRTC loading
-/// without the CUDA headers is a plain error naming them.
-pub fn emit(compiled: &memc::Compiled, dir: &Path) -> Result<(), Failure> {
+/// `memc emit`: `<kernel>.cu`, and when NVRTC loads `<kernel>.ptx` (the virtual
+/// architecture of `gpu`) and each kernel's resources from ptxas for `gpu`'s compute
+/// capability (registers, shared memory, stack, spills); `plan.json`; `manifest.json`
+/// mapping each kernel to its source, launches (a two-stage reduction's finishing grid),
+/// resources, library (none: every step is a generated kernel) and steps; and, with NVRTC,
+/// `device.json`: the device bytes beyond the arena that the compiled kernels fix (module
+/// images, and local memory for their stack frames reserved for every resident thread).
+/// NVRTC loading without the CUDA headers is a plain error naming them.
+pub fn emit(compiled: &memc::Compiled, dir: &Path, gpu: memc::cost::Gpu) -> Result<(), Failure> {
     use memc::codegen::nvrtc::{compile_cubin, compile_ptx, nvrtc_available};
     use memc::codegen::CodegenError;
     let failed = |e: CodegenError| match e {
@@ -126,19 +129,49 @@ pub fn emit(compiled: &memc::Compiled, dir: &Path) -> Result<(), Failure> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Failure::Plain(format!("cannot create {}: {e}", dir.display())))?;
     let with_ptx = nvrtc_available();
+    let spec = gpu.spec();
+    let sm = format!("sm_{}{}", spec.compute.0, spec.compute.1);
+    let virtual_arch = if spec.compute.0 >= 9 {
+        "compute_90"
+    } else {
+        "compute_80"
+    };
+    let (mut modules, mut stack) = (0u64, 0u64);
     let mut manifest = Vec::new();
     for (k, steps) in &uses {
         let cu = format!("{}.cu", k.name);
         write_atomic(&dir.join(&cu), k.source.as_bytes())?;
         let (ptx, resources) = if with_ptx {
-            let text = compile_ptx(k, "compute_90").map_err(failed)?;
+            let text = compile_ptx(k, virtual_arch).map_err(failed)?;
             write_atomic(&dir.join(format!("{}.ptx", k.name)), text.as_bytes())?;
-            let cubin = compile_cubin(k, (9, 0)).map_err(failed)?;
+            let cubin = compile_cubin(k, spec.compute).map_err(failed)?;
+            modules += cubin.image.len() as u64;
+            stack = stack.max(cubin.resources.stack_bytes);
             (Some(format!("{}.ptx", k.name)), Some(cubin.resources))
         } else {
             (None, None)
         };
-        manifest.push(serde_json::json!({ "kernel": k.name, "entry": k.entry, "source": cu, "ptx": ptx, "sm_90": resources, "library": null, "grid": k.grid, "block": k.block, "shared_bytes": k.shared_bytes, "steps": steps }));
+        manifest.push(serde_json::json!({ "kernel": k.name, "entry": k.entry, "source": cu, "ptx": ptx, "sm": sm, "resources": resources, "library": null, "grid": k.grid, "finish": k.finish, "block": k.block, "shared_bytes": k.shared_bytes, "steps": steps }));
+    }
+    if with_ptx {
+        let local = stack * u64::from(spec.threads_per_sm) * u64::from(spec.sms);
+        let device = serde_json::json!({
+            "gpu": gpu.name(), "sm": sm, "arena": plan.arena_bytes, "modules": modules,
+            "local_per_thread": stack, "local": local,
+            "total": plan.arena_bytes + modules + local,
+            "not_included": "the CUDA context (measured by scripts/gpu-check)",
+        });
+        let text = serde_json::to_string_pretty(&device)
+            .map_err(|e| Failure::Internal(vec![e.to_string()]))?;
+        write_atomic(&dir.join("device.json"), text.as_bytes())?;
+        eprintln!(
+            "device bytes on {}: arena {} + module images {} + local memory {} = {} (CUDA context not included)",
+            gpu.name(),
+            plan.arena_bytes,
+            modules,
+            local,
+            plan.arena_bytes + modules + local
+        );
     }
     write_atomic(&dir.join("plan.json"), json(plan, true)?.as_bytes())?;
     let text = serde_json::to_string_pretty(&manifest)

@@ -36,6 +36,13 @@ pub struct GpuSpec {
     pub bandwidth: f64,
     /// Streaming multiprocessors.
     pub sms: u32,
+    /// Compute capability (major, minor): the architecture kernels are compiled for.
+    pub compute: (u32, u32),
+    /// Most threads resident on one SM (CUDA C++ Programming Guide, "Technical
+    /// Specifications per Compute Capability": 2048 on 8.0 and 9.0, 1536 on 8.9). The
+    /// driver reserves each kernel's local memory (stack frame) for this many threads on
+    /// every SM.
+    pub threads_per_sm: u32,
     /// Device memory in bytes: the datasheet's GB figure taken as GiB (the driver reports
     /// slightly less, e.g. 79.6 GiB on an H100 SXM).
     pub memory: u64,
@@ -55,6 +62,8 @@ const A100: GpuSpec = GpuSpec {
     fp32: 19.5 * TERA,
     bandwidth: 2039e9,
     sms: 108,
+    compute: (8, 0),
+    threads_per_sm: 2048,
     memory: 80 * GIB,
 };
 
@@ -69,6 +78,8 @@ const H100: GpuSpec = GpuSpec {
     fp32: 66.9 * TERA,
     bandwidth: 3.35e12,
     sms: 132,
+    compute: (9, 0),
+    threads_per_sm: 2048,
     memory: 80 * GIB,
 };
 
@@ -82,6 +93,8 @@ const H200: GpuSpec = GpuSpec {
     fp32: 66.9 * TERA,
     bandwidth: 4.8e12,
     sms: 132,
+    compute: (9, 0),
+    threads_per_sm: 2048,
     memory: 141 * GIB,
 };
 
@@ -96,6 +109,8 @@ const RTX4090: GpuSpec = GpuSpec {
     fp32: 82.6 * TERA,
     bandwidth: 1008e9,
     sms: 128,
+    compute: (8, 9),
+    threads_per_sm: 1536,
     memory: 24 * GIB,
 };
 
