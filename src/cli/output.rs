@@ -108,6 +108,13 @@ pub fn arena(
     }
 }
 
+/// Writes `value` as indented JSON to `path` (atomically).
+fn write_pretty(path: &Path, value: &serde_json::Value) -> Result<(), Failure> {
+    let text =
+        serde_json::to_string_pretty(value).map_err(|e| Failure::Internal(vec![e.to_string()]))?;
+    write_atomic(path, text.as_bytes())
+}
+
 /// `memc emit`: `<kernel>.cu`, and when NVRTC loads `<kernel>.ptx` (the virtual
 /// architecture of `gpu`) and each kernel's resources from ptxas for `gpu`'s compute
 /// capability (registers, shared memory, stack, spills); `plan.json`; `manifest.json`
@@ -161,9 +168,7 @@ pub fn emit(compiled: &memc::Compiled, dir: &Path, gpu: memc::cost::Gpu) -> Resu
             "total": plan.arena_bytes + modules + local,
             "not_included": "the CUDA context (measured by scripts/gpu-check)",
         });
-        let text = serde_json::to_string_pretty(&device)
-            .map_err(|e| Failure::Internal(vec![e.to_string()]))?;
-        write_atomic(&dir.join("device.json"), text.as_bytes())?;
+        write_pretty(&dir.join("device.json"), &device)?;
         eprintln!(
             "device bytes on {}: arena {} + module images {} + local memory {} = {} (CUDA context not included)",
             gpu.name(),
@@ -174,9 +179,10 @@ pub fn emit(compiled: &memc::Compiled, dir: &Path, gpu: memc::cost::Gpu) -> Resu
         );
     }
     write_atomic(&dir.join("plan.json"), json(plan, true)?.as_bytes())?;
-    let text = serde_json::to_string_pretty(&manifest)
-        .map_err(|e| Failure::Internal(vec![e.to_string()]))?;
-    write_atomic(&dir.join("manifest.json"), text.as_bytes())?;
+    write_pretty(
+        &dir.join("manifest.json"),
+        &serde_json::Value::from(manifest),
+    )?;
     eprintln!(
         "wrote {} kernels for {} steps to {}{}",
         uses.len(),
