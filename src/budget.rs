@@ -1,12 +1,13 @@
 //! Fitting a step into its budget: plans the graph under a checkpointing policy and, in
-//! `auto` mode, keeps everything if that fits, else compiles the candidate policies in stages
-//! of growing recomputation (selective and min-cut; then per-block, every k-th block,
-//! sqrt(n) and min-cuts over a sweep of recomputation penalties) and keeps the fitting plan
-//! with the least estimated step time on the chosen GPU (`crate::cost`): the least
-//! recompute time, since the steps every candidate shares cost the same. The sweep is
-//! exhaustive rather than a bisection because the laid-out peak is not monotone in the
-//! penalty: recomputed values also occupy memory during backward. When even that misses the budget, the fused loss head's chunks are
-//! halved and the search repeats.
+//! `auto` mode, takes the smaller plan of keep-all and pointwise recomputation if that fits,
+//! else compiles the candidate policies in stages of growing recomputation (selective and
+//! min-cut; then per-block, every k-th block, sqrt(n) and min-cuts over a sweep of
+//! recomputation penalties) and keeps the fitting plan with the least estimated step time on
+//! the chosen GPU (`crate::cost`): the least recompute time, since the steps every candidate
+//! shares cost the same. The sweep is exhaustive rather than a bisection because the
+//! laid-out peak is not monotone in the penalty: recomputed values also occupy memory during
+//! backward. When even that misses the budget, the fused loss head's chunks are halved and
+//! the search repeats.
 
 use crate::cost::{estimate, Gpu};
 use crate::diagnostic::UserError;
@@ -261,9 +262,9 @@ fn infeasible(train: &TrainSpec, budget: u64, plan: &Plan) -> FitError {
 
 /// Auto mode's candidates, in stages of growing recomputation: keep-all and pointwise (the
 /// smaller plan of the two is taken, as pointwise recomputation costs memory passes only);
-/// the policies that recompute no heavy op (selective, min-cut with heavy ops kept); then per-block and every
-/// k-th block for k up to max(4, sqrt(n)) (sqrt(n) among them), which recompute a superset
-/// of what selective recomputes, and min-cuts over a sweep of recomputation penalties (1e2
+/// the policies that recompute no heavy op (selective, min-cut with heavy ops kept); then
+/// per-block and every k-th block for k up to max(4, sqrt(n)) (sqrt(n) among them), which
+/// recompute a superset of what selective recomputes, and min-cuts over a sweep of recomputation penalties (1e2
 /// down to 1e-13 bytes per FLOP).
 pub fn auto_candidates(graph: &Graph) -> [Vec<Policy>; 3] {
     let longest = checkpoint::sqrt_segment(graph)

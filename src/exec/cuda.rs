@@ -1,7 +1,8 @@
 //! The CUDA backend: one device allocation holds the plan's whole arena; every step launches
-//! its generated kernel (NVRTC PTX, loaded through the driver API) with the arena base and
-//! the byte offsets the plan assigned (a two-stage reduction launches twice; a kernel reading
-//! a tensor table gets it copied into its workspace first). Nothing else is allocated on the device, and the
+//! its generated kernel (an NVRTC CUBIN for the device, or PTX, loaded through the driver
+//! API) with the arena base and the byte offsets the plan assigned (a two-stage reduction
+//! launches twice; a kernel reading a tensor table gets it copied into its workspace
+//! first). Nothing else is allocated on the device, and the
 //! host never builds the arena: parameters and state are uploaded one buffer at a time
 //! (only the bound inputs stay on the host, every micro-batch of them).
 //!
