@@ -3,6 +3,9 @@
 //! some runs the edited JSON through `memc run`, which must exit 2 with that message.
 #![allow(clippy::panic, clippy::unwrap_used)]
 
+mod common;
+
+use common::refused;
 use memc::plan::{verify, BufferId, Plan};
 use memc::Options;
 use std::process::Command;
@@ -22,19 +25,6 @@ fn mlp(accumulate: Option<u32>) -> Plan {
         Ok(c) => c.plan.plan().clone(),
         Err(e) => panic!("mlp does not compile: {e:?}"),
     }
-}
-
-/// The verifier's messages for a plan it must refuse, checking one contains `needle`.
-fn refused(plan: Plan, needle: &str) -> Vec<String> {
-    let errors: Vec<String> = match verify(plan) {
-        Ok(_) => panic!("the tampered plan verifies; expected `{needle}`"),
-        Err(e) => e.iter().map(ToString::to_string).collect(),
-    };
-    assert!(
-        errors.iter().any(|e| e.contains(needle)),
-        "no error contains `{needle}`: {errors:#?}"
-    );
-    errors
 }
 
 /// `memc run` on `plan` written as JSON: it must exit 2 and say `needle`.

@@ -109,3 +109,16 @@ pub fn scratch(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir
 }
+
+/// The verifier's messages for a plan it must refuse, checking one contains `needle`.
+pub fn refused(plan: memc::plan::Plan, needle: &str) -> Vec<String> {
+    let errors: Vec<String> = match memc::plan::verify(plan) {
+        Ok(_) => panic!("the tampered plan verifies; expected `{needle}`"),
+        Err(e) => e.iter().map(ToString::to_string).collect(),
+    };
+    assert!(
+        errors.iter().any(|e| e.contains(needle)),
+        "no error contains `{needle}`: {errors:#?}"
+    );
+    errors
+}
