@@ -11,6 +11,7 @@ mod heuristic;
 mod node_budget;
 mod problem;
 mod search;
+mod spanning;
 mod validate;
 
 use std::time::{Duration, Instant};
@@ -112,6 +113,11 @@ pub fn node_budget(n: usize, time_limit: Duration) -> u64 {
 /// the same output) whenever the search ends within its node budget before the wall-clock cap.
 /// Zero-size buffers get offset 0.
 pub fn layout(requests: &[BufferRequest], options: &LayoutOptions) -> Layout {
+    spanning::stacked_below(requests, options, layout_all)
+}
+
+/// [`layout`] of every request through the search.
+fn layout_all(requests: &[BufferRequest], options: &LayoutOptions) -> Layout {
     let alignment = options.alignment.max(1);
     let problem = Problem::new(requests, alignment);
     let bound = bound::problem_bound(&problem);
