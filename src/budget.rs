@@ -35,7 +35,7 @@ pub enum CheckpointMode {
     Auto,
     /// Save every value backward reads (`none`).
     KeepAll,
-    /// Recompute pointwise ops from values saved anyway ([`Policy::Pointwise`]).
+    /// Recompute pointwise ops and norms from values saved anyway ([`Policy::Pointwise`]).
     Pointwise,
     /// Save the boundary of every k-th block instance (`every=K`; `block` is k = 1).
     Every(NonZeroUsize),
@@ -140,7 +140,9 @@ fn summary(
             "keep all (casts recomputed: fp32 copies of activations, low-precision weight copies)"
                 .into()
         }
-        Policy::Pointwise => "pointwise: pointwise ops recomputed from values saved anyway".into(),
+        Policy::Pointwise => {
+            "pointwise: pointwise ops and norms recomputed from values saved anyway".into()
+        }
         Policy::MinCut { penalty: None } => "min-cut (heavy and random ops kept)".to_string(),
         Policy::MinCut { penalty: Some(p) } => {
             format!("min-cut, recompute penalty {p:.3e} bytes/FLOP")

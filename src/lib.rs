@@ -200,6 +200,8 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
             verified(&diff.graph, "autodiff")?;
             let diff = passes::saves::choose(diff)?.diff;
             verified(&diff.graph, "saves")?;
+            let diff = passes::widen::run(&diff)?;
+            verified(&diff.graph, "widen")?;
             let opts = passes::optimizer::OptimizerOptions {
                 optimizer: t.optimizer,
                 clip_grad_norm: t.clip_grad_norm,

@@ -5,8 +5,10 @@
 
 mod common;
 
-use common::{compiled, example};
+use common::{compiled, compiled_with, example};
+use memc::budget::CheckpointMode;
 use memc::ir::{Op, UnaryFn};
+use memc::Options;
 
 fn unary_backward_forms(src: &str) -> (usize, usize) {
     let c = compiled(src);
@@ -62,7 +64,13 @@ fn sixteen_bit_outputs_offer_only_the_exact_form() {
 
 #[test]
 fn resnet18_relus_read_what_the_next_layer_keeps() {
-    let c = compiled(&example("resnet18"));
+    // Keep-all, so that no batch norm or relu is recomputed (the default plan recomputes
+    // each from its convolution's output).
+    let options = Options {
+        checkpoint: CheckpointMode::KeepAll,
+        ..Options::default()
+    };
+    let c = compiled_with(&example("resnet18"), &options);
     let relu_from_input = c
         .plan
         .plan()

@@ -143,10 +143,7 @@ mod tests {
 
     #[test]
     fn a_large_matmul_is_compute_bound_at_the_simt_rate() {
-        let op = Op::MatMul {
-            ta: false,
-            tb: false,
-        };
+        let op = Op::matmul(false, false);
         let (a, b, c) = (
             t(DType::BF16, &[4096, 4096]),
             t(DType::BF16, &[4096, 4096]),

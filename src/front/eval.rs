@@ -130,10 +130,7 @@ impl Lowerer<'_> {
                     BinOp::Sub => Op::Binary(BinaryFn::Sub),
                     BinOp::Mul => Op::Binary(BinaryFn::Mul),
                     BinOp::Div => Op::Binary(BinaryFn::Div),
-                    BinOp::MatMul => Op::MatMul {
-                        ta: false,
-                        tb: false,
-                    },
+                    BinOp::MatMul => Op::matmul(false, false),
                 };
                 Ok(Val::Tensor(self.add(op, vec![*x, *y], span)?))
             }

@@ -120,7 +120,15 @@ pub enum Op {
     /// Concatenation of all inputs along `axis`.
     Concat { axis: usize },
     /// `(a, b) -> op(a) @ op(b)`, batched with broadcasting; `ta`/`tb` transpose the last two dims.
-    MatMul { ta: bool, tb: bool },
+    /// With `f32_out` the output is fp32 whatever the operands' precision: the fp32
+    /// accumulator stored unrounded (a low-precision weight gradient written straight into
+    /// its fp32 gradient, `passes::widen`).
+    MatMul {
+        ta: bool,
+        tb: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        f32_out: bool,
+    },
     /// `(x[N, C, H, W], w[O, C/g, KH, KW]) -> y[N, O, H', W']`.
     Conv2d(ConvParams),
     /// `(dy, w) -> dx`; `input` is the spatial size of x.
@@ -196,6 +204,15 @@ pub enum OpClass {
 }
 
 impl Op {
+    /// `op(a) @ op(b)` in its operands' precision.
+    pub fn matmul(ta: bool, tb: bool) -> Op {
+        Op::MatMul {
+            ta,
+            tb,
+            f32_out: false,
+        }
+    }
+
     /// The op's class, by its family's rule.
     pub fn class(&self) -> OpClass {
         crate::ops::family(self).behaviour(self).class

@@ -2,9 +2,10 @@
 //! recomputes. Policies:
 //!
 //! - keep-all saves every value backward reads;
-//! - pointwise (the default of AOTAutograd's partitioner behind `torch.compile`) is the
-//!   min-cut below with only pointwise ops and views recomputable: backward recomputes an
-//!   activation such as `gelu(h)` from an input it saves anyway rather than saving both;
+//! - pointwise (the default of AOTAutograd's partitioner behind `torch.compile`, plus
+//!   normalizations) is the min-cut below with only pointwise ops, normalizations and views
+//!   recomputable: backward recomputes an activation such as `gelu(h)` or
+//!   `relu(batchnorm(h))` from an input it saves anyway rather than saving both;
 //! - segments (Chen et al. 2016; per-block checkpointing when every block is a segment)
 //!   save the output of every k-th block instance and recompute the rest of each segment;
 //! - selective (Korthikanti et al. 2022) keeps the outputs of heavy ops and recomputes the
@@ -42,9 +43,10 @@ pub enum Policy {
     /// Min-cut; heavy and random ops cost `penalty` bytes per FLOP to recompute, or are never
     /// recomputed when `penalty` is `None`.
     MinCut { penalty: Option<f64> },
-    /// Min-cut in which only pointwise ops (unary, binary, affine, casts) and movement
-    /// without arithmetic (reshape, permute, slice, broadcast) may be recomputed, inside
-    /// block instances: the recomputation costs memory passes, no matmul or reduction.
+    /// Min-cut in which only pointwise ops (unary, binary, affine, casts), normalizations and
+    /// movement without arithmetic (reshape, permute, slice, broadcast) may be recomputed,
+    /// inside block instances: the recomputation costs memory passes (a norm's two: its
+    /// statistics, then its output), no matmul.
     Pointwise,
     /// Chen et al. 2016: save the boundary values (those read by another instance or outside
     /// blocks) of every `every`-th block instance, counted in creation order across all
@@ -119,7 +121,8 @@ pub fn is_weight_copy(graph: &Graph, input_dependent: &[bool], v: ValueId) -> bo
     matches!(graph.node(v).op, Op::Cast { .. }) && !input_dependent[v.index()]
 }
 
-/// Whether `op` is pointwise or moves data without arithmetic ([`Policy::Pointwise`]).
+/// Whether `op` is pointwise, a normalization or moves data without arithmetic
+/// ([`Policy::Pointwise`]).
 fn is_pointwise(op: &Op) -> bool {
     matches!(
         op,
@@ -131,6 +134,7 @@ fn is_pointwise(op: &Op) -> bool {
             | Op::Permute { .. }
             | Op::Slice { .. }
             | Op::BroadcastTo { .. }
+            | Op::Norm { .. }
     )
 }
 

@@ -39,7 +39,15 @@ fn head_at(graph: &Graph, ce: ValueId) -> Option<Head> {
         return None;
     };
     let mm = graph.node(logits);
-    let (&Op::MatMul { ta: false, tb }, &[x, b]) = (&mm.op, mm.inputs.as_slice()) else {
+    let (
+        &Op::MatMul {
+            ta: false,
+            tb,
+            f32_out: false,
+        },
+        &[x, b],
+    ) = (&mm.op, mm.inputs.as_slice())
+    else {
         return None;
     };
     if !read_only_by(graph, logits, ce) || graph.node(b).ty.shape.len() != 2 {

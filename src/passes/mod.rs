@@ -8,6 +8,7 @@ pub mod optimizer;
 pub mod precision;
 pub mod saves;
 pub mod schedule;
+pub mod widen;
 
 use std::fmt;
 

@@ -188,7 +188,7 @@ fn render_precision(out: &mut String, p: &PrecisionSummary) {
     };
     let _ = writeln!(
         out,
-        "  precision: {} (matmul/conv/attention in {0}; fp32 master weights, norms, losses, optimizer{scaling})",
+        "  precision: {} (matmul/conv/attention in {0}; fp32 master weights, layer/rms norms, losses, optimizer{scaling})",
         format!("{:?}", p.precision).to_lowercase()
     );
     row(

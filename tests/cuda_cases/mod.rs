@@ -353,16 +353,22 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ),
         (
             "matmul",
-            Op::MatMul {
-                ta: false,
-                tb: false,
-            },
+            Op::matmul(false, false),
             vec![f(&[2, 3, 65, 17]), f(&[17, 70])],
         ),
         (
             "matmul_t",
-            Op::MatMul { ta: true, tb: true },
+            Op::matmul(true, true),
             vec![f(&[3, 1, 17, 65]), f(&[4, 70, 17])],
+        ),
+        (
+            "matmul_f32_out",
+            Op::MatMul {
+                ta: true,
+                tb: false,
+                f32_out: true,
+            },
+            vec![f(&[130, 33]), f(&[130, 70])],
         ),
         (
             "conv2d",

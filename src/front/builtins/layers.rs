@@ -25,14 +25,7 @@ impl Lowerer<'_> {
 
     /// `x @ weight (+ bias)` of a `linear` group.
     fn linear(&mut self, x: ValueId, g: &Group, span: Span) -> R<ValueId> {
-        let y = self.add(
-            Op::MatMul {
-                ta: false,
-                tb: false,
-            },
-            vec![x, g.weight],
-            span,
-        )?;
+        let y = self.add(Op::matmul(false, false), vec![x, g.weight], span)?;
         match g.bias {
             Some(b) => self.add(Op::Binary(BinaryFn::Add), vec![y, b], span),
             None => Ok(y),

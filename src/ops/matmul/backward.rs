@@ -9,29 +9,26 @@ use crate::passes::StageError;
 
 impl Backward for super::Family {
     fn vjp(&self, op: &Op, cx: &mut Vjp<'_>) -> Result<(), StageError> {
-        let Op::MatMul { ta, tb } = *op else {
+        let Op::MatMul { ta, tb, .. } = *op else {
             return Err(cx.foreign(op, "matmul"));
         };
         let (a, b, dy) = (cx.x[0], cx.x[1], cx.dy);
         cx.set(0, |rw| {
             let g = if ta {
-                rw.add(Op::MatMul { ta: tb, tb: true }, vec![b, dy])?
+                rw.add(Op::matmul(tb, true), vec![b, dy])?
             } else {
-                rw.add(Op::MatMul { ta: false, tb: !tb }, vec![dy, b])?
+                rw.add(Op::matmul(false, !tb), vec![dy, b])?
             };
             rw.sum_to(g, a)
         })?;
         cx.set(1, |rw| {
             let flat = rw.shape(b).len() == 2 && rw.shape(a).len() > 2;
-            let at = Op::MatMul {
-                ta: true,
-                tb: false,
-            };
+            let at = Op::matmul(true, false);
             let g = match (tb, flat && !ta) {
                 (false, true) => flat_matmul(rw, at, a, dy)?,
                 (true, true) => flat_matmul(rw, at, dy, a)?,
-                (false, false) => rw.add(Op::MatMul { ta: !ta, tb: false }, vec![a, dy])?,
-                (true, false) => rw.add(Op::MatMul { ta: true, tb: ta }, vec![dy, a])?,
+                (false, false) => rw.add(Op::matmul(!ta, false), vec![a, dy])?,
+                (true, false) => rw.add(Op::matmul(true, ta), vec![dy, a])?,
             };
             rw.sum_to(g, b)
         })

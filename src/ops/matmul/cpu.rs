@@ -10,7 +10,7 @@ use crate::ops::cpu::{foreign_op, CpuKernel};
 impl CpuKernel for super::Family {
     fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
         match step.op() {
-            Op::MatMul { ta, tb } => {
+            Op::MatMul { ta, tb, .. } => {
                 kernels::matmul(
                     step.input(0),
                     step.shape(0),

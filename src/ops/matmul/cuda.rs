@@ -14,7 +14,8 @@ impl super::Family {
     pub(crate) const TEMPLATE: &'static str = include_str!("matmul.cu");
 }
 
-/// `out = op(x) @ op(y)` over broadcast batch dims, `op` transposing when `ta` / `tb`.
+/// `out = op(x) @ op(y)` over broadcast batch dims, `op` transposing when `ta` / `tb`; the
+/// output's element type may be wider than the operands' (`f32_out`).
 fn matmul(a: &Args, ta: bool, tb: bool) -> Result<Kernel, CodegenError> {
     let (x, y, out) = (a.at(0)?, a.at(1)?, a.output);
     let (rx, ry, ro) = (x.shape.len(), y.shape.len(), out.shape.len());
@@ -35,7 +36,7 @@ fn matmul(a: &Args, ta: bool, tb: bool) -> Result<Kernel, CodegenError> {
             c_dims("SA", &bcast_strides(&x.shape[..rx - 2], batch)),
             c_dims("SB", &bcast_strides(&y.shape[..ry - 2], batch)),
         ],
-        ("matmul_kernel", &[a.out_ty()], 2),
+        ("matmul_kernel", &[a.ty(0)?, a.out_ty()], 2),
         launch,
     ))
 }
@@ -53,7 +54,7 @@ impl CudaLowering for super::Family {
 
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
-            Op::MatMul { ta, tb } => matmul(a, *ta, *tb),
+            Op::MatMul { ta, tb, .. } => matmul(a, *ta, *tb),
             _ => Err(a.foreign("matmul")),
         }
     }

@@ -1,6 +1,6 @@
 //! Shape and dtype rule, cost and precision class of the batched matmul.
 
-use crate::ir::{broadcast, Op, TensorType};
+use crate::ir::{broadcast, DType, Op, TensorType};
 use crate::ops::rules::{
     arity, fail, float, foreign, rank_at_least, same_dtype, Behaviour, PrecisionClass, Result,
     Rules,
@@ -41,11 +41,16 @@ fn matmul(a: &TensorType, b: &TensorType, ta: bool, tb: bool) -> Result<TensorTy
 
 impl Rules for super::Family {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
-        let Op::MatMul { ta, tb } = op else {
+        let Op::MatMul { ta, tb, f32_out } = op else {
             return foreign(op, "matmul");
         };
         arity(op, inputs, 2, 2)?;
-        matmul(inputs[0], inputs[1], *ta, *tb)
+        let out = matmul(inputs[0], inputs[1], *ta, *tb)?;
+        Ok(if *f32_out {
+            out.with_dtype(DType::F32)
+        } else {
+            out
+        })
     }
 
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {

@@ -88,9 +88,11 @@ impl Rules for super::Family {
 
     fn behaviour(&self, op: &Op) -> Behaviour {
         match op {
-            // autocast runs batch_norm in its input's precision (statistics in fp32).
+            // Batch and group norm run in their input's precision: statistics and arithmetic
+            // in fp32, the output rounded once (autocast does so for batch_norm). A bf16
+            // convolution net then saves the norms' bf16 inputs, not fp32 copies.
             Op::Norm {
-                kind: NormKind::Batch,
+                kind: NormKind::Batch | NormKind::Group(_),
                 ..
             } => Behaviour::CHEAP,
             Op::Norm { .. } => Behaviour::CHEAP.in_precision(PrecisionClass::Fp32),
