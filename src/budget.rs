@@ -285,9 +285,14 @@ pub fn auto_candidates(graph: &Graph) -> [Vec<Policy>; 3] {
     ]
 }
 
-/// A candidate planned with the quick layout: its policy, estimated step time in seconds
-/// and arena bytes.
-type Candidate = (Policy, f64, u64);
+/// A candidate planned with the quick layout: its policy, estimated step time in seconds,
+/// arena bytes, and the rewritten graph and plan.
+struct Candidate {
+    policy: Policy,
+    seconds: f64,
+    bytes: u64,
+    planned: (Graph, Plan),
+}
 
 /// The candidates planned with the quick layout, in parallel.
 fn plan_candidates(
@@ -299,8 +304,13 @@ fn plan_candidates(
     candidates
         .par_iter()
         .map(|&policy| {
-            let (_, p) = plan_with(step, policy, quick)?;
-            Ok((policy, estimate(&p, step.gpu).seconds, p.arena_bytes))
+            let planned = plan_with(step, policy, quick)?;
+            Ok(Candidate {
+                policy,
+                seconds: estimate(&planned.1, step.gpu).seconds,
+                bytes: planned.1.arena_bytes,
+                planned,
+            })
         })
         .collect()
 }
@@ -310,31 +320,35 @@ fn plan_candidates(
 /// else its plan with the least estimated step time (then the smallest arena); when none fits
 /// with the quick layout, the smallest candidate, which then gets the full layout search
 /// (and the infeasible diagnostic if it still misses).
-fn least_time(step: Step, budget: Option<u64>, quick: &BuildOptions) -> Result<Policy, StageError> {
+fn least_time(
+    step: Step,
+    budget: Option<u64>,
+    quick: &BuildOptions,
+) -> Result<Option<Candidate>, StageError> {
     let mut smallest: Option<Candidate> = None;
     for (index, stage) in auto_candidates(step.graph).into_iter().enumerate() {
         let planned = plan_candidates(step, &stage, quick)?;
-        let fitting = planned
-            .iter()
-            .filter(|c| budget.is_none_or(|b| c.2 <= b))
-            .min_by(|a, b| {
-                let time = a.1.total_cmp(&b.1);
-                let bytes = a.2.cmp(&b.2);
-                if index == 0 {
-                    bytes.then(time)
-                } else {
-                    time.then(bytes)
-                }
-            });
-        if let Some(&(policy, _, _)) = fitting {
-            return Ok(policy);
+        let order = |a: &Candidate, b: &Candidate| {
+            let time = a.seconds.total_cmp(&b.seconds);
+            let bytes = a.bytes.cmp(&b.bytes);
+            if index == 0 {
+                bytes.then(time)
+            } else {
+                time.then(bytes)
+            }
+        };
+        let (fitting, rest): (Vec<Candidate>, Vec<Candidate>) = planned
+            .into_iter()
+            .partition(|c| budget.is_none_or(|b| c.bytes <= b));
+        if let Some(best) = fitting.into_iter().min_by(order) {
+            return Ok(Some(best));
         }
-        smallest = planned
+        smallest = rest
             .into_iter()
             .chain(smallest)
-            .min_by(|a, b| a.2.cmp(&b.2).then(a.1.total_cmp(&b.1)));
+            .min_by(|a, b| a.bytes.cmp(&b.bytes).then(a.seconds.total_cmp(&b.seconds)));
     }
-    Ok(smallest.map_or(Policy::KeepAll, |c| c.0))
+    Ok(smallest)
 }
 
 /// Plans the step: the policy of `mode`, or in auto mode the plan [`least_time`]
@@ -351,11 +365,15 @@ pub fn fit(
         layout_time: Duration::ZERO,
         ..options.clone()
     };
-    let chosen = match mode.policy(graph) {
-        Some(policy) => policy,
-        None => least_time(step, budget, &quick)?,
+    // A candidate whose quick layout already reaches the lower bound is the plan the full
+    // search would give; any other is planned again with the search.
+    let (g, plan) = match mode.policy(graph) {
+        Some(policy) => plan_with(step, policy, options)?,
+        None => match least_time(step, budget, &quick)? {
+            Some(c) if c.planned.1.report.layout_optimal => c.planned,
+            chosen => plan_with(step, chosen.map_or(Policy::KeepAll, |c| c.policy), options)?,
+        },
     };
-    let (g, plan) = plan_with(step, chosen, options)?;
     match (train, budget) {
         // Over budget: the fused loss head's chunks halve (less scratch) while they can.
         (Some(t), Some(b)) if plan.arena_bytes > b => {

@@ -374,3 +374,23 @@ fn emit_writes_sources_and_a_manifest_with_ptxas_figures() {
         "NVRTC required"
     );
 }
+
+#[test]
+fn bench_compile_times_each_example_in_its_own_process() {
+    let dir = scratch("bench-compile");
+    std::fs::copy("examples/unet.mdl", dir.join("unet.mdl")).unwrap();
+    let out = memc(&["bench", "compile", dir.to_str().unwrap_or_default()]);
+    assert_success(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("unet"))
+        .unwrap_or_else(|| panic!("no unet row in {text}"));
+    let fields: Vec<&str> = row.split_whitespace().collect();
+    let (seconds, rss): (f64, f64) = (fields[2].parse().unwrap(), fields[3].parse().unwrap());
+    assert!(seconds > 0.0 && rss > 1.0, "{row}");
+    assert!(
+        !text.contains("llama7b"),
+        "only the examples present are run: {text}"
+    );
+}

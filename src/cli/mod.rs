@@ -175,9 +175,10 @@ enum Command {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
-    /// Measure: `memc bench arena [DIR]` (MiniMalloc instances) or `memc bench checkpoint [DIR]` (examples).
+    /// Measure: `memc bench arena [DIR]` (MiniMalloc instances), `memc bench checkpoint [DIR]`
+    /// or `memc bench compile [DIR]` (compile time and peak memory; DIR holds the examples).
     Bench {
-        #[arg(value_parser = ["arena", "checkpoint"])]
+        #[arg(value_parser = ["arena", "checkpoint", "compile"])]
         what: String,
         dir: Option<PathBuf>,
         #[arg(long, default_value_t = 10.0)]
@@ -422,6 +423,12 @@ fn dispatch(command: Command) -> Result<(), Failure> {
                 let dir = dir.unwrap_or_else(|| PathBuf::from("examples"));
                 memc::bench::checkpoint_table(&dir)
                     .map_err(|e| Failure::Plain(format!("cannot read {}: {e}", dir.display())))?
+            } else if what == "compile" {
+                let dir = dir.unwrap_or_else(|| PathBuf::from("examples"));
+                let memc = std::env::current_exe()
+                    .map_err(|e| Failure::Plain(format!("cannot find memc itself: {e}")))?;
+                memc::bench::compile_table(&memc, &dir)
+                    .map_err(|e| Failure::Plain(format!("bench compile: {e}")))?
             } else {
                 let dir = dir.unwrap_or_else(|| PathBuf::from("../shared/benchmarks/minimalloc"));
                 memc::arena_csv::run_benchmark(&dir, Duration::from_secs_f64(layout_time.max(0.0)))

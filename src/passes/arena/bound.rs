@@ -10,28 +10,23 @@ use super::BufferRequest;
 /// below the plain sum of live sizes. Equals "max over time of the sum of aligned live sizes"
 /// whenever every size is a multiple of the alignment. Zero-size buffers count nothing.
 pub fn lower_bound(requests: &[BufferRequest], alignment: u64) -> u64 {
-    problem_bound(&Problem::new(requests, alignment))
-}
-
-/// [`lower_bound`] on a normalised problem.
-pub(crate) fn problem_bound(problem: &Problem) -> u64 {
-    let sections = problem.sections;
-    let mut raw = vec![0i128; sections + 1];
-    let mut aligned = vec![0i128; sections + 1];
+    // Events in time order, deaths before births at the same step (intervals are half-open):
+    // (step, birth?, raw bytes, aligned bytes).
+    let mut events: Vec<(u64, bool, u64, u64)> = Vec::new();
     let mut max_pad = 0u64;
-    for it in &problem.items {
-        let a = align_up(it.size, problem.alignment);
-        max_pad = max_pad.max(a - it.size);
-        raw[it.first as usize] += i128::from(it.size);
-        raw[it.last as usize] -= i128::from(it.size);
-        aligned[it.first as usize] += i128::from(a);
-        aligned[it.last as usize] -= i128::from(a);
+    for r in requests.iter().filter(|r| r.is_live()) {
+        let a = align_up(r.size, alignment);
+        max_pad = max_pad.max(a - r.size);
+        events.push((r.start, true, r.size, a));
+        events.push((r.end, false, r.size, a));
     }
-    let (mut run_raw, mut run_aligned, mut best) = (0i128, 0i128, 0i128);
-    for s in 0..sections {
-        run_raw += raw[s];
-        run_aligned += aligned[s];
-        best = best.max(run_raw).max(run_aligned - i128::from(max_pad));
+    events.sort_unstable_by_key(|&(t, birth, ..)| (t, birth));
+    let (mut raw, mut aligned, mut best) = (0i128, 0i128, 0i128);
+    for (_, birth, size, a) in events {
+        let sign = if birth { 1 } else { -1 };
+        raw += sign * i128::from(size);
+        aligned += sign * i128::from(a);
+        best = best.max(raw).max(aligned - i128::from(max_pad));
     }
     u64::try_from(best).unwrap_or(u64::MAX)
 }

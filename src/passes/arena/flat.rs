@@ -1,4 +1,4 @@
-//! Flat, read-only views of a layout problem (CSR neighbour and section lists, slot tables)
+//! Flat, read-only views of a layout problem (CSR section lists, slot tables)
 //! that every restart of the exact search shares.
 
 use super::problem::Problem;
@@ -8,9 +8,6 @@ pub(super) struct Static {
     pub(super) size: Vec<u64>,
     pub(super) first: Vec<u32>,
     pub(super) last: Vec<u32>,
-    /// Neighbour lists in CSR form: item `i` owns `nb[nb_off[i]..nb_off[i + 1]]`.
-    pub(super) nb_off: Vec<u32>,
-    pub(super) nb: Vec<u32>,
     /// Section lists in CSR form: section `s` owns `sec_items[sec_off[s]..sec_off[s + 1]]`.
     pub(super) sec_off: Vec<u32>,
     pub(super) sec_items: Vec<u32>,
@@ -28,13 +25,6 @@ pub(super) struct Static {
 impl Static {
     /// The flat views of `p`.
     pub(super) fn new(p: &Problem) -> Static {
-        let mut nb_off = Vec::with_capacity(p.len() + 1);
-        let mut nb = Vec::new();
-        nb_off.push(0);
-        for list in &p.neighbors {
-            nb.extend_from_slice(list);
-            nb_off.push(nb.len() as u32);
-        }
         let mut sec_off = Vec::with_capacity(p.sections + 1);
         let mut sec_items = Vec::new();
         sec_off.push(0);
@@ -66,8 +56,6 @@ impl Static {
             size: p.items.iter().map(|it| it.size).collect(),
             first: p.items.iter().map(|it| it.first).collect(),
             last: p.items.iter().map(|it| it.last).collect(),
-            nb_off,
-            nb,
             sec_off,
             sec_items,
             slot_base,

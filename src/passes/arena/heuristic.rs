@@ -110,7 +110,8 @@ fn place_in_order(problem: &Problem, order: &[u32], fit: Fit) -> Vec<u64> {
         let i = i as usize;
         busy.clear();
         busy.extend(
-            problem.neighbors[i]
+            problem
+                .neighbors(i)
                 .iter()
                 .map(|&j| j as usize)
                 .filter(|&j| placed[j])

@@ -12,6 +12,7 @@ mod node_budget;
 mod problem;
 mod search;
 mod spanning;
+mod sweep;
 mod validate;
 
 use std::time::{Duration, Instant};
@@ -116,11 +117,29 @@ pub fn layout(requests: &[BufferRequest], options: &LayoutOptions) -> Layout {
     spanning::stacked_below(requests, options, layout_all)
 }
 
-/// [`layout`] of every request through the search.
+/// Above this many pairs of buffers live at once, listing the conflicts would dominate the
+/// compile (a deep training step's saved activations overlap everything between their forward
+/// and backward use, so the pairs grow with the square of the depth): the layout is then the
+/// placement in time order alone, without the orderings and the search.
+pub const CONFLICT_PAIR_LIMIT: u64 = 1 << 24;
+
+/// [`layout`] of every request through the heuristic and the search, or, above
+/// [`CONFLICT_PAIR_LIMIT`], placed in time order.
 fn layout_all(requests: &[BufferRequest], options: &LayoutOptions) -> Layout {
     let alignment = options.alignment.max(1);
+    let bound = lower_bound(requests, alignment);
+    if sweep::conflict_pairs(requests) > CONFLICT_PAIR_LIMIT {
+        let offsets = sweep::layout_in_time_order(requests, alignment);
+        let size = sweep::extent(requests, &offsets);
+        return Layout {
+            offsets,
+            size,
+            lower_bound: bound.min(size),
+            heuristic_size: size,
+            optimal: size <= bound,
+        };
+    }
     let problem = Problem::new(requests, alignment);
-    let bound = bound::problem_bound(&problem);
     let heuristic = heuristic::best_of_orderings(&problem);
     let heuristic_size = problem.layout_size(&heuristic);
     let mut state = Anytime {

@@ -37,8 +37,11 @@ pub(crate) struct Problem {
     pub total: usize,
     /// Number of sections (one per distinct end time; see [`Problem::new`]).
     pub sections: usize,
-    /// For each item, the items whose intervals intersect its own, ascending.
-    pub neighbors: Vec<Vec<u32>>,
+    /// The conflict lists in CSR form: item `i`'s neighbours (the items whose intervals
+    /// intersect its own) are `neighbor_list[neighbor_start[i]..neighbor_start[i + 1]]`.
+    pub neighbor_start: Vec<usize>,
+    /// See `neighbor_start`.
+    pub neighbor_list: Vec<u32>,
     /// For each section, the items live in it, ascending.
     pub section_items: Vec<Vec<u32>>,
 }
@@ -68,7 +71,7 @@ impl Problem {
                 end: r.end,
             })
             .collect();
-        let neighbors = conflict_lists(&items);
+        let (neighbor_start, neighbor_list) = conflict_lists(&items);
         let sections = times.len();
         let mut section_items = vec![Vec::new(); sections];
         for (i, it) in items.iter().enumerate() {
@@ -82,9 +85,15 @@ impl Problem {
             total: requests.len(),
             sections,
             items,
-            neighbors,
+            neighbor_start,
+            neighbor_list,
             section_items,
         }
+    }
+
+    /// The items whose intervals intersect item `i`'s.
+    pub fn neighbors(&self, i: usize) -> &[u32] {
+        &self.neighbor_list[self.neighbor_start[i]..self.neighbor_start[i + 1]]
     }
 
     /// Number of live buffers.
@@ -123,23 +132,38 @@ pub(crate) fn align_up(x: u64, alignment: u64) -> u64 {
     x.div_ceil(a).saturating_mul(a)
 }
 
-/// Conflict lists by a sweep over start times: O(n log n + conflicts).
-fn conflict_lists(items: &[Item]) -> Vec<Vec<u32>> {
+/// Conflict lists in CSR form (start of each item's list, then the lists) by two sweeps over
+/// start times, one counting and one filling: O(n log n + conflicts), no slack capacity. Each
+/// list is in sweep order (a function of the input alone); no consumer depends on the order.
+fn conflict_lists(items: &[Item]) -> (Vec<usize>, Vec<u32>) {
     let mut order: Vec<u32> = (0..items.len() as u32).collect();
     order.sort_by_key(|&i| (items[i as usize].first, i));
-    let mut neighbors = vec![Vec::new(); items.len()];
-    let mut active: Vec<u32> = Vec::new();
-    for &i in &order {
-        let it = items[i as usize];
-        active.retain(|&j| items[j as usize].last > it.first);
-        for &j in &active {
-            neighbors[i as usize].push(j);
-            neighbors[j as usize].push(i);
+    let sweep = |visit: &mut dyn FnMut(u32, u32)| {
+        let mut active: Vec<u32> = Vec::new();
+        for &i in &order {
+            let it = items[i as usize];
+            active.retain(|&j| items[j as usize].last > it.first);
+            for &j in &active {
+                visit(i, j);
+            }
+            active.push(i);
         }
-        active.push(i);
+    };
+    let mut start = vec![0usize; items.len() + 1];
+    sweep(&mut |i, j| {
+        start[i as usize + 1] += 1;
+        start[j as usize + 1] += 1;
+    });
+    for k in 0..items.len() {
+        start[k + 1] += start[k];
     }
-    for list in &mut neighbors {
-        list.sort_unstable();
-    }
-    neighbors
+    let mut fill = start.clone();
+    let mut list = vec![0u32; start[items.len()]];
+    sweep(&mut |i, j| {
+        for (a, b) in [(i, j), (j, i)] {
+            list[fill[a as usize]] = b;
+            fill[a as usize] += 1;
+        }
+    });
+    (start, list)
 }

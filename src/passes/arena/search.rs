@@ -403,9 +403,8 @@ impl<'p> Solver<'p> {
             inside_peak = inside_peak.max(self.sec_total[s as usize]);
         }
         let top = self.p.align_up(self.min_off[i] + size);
-        let (lo, hi) = (self.st.nb_off[i] as usize, self.st.nb_off[i + 1] as usize);
         let mut touched = (first, last);
-        for &j in &self.st.nb[lo..hi] {
+        for &j in self.p.neighbors(i) {
             let j = j as usize;
             if !self.placed[j] && self.min_off[j] < top {
                 self.trail.push((j as u32, self.min_off[j]));

@@ -3,6 +3,10 @@
 //! example models, at budgets that keep 75%, 50% and 25% of the keep-everything
 //! saved-activation bytes on top of everything else.
 
+mod compile;
+
+pub use compile::compile_table;
+
 use crate::budget::CheckpointMode;
 use crate::plan::human_bytes;
 use crate::{compile, CompileError, Options};
