@@ -367,27 +367,38 @@ pub fn fit(
     };
     // A candidate whose quick layout already reaches the lower bound is the plan the full
     // search would give; any other is planned again with the search.
-    let (g, plan) = match mode.policy(graph) {
-        Some(policy) => plan_with(step, policy, options)?,
+    let (policy, (g, plan)) = match mode.policy(graph) {
+        Some(policy) => (policy, plan_with(step, policy, options)?),
         None => match least_time(step, budget, &quick)? {
-            Some(c) if c.planned.1.report.layout_optimal => c.planned,
-            chosen => plan_with(step, chosen.map_or(Policy::KeepAll, |c| c.policy), options)?,
+            Some(c) if c.planned.1.report.layout_optimal => (c.policy, c.planned),
+            chosen => {
+                let policy = chosen.map_or(Policy::KeepAll, |c| c.policy);
+                (policy, plan_with(step, policy, options)?)
+            }
         },
     };
     match (train, budget) {
-        // Over budget: the fused loss head's chunks halve (less scratch) while they can.
+        // Over budget: the fused loss head's chunks halve (less scratch) until this plan's
+        // policy, planned alone, could fit (its lower bound is within the budget); the step
+        // is then planned again in `mode` at that chunk size.
         (Some(t), Some(b)) if plan.arena_bytes > b => {
-            match crate::passes::fuse_loss::halve_chunks(graph) {
-                Some(smaller) => fit(
-                    Step {
-                        graph: &smaller,
-                        ..step
-                    },
-                    mode,
-                    options,
-                ),
-                None => Err(infeasible(t, b, &plan)),
+            let mut smallest = plan;
+            let mut smaller = crate::passes::fuse_loss::halve_chunks(graph);
+            while let Some(halved) = smaller {
+                let at = Step {
+                    graph: &halved,
+                    ..step
+                };
+                let (_, p) = plan_with(at, policy, &quick)?;
+                if p.report.bytes.lower_bound <= b {
+                    return fit(at, mode, options);
+                }
+                if p.arena_bytes < smallest.arena_bytes {
+                    smallest = p;
+                }
+                smaller = crate::passes::fuse_loss::halve_chunks(&halved);
             }
+            Err(infeasible(t, b, &smallest))
         }
         _ => Ok((g, plan)),
     }
