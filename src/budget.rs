@@ -19,7 +19,7 @@ use crate::passes::StageError;
 use crate::plan::{
     self, human_bytes, BuildOptions, CheckpointSummary, Plan, RecomputedGroup, Target, TrainSummary,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
@@ -41,6 +41,9 @@ pub enum CheckpointMode {
     Every(NonZeroUsize),
     /// Every k-th block with k = round(sqrt(block instances)) (Chen et al. 2016).
     Sqrt,
+    /// Per-block checkpointing of the first k block instances, pointwise elsewhere (`first=K`,
+    /// [`Policy::FirstBlocks`]).
+    First(NonZeroUsize),
     /// Min-cut with heavy and random ops never recomputed.
     MinCut,
     /// Korthikanti et al.'s selective recomputation: cheap ops inside blocks recomputed,
@@ -52,12 +55,11 @@ impl CheckpointMode {
     /// Per-block checkpointing (`block`): every block instance's input saved.
     pub const BLOCK: CheckpointMode = CheckpointMode::Every(NonZeroUsize::MIN);
 
-    /// Parses a `--checkpoint` value: `auto`, `none`, `pointwise`, `block`, `every=K`
-    /// (K >= 1), `sqrt`, `mincut` or `selective`. Errors carry a span into `text` and a help line.
+    /// Parses a `--checkpoint` value: `auto`, `none`, `pointwise`, `block`, `every=K`,
+    /// `first=K` (K >= 1), `sqrt`, `mincut` or `selective`. Errors carry a span into `text`
+    /// and a help line.
     pub fn parse(text: &str) -> Result<CheckpointMode, UserError> {
-        const HELP: &str =
-            "use auto, none, pointwise, block, every=K (K a positive integer), sqrt, mincut or selective";
-        let whole = Span::new(0, text.len());
+        const HELP: &str = "use auto, none, pointwise, block, every=K, first=K (K a positive integer), sqrt, mincut or selective";
         Ok(match text {
             "auto" => CheckpointMode::Auto,
             "none" => CheckpointMode::KeepAll,
@@ -66,36 +68,7 @@ impl CheckpointMode {
             "sqrt" => CheckpointMode::Sqrt,
             "mincut" => CheckpointMode::MinCut,
             "selective" => CheckpointMode::Selective,
-            _ => {
-                let Some(k) = text.strip_prefix("every") else {
-                    return Err(UserError::at(
-                        whole,
-                        format!("unknown checkpointing policy `{text}`"),
-                        "not a policy",
-                        HELP,
-                    ));
-                };
-                let Some(k) = k.strip_prefix('=').filter(|k| !k.is_empty()) else {
-                    return Err(UserError::at(
-                        whole,
-                        "`every` needs a block count: every=K",
-                        "no block count",
-                        "e.g. every=2 saves the output of every second block instance",
-                    ));
-                };
-                let span = Span::new(text.len() - k.len(), text.len());
-                match k.parse::<usize>().ok().and_then(NonZeroUsize::new) {
-                    Some(k) => CheckpointMode::Every(k),
-                    None => {
-                        return Err(UserError::at(
-                            span,
-                            format!("`{k}` is not a positive block count"),
-                            "expected an integer of at least 1",
-                            "e.g. every=2 saves the output of every second block instance",
-                        ))
-                    }
-                }
-            }
+            _ => return counted(text, HELP),
         })
     }
 
@@ -106,12 +79,60 @@ impl CheckpointMode {
             CheckpointMode::KeepAll => Policy::KeepAll,
             CheckpointMode::Pointwise => Policy::Pointwise,
             CheckpointMode::Every(k) => Policy::Segments { every: k.get() },
+            CheckpointMode::First(k) => Policy::FirstBlocks { count: k.get() },
             CheckpointMode::Sqrt => Policy::Segments {
                 every: checkpoint::sqrt_segment(graph),
             },
             CheckpointMode::MinCut => Policy::MinCut { penalty: None },
             CheckpointMode::Selective => Policy::Selective,
         })
+    }
+}
+
+/// Parses `every=K` or `first=K` (K >= 1); `help` is the list of policies.
+fn counted(text: &str, help: &str) -> Result<CheckpointMode, UserError> {
+    type Make = fn(NonZeroUsize) -> CheckpointMode;
+    let kinds: [(&str, Make, &str); 2] = [
+        (
+            "every",
+            CheckpointMode::Every,
+            "e.g. every=2 saves the output of every second block instance",
+        ),
+        (
+            "first",
+            CheckpointMode::First,
+            "e.g. first=4 recomputes the first four block instances, one at a time",
+        ),
+    ];
+    let whole = Span::new(0, text.len());
+    let Some((name, k, make, example)) = kinds
+        .into_iter()
+        .find_map(|(name, make, example)| Some((name, text.strip_prefix(name)?, make, example)))
+    else {
+        return Err(UserError::at(
+            whole,
+            format!("unknown checkpointing policy `{text}`"),
+            "not a policy",
+            help,
+        ));
+    };
+    let Some(k) = k.strip_prefix('=').filter(|k| !k.is_empty()) else {
+        return Err(UserError::at(
+            whole,
+            format!("`{name}` needs a block count: {name}=K"),
+            "no block count",
+            example,
+        ));
+    };
+    let span = Span::new(text.len() - k.len(), text.len());
+    match k.parse::<usize>().ok().and_then(NonZeroUsize::new) {
+        Some(k) => Ok(make(k)),
+        None => Err(UserError::at(
+            span,
+            format!("`{k}` is not a positive block count"),
+            "expected an integer of at least 1",
+            example,
+        )),
     }
 }
 
@@ -153,6 +174,10 @@ fn summary(
         Policy::Segments { every } => {
             format!("every={every}: one block instance output in {every} saved")
         }
+        Policy::FirstBlocks { count } => format!(
+            "first={count}: the first {count} block instances recomputed one at a time from \
+             their inputs, pointwise recomputation elsewhere"
+        ),
         Policy::Selective => {
             "selective: cheap ops inside blocks recomputed, heavy ops' outputs kept".into()
         }
@@ -265,16 +290,22 @@ fn infeasible(train: &TrainSpec, budget: u64, plan: &Plan) -> FitError {
 /// Auto mode's candidates, in stages of growing recomputation: keep-all and pointwise (the
 /// smaller plan of the two is taken, as pointwise recomputation costs memory passes only);
 /// the policies that recompute no heavy op (selective, min-cut with heavy ops kept); then
-/// per-block and every k-th block for k up to max(4, sqrt(n)) (sqrt(n) among them), which
-/// recompute a superset of what selective recomputes, and min-cuts over a sweep of recomputation penalties (1e2
-/// down to 1e-13 bytes per FLOP).
+/// the ones that recompute whole blocks, a superset of what selective recomputes: the first
+/// k block instances for k at eighths of their number (one more instance recomputed, one
+/// more instance's saves gone: the fine steps between pointwise and per-block), per-block
+/// and every k-th block for k up to max(4, sqrt(n)) (sqrt(n) among them), and min-cuts over
+/// a sweep of recomputation penalties (1e2 down to 1e-13 bytes per FLOP).
 pub fn auto_candidates(graph: &Graph) -> [Vec<Policy>; 3] {
-    let longest = checkpoint::sqrt_segment(graph)
-        .max(4)
-        .min(checkpoint::instances(graph).max(1));
-    let mut heavy: Vec<Policy> = (1..=longest)
-        .map(|every| Policy::Segments { every })
+    let blocks = checkpoint::instances(graph);
+    let longest = checkpoint::sqrt_segment(graph).max(4).min(blocks.max(1));
+    let mut heavy: Vec<Policy> = (1..8)
+        .map(|eighth| (blocks * eighth).div_ceil(8))
+        .filter(|&count| count > 0 && count < blocks)
+        .collect::<BTreeSet<usize>>()
+        .into_iter()
+        .map(|count| Policy::FirstBlocks { count })
         .collect();
+    heavy.extend((1..=longest).map(|every| Policy::Segments { every }));
     heavy.extend((0..16).map(|i| Policy::MinCut {
         penalty: Some(10f64.powf(2.0 - i as f64)),
     }));

@@ -22,11 +22,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-/// Every fixed policy that recomputes: block, every=2, sqrt, selective, mincut.
-fn policies() -> [CheckpointMode; 6] {
+/// Every fixed policy that recomputes: pointwise, block, first=1, every=2, sqrt, selective,
+/// mincut.
+fn policies() -> [CheckpointMode; 7] {
     [
         CheckpointMode::Pointwise,
         CheckpointMode::BLOCK,
+        CheckpointMode::First(NonZeroUsize::MIN),
         CheckpointMode::Every(NonZeroUsize::new(2).unwrap()),
         CheckpointMode::Sqrt,
         CheckpointMode::Selective,
@@ -551,4 +553,34 @@ fn auto_without_a_budget_recomputes_pointwise_ops_only() {
         summary.recomputed
     );
     assert!(summary.recomputed.iter().any(|g| g.op == "unary"));
+}
+
+/// Auto mode over twelve budgets from keep-all's arena down to the smallest fixed policy's
+/// (as `memc bench checkpoint`): every plan within its budget, its bytes never rising and
+/// its recompute never falling as the budget falls, and the first k blocks recomputed in
+/// between (a finer step than per-block or every k-th block).
+#[test]
+fn falling_budgets_give_monotone_plans_within_them() {
+    for (name, dims) in [
+        ("gpt2", common::tiny_gpt(4)),
+        ("unet", common::overrides(&[("B", 2)])),
+    ] {
+        let options = Options {
+            overrides: dims,
+            layout_time: Duration::ZERO,
+            ..Options::default()
+        };
+        let sweep = memc::bench::budget_sweep(&example(name), &options, 12).expect("compiles");
+        assert!(sweep.minimum < sweep.keep_all, "{name}: {sweep:?}");
+        assert!(sweep.all_within(), "{name}: {sweep:?}");
+        assert!(sweep.monotone(), "{name}: {sweep:?}");
+        let last = sweep.points.last().expect("twelve points");
+        assert!(last.recompute_flops > 0, "{name}: {last:?}");
+        if name == "gpt2" {
+            assert!(
+                sweep.points.iter().any(|p| p.policy.starts_with("first=")),
+                "{name}: {sweep:?}"
+            );
+        }
+    }
 }

@@ -226,6 +226,7 @@ fn checkpoint_policies_parse_and_bad_ones_exit_2() {
     for policy in [
         "block",
         "every=2",
+        "first=1",
         "sqrt",
         "selective",
         "mincut",
@@ -254,6 +255,16 @@ fn checkpoint_policies_parse_and_bad_ones_exit_2() {
         (
             "every=",
             "`every` needs a block count: every=K",
+            "no block count",
+        ),
+        (
+            "first=0",
+            "`0` is not a positive block count",
+            "expected an integer of at least 1",
+        ),
+        (
+            "first",
+            "`first` needs a block count: first=K",
             "no block count",
         ),
         (

@@ -1,10 +1,12 @@
 //! `memc bench checkpoint`: keep-everything, per-block, sqrt(n) segments, selective and
 //! min-cut recomputation, and the budget-driven choice, measured by the same planner on the
-//! example models, at budgets that keep 75%, 50% and 25% of the keep-everything
-//! saved-activation bytes on top of everything else.
+//! example models, at twelve budgets from the keep-everything arena down to the smallest
+//! plan a fixed policy reaches (`budgets.rs`).
 
+mod budgets;
 mod compile;
 
+pub use budgets::{budget_sweep, BudgetPoint, BudgetSweep};
 pub use compile::compile_table;
 
 use crate::budget::CheckpointMode;
@@ -72,7 +74,7 @@ pub fn checkpoint_table(examples: &Path) -> Result<String, std::io::Error> {
     let _ = writeln!(
         out,
         "{:<10} {:>18} {:<10} {:>12} {:>10} {:>9}",
-        "model", "budget (act kept)", "policy", "arena", "recompute", "compile"
+        "model", "budget", "policy", "arena", "recompute", "compile"
     );
     for name in ["gpt2", "llama7b", "resnet18", "unet"] {
         let path = examples.join(format!("{name}.mdl"));
@@ -80,17 +82,6 @@ pub fn checkpoint_table(examples: &Path) -> Result<String, std::io::Error> {
             continue;
         }
         let src = std::fs::read_to_string(&path)?;
-        let keep = match compile(
-            &src,
-            &Options {
-                checkpoint: CheckpointMode::KeepAll,
-                ..Options::default()
-            },
-        ) {
-            Ok(c) => c,
-            Err(_) => continue,
-        };
-        let b = &keep.plan.plan().report.bytes;
         for (label, mode) in [
             ("keep-all", CheckpointMode::KeepAll),
             ("block", CheckpointMode::BLOCK),
@@ -100,17 +91,45 @@ pub fn checkpoint_table(examples: &Path) -> Result<String, std::io::Error> {
         ] {
             row(&mut out, name, "-", label, measure(&src, mode, None));
         }
-        for fraction in [0.75, 0.5, 0.25] {
-            let budget = b.arena - (b.activations as f64 * (1.0 - fraction)) as u64;
-            let label = format!("{} ({}%)", human_bytes(budget), (fraction * 100.0) as u32);
-            row(
-                &mut out,
-                name,
-                &label,
-                "auto",
-                measure(&src, CheckpointMode::Auto, Some(budget)),
-            );
+        if let Some(sweep) = budget_sweep(&src, &Options::default(), 12) {
+            sweep_rows(&mut out, name, &sweep);
         }
     }
     Ok(out)
+}
+
+/// Auto mode's rows over the budget sweep, then whether they stay within budget and are
+/// monotone, and their mean fill.
+fn sweep_rows(out: &mut String, model: &str, sweep: &BudgetSweep) {
+    for p in &sweep.points {
+        let budget = human_bytes(p.budget);
+        match p.arena {
+            Some(arena) => {
+                let pct = 100.0 * p.recompute_flops as f64 / p.step_flops.max(1) as f64;
+                let _ = writeln!(
+                    out,
+                    "{model:<10} {budget:>18} {:<10} {:>12} {pct:>9.2}% fill {:.3}  {}",
+                    "auto",
+                    human_bytes(arena),
+                    p.fill(),
+                    p.policy
+                );
+            }
+            None => {
+                let _ = writeln!(out, "{model:<10} {budget:>18} auto       no plan");
+            }
+        }
+    }
+    let fills: Vec<f64> = sweep.points.iter().map(BudgetPoint::fill).collect();
+    let _ = writeln!(
+        out,
+        "{model:<10} {} budgets from {} to {}: all within budget: {}; monotone: {}; mean fill {:.3}, lowest {:.3}",
+        sweep.points.len(),
+        human_bytes(sweep.keep_all),
+        human_bytes(sweep.minimum),
+        if sweep.all_within() { "yes" } else { "no" },
+        if sweep.monotone() { "yes" } else { "no" },
+        fills.iter().sum::<f64>() / fills.len().max(1) as f64,
+        fills.iter().copied().fold(f64::INFINITY, f64::min),
+    );
 }

@@ -59,9 +59,10 @@ pub struct CompileArgs {
     #[arg(long, default_value_t = LAYOUT_TIME)]
     layout_time: f64,
     /// Recomputation: auto (only when the budget demands, then the fitting policy with the
-    /// least recompute), none, block (each block's input saved, one block recomputed at a
-    /// time), every=K (every K-th block's output saved), sqrt (K = round(sqrt(blocks))),
-    /// selective (cheap ops inside blocks recomputed, heavy ops' outputs kept) or mincut.
+    /// least recompute), none, pointwise, block (each block's input saved, one block
+    /// recomputed at a time), every=K (every K-th block's output saved), first=K (the first K
+    /// blocks recomputed, pointwise elsewhere), sqrt (K = round(sqrt(blocks))), selective
+    /// (cheap ops inside blocks recomputed, heavy ops' outputs kept) or mincut.
     #[arg(long, default_value = "auto", value_name = "POLICY")]
     checkpoint: String,
     /// Mixed precision, overriding `train { precision }`: matmul, conv and attention in the

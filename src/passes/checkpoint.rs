@@ -55,6 +55,12 @@ pub enum Policy {
     /// each block): every instance's input is saved and backward recomputes one instance at
     /// a time.
     Segments { every: usize },
+    /// Per-block checkpointing of the first `count` block instances (in creation order):
+    /// their inputs saved, each recomputed in backward one at a time; everywhere else the
+    /// pointwise policy. Between pointwise (`count = 0`) and per-block (every instance), each
+    /// instance trades what it saves for one recompute of it (the PyTorch practice of
+    /// checkpointing only some layers).
+    FirstBlocks { count: usize },
     /// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
     /// Models": inside block instances, recompute every op of class `Cheap` (pointwise ops,
     /// casts of activations, movement, norms, reductions, softmax, pooling, rope, embedding
@@ -206,19 +212,29 @@ use petgraph::visit::EdgeRef;
 
 fn segments(graph: &Graph, every: usize) -> BTreeSet<ValueId> {
     let every = every.max(1);
+    block_values(graph, |_| true, |index| (index + 1).is_multiple_of(every))
+}
+
+/// The forward computations (weight copies aside) inside the block instances whose index
+/// `recomputed` accepts, but for the values read by another instance or outside blocks in
+/// the instances whose index `saves_boundary` accepts.
+fn block_values(
+    graph: &Graph,
+    recomputed: impl Fn(usize) -> bool,
+    saves_boundary: impl Fn(usize) -> bool,
+) -> BTreeSet<ValueId> {
     let dependent = graph.input_dependent();
     let order = instance_order(graph);
-    let keep = |v: ValueId| {
+    let chosen = |v: ValueId| {
         let own = instance(&graph.node(v).scope);
-        let Some(&index) = order.get(own) else {
-            return true;
-        };
-        crosses_block(graph, v) && (index + 1).is_multiple_of(every)
+        order.get(own).is_some_and(|&index| {
+            recomputed(index) && !(saves_boundary(index) && crosses_block(graph, v))
+        })
     };
     graph
         .values()
         .filter(|&v| {
-            is_forward_compute(graph, v) && !keep(v) && !is_weight_copy(graph, &dependent, v)
+            is_forward_compute(graph, v) && chosen(v) && !is_weight_copy(graph, &dependent, v)
         })
         .collect()
 }
@@ -342,6 +358,11 @@ pub fn choose(graph: &Graph, policy: Policy) -> BTreeSet<ValueId> {
         Policy::MinCut { penalty } => min_cut(graph, penalty, false),
         Policy::Pointwise => min_cut(graph, None, true),
         Policy::Segments { every } => segments(graph, every),
+        Policy::FirstBlocks { count } => {
+            let mut chosen = block_values(graph, |index| index < count, |_| true);
+            chosen.extend(min_cut(graph, None, true));
+            chosen
+        }
         Policy::Selective => selective(graph),
     };
     chosen.extend(widening_casts(graph));
