@@ -23,6 +23,11 @@ pub struct Advice {
     /// False for rows that reach the budget by changing the batch size.
     pub keeps_batch: bool,
     pub note: String,
+    /// What the row changes, as `memc compile` flags added to the command line advised on.
+    pub flags: Vec<String>,
+    /// The row fits, keeps the batch, and no other such row is at most as large and at most
+    /// as slow (estimated) while smaller or faster: the frontier of bytes against time.
+    pub frontier: bool,
 }
 
 impl Advice {
@@ -36,11 +41,24 @@ impl Advice {
             step_seconds: None,
             keeps_batch,
             note,
+            flags: Vec::new(),
+            frontier: false,
         }
     }
 }
 
-fn row(source: &str, option: &str, options: Options, budget: u64, note: &str) -> Advice {
+/// Command-line flags from `&str` pieces.
+fn flags(pieces: &[&str]) -> Vec<String> {
+    pieces.iter().map(|p| p.to_string()).collect()
+}
+
+fn row(
+    source: &str,
+    (option, flags): (&str, Vec<String>),
+    options: Options,
+    budget: u64,
+    note: &str,
+) -> Advice {
     match compile(source, &options) {
         Ok(c) => {
             let r = &c.plan.plan().report;
@@ -57,6 +75,8 @@ fn row(source: &str, option: &str, options: Options, budget: u64, note: &str) ->
                 step_seconds: Some(crate::cost::estimate(c.plan.plan(), gpu).seconds),
                 keeps_batch: true,
                 note: note.to_string(),
+                flags,
+                frontier: false,
             }
         }
         Err(CompileError::User(e)) => Advice::failed(option, true, e.message),
@@ -66,7 +86,10 @@ fn row(source: &str, option: &str, options: Options, budget: u64, note: &str) ->
 
 /// Compiles the model under each option against `budget` and returns the rows, best first:
 /// plans that fit before those that do not, then those keeping the batch size, then by
-/// estimated step time (rows without a plan last), then by bytes.
+/// estimated step time (rows without a plan last), then by bytes. Rows combine knobs where
+/// one alone may not fit: bf16 and pure bf16 with checkpointing fitted to the budget, and the
+/// largest batch with both. Each row says the flags that select it and whether it is on the
+/// frontier of bytes against estimated time.
 pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
     let with =
         |checkpoint: CheckpointMode, in_backward: Option<bool>, budget: Option<u64>| Options {
@@ -75,73 +98,110 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
             budget,
             ..options.clone()
         };
+    let budget_flag = budget.to_string();
+    let keep_all = with(CheckpointMode::KeepAll, None, None);
     let mut rows = vec![
         row(
             source,
-            "keep every activation",
-            with(CheckpointMode::KeepAll, None, None),
+            ("keep every activation", flags(&["--checkpoint", "none"])),
+            keep_all.clone(),
             budget,
             "the naive plan",
         ),
         row(
             source,
-            "optimizer after backward",
+            (
+                "optimizer after backward",
+                flags(&["--checkpoint", "none", "--optimizer-in-backward", "off"]),
+            ),
             with(CheckpointMode::KeepAll, Some(false), None),
             budget,
             "all gradients coexist",
         ),
     ];
-    for (mode, option, note) in [
+    for (mode, option, policy, note) in [
         (
             CheckpointMode::BLOCK,
             "per-block checkpointing",
-            "each block's input saved (--checkpoint block)",
+            "block",
+            "each block's input saved",
         ),
         (
             CheckpointMode::Sqrt,
             "sqrt(n) block checkpointing",
-            "Chen et al. 2016 (--checkpoint sqrt)",
+            "sqrt",
+            "Chen et al. 2016",
         ),
         (
             CheckpointMode::Selective,
             "selective recomputation",
-            "Korthikanti et al. 2022: cheap ops in blocks (--checkpoint selective)",
+            "selective",
+            "Korthikanti et al. 2022: cheap ops in blocks",
         ),
         (
             CheckpointMode::MinCut,
             "min-cut checkpointing",
-            "recomputes cheap ops only (--checkpoint mincut)",
+            "mincut",
+            "recomputes cheap ops only",
         ),
+    ] {
+        let selects = (option, flags(&["--checkpoint", policy]));
+        rows.push(row(source, selects, with(mode, None, None), budget, note));
+    }
+    let fitted = with(CheckpointMode::Auto, None, Some(budget));
+    let precisions = [
+        (Precision::Fp32, true, "", "the file's precision"),
+        (Precision::Bf16, true, "bf16", "bf16 mixed precision"),
+        (Precision::Bf16, false, "bf16", "pure bf16"),
+    ];
+    for (precision, master_weights, name, label) in precisions {
+        let mut selects = vec!["--budget", budget_flag.as_str()];
+        if precision != Precision::Fp32 {
+            selects.extend(["--precision", name]);
+        }
+        if !master_weights {
+            selects.extend(["--master-weights", "off"]);
+        }
+        let option = if precision == Precision::Fp32 {
+            "checkpointing fitted to the budget".to_string()
+        } else {
+            format!("{label} + checkpointing to fit")
+        };
+        let o = if precision == Precision::Fp32 {
+            fitted.clone()
+        } else {
+            Options {
+                precision: Some(precision),
+                master_weights: Some(master_weights),
+                ..fitted.clone()
+            }
+        };
+        let note = "the least estimated time that fits";
+        rows.push(row(source, (&option, flags(&selects)), o, budget, note));
+    }
+    rows.extend(precision_rows(source, &keep_all, budget));
+    rows.push(accumulation_row(source, &keep_all, budget));
+    let bf16 = |o: Options| Options {
+        precision: Some(Precision::Bf16),
+        ..o
+    };
+    let auto = with(CheckpointMode::Auto, None, None);
+    for (o, label, changes) in [
         (
-            CheckpointMode::Auto,
-            "checkpointing fitted to the budget",
-            "least recompute that fits",
+            keep_all,
+            "without recomputation",
+            vec!["--checkpoint", "none"],
+        ),
+        (auto.clone(), "with checkpointing", vec![]),
+        (
+            bf16(auto),
+            "with bf16 and checkpointing",
+            vec!["--precision", "bf16"],
         ),
     ] {
-        let fitted = (mode == CheckpointMode::Auto).then_some(budget);
-        rows.push(row(source, option, with(mode, None, fitted), budget, note));
+        rows.push(largest_batch_row(source, &o, (label, &changes), budget));
     }
-    rows.extend(precision_rows(
-        source,
-        &with(CheckpointMode::KeepAll, None, None),
-        budget,
-    ));
-    rows.push(accumulation_row(
-        source,
-        &with(CheckpointMode::KeepAll, None, None),
-        budget,
-    ));
-    for (mode, label) in [
-        (CheckpointMode::KeepAll, "without recomputation"),
-        (CheckpointMode::Auto, "with checkpointing"),
-    ] {
-        rows.push(largest_batch_row(
-            source,
-            &with(mode, None, None),
-            label,
-            budget,
-        ));
-    }
+    mark_frontier(&mut rows);
     rows.sort_by(|a, b| {
         b.fits
             .cmp(&a.fits)
@@ -158,6 +218,28 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
             )
     });
     rows
+}
+
+/// Marks the rows that fit, keep the batch, and are not dominated in (bytes, time) by
+/// another such row.
+fn mark_frontier(rows: &mut [Advice]) {
+    let points: Vec<Option<(u64, f64)>> = rows
+        .iter()
+        .map(
+            |r| match (r.fits && r.keeps_batch, r.arena_bytes, r.step_seconds) {
+                (true, Some(a), Some(t)) => Some((a, t)),
+                _ => None,
+            },
+        )
+        .collect();
+    for (r, p) in rows.iter_mut().zip(&points) {
+        r.frontier = p.is_some_and(|(a, t)| {
+            !points
+                .iter()
+                .flatten()
+                .any(|&(b, u)| b <= a && u <= t && (b < a || u < t))
+        });
+    }
 }
 
 /// The mixed- and low-precision rows, each on top of `base`.
@@ -184,37 +266,62 @@ fn precision_rows(source: &str, base: &Options, budget: u64) -> Vec<Advice> {
     ]
     .into_iter()
     .map(|(precision, master_weights, option, note)| {
+        let name = if precision == Precision::Fp16 {
+            "fp16"
+        } else {
+            "bf16"
+        };
+        let mut selects = vec!["--checkpoint", "none", "--precision", name];
+        if !master_weights {
+            selects.extend(["--master-weights", "off"]);
+        }
         let o = Options {
             precision: Some(precision),
             master_weights: Some(master_weights),
             ..base.clone()
         };
-        row(source, option, o, budget, note)
+        row(source, (option, flags(&selects)), o, budget, note)
     })
     .collect()
 }
 
 /// The row that keeps batch `B` by accumulating gradients over micro-batches that fit.
 fn accumulation_row(source: &str, keep_all: &Options, budget: u64) -> Advice {
+    const OPTION: &str = "gradient accumulation";
     match fit_accumulation(source, keep_all, "B", budget, &mut |_| {}) {
         Ok(f) => {
             let o = Options {
                 accumulate: Some(f.accumulate),
                 ..keep_all.clone().with_override("B", f.micro_batch)
             };
-            let mut advice = row(source, "gradient accumulation", o, budget, "");
+            let (micro, count) = (format!("B={}", f.micro_batch), f.accumulate.to_string());
+            let selects = flags(&[
+                "--checkpoint",
+                "none",
+                "--set",
+                &micro,
+                "--accumulate",
+                &count,
+            ]);
+            let mut advice = row(source, (OPTION, selects), o, budget, "");
             advice.note = format!(
                 "B = {} as {} micro-batches of {}",
                 f.batch, f.accumulate, f.micro_batch
             );
             advice
         }
-        Err(e) => Advice::failed("gradient accumulation", true, e.to_string()),
+        Err(e) => Advice::failed(OPTION, true, e.to_string()),
     }
 }
 
-/// The row with the largest batch `B` that fits under `options` (`label` says how).
-fn largest_batch_row(source: &str, options: &Options, label: &str, budget: u64) -> Advice {
+/// The row with the largest batch `B` that fits under `options` (`label` says how, and
+/// `changes` are the flags of `options` besides the batch).
+fn largest_batch_row(
+    source: &str,
+    options: &Options,
+    (label, changes): (&str, &[&str]),
+    budget: u64,
+) -> Advice {
     let name = format!("largest batch {label}");
     match fit_dim(source, options, "B", budget) {
         Ok(f) => {
@@ -222,7 +329,16 @@ fn largest_batch_row(source: &str, options: &Options, label: &str, budget: u64) 
                 budget: Some(budget),
                 ..options.clone()
             };
-            let mut advice = row(source, &name, o.with_override("B", f.value), budget, "");
+            let (batch, budget_flag) = (format!("B={}", f.value), budget.to_string());
+            let mut selects = flags(changes);
+            selects.extend(flags(&["--set", &batch, "--budget", &budget_flag]));
+            let mut advice = row(
+                source,
+                (&name, selects),
+                o.with_override("B", f.value),
+                budget,
+                "",
+            );
             advice.note = format!("B = {} (from B = {})", f.value, f.start);
             advice.keeps_batch = f.value == f.start;
             advice

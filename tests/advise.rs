@@ -24,7 +24,7 @@ fn rows_are_compiled_plans_sorted_best_first() {
         .arena_bytes;
     let budget = keep * 9 / 10;
     let rows = advise(&src, &options, budget);
-    assert_eq!(rows.len(), 13);
+    assert_eq!(rows.len(), 16);
     for r in &rows {
         if let Some(a) = r.arena_bytes {
             assert_eq!(r.fits, a <= budget, "{r:?}");
@@ -54,4 +54,60 @@ fn rows_are_compiled_plans_sorted_best_first() {
         accumulation.note.starts_with("B = 4 as "),
         "{accumulation:?}"
     );
+}
+
+/// Each row's flags, added to the command line advised on, compile to the row's plan; the
+/// frontier rows fit, keep the batch and are not dominated in bytes and estimated time; a
+/// combined row (bf16 with checkpointing to fit) is among the rows.
+#[test]
+fn rows_say_the_flags_that_select_them_and_mark_the_frontier() {
+    let src = common::example("gpt2");
+    let dims = common::tiny_gpt(4);
+    let options = Options {
+        overrides: dims.clone(),
+        ..Options::default()
+    };
+    let keep = memc::compile(&src, &options)
+        .unwrap()
+        .plan
+        .plan()
+        .arena_bytes;
+    let rows = advise(&src, &options, keep * 8 / 10);
+    let sets: Vec<String> = dims
+        .iter()
+        .flat_map(|(k, v)| ["--set".to_string(), format!("{k}={v}")])
+        .collect();
+    for r in rows.iter().filter(|r| r.arena_bytes.is_some()) {
+        assert!(!r.flags.is_empty(), "{r:?}");
+        let mut args = vec!["compile", "examples/gpt2.mdl", "--format", "json"];
+        args.extend(sets.iter().map(String::as_str));
+        args.extend(r.flags.iter().map(String::as_str));
+        let out = common::memc(&args);
+        common::assert_success(&out);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            report["report"]["bytes"]["arena"].as_u64(),
+            r.arena_bytes,
+            "{}: {:?}",
+            r.option,
+            r.flags
+        );
+    }
+    let frontier: Vec<_> = rows.iter().filter(|r| r.frontier).collect();
+    assert!(!frontier.is_empty());
+    for f in &frontier {
+        assert!(f.fits && f.keeps_batch, "{f:?}");
+        let (a, t) = (f.arena_bytes.unwrap(), f.step_seconds.unwrap());
+        assert!(
+            !rows.iter().any(|r| r.fits
+                && r.keeps_batch
+                && r.arena_bytes.is_some_and(|b| b <= a)
+                && r.step_seconds.is_some_and(|u| u <= t)
+                && (r.arena_bytes < f.arena_bytes || r.step_seconds < f.step_seconds)),
+            "{f:?} is dominated"
+        );
+    }
+    assert!(rows
+        .iter()
+        .any(|r| r.option == "bf16 mixed precision + checkpointing to fit" && r.fits));
 }

@@ -35,14 +35,14 @@ pub fn advise(a: AdviseArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::Internal(vec![e.to_string()]))?,
         Format::Text => {
             let mut out = format!(
-                "options for {} within {}, best first (each row a compiled plan; step times are estimates on {}, not measurements):\n",
+                "options for {} within {}, best first (each row a compiled plan; step times are estimates on {}, not measurements; * the frontier of bytes against time; the flags select the row):\n",
                 a.args.file.display(),
                 human_bytes(budget),
                 gpu.spec().name
             );
             let _ = writeln!(
                 out,
-                "  {:<36} {:>12} {:>5} {:>9} {:>12}  note",
+                "  {:<48} {:>12} {:>5} {:>9} {:>12}  note; flags",
                 "option",
                 "arena",
                 "fits",
@@ -52,15 +52,16 @@ pub fn advise(a: AdviseArgs) -> Result<(), Failure> {
             for r in &rows {
                 let arena = r.arena_bytes.map_or("-".to_string(), human_bytes);
                 let time = r.step_seconds.map_or("-".to_string(), memc::cost::ms);
+                let option = format!("{}{}", if r.frontier { "* " } else { "  " }, r.option);
                 let _ = writeln!(
                     out,
-                    "  {:<36} {:>12} {:>5} {:>8.2}% {:>12}  {}",
-                    r.option,
+                    "  {option:<48} {:>12} {:>5} {:>8.2}% {:>12}  {}; {}",
                     arena,
                     if r.fits { "yes" } else { "no" },
                     r.extra_compute_percent,
                     time,
-                    r.note
+                    r.note,
+                    r.flags.join(" ")
                 );
             }
             out

@@ -46,7 +46,7 @@ const LAYOUT_TIME: f64 = 0.2;
 pub struct CompileArgs {
     /// The .mdl file.
     file: PathBuf,
-    /// Override a dim: --set B=16 (repeatable).
+    /// Override a dim: --set B=16 (repeatable; the last value given for a dim wins).
     #[arg(long = "set", value_name = "NAME=VALUE")]
     set: Vec<String>,
     /// Override the budget of `train { }`, e.g. 16GiB.

@@ -54,7 +54,8 @@ struct TopLevel {
     loss: Option<(ValueId, Span)>,
 }
 
-/// Lowers a parsed model, applying `overrides` (from `--set`) to its dims.
+/// Lowers a parsed model, applying `overrides` (from `--set`) to its dims; where a dim is
+/// overridden more than once, the last value wins.
 pub fn lower(model: &Model, overrides: &[(String, i64)]) -> R<Module> {
     let mut l = Lowerer {
         graph: Graph::new(),
@@ -155,7 +156,7 @@ impl<'a> Lowerer<'a> {
     ) -> R<()> {
         let value = self.eval(expr, &top.globals)?;
         let mut v = self.int(&value, "a dim")?;
-        if let Some((_, o)) = overrides.iter().find(|(n, _)| *n == name.name) {
+        if let Some((_, o)) = overrides.iter().rev().find(|(n, _)| *n == name.name) {
             v = *o;
         }
         if v <= 0 {
