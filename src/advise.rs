@@ -304,10 +304,14 @@ fn accumulation_row(source: &str, keep_all: &Options, budget: u64) -> Advice {
                 &count,
             ]);
             let mut advice = row(source, (OPTION, selects), o, budget, "");
-            advice.note = format!(
-                "B = {} as {} micro-batches of {}",
-                f.batch, f.accumulate, f.micro_batch
-            );
+            advice.note = if f.accumulate == 1 {
+                format!("B = {} fits without accumulating", f.batch)
+            } else {
+                format!(
+                    "B = {} as {} micro-batches of {}",
+                    f.batch, f.accumulate, f.micro_batch
+                )
+            };
             advice
         }
         Err(e) => Advice::failed(OPTION, true, e.to_string()),

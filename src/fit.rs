@@ -38,9 +38,11 @@ pub struct FitResult {
     pub value: i64,
     /// The arena at `value` (at most the budget).
     pub arena_bytes: u64,
-    /// The arena at `value + 1` (more than the budget).
+    /// The next value searched (`value + multiple_of`), which does not fit.
+    pub next_value: i64,
+    /// The arena at `next_value` (more than the budget).
     pub next_arena_bytes: u64,
-    /// `next_arena_bytes` is of the plan at `value + 1` compiled without a budget, because
+    /// `next_arena_bytes` is of the plan at `next_value` compiled without a budget, because
     /// no plan within the budget was found there.
     pub next_without_budget: bool,
     /// The budget searched against.
@@ -162,11 +164,13 @@ pub enum FitError {
     Infeasible {
         /// The dim searched.
         dim: String,
-        /// The arena at value 1.
+        /// The smallest value searched (1, or the multiple the search steps by).
+        value: i64,
+        /// The arena at `value`.
         arena_bytes: u64,
         /// The budget.
         budget: u64,
-        /// The byte accounting of the plan at value 1.
+        /// The byte accounting of the plan at `value`.
         bytes: Bytes,
     },
     /// The plan still fits at [`MAX_FIT_VALUE`]: the dim does not bound memory.
@@ -197,6 +201,7 @@ impl fmt::Display for FitError {
             },
             FitError::Infeasible {
                 dim,
+                value,
                 arena_bytes,
                 budget,
                 bytes,
@@ -204,7 +209,7 @@ impl fmt::Display for FitError {
                 let (name, part) = bytes.dominant_part();
                 write!(
                     f,
-                    "nothing fits: even {dim}=1 needs an arena of {} ({arena_bytes} bytes) but the budget is {} ({budget} bytes); {name} dominate{} at {} ({part} bytes)",
+                    "nothing fits: even {dim}={value} needs an arena of {} ({arena_bytes} bytes) but the budget is {} ({budget} bytes); {name} dominate{} at {} ({part} bytes)",
                     human_bytes(*arena_bytes),
                     human_bytes(*budget),
                     if name.ends_with('s') { "" } else { "s" },
@@ -243,51 +248,57 @@ pub fn fit_dim(
     dim: &str,
     budget: u64,
 ) -> Result<FitResult, FitError> {
-    fit_dim_with(source, options, dim, budget, &mut |_| {})
+    fit_dim_with(source, options, (dim, 1), budget, &mut |_| {})
 }
 
-/// [`fit_dim`], calling `on_probe` after each compile (for progress display).
+/// [`fit_dim`] over the multiples of `multiple_of` only (a dim that must stay aligned; 1
+/// searches every value; the search starts at the largest multiple at most the file's value,
+/// or at `multiple_of`), calling `on_probe` after each compile (for progress display).
 pub fn fit_dim_with(
     source: &str,
     options: &Options,
-    dim: &str,
+    (dim, multiple_of): (&str, i64),
     budget: u64,
     on_probe: &mut dyn FnMut(&Probe),
 ) -> Result<FitResult, FitError> {
+    let step = multiple_of.max(1);
     let start = start_value(source, options, dim)?;
     let mut search = Search::new(source, options, (dim, budget), on_probe, None);
+    // Values are k * step; the search runs over k.
+    let at = |k: i64| k.saturating_mul(step);
+    let (first_k, top_k) = ((start / step).max(1), (MAX_FIT_VALUE / step).max(1));
     // Invariant once found: `lo` fits, `hi` does not, lo < hi.
-    let first = search.probe(start)?;
+    let first = search.probe(at(first_k))?;
     let (mut lo, mut hi) = if first.1.fits {
-        let mut lo = (start, first.0);
+        let mut lo = (first_k, first.0);
         loop {
-            if lo.0 >= MAX_FIT_VALUE {
+            if lo.0 >= top_k {
                 return Err(FitError::Unbounded {
                     dim: dim.to_string(),
-                    value: lo.0,
+                    value: at(lo.0),
                     arena_bytes: lo.1.plan().arena_bytes,
                 });
             }
-            let next = lo.0.saturating_mul(2).min(MAX_FIT_VALUE);
-            let p = search.probe(next)?;
+            let next = lo.0.saturating_mul(2).min(top_k);
+            let p = search.probe(at(next))?;
             if p.1.fits {
                 lo = (next, p.0);
             } else {
                 break (lo, (next, p.1));
             }
         }
-    } else if start == 1 {
+    } else if first_k == 1 {
         return Err(search.infeasible(first.0, first.1));
     } else {
-        let one = search.probe(1)?;
+        let one = search.probe(at(1))?;
         if !one.1.fits {
             return Err(search.infeasible(one.0, one.1));
         }
-        ((1, one.0), (start, first.1))
+        ((1, one.0), (first_k, first.1))
     };
     while hi.0 - lo.0 > 1 {
         let mid = lo.0 + (hi.0 - lo.0) / 2;
-        let p = search.probe(mid)?;
+        let p = search.probe(at(mid))?;
         if p.1.fits {
             lo = (mid, p.0);
         } else {
@@ -297,8 +308,9 @@ pub fn fit_dim_with(
     let plan = lo.1;
     Ok(FitResult {
         dim: dim.to_string(),
-        value: lo.0,
+        value: at(lo.0),
         arena_bytes: plan.plan().arena_bytes,
+        next_value: at(hi.0),
         next_arena_bytes: hi.1.arena_bytes,
         next_without_budget: hi.1.without_budget,
         budget,
@@ -418,6 +430,7 @@ impl<'a> Search<'a> {
     fn infeasible(&self, plan: VerifiedPlan, p: Probe) -> FitError {
         FitError::Infeasible {
             dim: self.dim.to_string(),
+            value: p.value,
             arena_bytes: p.arena_bytes,
             budget: self.budget,
             bytes: plan.plan().report.bytes.clone(),

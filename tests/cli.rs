@@ -405,3 +405,36 @@ fn bench_compile_times_each_example_in_its_own_process() {
         "only the examples present are run: {text}"
     );
 }
+
+/// A second `memc emit` into the same folder leaves only its own kernel files (those the
+/// first manifest listed and the second does not are removed) and nothing else touched.
+#[test]
+fn emit_into_a_previous_emit_removes_its_stale_kernels() {
+    let dir = scratch("emit-again");
+    let path = dir.to_str().unwrap_or_default();
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("notes.cu"), "// mine\n").unwrap();
+    assert_success(&memc(&["emit", MLP, "-o", path]));
+    assert_success(&memc(&["emit", MLP, "--precision", "bf16", "-o", path]));
+    let text = std::fs::read_to_string(dir.join("manifest.json")).unwrap();
+    let manifest: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut listed: Vec<String> = manifest
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["source"].as_str().unwrap().to_string())
+        .chain(["notes.cu".to_string()])
+        .collect();
+    listed.sort();
+    let mut sources: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".cu"))
+        .collect();
+    sources.sort();
+    assert_eq!(sources, listed);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("notes.cu")).unwrap(),
+        "// mine\n"
+    );
+}

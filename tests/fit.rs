@@ -5,7 +5,7 @@
 mod common;
 
 use common::{assert_success, memc, MLP};
-use memc::fit::{fit_dim, FitError};
+use memc::fit::{fit_dim, fit_dim_with, FitError};
 use memc::{compile, CompileError, Options};
 use std::path::Path;
 use std::time::Duration;
@@ -91,6 +91,26 @@ fn mlp_batch_below_the_file_value() {
 #[test]
 fn small_gpt2_batch_fits_and_the_next_does_not() {
     check_fit("gpt2.mdl", &SMALL_GPT2, "B", 64 << 20);
+}
+
+/// `--multiple-of 8`: the answer is the largest multiple of 8 that fits (the next multiple
+/// does not, both recompiled here), at most the unconstrained answer and within 7 of it.
+#[test]
+fn multiple_of_searches_only_multiples() {
+    let (src, opts, budget) = (source("gpt2.mdl"), options(&SMALL_GPT2), 64 << 20);
+    let free = fit_dim(&src, &opts, "B", budget).unwrap().value;
+    let r = fit_dim_with(&src, &opts, ("B", 8), budget, &mut |p| {
+        assert_eq!(p.value % 8, 0, "probed B={}", p.value)
+    })
+    .unwrap();
+    assert_eq!((r.value % 8, r.next_value), (0, r.value + 8));
+    assert!(
+        r.value <= free && free - r.value < 8,
+        "{} vs {free}",
+        r.value
+    );
+    assert!(arena_at(&src, &opts, "B", r.value, budget).is_some_and(|a| a <= budget));
+    assert!(arena_at(&src, &opts, "B", r.next_value, budget).is_none_or(|a| a > budget));
 }
 
 #[test]

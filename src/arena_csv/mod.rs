@@ -164,6 +164,26 @@ pub enum CsvError {
         #[label("first used here")]
         first: SourceSpan,
     },
+    /// The buffers live at one step need more bytes than an arena can address.
+    #[error("{name}:{line}: the buffers live at step {step} need more than 2^64-1 bytes")]
+    #[diagnostic(
+        code(arena_csv::too_large),
+        help("offsets are 64-bit: the sizes live at the same time must sum to at most 2^64-1")
+    )]
+    TooLarge {
+        /// File name.
+        name: String,
+        /// 1-based line number of the buffer whose birth passes the limit.
+        line: usize,
+        /// The step at which it is passed.
+        step: u64,
+        /// The whole text.
+        #[source_code]
+        src: NamedSource<String>,
+        /// The row.
+        #[label("live with the others at this step, past 2^64-1 bytes")]
+        span: SourceSpan,
+    },
 }
 
 /// One line of the file with its byte offset.
@@ -325,8 +345,13 @@ pub fn parse_instance(name: &str, text: &str) -> Result<Instance, CsvError> {
         ids: Vec::with_capacity(rows.len()),
         requests: Vec::with_capacity(rows.len()),
     };
+    let mut row_at = Vec::with_capacity(rows.len());
     for line in rows {
         let ((id, span), request) = ctx.row(line, columns)?;
+        row_at.push((
+            line.number,
+            SourceSpan::from((line.offset, line.text.len())),
+        ));
         if let Some(&first) = seen.get(id) {
             return Err(CsvError::DuplicateId {
                 name: name.to_string(),
@@ -341,7 +366,42 @@ pub fn parse_instance(name: &str, text: &str) -> Result<Instance, CsvError> {
         inst.ids.push(id.to_string());
         inst.requests.push(request);
     }
+    if let Some((k, step)) = first_overflow(&inst.requests) {
+        let (line, span) = row_at[k];
+        return Err(CsvError::TooLarge {
+            name: name.to_string(),
+            line,
+            step,
+            src: ctx.src(),
+            span,
+        });
+    }
     Ok(inst)
+}
+
+/// The first request (and its start) whose birth brings the bytes live at once past
+/// `u64::MAX`, by a sweep over births and deaths (deaths first at the same step).
+fn first_overflow(requests: &[BufferRequest]) -> Option<(usize, u64)> {
+    let mut events: Vec<(u64, bool, usize)> = requests
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.is_live())
+        .flat_map(|(k, r)| [(r.start, true, k), (r.end, false, k)])
+        .collect();
+    events.sort_unstable();
+    let mut live = 0u128;
+    for (step, birth, k) in events {
+        let size = u128::from(requests[k].size);
+        if birth {
+            live += size;
+            if live > u128::from(u64::MAX) {
+                return Some((k, step));
+            }
+        } else {
+            live -= size;
+        }
+    }
+    None
 }
 
 /// Writes `inst` with one offset per buffer as CSV with header `id,lower,upper,size,offset`
@@ -426,6 +486,18 @@ mod tests {
             parse("id,lower,upper,size\na,0,1,4\na,1,2,4\n"),
             Err(CsvError::DuplicateId { line: 3, .. })
         ));
+        let max = u64::MAX;
+        assert!(matches!(
+            parse(&format!(
+                "id,lower,upper,size\na,0,2,{max}\nb,2,3,{max}\nc,1,3,1\n"
+            )),
+            Err(CsvError::TooLarge {
+                line: 4,
+                step: 1,
+                ..
+            })
+        ));
+        assert!(parse(&format!("id,lower,upper,size\na,0,2,{max}\nb,2,3,{max}\n")).is_ok());
     }
 
     #[test]

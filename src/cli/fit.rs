@@ -17,6 +17,9 @@ pub struct FitArgs {
     /// The dim to maximize.
     #[arg(long, default_value = "B")]
     dim: String,
+    /// Search only multiples of N (a dim that must stay aligned or divide another).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..))]
+    multiple_of: i64,
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
 }
@@ -39,6 +42,11 @@ pub fn fit(a: FitArgs) -> Result<(), Failure> {
         }
     };
     let json_format = a.format == Format::Json;
+    if a.args.accumulate_search() && a.multiple_of > 1 {
+        return Err(Failure::Plain(
+            "--multiple-of applies to the search over a dim, not to --accumulate (whose micro-batches divide the batch)".into(),
+        ));
+    }
     let result = if a.args.accumulate_search() {
         fit_accumulation(&src, &opts, &a.dim, budget, &mut on_probe).map(|r| {
             if json_format {
@@ -48,7 +56,7 @@ pub fn fit(a: FitArgs) -> Result<(), Failure> {
             }
         })
     } else {
-        fit_dim_with(&src, &opts, &a.dim, budget, &mut on_probe).map(|r| {
+        fit_dim_with(&src, &opts, (&a.dim, a.multiple_of), budget, &mut on_probe).map(|r| {
             if json_format {
                 json(&r)
             } else {
@@ -98,14 +106,16 @@ fn failure(e: FitError, a: &FitArgs, src: &str) -> Failure {
                 .map(|e| format!("at {}={value}: {e}", a.dim))
                 .collect(),
         ),
-        FitError::Infeasible { ref bytes, .. } => {
+        FitError::Infeasible {
+            ref bytes, value, ..
+        } => {
             let parts: Vec<String> = bytes
                 .parts()
                 .iter()
                 .filter(|(_, v)| *v > 0)
                 .map(|(n, v)| format!("{n} {}", human_bytes(*v)))
                 .collect();
-            Failure::Plain(format!("{e}\n  at 1: {}", parts.join(", ")))
+            Failure::Plain(format!("{e}\n  at {value}: {}", parts.join(", ")))
         }
         other => Failure::Plain(other.to_string()),
     }
@@ -120,7 +130,7 @@ fn text(r: &FitResult) -> String {
         r.value,
         human_bytes(r.arena_bytes),
         r.arena_bytes,
-        r.value + 1,
+        r.next_value,
         human_bytes(r.next_arena_bytes),
         r.next_arena_bytes,
         if r.next_without_budget {
@@ -197,6 +207,7 @@ fn json(r: &FitResult) -> Result<String, Failure> {
         "dim": r.dim,
         "value": r.value,
         "arena_bytes": r.arena_bytes,
+        "next_value": r.next_value,
         "next_arena_bytes": r.next_arena_bytes,
         "next_without_budget": r.next_without_budget,
         "budget": r.budget,

@@ -156,7 +156,8 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// Execute training steps of a model or a plan JSON on the CPU.
+    /// Execute steps of a model or a plan JSON on the CPU reference backend or the GPU
+    /// (`--device cuda`), printing each step's loss.
     Run(run::RunArgs),
     /// Import an ONNX model as a .mdl and its weights (.safetensors).
     Import(import::ImportArgs),
@@ -166,22 +167,32 @@ enum Command {
     Advise(advise::AdviseArgs),
     /// Write the arena over time as a self-contained HTML page.
     Viz(viz::VizArgs),
-    /// Lay out a MiniMalloc CSV instance.
+    /// Lay out a MiniMalloc CSV instance (`id,lower,upper,size`): the arena size beside its
+    /// lower bound, whether it is optimal, and with `-o` each buffer's offset.
     Arena {
+        /// The instance, a CSV file with header `id,lower,upper,size`.
         file: PathBuf,
+        /// Stop searching at the first layout of at most this many bytes, and report whether
+        /// it fits.
         #[arg(long)]
         capacity: Option<u64>,
+        /// Seconds the layout search may take.
         #[arg(long, default_value_t = 10.0)]
         layout_time: f64,
+        /// Write the instance with an `offset` column to this file (atomically).
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
     /// Measure: `memc bench arena [DIR]` (MiniMalloc instances), `memc bench checkpoint [DIR]`
     /// or `memc bench compile [DIR]` (compile time and peak memory; DIR holds the examples).
     Bench {
+        /// What to measure.
         #[arg(value_parser = ["arena", "checkpoint", "compile"])]
         what: String,
+        /// The folder of MiniMalloc CSV instances (arena; default
+        /// ../shared/benchmarks/minimalloc) or of the example models (default examples).
         dir: Option<PathBuf>,
+        /// Seconds the layout search may take per instance (arena).
         #[arg(long, default_value_t = 10.0)]
         layout_time: f64,
     },
@@ -433,7 +444,12 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             } else {
                 let dir = dir.unwrap_or_else(|| PathBuf::from("../shared/benchmarks/minimalloc"));
                 memc::arena_csv::run_benchmark(&dir, Duration::from_secs_f64(layout_time.max(0.0)))
-                    .map_err(|e| Failure::Plain(format!("cannot read {}: {e}", dir.display())))?
+                    .map_err(|e| {
+                        Failure::Plain(format!(
+                            "cannot read {}: {e} (give the folder of MiniMalloc CSV instances: memc bench arena DIR)",
+                            dir.display()
+                        ))
+                    })?
             };
             output::write(None, &table)
         }

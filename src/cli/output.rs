@@ -135,6 +135,7 @@ pub fn emit(compiled: &memc::Compiled, dir: &Path, gpu: memc::cost::Gpu) -> Resu
         .map_err(|e| Failure::Internal(vec![format!("codegen: {e}")]))?;
     std::fs::create_dir_all(dir)
         .map_err(|e| Failure::Plain(format!("cannot create {}: {e}", dir.display())))?;
+    let previous = previous_emit(dir);
     let with_ptx = nvrtc_available();
     let spec = gpu.spec();
     let sm = format!("sm_{}{}", spec.compute.0, spec.compute.1);
@@ -179,10 +180,24 @@ pub fn emit(compiled: &memc::Compiled, dir: &Path, gpu: memc::cost::Gpu) -> Resu
         );
     }
     write_atomic(&dir.join("plan.json"), json(plan, true)?.as_bytes())?;
+    let written: Vec<String> = manifest
+        .iter()
+        .flat_map(|m| [&m["source"], &m["ptx"]])
+        .filter_map(|v| v.as_str().map(String::from))
+        .chain(with_ptx.then(|| "device.json".to_string()))
+        .collect();
     write_pretty(
         &dir.join("manifest.json"),
         &serde_json::Value::from(manifest),
     )?;
+    for stale in previous.iter().filter(|f| !written.contains(f)) {
+        std::fs::remove_file(dir.join(stale))
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
+            .map_err(|e| Failure::Plain(format!("cannot remove the stale {stale}: {e}")))?;
+    }
     eprintln!(
         "wrote {} kernels for {} steps to {}{}",
         uses.len(),
@@ -195,4 +210,27 @@ pub fn emit(compiled: &memc::Compiled, dir: &Path, gpu: memc::cost::Gpu) -> Resu
         }
     );
     Ok(())
+}
+
+/// The files a previous `memc emit` into `dir` wrote besides plan.json and manifest.json:
+/// the kernel sources and PTX its manifest lists, and device.json when the manifest exists.
+/// Only plain file names count (a manifest naming a path elsewhere is ignored there).
+fn previous_emit(dir: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(dir.join("manifest.json")) else {
+        return Vec::new();
+    };
+    let Ok(serde_json::Value::Array(entries)) = serde_json::from_str(&text) else {
+        return Vec::new();
+    };
+    entries
+        .iter()
+        .flat_map(|e| [&e["source"], &e["ptx"]])
+        .filter_map(|v| v.as_str())
+        .chain(["device.json"])
+        .filter(|name| {
+            let plain = Path::new(name).file_name().and_then(|f| f.to_str()) == Some(*name);
+            plain && !name.starts_with('.')
+        })
+        .map(String::from)
+        .collect()
 }

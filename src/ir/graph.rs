@@ -84,7 +84,10 @@ impl Graph {
         let ty = infer(&op, &types)?;
         if ty.bytes() > MAX_TENSOR_BYTES {
             return Err(TypeError {
-                message: format!("tensor {ty} is too large ({} elements)", ty.numel()),
+                message: match ty.numel() {
+                    u64::MAX => format!("tensor {ty} is too large (more than 2^64 elements)"),
+                    n => format!("tensor {ty} is too large ({n} elements)"),
+                },
                 help: "tensors are limited to 2^50 bytes (1 PiB): check the dims".into(),
             });
         }
