@@ -171,7 +171,7 @@ pub enum FitError {
         /// The budget.
         budget: u64,
         /// The byte accounting of the plan at `value`.
-        bytes: Bytes,
+        bytes: Box<Bytes>,
     },
     /// The plan still fits at [`MAX_FIT_VALUE`]: the dim does not bound memory.
     Unbounded {
@@ -433,7 +433,7 @@ impl<'a> Search<'a> {
             value: p.value,
             arena_bytes: p.arena_bytes,
             budget: self.budget,
-            bytes: plan.plan().report.bytes.clone(),
+            bytes: Box::new(plan.plan().report.bytes.clone()),
         }
     }
 }
