@@ -236,6 +236,7 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
         budget::FitError::Internal(e) => e.into(),
     })?;
     plan.report.estimate = options.gpu.map(|gpu| cost::estimate(&plan, gpu));
+    plan.report.largest_at_peak = plan::largest_at_peak(&plan, source, 10);
     let plan = plan::verify(plan).map_err(|errs| {
         CompileError::Internal(errs.into_iter().map(|e| e.to_string()).collect())
     })?;

@@ -119,3 +119,41 @@ fn json_report_has_integer_byte_counts() {
         );
     }
 }
+
+/// The report's table of the largest tensors live at the peak points at the source: GPT-2's
+/// names the loss head's gradient scratch (line 26, `loss = cross_entropy(...)`) among its
+/// four largest, next to the tied embedding and its Adam moments; ResNet-18's largest
+/// activation is the stem convolution's output (line 38). Every entry has a line; the
+/// table is sorted by bytes.
+#[test]
+fn largest_tensors_at_the_peak_name_their_source_lines() {
+    let report = |name: &str| {
+        compiled(&source(name), &snapshot_options(), name)
+            .plan
+            .plan()
+            .report
+            .largest_at_peak
+            .clone()
+    };
+    let gpt2 = report("gpt2.mdl");
+    assert_eq!(gpt2.len(), 10);
+    assert!(gpt2.windows(2).all(|w| w[0].bytes >= w[1].bytes));
+    assert!(gpt2.iter().all(|t| t.line.is_some() && t.code.is_some()));
+    assert!(
+        gpt2[..4].iter().any(|t| t.line == Some(26)
+            && t.code
+                .as_deref()
+                .is_some_and(|c| c.starts_with("loss = cross_entropy"))),
+        "{gpt2:?}"
+    );
+    let resnet = report("resnet18.mdl");
+    let first_activation = resnet
+        .iter()
+        .find(|t| t.class == memc::plan::BufferClass::Activation)
+        .unwrap_or_else(|| panic!("{resnet:?}"));
+    assert_eq!(first_activation.line, Some(38), "{resnet:?}");
+    assert!(first_activation
+        .code
+        .as_deref()
+        .is_some_and(|c| c.contains("conv2d(images, stem")));
+}

@@ -24,6 +24,11 @@ pub struct BuildOptions {
     pub alignment: u64,
 }
 
+/// A node's span, unless it is empty (a node the compiler made with no source of its own).
+fn source_span(span: crate::ir::Span) -> Option<crate::ir::Span> {
+    (span.end > span.start).then_some(span)
+}
+
 /// Values of the graph that are parameter gradients (they get class `Gradient`).
 fn gradient_values(graph: &Graph) -> Vec<ValueId> {
     graph
@@ -143,6 +148,7 @@ impl Buffers {
                 last,
                 class,
                 view_of: roots[v.index()].and_then(|r| out.of[r.index()]),
+                span: source_span(graph.node(v).span),
             });
         }
         out
@@ -181,6 +187,7 @@ impl Buffers {
                     last: s,
                     class: BufferClass::Workspace,
                     view_of: None,
+                    span: source_span(node.span),
                 });
                 id
             });
@@ -496,5 +503,6 @@ fn report(
         checkpoint: None,
         precision: None,
         estimate: None,
+        largest_at_peak: Vec::new(),
     }
 }

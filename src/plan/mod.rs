@@ -2,6 +2,7 @@
 //! offset in one arena, and the report of what it needs. JSON (serde) is its stable form.
 
 mod build;
+mod peak;
 mod report;
 mod target;
 mod verify;
@@ -9,6 +10,7 @@ mod views;
 
 pub use crate::settings::TrainSummary;
 pub use build::{build, build_for, BuildOptions};
+pub use peak::{largest_at_peak, PeakTensor};
 pub use report::{
     grouped, human_bytes, live_bytes, render_text, Bytes, CheckpointSummary, PhasePeak,
     PrecisionSummary, RecomputedGroup, Report, SavedKind,
@@ -101,6 +103,10 @@ pub struct Buffer {
     /// view launches nothing ([`Plan::launches`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub view_of: Option<BufferId>,
+    /// The `.mdl` expression that made the buffer's value (for backward and update values,
+    /// the forward expression they belong to; a workspace, its step's), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span: Option<crate::ir::Span>,
 }
 
 impl Buffer {

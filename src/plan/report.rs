@@ -130,6 +130,10 @@ pub struct Report {
     /// The estimated step time on the GPU named by `--gpu` (absent when none is named).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimate: Option<crate::cost::Estimate>,
+    /// The ten largest tensors live at the peak, with their source lines (filled by
+    /// [`crate::compile`], which has the source).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub largest_at_peak: Vec<super::PeakTensor>,
 }
 
 /// `474.7 MiB` style size with binary units.
@@ -317,6 +321,7 @@ pub fn render_text(plan: &Plan) -> String {
             count_row(&mut out, &format!("{:<24}", s.op), s.count, s.bytes, &tail);
         }
     }
+    super::peak::render(&mut out, &r.largest_at_peak);
     if let Some(p) = &r.precision {
         render_precision(&mut out, p);
     }
