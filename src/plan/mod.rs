@@ -4,6 +4,7 @@
 mod build;
 mod peak;
 mod report;
+mod summary;
 mod target;
 mod verify;
 mod views;

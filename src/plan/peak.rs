@@ -1,7 +1,7 @@
 //! The largest tensors live at the step's peak, each with the `.mdl` line that made it: what
 //! a person reads first to see what takes the memory.
 
-use super::{human_bytes, live_bytes, BufferClass, Plan};
+use super::{human_bytes, live_bytes, Buffer, BufferClass, Plan};
 use crate::ir::Span;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
@@ -26,22 +26,7 @@ pub struct PeakTensor {
 /// The `count` largest buffers (views aside, largest first, then by id) live at the first step
 /// where the live bytes peak, with the line of `source` each buffer's span falls on.
 pub fn largest_at_peak(plan: &Plan, source: &str, count: usize) -> Vec<PeakTensor> {
-    let roots = || plan.buffers.iter().filter(|b| b.view_of.is_none());
-    let live = live_bytes(
-        plan.steps.len().max(1),
-        roots().map(|b| (b.bytes, b.first, b.last)),
-    );
-    let Some(peak) = live
-        .iter()
-        .enumerate()
-        .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(&a.0)))
-        .map(|(s, _)| s)
-    else {
-        return Vec::new();
-    };
-    let mut at_peak: Vec<_> = roots()
-        .filter(|b| b.first <= peak && peak <= b.last && b.bytes > 0)
-        .collect();
+    let mut at_peak = live_at_peak(plan);
     at_peak.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.id.0.cmp(&b.id.0)));
     at_peak
         .into_iter()
@@ -56,6 +41,26 @@ pub fn largest_at_peak(plan: &Plan, source: &str, count: usize) -> Vec<PeakTenso
                 code: line.map(|(_, text)| text.to_string()),
             }
         })
+        .collect()
+}
+
+/// The buffers (views aside, none empty) live at the first step where the live bytes peak.
+pub(super) fn live_at_peak(plan: &Plan) -> Vec<&Buffer> {
+    let roots = || plan.buffers.iter().filter(|b| b.view_of.is_none());
+    let live = live_bytes(
+        plan.steps.len().max(1),
+        roots().map(|b| (b.bytes, b.first, b.last)),
+    );
+    let Some(peak) = live
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(&a.0)))
+        .map(|(s, _)| s)
+    else {
+        return Vec::new();
+    };
+    roots()
+        .filter(|b| b.first <= peak && peak <= b.last && b.bytes > 0)
         .collect()
 }
 

@@ -250,6 +250,7 @@ pub fn render_text(plan: &Plan) -> String {
         r.steps,
         r.flops as f64 / 1e9
     );
+    super::summary::render(&mut out, plan);
     let accumulate = plan.train.as_ref().map_or(1, |t| t.accumulate);
     if accumulate > 1 {
         let _ = writeln!(

@@ -1,0 +1,80 @@
+//! The report's opening lines for someone who hit out-of-memory: what the step needs, what
+//! the bytes live at its peak are, what shrinks the largest of them, and where to compare
+//! every option.
+
+use super::peak::live_at_peak;
+use super::{human_bytes, BufferClass, Plan};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+/// Writes the summary lines of `plan`'s report.
+pub(super) fn render(out: &mut String, plan: &Plan) {
+    let mut by_class: BTreeMap<BufferClass, u64> = BTreeMap::new();
+    for b in live_at_peak(plan) {
+        *by_class.entry(b.class).or_default() += b.bytes;
+    }
+    let mut parts: Vec<(BufferClass, u64)> = by_class.into_iter().collect();
+    parts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let listed: Vec<String> = parts
+        .iter()
+        .take(3)
+        .map(|&(class, bytes)| format!("{} {}", label(class), human_bytes(bytes)))
+        .collect();
+    let _ = writeln!(
+        out,
+        "  needs {} for the step (its arena); live at the peak: {}",
+        human_bytes(plan.report.bytes.arena),
+        listed.join(", ")
+    );
+    if let Some(&(largest, _)) = parts.first() {
+        let _ = writeln!(out, "  to need less: {}", hint(plan, largest));
+    }
+    let _ = writeln!(
+        out,
+        "  compare every option as compiled plans: memc advise FILE --budget SIZE"
+    );
+}
+
+/// How the summary names a class of buffers.
+fn label(class: BufferClass) -> &'static str {
+    match class {
+        BufferClass::Param => "parameters",
+        BufferClass::OptimState => "optimizer state",
+        BufferClass::Input => "inputs",
+        BufferClass::Activation => "activations",
+        BufferClass::Gradient => "gradients",
+        BufferClass::Temporary => "backward temporaries",
+        BufferClass::Workspace => "kernel workspace",
+    }
+}
+
+/// What shrinks the bytes of `class` in `plan`.
+fn hint(plan: &Plan, class: BufferClass) -> &'static str {
+    let training = plan.train.is_some();
+    let low_precision = plan.report.precision.is_some();
+    let fp32_weights = plan
+        .buffers
+        .iter()
+        .any(|b| b.class == BufferClass::Param && b.ty.dtype == crate::ir::DType::F32);
+    match class {
+        BufferClass::Activation if training && !low_precision => {
+            "--precision bf16 halves activations; --checkpoint block or first=K (or a --budget) recomputes them instead of keeping them for backward"
+        }
+        BufferClass::Activation if training => {
+            "--checkpoint block or first=K (or a --budget) recomputes activations instead of keeping them for backward"
+        }
+        BufferClass::OptimState => {
+            "AdamW keeps 8 bytes per parameter; SGD with momentum 4, without none (train { optimizer = sgd(...) })"
+        }
+        BufferClass::Param if training && fp32_weights => {
+            "--precision bf16 --master-weights off stores parameters in bf16 (2 bytes each)"
+        }
+        BufferClass::Gradient => {
+            "the optimizer in backward (the default without clipping) frees each gradient after its update"
+        }
+        BufferClass::Temporary if training => {
+            "backward temporaries scale with the batch (--set B=...); gradient accumulation (--accumulate N) keeps the batch"
+        }
+        _ => "a smaller batch (--set B=...)",
+    }
+}
