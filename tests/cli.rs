@@ -438,3 +438,38 @@ fn emit_into_a_previous_emit_removes_its_stale_kernels() {
         "// mine\n"
     );
 }
+
+/// `--dump` writes the gradients of the loss itself: in fp16 the scaled gradients the update
+/// sees are divided by that step's loss scale, so they match fp32's within fp16's precision.
+#[test]
+fn fp16_dump_holds_unscaled_gradients() {
+    let read = |precision: &str| {
+        let dir = scratch(&format!("dump-{precision}"));
+        let out = memc(&[
+            "run",
+            MLP,
+            "--set",
+            "B=4",
+            "--precision",
+            precision,
+            "--dump",
+            dir.to_str().unwrap_or_default(),
+        ]);
+        assert_success(&out);
+        let bytes = std::fs::read(dir.join("grad.fc2.weight.npy")).unwrap();
+        match memc::exec::io::read_npy(&bytes).unwrap() {
+            memc::exec::io::TensorData::F32(_, data) => data,
+            _ => panic!("not f32"),
+        }
+    };
+    let (exact, half) = (read("fp32"), read("fp16"));
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let diff: Vec<f32> = exact.iter().zip(&half).map(|(a, b)| a - b).collect();
+    assert!(norm(&exact) > 0.0);
+    assert!(
+        norm(&diff) <= 0.02 * norm(&exact),
+        "fp16 {} vs fp32 {}",
+        norm(&half),
+        norm(&exact)
+    );
+}

@@ -32,7 +32,8 @@ pub struct RunArgs {
     /// Write the parameters after the last step.
     #[arg(long)]
     save_params: Option<PathBuf>,
-    /// After the first step's backward, write loss.npy and grad.<param>.npy here.
+    /// After the first step's backward, write loss.npy and grad.<param>.npy here (the
+    /// gradients of the loss itself: in fp16 divided by the loss scale).
     #[arg(long)]
     dump: Option<PathBuf>,
 }
@@ -223,12 +224,22 @@ fn show_loss(bar: Option<&ProgressBar>, step: u64, loss: f32) -> Result<(), Fail
     }
 }
 
+/// The persistent loss scale of an fp16 plan (dynamic loss scaling), if it has one.
+fn loss_scale_buffer(plan: &Plan) -> Option<BufferId> {
+    plan.buffers
+        .iter()
+        .find(|b| b.name == "loss_scale" && b.class == memc::plan::BufferClass::OptimState)
+        .map(|b| b.id)
+}
+
 /// `--dump`'s files after the first step: `grad.<param>.npy` for each gradient the update
-/// hook saw, `loss.npy` and `output.<name>.npy` for the plan's outputs.
+/// hook saw, divided by `loss_scale` (the step's loss scale in fp16, else 1: the files hold
+/// the gradients of the loss itself), `loss.npy` and `output.<name>.npy` for the plan's
+/// outputs.
 fn write_dump(
     dir: &Path,
     plan: &Plan,
-    grads: &[(String, Vec<f32>)],
+    (grads, loss_scale): (&[(String, Vec<f32>)], f32),
     outputs: &[(String, Vec<usize>, Vec<f32>)],
 ) -> Result<(), Failure> {
     for (name, g) in grads {
@@ -237,7 +248,8 @@ fn write_dump(
             .iter()
             .find(|p| p.name == *name)
             .map_or(&[][..], |p| &plan.buffers[p.buffer.index()].ty.shape[..]);
-        dump_file(dir, &format!("grad.{name}.npy"), shape, g)?;
+        let unscaled: Vec<f32> = g.iter().map(|v| v / loss_scale).collect();
+        dump_file(dir, &format!("grad.{name}.npy"), shape, &unscaled)?;
     }
     for (name, shape, data) in outputs {
         let file = if name == "loss" {
@@ -304,6 +316,13 @@ fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> R
         let mut dumped: Vec<(String, Vec<f32>)> = Vec::new();
         let mut hook = |name: &str, g: &[f32]| dumped.push((name.to_string(), g.to_vec()));
         let want_dump = step == 1 && args.dump.is_some();
+        let scale = match loss_scale_buffer(plan) {
+            Some(b) if want_dump => lowp::from_bytes(DType::F32, &dev.read(b).map_err(plain)?)
+                .first()
+                .copied()
+                .unwrap_or(1.0),
+            _ => 1.0,
+        };
         dev.run_step(if want_dump { Some(&mut hook) } else { None })
             .map_err(|e| Failure::Plain(format!("step {step}: {e}")))?;
         if let Some(b) = loss {
@@ -319,7 +338,7 @@ fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> R
                 let data = lowp::from_bytes(dtype(*b), &dev.read(*b).map_err(plain)?);
                 outputs.push((name.clone(), plan.buffers[b.index()].ty.shape.clone(), data));
             }
-            write_dump(dir, plan, &dumped, &outputs)?;
+            write_dump(dir, plan, (&dumped, scale), &outputs)?;
         }
     }
     if args.steps > 1 {
@@ -386,6 +405,7 @@ fn run_cpu(args: &RunArgs, ex: &mut CpuExecutor, bar: Option<&ProgressBar>) -> R
         let mut dumped: Vec<(String, Vec<f32>)> = Vec::new();
         let mut hook = |name: &str, g: &[f32]| dumped.push((name.to_string(), g.to_vec()));
         let want_dump = step == 1 && args.dump.is_some();
+        let scale = loss_scale_buffer(ex.plan()).map_or(1.0, |b| ex.read(b)[0]);
         ex.run_step(if want_dump { Some(&mut hook) } else { None })
             .map_err(|e| Failure::Plain(format!("step {step}: {e}")))?;
         let outputs: Vec<(String, Vec<usize>, Vec<f32>)> = ex
@@ -401,7 +421,7 @@ fn run_cpu(args: &RunArgs, ex: &mut CpuExecutor, bar: Option<&ProgressBar>) -> R
             })
             .collect();
         if let (Some(dir), true) = (&args.dump, step == 1) {
-            write_dump(dir, ex.plan(), &dumped, &outputs)?;
+            write_dump(dir, ex.plan(), (&dumped, scale), &outputs)?;
         }
         if let Some((_, _, loss)) = outputs.iter().find(|(n, _, _)| n == "loss") {
             show_loss(bar, step, loss[0])?;
