@@ -111,3 +111,42 @@ fn optimizer_in_backward_frees_gradients_early() {
     );
     assert_eq!(on.grads, off.grads);
 }
+
+/// An inference model (no `train { }`) runs dropout as the identity, as PyTorch's eval mode:
+/// the plan has no dropout step and its output is bitwise the model's without dropout.
+#[test]
+fn inference_dropout_is_the_identity() {
+    let with = "model m {\n  input x: [4, 8]\n  param w: [8, 8] = normal(1.0)\n  output y = dropout(x @ w, p = 0.5)\n}\n";
+    let without = with.replace("dropout(x @ w, p = 0.5)", "x @ w");
+    let output = |src: &str| {
+        let c = compiled_with(src, &Options::default());
+        assert!(!c
+            .plan
+            .plan()
+            .steps
+            .iter()
+            .any(|s| matches!(s.op, memc::ir::Op::Dropout { .. })));
+        let mut ex = executor(&c, 3);
+        ex.run_step(None).unwrap();
+        ex.output("y").unwrap().to_vec()
+    };
+    let (a, b) = (output(with), output(&without));
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert_eq!(a.len(), 32);
+}
+
+/// The run's seed keys the dropout masks: the same weights and batch give the same loss
+/// under the same seed and a different one under another seed (`memc run --seed`).
+#[test]
+fn the_run_seed_draws_the_dropout_masks() {
+    let src = "model m {\n  input x: [16, 32]\n  param w: [32, 32] = normal(1.0)\n  loss = mean(dropout(x @ w, p = 0.5))\n  train { optimizer = sgd(lr = 0.0) }\n}\n";
+    let c = compiled_with(src, &Options::default());
+    let loss_with = |seed: u64| {
+        let mut ex = executor(&c, 3);
+        ex.set_seed(seed);
+        loss(&mut ex)
+    };
+    assert_eq!(loss_with(7).to_bits(), loss_with(7).to_bits());
+    assert_ne!(loss_with(7), loss_with(8));
+    assert_ne!(loss_with(0), loss_with(7));
+}

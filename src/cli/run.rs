@@ -20,7 +20,7 @@ pub struct RunArgs {
     /// Number of training steps.
     #[arg(long, default_value_t = 1)]
     steps: u64,
-    /// Seed of parameter initialisation and synthetic inputs.
+    /// Seed of parameter initialisation, synthetic inputs and dropout masks.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Initial parameter values (names as in the .mdl, dotted for blocks).
@@ -91,6 +91,7 @@ impl Buffers for CpuExecutor {
         self.bind_input(b, values)
     }
     fn start(&mut self, seed: u64) -> Result<(), ExecError> {
+        self.set_seed(seed);
         self.init_params(seed)?;
         self.synthetic_inputs(seed)
     }
@@ -107,6 +108,7 @@ impl Buffers for CudaExecutor {
         self.bind_values(b, &values)
     }
     fn start(&mut self, seed: u64) -> Result<(), ExecError> {
+        self.set_seed(seed);
         self.init_params(seed)?;
         self.synthetic_inputs(seed)
     }

@@ -14,6 +14,8 @@ pub struct CpuExecutor {
     arena: Vec<f32>,
     /// The 1-based number of the next training step (AdamW bias correction, dropout keys).
     step: u64,
+    /// The run's seed, which keys its dropout masks ([`Plan::dropout_stream`]).
+    seed: u64,
     /// The 0-based micro-step running within the step (gradient accumulation).
     micro: u32,
     /// Host copies of the inputs, one micro-batch after another, rebound at the start of
@@ -31,9 +33,15 @@ impl CpuExecutor {
             plan,
             arena: vec![0.0; words],
             step: 1,
+            seed: 0,
             micro: 0,
             bound: Vec::new(),
         })
+    }
+
+    /// Sets the run's seed, which keys its dropout masks (0 until set).
+    pub fn set_seed(&mut self, seed: u64) {
+        self.seed = seed;
     }
 
     /// Micro-batches per step ([`Plan::micro_steps`]).
@@ -432,7 +440,7 @@ impl<'a> CpuStep<'a> {
     pub fn dropout_stream(&self) -> u64 {
         self.exec
             .plan
-            .dropout_stream(self.exec.step, self.exec.micro)
+            .dropout_stream(self.exec.seed, self.exec.step, self.exec.micro)
     }
 }
 

@@ -50,6 +50,8 @@ pub struct CudaExecutor {
     tables: Vec<Option<Vec<u8>>>,
     /// The 1-based number of the next training step.
     step: u64,
+    /// The run's seed, which keys its dropout masks ([`Plan::dropout_stream`]).
+    seed: u64,
     /// Host copies of the inputs, one micro-batch after another, uploaded at the start of
     /// every micro-step.
     bound: Vec<(BufferId, Vec<u8>)>,
@@ -151,6 +153,7 @@ impl CudaExecutor {
             kernel_of,
             tables,
             step: 1,
+            seed: 0,
             bound: Vec::new(),
             memory: (before, after),
         })
@@ -188,6 +191,11 @@ impl CudaExecutor {
     pub fn write_values(&mut self, b: BufferId, values: &[f32]) -> Result<(), ExecError> {
         let dtype = self.plan.buffers[b.index()].ty.dtype;
         self.write(b, &super::lowp::to_bytes(dtype, values))
+    }
+
+    /// Sets the run's seed, which keys its dropout masks (0 until set).
+    pub fn set_seed(&mut self, seed: u64) {
+        self.seed = seed;
     }
 
     /// Initializes every parameter and persistent-state buffer from [`crate::init::persistent`]
@@ -280,7 +288,7 @@ impl CudaExecutor {
         last: bool,
         on_gradient: &mut Option<GradientHook>,
     ) -> Result<(), ExecError> {
-        let stream = self.plan.dropout_stream(self.step, micro);
+        let stream = self.plan.dropout_stream(self.seed, self.step, micro);
         for (s, step) in self.plan.steps.iter().enumerate() {
             let Some(k) = self.kernel_of[s] else {
                 continue;

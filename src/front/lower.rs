@@ -29,6 +29,9 @@ pub(super) struct Lowerer<'a> {
     /// Dotted scope of the block instance being expanded; empty at top level.
     pub(super) scope: String,
     pub(super) next_seed: u64,
+    /// The model has a `train { }` block; without one the step is inference, where
+    /// dropout is the identity (eval mode).
+    pub(super) training: bool,
     param_names: HashMap<String, Span>,
     depth: usize,
 }
@@ -64,6 +67,10 @@ pub fn lower(model: &Model, overrides: &[(String, i64)]) -> R<Module> {
         instances: HashMap::new(),
         scope: String::new(),
         next_seed: 1,
+        training: model
+            .items
+            .iter()
+            .any(|item| matches!(item, Item::Train(..))),
         param_names: HashMap::new(),
         depth: 0,
     };

@@ -48,10 +48,13 @@ impl Plan {
         self.train.as_ref().map_or(1, |t| t.accumulate.max(1))
     }
 
-    /// The dropout stream of micro-step `micro` (0-based) of training step `step` (1-based):
-    /// the 1-based count of micro-steps run so far (the step when nothing accumulates).
-    pub fn dropout_stream(&self, step: u64, micro: u32) -> u64 {
-        (step.max(1) - 1) * u64::from(self.micro_steps()) + u64::from(micro) + 1
+    /// The dropout stream of micro-step `micro` (0-based) of training step `step` (1-based)
+    /// in a run seeded with `seed`: the 1-based count of micro-steps run so far (the step
+    /// when nothing accumulates), mixed with the seed (seed 0 leaves the count as it is), so
+    /// each run seed draws its own masks.
+    pub fn dropout_stream(&self, seed: u64, step: u64, micro: u32) -> u64 {
+        let count = (step.max(1) - 1) * u64::from(self.micro_steps()) + u64::from(micro) + 1;
+        count ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
     }
 }
 

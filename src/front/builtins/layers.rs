@@ -139,10 +139,14 @@ impl Lowerer<'_> {
         self.op(op, vec![a, b], span)
     }
 
-    /// `dropout(x, p = 0.1)`, each call with its own seed.
+    /// `dropout(x, p = 0.1)`, each call with its own seed; in an inference model (no
+    /// `train { }`) the identity, as in eval mode.
     pub(super) fn dropout(&mut self, args: &mut Args, span: Span) -> R<Val> {
         let x = self.t(args, "input")?;
         let p = self.float_or(args, "p", 0.1)?;
+        if !self.training {
+            return Ok(Val::Tensor(x));
+        }
         let seed = self.next_seed;
         self.next_seed += 1;
         self.op(Op::Dropout { p, seed }, vec![x], span)
