@@ -31,6 +31,13 @@ pub fn dtype_name(code: i32) -> String {
         14 => "complex64",
         15 => "complex128",
         16 => "bfloat16",
+        17 => "float8e4m3fn",
+        18 => "float8e4m3fnuz",
+        19 => "float8e5m2",
+        20 => "float8e5m2fnuz",
+        21 => "uint4",
+        22 => "int4",
+        23 => "float4e2m1",
         _ => return format!("type code {code}"),
     };
     name.to_string()
@@ -216,4 +223,18 @@ pub fn decode(t: &TensorProto) -> Result<Const, String> {
         ));
     }
     Ok(Const::new(shape, data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dtype_name;
+
+    #[test]
+    fn element_types_are_named_up_to_float4() {
+        assert_eq!(dtype_name(1), "float");
+        assert_eq!(dtype_name(17), "float8e4m3fn");
+        assert_eq!(dtype_name(22), "int4");
+        assert_eq!(dtype_name(23), "float4e2m1");
+        assert_eq!(dtype_name(99), "type code 99");
+    }
 }
