@@ -21,6 +21,7 @@ pub fn advise(a: AdviseArgs) -> Result<(), Failure> {
     unbudgeted.budget = None;
     super::compile_file(&unbudgeted)?;
     let gpu = opts.gpu.unwrap_or_default();
+    let bar = output::spinner("{spinner} advise: compiling each option [{elapsed}]");
     let rows = memc::advise::advise(
         &src,
         &memc::Options {
@@ -29,6 +30,9 @@ pub fn advise(a: AdviseArgs) -> Result<(), Failure> {
         },
         budget,
     );
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     let text = match a.format {
         Format::Json => serde_json::to_string_pretty(&rows)
             .map(|s| s + "\n")

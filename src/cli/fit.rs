@@ -5,8 +5,6 @@ use super::{output, CompileArgs, Failure, Format};
 use memc::fit::{fit_accumulation, fit_dim_with, AccumulationFit, FitError, FitResult, Probe};
 use memc::plan::human_bytes;
 use memc::CompileError;
-use std::io::IsTerminal;
-use std::time::Duration;
 
 /// Arguments of `memc fit`.
 #[derive(clap::Args)]
@@ -28,7 +26,7 @@ pub struct FitArgs {
 /// then the plan's report; JSON: `{"dim", "value", "arena_bytes", "next_arena_bytes", ...}`).
 pub fn fit(a: FitArgs) -> Result<(), Failure> {
     let (src, opts, budget) = super::budgeted(&a.args, "fit")?;
-    let bar = progress();
+    let bar = output::spinner("{spinner} fit: {pos} compiles, {msg} [{elapsed}]");
     let mut on_probe = |p: &Probe| {
         if let Some(bar) = &bar {
             bar.inc(1);
@@ -71,20 +69,6 @@ pub fn fit(a: FitArgs) -> Result<(), Failure> {
     output::write(None, &text)
 }
 
-/// A spinner on stderr when it is a terminal.
-fn progress() -> Option<indicatif::ProgressBar> {
-    if !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let bar = indicatif::ProgressBar::new_spinner();
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("{spinner} fit: {pos} compiles, {msg} [{elapsed}]")
-    {
-        bar.set_style(style);
-    }
-    bar.enable_steady_tick(Duration::from_millis(100));
-    Some(bar)
-}
 
 fn failure(e: FitError, a: &FitArgs, src: &str) -> Failure {
     let name = a.args.file.display().to_string();

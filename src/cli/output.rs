@@ -234,3 +234,17 @@ fn previous_emit(dir: &Path) -> Vec<String> {
         .map(String::from)
         .collect()
 }
+
+/// A spinner on stderr drawn with the indicatif `template`, when stderr is a terminal.
+pub fn spinner(template: &str) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+        bar.set_style(style);
+    }
+    bar.enable_steady_tick(std::time::Duration::from_millis(100));
+    Some(bar)
+}
