@@ -69,7 +69,6 @@ pub fn fit(a: FitArgs) -> Result<(), Failure> {
     output::write(None, &text)
 }
 
-
 fn failure(e: FitError, a: &FitArgs, src: &str) -> Failure {
     let name = a.args.file.display().to_string();
     match e {
