@@ -29,15 +29,16 @@ const CLASSES: [BufferClass; 7] = [
 
 /// The CSS class and legend label of a buffer class.
 fn class_name(c: BufferClass) -> (&'static str, &'static str) {
-    match c {
-        BufferClass::Param => ("param", "parameters"),
-        BufferClass::OptimState => ("optim", "optimizer state"),
-        BufferClass::Input => ("input", "inputs"),
-        BufferClass::Activation => ("act", "activations"),
-        BufferClass::Gradient => ("grad", "gradients"),
-        BufferClass::Temporary => ("temp", "temporaries"),
-        BufferClass::Workspace => ("ws", "workspace"),
-    }
+    let css = match c {
+        BufferClass::Param => "param",
+        BufferClass::OptimState => "optim",
+        BufferClass::Input => "input",
+        BufferClass::Activation => "act",
+        BufferClass::Gradient => "grad",
+        BufferClass::Temporary => "temp",
+        BufferClass::Workspace => "ws",
+    };
+    (css, c.label())
 }
 
 fn phase_name(p: Phase) -> &'static str {
@@ -423,7 +424,35 @@ fn tables(out: &mut String, plan: &Plan) {
             grouped(v)
         );
     }
-    let _ = writeln!(out, "</table></div>");
+    let _ = writeln!(out, "</table>");
+    peak_table(out, &r.largest_at_peak);
+    let _ = writeln!(out, "</div>");
+}
+
+/// The largest tensors live at the peak, with the `.mdl` line each comes from.
+fn peak_table(out: &mut String, tensors: &[crate::plan::PeakTensor]) {
+    if tensors.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        r#"<table id="largest"><caption>largest tensors live at the peak</caption><tr><th>tensor</th><th>holds</th><th>size</th><th>source</th></tr>"#
+    );
+    for t in tensors {
+        let source = match (t.line, &t.code) {
+            (Some(n), Some(code)) => format!("line {n}: {code}"),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            r#"<tr><td>{}</td><td>{}</td><td>{}</td><td class="code">{}</td></tr>"#,
+            esc(&t.name),
+            esc(class_name(t.class).1),
+            human_bytes(t.bytes),
+            esc(&source)
+        );
+    }
+    let _ = writeln!(out, "</table>");
 }
 
 const CSS: &str = r#"
@@ -454,7 +483,8 @@ h1 { font-size: 18px; margin: 0 0 4px; }
 table { border-collapse: collapse; margin-top: 8px; }
 caption { text-align: left; font-weight: 600; padding-bottom: 4px; }
 td, th { padding: 2px 10px; border-bottom: 1px solid #eee; text-align: right; }
-td:first-child, th:first-child { text-align: left; }
+td:first-child, th:first-child, td.code { text-align: left; }
+td.code { font: 12px ui-monospace, monospace; }
 #tip { position: fixed; display: none; pointer-events: none; background: #fffff4;
   border: 1px solid #888; padding: 4px 8px; white-space: pre; font: 12px ui-monospace, monospace;
   box-shadow: 0 1px 4px rgba(0,0,0,0.2); z-index: 10; }

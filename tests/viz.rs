@@ -89,6 +89,12 @@ fn gpt2_page_renders_every_buffer() {
     let html = memc::viz::render_html(&plan);
     check_page(&plan, &html);
     assert!(html.len() < 4 << 20, "{} bytes", html.len());
+    // The table of the largest tensors at the peak names the loss head's source line.
+    assert!(html.contains(r#"<table id="largest">"#));
+    assert!(
+        html.contains("line 26: loss = cross_entropy(layernorm(x, lnf) @ transpose(wte), targets)"),
+        "no loss head row"
+    );
 }
 
 #[test]

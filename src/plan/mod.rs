@@ -85,6 +85,20 @@ pub enum BufferClass {
 }
 
 impl BufferClass {
+    /// The class in a person's words, plural ("parameters", "optimizer state", ...), as the
+    /// report, its summary and the viz name it.
+    pub fn label(self) -> &'static str {
+        match self {
+            BufferClass::Param => "parameters",
+            BufferClass::OptimState => "optimizer state",
+            BufferClass::Input => "inputs",
+            BufferClass::Activation => "activations",
+            BufferClass::Gradient => "gradients",
+            BufferClass::Temporary => "temporaries",
+            BufferClass::Workspace => "workspace",
+        }
+    }
+
     /// Persistent buffers live across steps and are never reused within one.
     pub fn is_persistent(self) -> bool {
         matches!(self, BufferClass::Param | BufferClass::OptimState)

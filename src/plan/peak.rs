@@ -83,24 +83,15 @@ pub(super) fn render(out: &mut String, tensors: &[PeakTensor]) {
     }
     let _ = writeln!(out, "  largest tensors live at the peak:");
     for t in tensors {
-        let class = match t.class {
-            BufferClass::Param => "parameter",
-            BufferClass::OptimState => "optimizer",
-            BufferClass::Input => "input",
-            BufferClass::Activation => "activation",
-            BufferClass::Gradient => "gradient",
-            BufferClass::Temporary => "temporary",
-            BufferClass::Workspace => "workspace",
-        };
         let origin = match (&t.line, &t.code) {
             (Some(n), Some(code)) => format!("line {n}: {}", clipped(code, 60)),
             _ => String::new(),
         };
         let _ = writeln!(
             out,
-            "    {:<32} {:<11} {:>12}  {origin}",
+            "    {:<32} {:<15} {:>12}  {origin}",
             clipped(&t.name, 32),
-            class,
+            t.class.label(),
             human_bytes(t.bytes)
         );
     }

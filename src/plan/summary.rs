@@ -18,7 +18,7 @@ pub(super) fn render(out: &mut String, plan: &Plan) {
     let listed: Vec<String> = parts
         .iter()
         .take(3)
-        .map(|&(class, bytes)| format!("{} {}", label(class), human_bytes(bytes)))
+        .map(|&(class, bytes)| format!("{} {}", class.label(), human_bytes(bytes)))
         .collect();
     let _ = writeln!(
         out,
@@ -33,19 +33,6 @@ pub(super) fn render(out: &mut String, plan: &Plan) {
         out,
         "  compare every option as compiled plans: memc advise FILE --budget SIZE"
     );
-}
-
-/// How the summary names a class of buffers.
-fn label(class: BufferClass) -> &'static str {
-    match class {
-        BufferClass::Param => "parameters",
-        BufferClass::OptimState => "optimizer state",
-        BufferClass::Input => "inputs",
-        BufferClass::Activation => "activations",
-        BufferClass::Gradient => "gradients",
-        BufferClass::Temporary => "backward temporaries",
-        BufferClass::Workspace => "kernel workspace",
-    }
 }
 
 /// What shrinks the bytes of `class` in `plan`.
