@@ -53,6 +53,9 @@ pub struct Options {
     /// Fuse `cross_entropy(x @ w, t)` into the chunked linear cross-entropy
     /// (`passes::fuse_loss`; default on).
     pub fuse_loss: bool,
+    /// `--freeze` patterns: the parameters whose names match are frozen
+    /// (`passes::freeze`).
+    pub freeze: Vec<String>,
 }
 
 impl Default for Options {
@@ -69,6 +72,7 @@ impl Default for Options {
             target: plan::Target::Cpu,
             gpu: None,
             fuse_loss: true,
+            freeze: Vec::new(),
         }
     }
 }
@@ -172,6 +176,7 @@ fn optimizer_in_backward(
 pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError> {
     let ast = front::parse(source)?;
     let mut module = front::lower(&ast, &options.overrides)?;
+    passes::freeze::run(&mut module.graph, &options.freeze)?;
     verified(&module.graph, "lower")?;
     if let Some(t) = module.train.as_mut() {
         apply_train_options(t, options)?;

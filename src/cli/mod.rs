@@ -89,6 +89,10 @@ pub struct CompileArgs {
     /// never holds the logits (default on); off keeps the matmul and cross-entropy.
     #[arg(long, value_name = "on|off")]
     fuse_loss: Option<String>,
+    /// Freeze the parameters whose names match PATTERN (`*` matches any run of characters,
+    /// e.g. `layer.*.attn.*`): no gradient, no optimizer state (repeatable).
+    #[arg(long, value_name = "PATTERN")]
+    freeze: Vec<String>,
 }
 
 impl CompileArgs {
@@ -109,6 +113,7 @@ impl CompileArgs {
             ("--accumulate", self.accumulate.is_some()),
             ("--gpu", self.gpu.is_some()),
             ("--fuse-loss", self.fuse_loss.is_some()),
+            ("--freeze", !self.freeze.is_empty()),
         ];
         given
             .into_iter()
@@ -337,6 +342,7 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
         },
         gpu,
         fuse_loss,
+        freeze: args.freeze.clone(),
     })
 }
 

@@ -41,6 +41,8 @@ pub struct TypeExpr {
 pub struct ParamDecl {
     pub name: Ident,
     pub kind: ParamKind,
+    /// Declared `frozen`: loaded and read, never trained (no gradient, no optimizer state).
+    pub frozen: bool,
     pub span: Span,
 }
 

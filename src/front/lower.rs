@@ -32,6 +32,8 @@ pub(super) struct Lowerer<'a> {
     /// The model has a `train { }` block; without one the step is inference, where
     /// dropout is the identity (eval mode).
     pub(super) training: bool,
+    /// The parameter declaration being lowered is `frozen`.
+    freezing: bool,
     param_names: HashMap<String, Span>,
     depth: usize,
 }
@@ -71,6 +73,7 @@ pub fn lower(model: &Model, overrides: &[(String, i64)]) -> R<Module> {
             .items
             .iter()
             .any(|item| matches!(item, Item::Train(..))),
+        freezing: false,
         param_names: HashMap::new(),
         depth: 0,
     };
@@ -360,6 +363,7 @@ impl<'a> Lowerer<'a> {
                 name: full,
                 ty,
                 init,
+                frozen: self.freezing,
             },
             vec![],
             name.span,
@@ -395,6 +399,13 @@ impl<'a> Lowerer<'a> {
     }
 
     fn param(&mut self, decl: &ParamDecl, env: &Env) -> R<Val> {
+        self.freezing = decl.frozen;
+        let value = self.param_kind(decl, env);
+        self.freezing = false;
+        value
+    }
+
+    fn param_kind(&mut self, decl: &ParamDecl, env: &Env) -> R<Val> {
         match &decl.kind {
             ParamKind::Tensor { ty, init } => {
                 let ty = self.tensor_type(ty, env, DType::F32)?;

@@ -36,6 +36,7 @@ fn describe(rule: &Rule) -> String {
         | Rule::train => "a declaration".into(),
         Rule::let_stmt | Rule::assign_stmt | Rule::return_stmt => "a statement".into(),
         Rule::train_setting => "a setting like `optimizer = ...`".into(),
+        Rule::frozen => "`frozen`".into(),
         other => format!("{other:?}").replace('_', " "),
     }
 }
@@ -148,7 +149,8 @@ impl Builder {
 
     fn param(&self, p: Pair<Rule>) -> ParamDecl {
         let span = span_of(&p);
-        let mut it = p.into_inner();
+        let frozen = p.clone().into_inner().any(|x| x.as_rule() == Rule::frozen);
+        let mut it = p.into_inner().filter(|x| x.as_rule() != Rule::frozen);
         let name = it.next().map(ident).unwrap_or_else(missing_ident);
         let kind = match it.next() {
             Some(t) if t.as_rule() == Rule::param_tensor => {
@@ -173,7 +175,12 @@ impl Builder {
                 init: None,
             },
         };
-        ParamDecl { name, kind, span }
+        ParamDecl {
+            name,
+            kind,
+            frozen,
+            span,
+        }
     }
 
     fn block(&self, p: Pair<Rule>) -> BlockDef {

@@ -112,6 +112,19 @@ impl Graph {
         &self.dag[NodeIndex::new(v.index())]
     }
 
+    /// Marks the parameters whose names `frozen` accepts as frozen (types and edges are
+    /// unchanged, so the graph stays valid).
+    pub fn freeze_params(&mut self, frozen: impl Fn(&str) -> bool) {
+        for node in self.dag.node_weights_mut() {
+            if let Op::Param {
+                name, frozen: flag, ..
+            } = &mut node.op
+            {
+                *flag |= frozen(name);
+            }
+        }
+    }
+
     /// Number of nodes.
     pub fn len(&self) -> usize {
         self.dag.node_count()

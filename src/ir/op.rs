@@ -30,11 +30,14 @@ pub enum Init {
 pub enum Op {
     /// A tensor bound per step from outside (`input` declarations). No inputs.
     Input { name: String, ty: TensorType },
-    /// A trainable parameter, persistent across steps. No inputs.
+    /// A parameter, persistent across steps: trained, or `frozen` (read only: no gradient, no
+    /// optimizer state). No inputs.
     Param {
         name: String,
         ty: TensorType,
         init: Init,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        frozen: bool,
     },
     /// Persistent state of the step that is not trained: a parameter's moments (init 0) or
     /// the fp16 loss scale and its clean-step counter. No inputs.

@@ -87,14 +87,15 @@ impl Rewriter {
     }
 }
 
-/// Differentiates `loss` with respect to every parameter it depends on.
+/// Differentiates `loss` with respect to every trained (not frozen) parameter it depends on;
+/// backward work that only frozen parameters would need is never built.
 pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
     let n = graph.len();
     let mut requires = vec![false; n];
     for v in graph.values() {
         let node = graph.node(v);
         requires[v.index()] = node.ty.dtype.is_float()
-            && (matches!(node.op, Op::Param { .. })
+            && (matches!(node.op, Op::Param { frozen: false, .. })
                 || node.inputs.iter().any(|i| requires[i.index()]));
     }
     let mut rw = Rewriter {

@@ -2,6 +2,7 @@
 pub mod arena;
 pub mod autodiff;
 pub mod checkpoint;
+pub mod freeze;
 pub mod fuse_loss;
 pub mod liveness;
 pub mod optimizer;

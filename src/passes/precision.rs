@@ -99,10 +99,16 @@ impl Rewriter<'_> {
     fn copy(&mut self, v: ValueId, low: DType, master_weights: bool) -> Result<(), StageError> {
         let node = self.old.node(v);
         let op = match &node.op {
-            Op::Param { name, ty, init } if !master_weights => Op::Param {
+            Op::Param {
+                name,
+                ty,
+                init,
+                frozen,
+            } if !master_weights => Op::Param {
                 name: name.clone(),
                 ty: ty.with_dtype(low),
                 init: *init,
+                frozen: *frozen,
             },
             op => op.clone(),
         };

@@ -464,12 +464,19 @@ fn report(
         }
     }
     let peak = live.iter().copied().max().unwrap_or(0);
-    Report {
-        param_count: graph
+    let count = |trained_only: bool| {
+        graph
             .params()
             .iter()
+            .filter(|&&p| {
+                !trained_only || matches!(graph.node(p).op, Op::Param { frozen: false, .. })
+            })
             .map(|&p| graph.node(p).ty.numel())
-            .sum(),
+            .sum()
+    };
+    Report {
+        param_count: count(false),
+        trainable_param_count: count(true),
         bytes: Bytes {
             params: sum(BufferClass::Param),
             grads: sum(BufferClass::Gradient),

@@ -114,6 +114,9 @@ pub struct PrecisionSummary {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     pub param_count: u64,
+    /// Parameters that train (not frozen); equal to `param_count` when none is frozen.
+    #[serde(default)]
+    pub trainable_param_count: u64,
     pub bytes: Bytes,
     pub phases: Vec<PhasePeak>,
     pub saved: Vec<SavedKind>,
@@ -242,9 +245,14 @@ pub fn render_text(plan: &Plan) -> String {
     } else {
         "inference step"
     };
+    let frozen = if plan.train.is_some() && r.trainable_param_count < r.param_count {
+        format!(" ({} trainable)", grouped(r.trainable_param_count))
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
-        "model {} ({kind}): {} parameters, {} steps, {:.3} GFLOP",
+        "model {} ({kind}): {} parameters{frozen}, {} steps, {:.3} GFLOP",
         plan.model,
         grouped(r.param_count),
         r.steps,
