@@ -48,6 +48,17 @@ pub struct Node {
     pub phase: Phase,
 }
 
+impl Node {
+    /// This node's source span, block scope and phase, for a node made in its place.
+    pub fn origin(&self) -> Origin {
+        Origin {
+            span: self.span,
+            scope: self.scope.clone(),
+            phase: self.phase,
+        }
+    }
+}
+
 /// Where new nodes come from: their source span, block scope and phase.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin {

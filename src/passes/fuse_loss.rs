@@ -94,11 +94,7 @@ pub fn run(graph: &Graph, hidden: Option<DType>) -> Result<Graph, StageError> {
     };
     for v in graph.values() {
         let node = graph.node(v);
-        let origin = Origin {
-            span: node.span,
-            scope: node.scope.clone(),
-            phase: node.phase,
-        };
+        let origin = node.origin();
         let new = match heads.iter().find(|(ce, _)| *ce == v) {
             Some((_, h)) => {
                 let inputs = [h.x, h.w, node.inputs[1]].map(|i| mapped(&map, i));
@@ -181,11 +177,7 @@ pub fn halve_chunks(graph: &Graph) -> Option<Graph> {
             }
             op => op.clone(),
         };
-        let origin = Origin {
-            span: node.span,
-            scope: node.scope.clone(),
-            phase: node.phase,
-        };
+        let origin = node.origin();
         // Same ops on the same inputs in the same order: every id maps to itself.
         out.add(op, node.inputs.clone(), &origin).ok()?;
     }

@@ -112,11 +112,7 @@ impl Rewriter<'_> {
             },
             op => op.clone(),
         };
-        let origin = Origin {
-            span: node.span,
-            scope: node.scope.clone(),
-            phase: node.phase,
-        };
+        let origin = node.origin();
         let target = self.target(v, low);
         let mut inputs = Vec::with_capacity(node.inputs.len());
         for &i in &node.inputs {

@@ -134,11 +134,7 @@ fn rebuilt(
             .get(&v)
             .cloned()
             .unwrap_or_else(|| (node.op.clone(), node.inputs.clone()));
-        let origin = Origin {
-            span: node.span,
-            scope: node.scope.clone(),
-            phase: node.phase,
-        };
+        let origin = node.origin();
         let id = out
             .add(op, inputs, &origin)
             .map_err(|e| StageError::internal("saves", format!("{v}: {}", e.message)))?;

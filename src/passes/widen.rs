@@ -68,11 +68,7 @@ pub fn run(diff: &Differentiated) -> Result<Differentiated, StageError> {
             .iter()
             .map(|&i| mapped(&map, i))
             .collect::<Result<Vec<_>, _>>()?;
-        let origin = Origin {
-            span: node.span,
-            scope: node.scope.clone(),
-            phase: node.phase,
-        };
+        let origin = node.origin();
         let id = out
             .add(op, inputs, &origin)
             .map_err(|e| StageError::internal("widen", format!("{v}: {}", e.message)))?;

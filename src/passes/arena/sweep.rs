@@ -186,17 +186,23 @@ mod tests {
         }
     }
 
+    /// `n` buffers, each nested in the previous one (as forward saves and backward frees),
+    /// of 256 to 1,792 bytes.
+    fn nested(n: u64) -> Vec<BufferRequest> {
+        (0..n)
+            .map(|k| BufferRequest {
+                size: 256 * (1 + k % 7),
+                start: k,
+                end: 2 * n - k,
+            })
+            .collect()
+    }
+
     /// A stack (each buffer nested in the previous one, as forward saves and backward frees)
     /// is laid out at its peak.
     #[test]
     fn nested_lifetimes_reach_the_peak() {
-        let reqs: Vec<BufferRequest> = (0..50u64)
-            .map(|k| BufferRequest {
-                size: 256 * (1 + k % 7),
-                start: k,
-                end: 100 - k,
-            })
-            .collect();
+        let reqs = nested(50);
         let offsets = layout_in_time_order(&reqs, 256);
         let size = extent(&reqs, &offsets);
         assert_eq!(size, reqs.iter().map(|r| r.size).sum::<u64>());
@@ -207,13 +213,7 @@ mod tests {
     /// (18 million pairs) get a valid layout at the bound, reported optimal.
     #[test]
     fn layout_above_the_pair_limit_places_in_time_order() {
-        let reqs: Vec<BufferRequest> = (0..6000u64)
-            .map(|k| BufferRequest {
-                size: 256 * (1 + k % 7),
-                start: k,
-                end: 12_000 - k,
-            })
-            .collect();
+        let reqs = nested(6000);
         assert!(conflict_pairs(&reqs) > CONFLICT_PAIR_LIMIT);
         let options = LayoutOptions {
             alignment: 256,
