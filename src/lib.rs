@@ -56,6 +56,9 @@ pub struct Options {
     /// `--freeze` patterns: the parameters whose names match are frozen
     /// (`passes::freeze`).
     pub freeze: Vec<String>,
+    /// `--lora`: adapters on the targeted weights, the model's own parameters frozen
+    /// (`passes::lora`).
+    pub lora: Option<passes::lora::LoraSpec>,
 }
 
 impl Default for Options {
@@ -73,6 +76,7 @@ impl Default for Options {
             gpu: None,
             fuse_loss: true,
             freeze: Vec::new(),
+            lora: None,
         }
     }
 }
@@ -178,6 +182,17 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
     let mut module = front::lower(&ast, &options.overrides)?;
     passes::freeze::run(&mut module.graph, &options.freeze)?;
     verified(&module.graph, "lower")?;
+    if let Some(spec) = &options.lora {
+        if module.train.is_none() {
+            return Err(diagnostic::UserError::general(
+                "--lora adapts a model for training, and this one has no `train { }`",
+                "add a train block, or compile without --lora",
+            )
+            .into());
+        }
+        module.graph = passes::lora::run(&module.graph, spec)?;
+        verified(&module.graph, "lora")?;
+    }
     if let Some(t) = module.train.as_mut() {
         apply_train_options(t, options)?;
     }

@@ -93,6 +93,10 @@ pub struct CompileArgs {
     /// e.g. `layer.*.attn.*`): no gradient, no optimizer state (repeatable).
     #[arg(long, value_name = "PATTERN")]
     freeze: Vec<String>,
+    /// LoRA adapters: r=RANK[,alpha=A][,targets=NAME+NAME] (alpha defaults to r; targets
+    /// default to every linear layer in the blocks); the model's own parameters are frozen.
+    #[arg(long, value_name = "SPEC")]
+    lora: Option<String>,
 }
 
 impl CompileArgs {
@@ -114,6 +118,7 @@ impl CompileArgs {
             ("--gpu", self.gpu.is_some()),
             ("--fuse-loss", self.fuse_loss.is_some()),
             ("--freeze", !self.freeze.is_empty()),
+            ("--lora", self.lora.is_some()),
         ];
         given
             .into_iter()
@@ -343,6 +348,12 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
         gpu,
         fuse_loss,
         freeze: args.freeze.clone(),
+        lora: args
+            .lora
+            .as_deref()
+            .map(memc::passes::lora::LoraSpec::parse)
+            .transpose()
+            .map_err(|e| Failure::Plain(format!("--lora: {e}")))?,
     })
 }
 

@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod freeze;
 pub mod fuse_loss;
 pub mod liveness;
+pub mod lora;
 pub mod optimizer;
 pub mod precision;
 pub mod saves;
