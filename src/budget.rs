@@ -29,8 +29,9 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CheckpointMode {
     /// The smaller of keep-all and pointwise recomputation when it fits the budget (or there
-    /// is none); else the fitting candidate (per-block, every k-th block, sqrt(n),
-    /// selective, min-cut) with the least estimated step time.
+    /// is none); else the fitting candidate (selective, min-cut, then the first k blocks,
+    /// per-block, every k-th block, sqrt(n), min-cut sweeps) with the least estimated step
+    /// time ([`auto_candidates`]).
     #[default]
     Auto,
     /// Save every value backward reads (`none`).
