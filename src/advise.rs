@@ -179,6 +179,23 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
         let note = "the least estimated time that fits";
         rows.push(row(source, (&option, flags(&selects)), o, budget, note));
     }
+    let adapted = Options {
+        lora: Some(crate::passes::lora::LoraSpec {
+            rank: 16,
+            alpha: 16.0,
+            targets: Vec::new(),
+        }),
+        ..fitted.clone()
+    };
+    let selects = flags(&["--lora", "r=16", "--budget", &budget_flag]);
+    let note = "adapters on every block linear, the model frozen";
+    rows.push(row(
+        source,
+        ("LoRA r=16 + checkpointing to fit", selects),
+        adapted,
+        budget,
+        note,
+    ));
     rows.extend(precision_rows(source, &keep_all, budget));
     rows.push(accumulation_row(source, &keep_all, budget));
     let bf16 = |o: Options| Options {

@@ -113,3 +113,23 @@ fn adapter_gradients_match_finite_differences() {
         assert!(den > 0.0 && err < 1e-2, "{name}: relative error {err:.2e}");
     }
 }
+
+/// A model without linear layers in blocks gets a diagnostic, not a step that trains nothing.
+#[test]
+fn nothing_to_adapt_is_a_user_error() {
+    match memc::compile(&example("mlp"), &lora("r=4", vec![])) {
+        Err(memc::CompileError::User(e)) => {
+            assert!(
+                e.message.contains("no linear layer inside a block"),
+                "{}",
+                e.message
+            )
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    let named = compiled_with(&example("mlp"), &lora("r=4,targets=fc1", vec![]));
+    assert_eq!(
+        named.plan.plan().report.trainable_param_count,
+        4 * (784 + 256)
+    );
+}

@@ -15,9 +15,9 @@ pub struct LoraSpec {
     pub rank: usize,
     /// The output scale is `alpha / rank`.
     pub alpha: f32,
-    /// Weight names or their last components (`wq` matches `layer.3.wq`, `qkv` matches
-    /// `layer.3.qkv.weight`), `*` matching any run of characters; empty: every 2-D weight
-    /// read by a matmul inside a block (the blocks' linear layers).
+    /// Weight names or one of their dotted components (`wq` matches `layer.3.wq`, `qkv`
+    /// matches `layer.3.qkv.weight`), `*` matching any run of characters; empty: every 2-D
+    /// weight read by a matmul inside a block (the blocks' linear layers).
     pub targets: Vec<String>,
 }
 
@@ -78,11 +78,9 @@ impl LoraSpec {
         if self.targets.is_empty() {
             return in_block;
         }
-        self.targets.iter().any(|t| {
-            super::freeze::matches(t, name)
-                || name.ends_with(&format!(".{t}"))
-                || name.contains(&format!(".{t}."))
-        })
+        self.targets
+            .iter()
+            .any(|t| super::freeze::matches(t, name) || name.split('.').any(|part| part == t))
     }
 }
 
@@ -125,6 +123,12 @@ pub fn run(graph: &Graph, spec: &LoraSpec) -> Result<Graph, UserError> {
                 "name a 2-D parameter used as the right operand of a matmul (e.g. wq, or qkv for a linear group), or leave targets out for every linear layer in the blocks",
             ));
         }
+    }
+    if !graph.values().any(|v| chosen(v).is_some()) {
+        return Err(UserError::general(
+            "--lora finds no linear layer inside a block to adapt",
+            "name the weights with targets=NAME+NAME (2-D parameters read as `x @ W`)",
+        ));
     }
     let internal = |e: TypeError| UserError::general(format!("LoRA: {}", e.message), e.help);
     let mut out = Graph::new();
