@@ -61,10 +61,7 @@ fn row(
 ) -> Advice {
     match compile(source, &options) {
         Ok(c) => {
-            let r = &c.plan.plan().report;
-            let extra = r.checkpoint.as_ref().map_or(0.0, |s| {
-                100.0 * s.recompute_flops as f64 / r.flops.max(1) as f64
-            });
+            let extra = c.plan.plan().report.recompute_percent();
             let arena = c.plan.plan().arena_bytes;
             let gpu = options.gpu.unwrap_or_default();
             Advice {

@@ -65,22 +65,6 @@ fn esc(s: &str) -> String {
     out
 }
 
-/// Live bytes at each step (sum of the buffers whose lifetime contains it; views hold
-/// their root's bytes and count nothing).
-pub fn live_bytes(plan: &Plan) -> Vec<u64> {
-    let n = plan.steps.len().max(1);
-    crate::plan::live_bytes(
-        n,
-        plan.buffers
-            .iter()
-            .filter(|b| b.view_of.is_none())
-            .map(|b| {
-                let first = b.first.min(n - 1);
-                (b.bytes, first, b.last.min(n - 1).max(first))
-            }),
-    )
-}
-
 /// What produced each buffer: the op of the step writing it, or its class for buffers
 /// bound from outside (params, optimizer state, inputs).
 fn producers(plan: &Plan) -> Vec<String> {
@@ -526,7 +510,7 @@ const JS: &str = r#"
 /// byte scale from 0 to the arena), the legend, the per-phase peak table and the byte totals.
 /// No external resources: the page works offline.
 pub fn render_html(plan: &Plan) -> String {
-    let live = live_bytes(plan);
+    let live = plan.live_per_step();
     let r = &plan.report;
     let kind = if plan.train.is_some() {
         "training step"

@@ -112,7 +112,7 @@ fn live_bytes_peak_matches_the_report() {
         &example("gpt2.mdl"),
         &[("L", 2), ("D", 64), ("T", 32), ("V", 256), ("H", 4)],
     );
-    let live = memc::viz::live_bytes(&plan);
+    let live = plan.live_per_step();
     assert_eq!(live.len(), plan.steps.len());
     assert_eq!(live.iter().copied().max(), Some(plan.report.bytes.peak));
 }

@@ -16,8 +16,8 @@ pub struct BudgetPoint {
     pub arena: Option<u64>,
     /// The plan's recompute FLOPs (0 without a plan).
     pub recompute_flops: u64,
-    /// The plan's FLOPs, recompute included (0 without a plan).
-    pub step_flops: u64,
+    /// The recompute FLOPs as a percentage of the plan's (0 without a plan).
+    pub recompute_percent: f64,
     /// The plan's policy, as the report names it.
     pub policy: String,
 }
@@ -101,7 +101,7 @@ pub fn budget_sweep(source: &str, options: &Options, steps: usize) -> Option<Bud
                 budget,
                 arena: chosen.as_ref().map(|c| c.plan.plan().arena_bytes),
                 recompute_flops: checkpoint.map_or(0, |s| s.recompute_flops),
-                step_flops: report.map_or(0, |r| r.flops),
+                recompute_percent: report.map_or(0.0, |r| r.recompute_percent()),
                 policy: match (&chosen, checkpoint) {
                     (None, _) => "no plan".into(),
                     (Some(_), None) => "keep all".into(),

@@ -52,10 +52,7 @@ fn measure(
     };
     match compile(src, &options) {
         Ok(c) => {
-            let r = &c.plan.plan().report;
-            let pct = r.checkpoint.as_ref().map_or(0.0, |s| {
-                100.0 * s.recompute_flops as f64 / r.flops.max(1) as f64
-            });
+            let pct = c.plan.plan().report.recompute_percent();
             Ok((
                 c.plan.plan().arena_bytes,
                 pct,
@@ -105,12 +102,12 @@ fn sweep_rows(out: &mut String, model: &str, sweep: &BudgetSweep) {
         let budget = human_bytes(p.budget);
         match p.arena {
             Some(arena) => {
-                let pct = 100.0 * p.recompute_flops as f64 / p.step_flops.max(1) as f64;
                 let _ = writeln!(
                     out,
-                    "{model:<10} {budget:>18} {:<10} {:>12} {pct:>9.2}% fill {:.3}  {}",
+                    "{model:<10} {budget:>18} {:<10} {:>12} {:>9.2}% fill {:.3}  {}",
                     "auto",
                     human_bytes(arena),
+                    p.recompute_percent,
                     p.fill(),
                     p.policy
                 );

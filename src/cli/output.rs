@@ -180,10 +180,8 @@ pub fn emit(compiled: &memc::Compiled, dir: &Path, gpu: memc::cost::Gpu) -> Resu
         );
     }
     write_atomic(&dir.join("plan.json"), json(plan, true)?.as_bytes())?;
-    let written: Vec<String> = manifest
-        .iter()
-        .flat_map(|m| [&m["source"], &m["ptx"]])
-        .filter_map(|v| v.as_str().map(String::from))
+    let written: Vec<String> = kernel_files(&manifest)
+        .map(String::from)
         .chain(with_ptx.then(|| "device.json".to_string()))
         .collect();
     write_pretty(
@@ -222,10 +220,7 @@ fn previous_emit(dir: &Path) -> Vec<String> {
     let Ok(serde_json::Value::Array(entries)) = serde_json::from_str(&text) else {
         return Vec::new();
     };
-    entries
-        .iter()
-        .flat_map(|e| [&e["source"], &e["ptx"]])
-        .filter_map(|v| v.as_str())
+    kernel_files(&entries)
         .chain(["device.json"])
         .filter(|name| {
             let plain = Path::new(name).file_name().and_then(|f| f.to_str()) == Some(*name);
@@ -233,6 +228,14 @@ fn previous_emit(dir: &Path) -> Vec<String> {
         })
         .map(String::from)
         .collect()
+}
+
+/// The source and PTX file names a manifest's entries list.
+fn kernel_files(entries: &[serde_json::Value]) -> impl Iterator<Item = &str> {
+    entries
+        .iter()
+        .flat_map(|e| [&e["source"], &e["ptx"]])
+        .filter_map(|v| v.as_str())
 }
 
 /// A spinner on stderr drawn with the indicatif `template`, when stderr is a terminal.

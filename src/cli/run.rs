@@ -407,7 +407,10 @@ fn run_cpu(args: &RunArgs, ex: &mut CpuExecutor, bar: Option<&ProgressBar>) -> R
         let mut dumped: Vec<(String, Vec<f32>)> = Vec::new();
         let mut hook = |name: &str, g: &[f32]| dumped.push((name.to_string(), g.to_vec()));
         let want_dump = step == 1 && args.dump.is_some();
-        let scale = loss_scale_buffer(ex.plan()).map_or(1.0, |b| ex.read(b)[0]);
+        let scale = match loss_scale_buffer(ex.plan()) {
+            Some(b) if want_dump => ex.read(b)[0],
+            _ => 1.0,
+        };
         ex.run_step(if want_dump { Some(&mut hook) } else { None })
             .map_err(|e| Failure::Plain(format!("step {step}: {e}")))?;
         let outputs: Vec<(String, Vec<usize>, Vec<f32>)> = ex

@@ -43,6 +43,23 @@ impl Plan {
             .is_none_or(|b| b.view_of.is_none())
     }
 
+    /// Live bytes at each step (sum of the buffers whose lifetime contains it; views hold
+    /// their root's bytes and count nothing; lifetimes are clamped to the steps, so a loaded
+    /// plan cannot index past them).
+    pub fn live_per_step(&self) -> Vec<u64> {
+        let n = self.steps.len().max(1);
+        live_bytes(
+            n,
+            self.buffers
+                .iter()
+                .filter(|b| b.view_of.is_none())
+                .map(|b| {
+                    let first = b.first.min(n - 1);
+                    (b.bytes, first, b.last.min(n - 1).max(first))
+                }),
+        )
+    }
+
     /// Micro-batches per training step: `accumulate` of the training spec (1 for inference).
     pub fn micro_steps(&self) -> u32 {
         self.train.as_ref().map_or(1, |t| t.accumulate.max(1))

@@ -1,7 +1,7 @@
 //! The largest tensors live at the step's peak, each with the `.mdl` line that made it: what
 //! a person reads first to see what takes the memory.
 
-use super::{human_bytes, live_bytes, Buffer, BufferClass, Plan};
+use super::{human_bytes, Buffer, BufferClass, Plan};
 use crate::ir::Span;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
@@ -46,12 +46,8 @@ pub fn largest_at_peak(plan: &Plan, source: &str, count: usize) -> Vec<PeakTenso
 
 /// The buffers (views aside, none empty) live at the first step where the live bytes peak.
 pub(super) fn live_at_peak(plan: &Plan) -> Vec<&Buffer> {
-    let roots = || plan.buffers.iter().filter(|b| b.view_of.is_none());
-    let live = live_bytes(
-        plan.steps.len().max(1),
-        roots().map(|b| (b.bytes, b.first, b.last)),
-    );
-    let Some(peak) = live
+    let Some(peak) = plan
+        .live_per_step()
         .iter()
         .enumerate()
         .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(&a.0)))
@@ -59,8 +55,9 @@ pub(super) fn live_at_peak(plan: &Plan) -> Vec<&Buffer> {
     else {
         return Vec::new();
     };
-    roots()
-        .filter(|b| b.first <= peak && peak <= b.last && b.bytes > 0)
+    plan.buffers
+        .iter()
+        .filter(|b| b.view_of.is_none() && b.first <= peak && peak <= b.last && b.bytes > 0)
         .collect()
 }
 

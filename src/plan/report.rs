@@ -139,6 +139,20 @@ pub struct Report {
     pub largest_at_peak: Vec<super::PeakTensor>,
 }
 
+impl Report {
+    /// The recompute FLOPs as a percentage of the step's FLOPs (0 without checkpointing).
+    pub fn recompute_percent(&self) -> f64 {
+        self.checkpoint
+            .as_ref()
+            .map_or(0.0, |c| percent_of(c.recompute_flops, self.flops))
+    }
+}
+
+/// `part` as a percentage of `whole` (0 when `whole` is 0).
+fn percent_of(part: u64, whole: u64) -> f64 {
+    100.0 * part as f64 / whole.max(1) as f64
+}
+
 /// `474.7 MiB` style size with binary units.
 pub fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -217,7 +231,7 @@ fn render_precision(out: &mut String, p: &PrecisionSummary) {
 
 /// The checkpointing lines of the report (`step_flops`: the FLOPs of the whole step).
 fn render_checkpoint(out: &mut String, c: &CheckpointSummary, step_flops: u64) {
-    let pct = 100.0 * c.recompute_flops as f64 / step_flops.max(1) as f64;
+    let pct = percent_of(c.recompute_flops, step_flops);
     let _ = writeln!(out, "  checkpointing: {}", c.policy);
     row(out, "  kept for backward", c.kept_bytes, "");
     row(
