@@ -46,10 +46,13 @@ fn nvrtc_ready() -> bool {
     false
 }
 
+/// Compiles every kernel with code (a step of library calls alone has none).
 fn check(kernels: &[(String, Kernel)], what: &str) {
+    let kernels: Vec<(String, Kernel)> =
+        kernels.iter().filter(|k| k.1.has_code()).cloned().collect();
     let dir = std::env::temp_dir().join(format!("memc-ptx-{what}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let (checked, failures) = check_all(kernels, &dir);
+    let (checked, failures) = check_all(&kernels, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     println!("{what}: {checked} of {} distinct kernels compiled for compute_80/compute_90 and assembled for sm_80/sm_90", kernels.len());
     assert!(

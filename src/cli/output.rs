@@ -119,7 +119,8 @@ fn write_pretty(path: &Path, value: &serde_json::Value) -> Result<(), Failure> {
 /// architecture of `gpu`) and each kernel's resources from ptxas for `gpu`'s compute
 /// capability (registers, shared memory, stack, spills); `plan.json`; `manifest.json`
 /// mapping each kernel to its source, launches (a two-stage reduction's finishing grid),
-/// resources, library (none: every step is a generated kernel) and steps; and, with NVRTC,
+/// resources, library calls (cuBLASLt GEMMs with their descriptors, and the kernel's own
+/// launches between them; a step of library calls alone has no source) and steps; and, with NVRTC,
 /// `device.json`: the device bytes beyond the arena that the compiled kernels fix (module
 /// images, and local memory for their stack frames reserved for every resident thread).
 /// NVRTC loading without the CUDA headers is a plain error naming them.
@@ -147,6 +148,12 @@ pub fn emit(compiled: &memc::Compiled, dir: &Path, gpu: memc::cost::Gpu) -> Resu
     let (mut modules, mut stack) = (0u64, 0u64);
     let mut manifest = Vec::new();
     for (k, steps) in &uses {
+        let library = (!k.library.is_empty()).then_some(&k.library);
+        if !k.has_code() {
+            manifest
+                .push(serde_json::json!({ "kernel": k.name, "library": library, "steps": steps }));
+            continue;
+        }
         let cu = format!("{}.cu", k.name);
         write_atomic(&dir.join(&cu), k.source.as_bytes())?;
         let (ptx, resources) = if with_ptx {
@@ -159,7 +166,7 @@ pub fn emit(compiled: &memc::Compiled, dir: &Path, gpu: memc::cost::Gpu) -> Resu
         } else {
             (None, None)
         };
-        manifest.push(serde_json::json!({ "kernel": k.name, "entry": k.entry, "source": cu, "ptx": ptx, "sm": sm, "resources": resources, "library": null, "grid": k.grid, "finish": k.finish, "block": k.block, "shared_bytes": k.shared_bytes, "steps": steps }));
+        manifest.push(serde_json::json!({ "kernel": k.name, "entry": k.entry, "source": cu, "ptx": ptx, "sm": sm, "resources": resources, "library": library, "grid": k.grid, "finish": k.finish, "block": k.block, "shared_bytes": k.shared_bytes, "steps": steps }));
     }
     if with_ptx {
         let local = stack * u64::from(spec.threads_per_sm) * u64::from(spec.sms);

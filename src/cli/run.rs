@@ -36,6 +36,10 @@ pub struct RunArgs {
     /// gradients of the loss itself: in fp16 divided by the loss scale).
     #[arg(long)]
     dump: Option<PathBuf>,
+    /// With --device cuda: after the steps, run one more timing each plan step's device work
+    /// (CUDA events), and print the ops that took longest and the launches per step.
+    #[arg(long)]
+    profile: bool,
 }
 
 fn load_plan(args: &RunArgs) -> Result<VerifiedPlan, Failure> {
@@ -353,6 +357,12 @@ fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> R
             ),
         )?;
     }
+    if args.profile {
+        let times = dev
+            .profile_step()
+            .map_err(|e| Failure::Plain(format!("profiled step: {e}")))?;
+        super::output::write(None, &profile_table(plan, &times, dev.launches_per_step()))?;
+    }
     if let Some(path) = &args.save_params {
         save_params(path, plan, |b| {
             dev.read(b)
@@ -361,6 +371,35 @@ fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> R
         })?;
     }
     Ok(())
+}
+
+/// The profiled step's device time by op: the total, then the ops (by name) that took
+/// longest, each with its share, its plan steps and milliseconds.
+fn profile_table(plan: &Plan, times: &[(usize, f64)], launches: (u64, u64)) -> String {
+    let total: f64 = times.iter().map(|t| t.1).sum();
+    let mut by_op: Vec<(&str, usize, f64)> = Vec::new();
+    for &(s, ms) in times {
+        let name = plan.steps[s].op.name();
+        match by_op.iter_mut().find(|o| o.0 == name) {
+            Some(o) => {
+                o.1 += 1;
+                o.2 += ms;
+            }
+            None => by_op.push((name, 1, ms)),
+        }
+    }
+    by_op.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let mut out = format!(
+        "cuda profile: {total:.3} ms of device work in one step ({} kernel launches, {} library calls)\n",
+        launches.0, launches.1
+    );
+    for (name, steps, ms) in by_op.iter().take(15) {
+        out.push_str(&format!(
+            "  {ms:10.3} ms {:5.1}%  {name} ({steps} steps)\n",
+            100.0 * ms / total.max(f64::MIN_POSITIVE)
+        ));
+    }
+    out
 }
 
 /// Runs the command.

@@ -9,7 +9,7 @@ use super::KernelParam;
 pub(crate) const PRELUDE: &str = include_str!("../../kernels/prelude.cuh");
 
 /// A generated CUDA kernel ready for NVRTC.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Kernel {
     /// `family_<hash of source>`: equal names mean byte-identical sources.
     pub name: String,
@@ -34,6 +34,55 @@ pub struct Kernel {
     /// The tensor table the host writes at the start of the step's workspace before the
     /// launch, when the kernel reads a list of inputs through it instead of one argument each.
     pub table: Option<TensorTable>,
+    /// The library calls the step makes instead of the plain launch (empty: launch `grid`,
+    /// then `finish`). A kernel whose `source` is empty is library calls alone.
+    pub library: Vec<super::gemm::Call>,
+    /// Byte offset in the step's workspace where the library's scratch begins (the
+    /// kernel's own scratch lies before it).
+    pub library_workspace_from: u64,
+}
+
+impl Kernel {
+    /// A step made of library calls alone (no generated code): `family_<hash of the calls>`.
+    pub(crate) fn library_only(family: &str, calls: Vec<super::gemm::Call>) -> Kernel {
+        let described = format!("{calls:?}");
+        Kernel {
+            name: format!("{family}_{:016x}", fnv1a(&described)),
+            source: String::new(),
+            entry: String::new(),
+            grid: [0, 0, 0],
+            block: [0, 0, 0],
+            shared_bytes: 0,
+            params: vec![KernelParam::Arena],
+            finish: None,
+            table: None,
+            library: calls,
+            library_workspace_from: 0,
+        }
+    }
+
+    /// The kernel run as `calls` (its own launches among them), the library's scratch
+    /// starting `scratch_from` bytes into the workspace; renamed for its calls too.
+    pub(crate) fn with_library(
+        mut self,
+        calls: Vec<super::gemm::Call>,
+        scratch_from: u64,
+    ) -> Kernel {
+        let described = format!("{}{calls:?}{scratch_from}", self.source);
+        self.name = format!(
+            "{}_{:016x}",
+            self.entry.trim_start_matches("memc_"),
+            fnv1a(&described)
+        );
+        self.library = calls;
+        self.library_workspace_from = scratch_from;
+        self
+    }
+
+    /// Whether the step has generated code to compile and launch.
+    pub fn has_code(&self) -> bool {
+        !self.source.is_empty()
+    }
 }
 
 /// Inputs a kernel reads through a table in its workspace rather than as arguments, so that
@@ -261,6 +310,7 @@ impl Gen {
                 KernelParam::Stream => "u64 stream".to_string(),
                 KernelParam::Workspace => "u64 ws".to_string(),
                 KernelParam::Phase => "u64 phase".to_string(),
+                KernelParam::Chunk => "u64 chunk".to_string(),
             })
             .collect();
         let threads = self.block[0] * self.block[1] * self.block[2];
@@ -282,6 +332,8 @@ impl Gen {
             params: self.params,
             finish: self.finish_grid,
             table: self.table,
+            library: Vec::new(),
+            library_workspace_from: 0,
         }
     }
 }

@@ -18,6 +18,7 @@
 //! [`TensorTable`] the host writes at the start of their workspace before each launch.
 
 pub(crate) mod build;
+pub mod gemm;
 pub(crate) mod geometry;
 pub(crate) mod launch;
 pub mod nvrtc;
@@ -47,8 +48,10 @@ pub enum KernelParam {
     /// as [`crate::plan::Target::workspace_bytes`] gives; its contents are undefined on entry).
     Workspace,
     /// `unsigned long long` 0 on a kernel's first launch, 1 on its finishing launch
-    /// ([`Kernel::finish`]).
+    /// ([`Kernel::finish`]); for a kernel launched by [`gemm::Call::Launch`], the call's phase.
     Phase,
+    /// `unsigned long long` the chunk a [`gemm::Call::Launch`] works on.
+    Chunk,
 }
 
 /// Why no kernel could be generated or compiled.

@@ -221,7 +221,7 @@ pub fn check_all(kernels: &[(String, Kernel)], scratch: &std::path::Path) -> (us
     let ptxas = ptxas_path();
     let mut groups: std::collections::BTreeMap<&str, Vec<&(String, Kernel)>> =
         std::collections::BTreeMap::new();
-    for k in kernels {
+    for k in kernels.iter().filter(|k| k.1.has_code()) {
         let shared = k.1.source.split_once(GENERATED).map_or("", |(s, _)| s);
         groups.entry(shared).or_default().push(k);
     }

@@ -392,6 +392,11 @@ impl<'a> CpuStep<'a> {
         &self.exec.buffer(self.step.inputs[i]).ty.shape
     }
 
+    /// The element type input `i` is stored in (its values arrive decoded to f32).
+    pub fn dtype(&self, i: usize) -> crate::ir::DType {
+        self.exec.buffer(self.step.inputs[i]).ty.dtype
+    }
+
     /// The shape of the output (empty when the step has none).
     pub fn out_shape(&self) -> &'a [usize] {
         match self.step.output {

@@ -9,12 +9,15 @@
 //! Every entry point checks that the driver library loads before calling into cudarc, whose
 //! dynamically loaded symbols panic when it is absent.
 
+use super::cublaslt::{Lt, PreparedGemm};
 use super::{ExecError, GradientHook};
+use crate::codegen::gemm::{Addr, Call};
 use crate::codegen::{nvrtc, plan_kernel_uses, Kernel, KernelParam};
 use crate::ir::Op;
 use crate::plan::{BufferId, Plan, Target, VerifiedPlan};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+    sys::CUevent_flags, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr,
+    DriverError, LaunchConfig, PushKernelArg,
 };
 use std::sync::Arc;
 
@@ -42,9 +45,14 @@ pub struct CudaExecutor {
     plan: Plan,
     stream: Arc<CudaStream>,
     arena: CudaSlice<u8>,
-    /// Distinct kernels with their loaded functions; `kernel_of[step]` indexes this list.
-    kernels: Vec<(Kernel, CudaFunction)>,
+    /// Distinct kernels with their loaded functions (none for library calls alone);
+    /// `kernel_of[step]` indexes this list.
+    kernels: Vec<(Kernel, Option<CudaFunction>)>,
     kernel_of: Vec<Option<usize>>,
+    /// cuBLASLt, opened when some step calls it.
+    lt: Option<Lt>,
+    /// Per step, its library calls ready to issue (empty for a plain launch).
+    calls: Vec<Vec<Prepared>>,
     /// Per step, the tensor table its kernel reads from the start of its workspace (the
     /// plan's offsets are fixed, so it is rendered once and copied before every launch).
     tables: Vec<Option<Vec<u8>>>,
@@ -57,6 +65,18 @@ pub struct CudaExecutor {
     bound: Vec<(BufferId, Vec<u8>)>,
     /// Device memory just before and just after the arena was allocated.
     pub memory: (MemInfo, MemInfo),
+    /// While profiling, the events recorded around each step's work.
+    timing: Option<Vec<(usize, CudaEvent, CudaEvent)>>,
+}
+
+/// A library call of a step with its addresses resolved.
+enum Prepared {
+    Gemm(PreparedGemm),
+    Launch {
+        grid: [u32; 3],
+        phase: u64,
+        chunk: u64,
+    },
 }
 
 /// The image of `kernel` the driver loads: a CUBIN for the device's compute capability
@@ -112,10 +132,14 @@ impl CudaExecutor {
         let mut kernels = Vec::with_capacity(uses.len());
         let mut kernel_of = vec![None; plan.steps.len()];
         for (kernel, steps) in uses {
-            let module = ctx
-                .load_module(image(&kernel, (major as u32, minor as u32), arch)?)
-                .map_err(device_error)?;
-            let function = module.load_function(&kernel.entry).map_err(device_error)?;
+            let function = if kernel.has_code() {
+                let module = ctx
+                    .load_module(image(&kernel, (major as u32, minor as u32), arch)?)
+                    .map_err(device_error)?;
+                Some(module.load_function(&kernel.entry).map_err(device_error)?)
+            } else {
+                None
+            };
             for s in steps {
                 kernel_of[s] = Some(kernels.len());
             }
@@ -145,17 +169,31 @@ impl CudaExecutor {
             .map_err(device_error)?;
         stream.synchronize().map_err(device_error)?;
         let after = info(&ctx)?;
+        let lt = match kernels.iter().any(|(k, _)| !k.library.is_empty()) {
+            true => {
+                ctx.bind_to_thread().map_err(device_error)?;
+                Some(Lt::new()?)
+            }
+            false => None,
+        };
+        let calls = match &lt {
+            Some(lt) => prepare_calls(&plan, &kernels, &kernel_of, lt, &arena, &stream)?,
+            None => Vec::new(),
+        };
         Ok(CudaExecutor {
             plan,
             stream,
             arena,
             kernels,
             kernel_of,
+            lt,
+            calls,
             tables,
             step: 1,
             seed: 0,
             bound: Vec::new(),
             memory: (before, after),
+            timing: None,
         })
     }
 
@@ -280,6 +318,52 @@ impl CudaExecutor {
         Ok(())
     }
 
+    /// Kernel launches and library calls of one step (every micro-step counted).
+    pub fn launches_per_step(&self) -> (u64, u64) {
+        let micro = u64::from(self.micro_steps());
+        let (mut launches, mut calls) = (0u64, 0u64);
+        for (s, step) in self.plan.steps.iter().enumerate() {
+            let Some(k) = self.kernel_of[s] else { continue };
+            let times = if step.phase == crate::ir::Phase::Update {
+                1
+            } else {
+                micro
+            };
+            let kernel = &self.kernels[k].0;
+            let (l, c) = if kernel.library.is_empty() {
+                (1 + u64::from(kernel.finish.is_some()), 0)
+            } else {
+                let gemms = kernel
+                    .library
+                    .iter()
+                    .filter(|c| matches!(c, Call::Gemm(_)))
+                    .count() as u64;
+                (kernel.library.len() as u64 - gemms, gemms)
+            };
+            launches += l * times;
+            calls += c * times;
+        }
+        (launches, calls)
+    }
+
+    /// Runs one training step as [`CudaExecutor::run_step`] does, timing each plan step's
+    /// device work with CUDA events: (step index, milliseconds), summed over micro-steps.
+    pub fn profile_step(&mut self) -> Result<Vec<(usize, f64)>, ExecError> {
+        self.timing = Some(Vec::new());
+        let ran = self.run_step(None);
+        let events = self.timing.take().unwrap_or_default();
+        ran?;
+        let mut out: Vec<(usize, f64)> = Vec::new();
+        for (s, start, end) in events {
+            let ms = f64::from(start.elapsed_ms(&end).map_err(device_error)?);
+            match out.last_mut() {
+                Some((last, total)) if *last == s => *total += ms,
+                _ => out.push((s, ms)),
+            }
+        }
+        Ok(out)
+    }
+
     /// Launches every step of micro-step `micro` (update-phase steps only when `last`),
     /// showing `on_gradient` each update's gradient first.
     fn launch_steps(
@@ -289,6 +373,11 @@ impl CudaExecutor {
         on_gradient: &mut Option<GradientHook>,
     ) -> Result<(), ExecError> {
         let stream = self.plan.dropout_stream(self.seed, self.step, micro);
+        // cuBLASLt issues its work in the thread's current context.
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(device_error)?;
         for (s, step) in self.plan.steps.iter().enumerate() {
             let Some(k) = self.kernel_of[s] else {
                 continue;
@@ -303,52 +392,181 @@ impl CudaExecutor {
                     hook(&p.name, &super::lowp::from_bytes(dtype, &self.read(grad)?));
                 }
             }
-            let (kernel, function) = &self.kernels[k];
-            let offset = |b: BufferId| self.plan.buffers[b.index()].offset;
-            let workspace = step.workspace.map_or(0, offset);
+            let start = self.record()?;
             if let Some(bytes) = &self.tables[s] {
-                let at = workspace as usize;
+                let at = step
+                    .workspace
+                    .map_or(0, |b| self.plan.buffers[b.index()].offset)
+                    as usize;
                 let mut view = self.arena.slice_mut(at..at + bytes.len());
                 self.stream
                     .memcpy_htod(&bytes[..], &mut view)
                     .map_err(device_error)?;
             }
-            let phases = [Some(kernel.grid), kernel.finish];
-            for (phase, grid) in phases.into_iter().enumerate() {
-                let Some([gx, gy, gz]) = grid else {
-                    continue;
-                };
-                let values: Vec<u64> = kernel.params[1..]
-                    .iter()
-                    .map(|p| match p {
-                        KernelParam::Input(i) => offset(step.inputs[*i]),
-                        KernelParam::Output => step.output.map_or(0, offset),
-                        KernelParam::Step => self.step,
-                        KernelParam::Stream => stream,
-                        KernelParam::MicroStep => u64::from(micro),
-                        KernelParam::Workspace => workspace,
-                        KernelParam::Phase => phase as u64,
-                        KernelParam::Arena => 0,
-                    })
-                    .collect();
-                let mut launch = self.stream.launch_builder(function);
-                launch.arg(&self.arena);
-                for v in &values {
-                    launch.arg(v);
+            self.launch_step(s, k, micro, stream)?;
+            if let (Some(start), Some(end)) = (start, self.record()?) {
+                if let Some(t) = self.timing.as_mut() {
+                    t.push((s, start, end));
                 }
-                let [bx, by, bz] = kernel.block;
-                let cfg = LaunchConfig {
-                    grid_dim: (gx, gy, gz),
-                    block_dim: (bx, by, bz),
-                    shared_mem_bytes: kernel.shared_bytes,
-                };
-                // SAFETY: the entry's signature is `char*` followed by one `unsigned long long`
-                // per remaining `kernel.params` entry, exactly the arguments pushed above;
-                // every offset is a buffer the plan verifier placed inside the arena (a
-                // kernel's table fits its workspace: the lowering counts it in).
-                unsafe { launch.launch(cfg) }.map_err(device_error)?;
             }
         }
         Ok(())
     }
+
+    /// An event recorded on the stream now, while profiling.
+    fn record(&self) -> Result<Option<CudaEvent>, ExecError> {
+        if self.timing.is_none() {
+            return Ok(None);
+        }
+        let event = self
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(device_error)?;
+        Ok(Some(event))
+    }
+
+    /// Issues plan step `s`'s work (kernel `k`) for micro-step `micro`: its library calls in
+    /// order, or its launch and finishing launch.
+    fn launch_step(&self, s: usize, k: usize, micro: u32, stream: u64) -> Result<(), ExecError> {
+        let (kernel, function) = &self.kernels[k];
+        let launch = |grid, phase_chunk| {
+            self.launch(
+                s,
+                function.as_ref(),
+                kernel,
+                grid,
+                phase_chunk,
+                stream,
+                micro,
+            )
+        };
+        let Some(calls) = self.calls.get(s).filter(|c| !c.is_empty()) else {
+            let phases = [Some(kernel.grid), kernel.finish];
+            for (phase, grid) in phases.into_iter().enumerate() {
+                if let Some(grid) = grid {
+                    launch(grid, (phase as u64, 0))?;
+                }
+            }
+            return Ok(());
+        };
+        for call in calls {
+            match call {
+                Prepared::Gemm(g) => {
+                    let lt = self
+                        .lt
+                        .as_ref()
+                        .ok_or_else(|| ExecError::Device("cuBLASLt is not open".to_string()))?;
+                    // SAFETY: the addresses were resolved from the plan's verified offsets
+                    // inside the arena, which lives as long as `self`.
+                    unsafe { lt.run(g, self.stream.cu_stream() as *mut _) }?;
+                }
+                Prepared::Launch { grid, phase, chunk } => launch(*grid, (*phase, *chunk))?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Launches step `s`'s kernel over `grid` with the given (phase, chunk).
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        s: usize,
+        function: Option<&CudaFunction>,
+        kernel: &Kernel,
+        [gx, gy, gz]: [u32; 3],
+        (phase, chunk): (u64, u64),
+        stream: u64,
+        micro: u32,
+    ) -> Result<(), ExecError> {
+        let step = &self.plan.steps[s];
+        let function = function
+            .ok_or_else(|| ExecError::Device(format!("`{}` has no code to launch", kernel.name)))?;
+        let offset = |b: BufferId| self.plan.buffers[b.index()].offset;
+        let workspace = step.workspace.map_or(0, offset);
+        let values: Vec<u64> = kernel.params[1..]
+            .iter()
+            .map(|p| match p {
+                KernelParam::Input(i) => offset(step.inputs[*i]),
+                KernelParam::Output => step.output.map_or(0, offset),
+                KernelParam::Step => self.step,
+                KernelParam::Stream => stream,
+                KernelParam::MicroStep => u64::from(micro),
+                KernelParam::Workspace => workspace,
+                KernelParam::Phase => phase,
+                KernelParam::Chunk => chunk,
+                KernelParam::Arena => 0,
+            })
+            .collect();
+        let mut launch = self.stream.launch_builder(function);
+        launch.arg(&self.arena);
+        for v in &values {
+            launch.arg(v);
+        }
+        let [bx, by, bz] = kernel.block;
+        let cfg = LaunchConfig {
+            grid_dim: (gx, gy, gz),
+            block_dim: (bx, by, bz),
+            shared_mem_bytes: kernel.shared_bytes,
+        };
+        // SAFETY: the entry's signature is `char*` followed by one `unsigned long long`
+        // per remaining `kernel.params` entry, exactly the arguments pushed above; every
+        // offset is a buffer the plan verifier placed inside the arena (a kernel's table
+        // fits its workspace: the lowering counts it in).
+        unsafe { launch.launch(cfg) }.map_err(device_error)?;
+        Ok(())
+    }
+}
+
+/// Every step's library calls with device addresses resolved against the arena, GEMMs
+/// prepared with cuBLASLt (empty lists for plain launches).
+fn prepare_calls(
+    plan: &Plan,
+    kernels: &[(Kernel, Option<CudaFunction>)],
+    kernel_of: &[Option<usize>],
+    lt: &Lt,
+    arena: &CudaSlice<u8>,
+    stream: &CudaStream,
+) -> Result<Vec<Vec<Prepared>>, ExecError> {
+    let (base, _sync) = arena.device_ptr(stream);
+    let mut out = Vec::with_capacity(plan.steps.len());
+    for (step, k) in plan.steps.iter().zip(kernel_of) {
+        let Some(kernel) = k.map(|k| &kernels[k].0) else {
+            out.push(Vec::new());
+            continue;
+        };
+        let offset = |b: BufferId| plan.buffers[b.index()].offset;
+        let workspace = step
+            .workspace
+            .map(|b| (offset(b), plan.buffers[b.index()].bytes));
+        let addr = |a: Addr| -> Result<u64, ExecError> {
+            let missing =
+                || ExecError::Unsupported(format!("`{}`: no buffer for {a:?}", kernel.name));
+            Ok(base
+                + match a {
+                    Addr::Input(i, plus) => offset(*step.inputs.get(i).ok_or_else(missing)?) + plus,
+                    Addr::Output(plus) => offset(step.output.ok_or_else(missing)?) + plus,
+                    Addr::Workspace(plus) => workspace.ok_or_else(missing)?.0 + plus,
+                })
+        };
+        let mut calls = Vec::with_capacity(kernel.library.len());
+        for call in &kernel.library {
+            calls.push(match call {
+                Call::Gemm(g) => {
+                    let ptrs = [addr(g.a.at)?, addr(g.b.at)?, addr(g.d.at)?];
+                    // The GEMM's own scratch: whatever of the workspace its kernel does not use.
+                    let (ws_at, ws_bytes) = workspace.unwrap_or((0, 0));
+                    let own = kernel.library_workspace_from.min(ws_bytes);
+                    let ws = (base + ws_at + own, (ws_bytes - own) as usize);
+                    Prepared::Gemm(lt.prepare(g, ptrs, ws)?)
+                }
+                Call::Launch { grid, phase, chunk } => Prepared::Launch {
+                    grid: *grid,
+                    phase: *phase,
+                    chunk: *chunk,
+                },
+            });
+        }
+        out.push(calls);
+    }
+    Ok(out)
 }

@@ -1,5 +1,6 @@
 //! Backends that execute a verified plan, and the file formats they exchange.
 pub mod cpu;
+pub mod cublaslt;
 pub mod cuda;
 pub mod io;
 pub mod kernels;

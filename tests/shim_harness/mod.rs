@@ -55,8 +55,12 @@ pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec
         .collect()
 }
 
-/// Compiles `kernel` with its launcher into an executable in `dir`.
+/// Compiles `kernel` with its launcher into an executable in `dir` (an empty path for a
+/// kernel of library calls alone, which [`launch`] never executes).
 pub fn compile(kernel: &Kernel, dir: &Path) -> Result<PathBuf, String> {
+    if !kernel.has_code() {
+        return Ok(PathBuf::new());
+    }
     let args: Vec<String> = (0..kernel.params.len() - 1)
         .map(|i| format!("a[{i}]"))
         .collect();
@@ -93,7 +97,9 @@ pub fn compile(kernel: &Kernel, dir: &Path) -> Result<PathBuf, String> {
 }
 
 /// Runs `kernel` over the arena file with the given values for its params: its launch and,
-/// for a two-stage kernel, its finishing launch ([`KernelParam::Phase`] 0, then 1).
+/// for a two-stage kernel, its finishing launch ([`KernelParam::Phase`] 0, then 1); for a
+/// kernel that calls libraries, its calls in order, each GEMM through the host reference of
+/// the same descriptor ([`Gemm::reference`](memc::codegen::gemm::Gemm::reference)).
 /// `reverse` runs blocks and threads in reverse order (see `cuda_sim.h`).
 pub fn launch(
     exe: &Path,
@@ -102,32 +108,68 @@ pub fn launch(
     reverse: bool,
     value: impl Fn(KernelParam) -> u64,
 ) -> Result<(), String> {
-    let grids = [Some(kernel.grid), kernel.finish];
-    for (phase, grid) in grids.into_iter().enumerate() {
-        let Some(grid) = grid else { continue };
-        let geometry = grid.iter().chain(&kernel.block).map(u32::to_string);
-        let args = kernel.params[1..].iter().map(|&p| match p {
-            KernelParam::Phase => phase.to_string(),
-            p => value(p).to_string(),
-        });
-        let mut cmd = Command::new(exe);
-        if reverse {
-            cmd.env("MEMC_SIM_REVERSE", "1");
+    use memc::codegen::gemm::{Addr, Call};
+    if kernel.library.is_empty() {
+        let grids = [Some(kernel.grid), kernel.finish];
+        for (phase, grid) in grids.into_iter().enumerate() {
+            if let Some(grid) = grid {
+                run_exe(exe, kernel, arena, reverse, (grid, phase as u64, 0), &value)?;
+            }
         }
-        let out = cmd
-            .arg(arena)
-            .args(geometry)
-            .args(args)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!(
-                "{} (phase {phase}) exited with {}: {}",
-                kernel.name,
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
+        return Ok(());
+    }
+    for call in &kernel.library {
+        match call {
+            Call::Gemm(g) => {
+                let mut bytes = std::fs::read(arena).map_err(|e| e.to_string())?;
+                g.reference(&mut bytes, |a| match a {
+                    Addr::Input(i, plus) => value(KernelParam::Input(i)) + plus,
+                    Addr::Output(plus) => value(KernelParam::Output) + plus,
+                    Addr::Workspace(plus) => value(KernelParam::Workspace) + plus,
+                })
+                .map_err(|e| format!("{}: {e}", kernel.name))?;
+                std::fs::write(arena, bytes).map_err(|e| e.to_string())?;
+            }
+            Call::Launch { grid, phase, chunk } => {
+                run_exe(exe, kernel, arena, reverse, (*grid, *phase, *chunk), &value)?
+            }
         }
+    }
+    Ok(())
+}
+
+/// One launch of `kernel`'s executable over `grid` with the given phase and chunk.
+fn run_exe(
+    exe: &Path,
+    kernel: &Kernel,
+    arena: &Path,
+    reverse: bool,
+    (grid, phase, chunk): ([u32; 3], u64, u64),
+    value: &impl Fn(KernelParam) -> u64,
+) -> Result<(), String> {
+    let geometry = grid.iter().chain(&kernel.block).map(u32::to_string);
+    let args = kernel.params[1..].iter().map(|&p| match p {
+        KernelParam::Phase => phase.to_string(),
+        KernelParam::Chunk => chunk.to_string(),
+        p => value(p).to_string(),
+    });
+    let mut cmd = Command::new(exe);
+    if reverse {
+        cmd.env("MEMC_SIM_REVERSE", "1");
+    }
+    let out = cmd
+        .arg(arena)
+        .args(geometry)
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} (phase {phase}, chunk {chunk}) exited with {}: {}",
+            kernel.name,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
     Ok(())
 }
@@ -359,7 +401,7 @@ pub fn shim_run(
         // The CPU reference runs one micro-step: the first.
         KernelParam::MicroStep => 0,
         KernelParam::Workspace => offsets[inputs.len() + 1],
-        KernelParam::Phase => 0,
+        KernelParam::Phase | KernelParam::Chunk => 0,
     })?;
     let after = std::fs::read(arena_file).map_err(|e| e.to_string())?;
     let types = inputs.iter().chain([output, &scratch]);

@@ -11,7 +11,7 @@ use crate::ops::cpu::{foreign_op, CpuKernel};
 use kernels::AttnGeom;
 
 /// Geometry of an attention from its params and q and k shapes (`[b, t, width]`).
-fn attn_geom(a: &AttnParams, q: &[usize], k: &[usize]) -> AttnGeom {
+fn attn_geom(a: &AttnParams, q: &[usize], k: &[usize], operand: crate::ir::DType) -> AttnGeom {
     AttnGeom {
         b: q[0],
         t_q: q[1],
@@ -21,6 +21,7 @@ fn attn_geom(a: &AttnParams, q: &[usize], k: &[usize]) -> AttnGeom {
         head_dim: q[2] / a.heads.max(1),
         causal: a.causal,
         scale: a.scale,
+        operand,
     }
 }
 
@@ -28,11 +29,15 @@ impl CpuKernel for super::Family {
     fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
         let (x, s, out) = (|i| step.input(i), |i| step.shape(i), step.output());
         match step.op() {
-            Op::Attention(a) => {
-                kernels::attention_forward(&attn_geom(a, s(0), s(1)), x(0), x(1), x(2), out)
-            }
+            Op::Attention(a) => kernels::attention_forward(
+                &attn_geom(a, s(0), s(1), step.dtype(0)),
+                x(0),
+                x(1),
+                x(2),
+                out,
+            ),
             Op::AttentionBackward { attn, which } => kernels::attention_backward(
-                &attn_geom(attn, s(0), s(1)),
+                &attn_geom(attn, s(0), s(1), step.dtype(0)),
                 x(0),
                 x(1),
                 x(2),

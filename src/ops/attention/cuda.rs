@@ -1,21 +1,21 @@
-//! CUDA lowering of flash-style attention and its per-input backwards onto `attention.cu`,
-//! and of the rotary position embedding onto `rope.cu`.
+//! CUDA lowering of flash-style attention onto `attention.cu` (its backwards, GEMMs on
+//! cuBLASLt, are in `backward_cuda.rs`), and of the rotary position embedding onto `rope.cu`.
 
 use crate::codegen::build::{c_bool, c_f32, c_u64};
 use crate::codegen::geometry::u;
 use crate::codegen::launch::{templated, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel};
-use crate::ir::{AttnInput, AttnParams, Op};
+use crate::ir::{AttnParams, Op};
 use crate::ops::cuda::CudaLowering;
 
-/// `attention.cu`: the attention forward and the q and k/v backward templates.
-const ATTENTION: &str = include_str!("attention.cu");
+/// `attention.cu`: the attention forward template.
+pub(super) const ATTENTION: &str = include_str!("attention.cu");
 /// `rope.cu`: the rotary embedding template (INVERSE is its backward).
 const ROPE: &str = include_str!("rope.cu");
 
-/// The attention forward (`which` = None) or the gradient of input `which`.
-fn attention(a: &Args, p: &AttnParams, which: Option<AttnInput>) -> Result<Kernel, CodegenError> {
+/// The attention forward.
+fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
     let (q, kt) = (a.at(0)?, a.at(1)?);
     let (b, tq, tk) = (u(q.shape[0]), u(q.shape[1]), u(kt.shape[1]));
     let (h, kvh) = (u(p.heads), u(p.kv_heads));
@@ -29,22 +29,6 @@ fn attention(a: &Args, p: &AttnParams, which: Option<AttnInput>) -> Result<Kerne
     // Shared tiles stay within 32 KiB: BT query/key rows, BC keys per K/V tile.
     let bt = (4096 / dh).clamp(16, 64);
     let bc = (4096 / dh).clamp(1, 64);
-    let (family, call, rows, heads_grid) = match which {
-        None => ("attention", "attention_kernel", tq, h),
-        Some(AttnInput::Q) => ("attention_backward_q", "attention_backward_q_kernel", tq, h),
-        Some(AttnInput::K) => (
-            "attention_backward_k",
-            "attention_backward_kv_kernel",
-            tk,
-            kvh,
-        ),
-        Some(AttnInput::V) => (
-            "attention_backward_v",
-            "attention_backward_kv_kernel",
-            tk,
-            kvh,
-        ),
-    };
     let lines = vec![
         c_u64("TQ", tq),
         c_u64("TK", tk),
@@ -55,19 +39,13 @@ fn attention(a: &Args, p: &AttnParams, which: Option<AttnInput>) -> Result<Kerne
         c_f32("SCALE", p.scale),
         c_u64("BT", bt),
         c_u64("BC", bc),
-        c_bool("WHICH_V", matches!(which, Some(AttnInput::V))),
     ];
-    // The backward kernels also read dout (in3).
-    let n_in = if which.is_none() { 3 } else { 4 };
-    let launch = Launch::Grid(
-        [rows.div_ceil(bt), heads_grid, b],
-        u32::try_from(bt).unwrap_or(64),
-    );
+    let launch = Launch::Grid([tq.div_ceil(bt), h, b], u32::try_from(bt).unwrap_or(64));
     Ok(templated(
-        family,
+        "attention",
         &[ATTENTION],
         lines,
-        (call, &[a.ty(0)?], n_in),
+        ("attention_kernel", &[a.ty(0)?], 3),
         launch,
     ))
 }
@@ -94,20 +72,28 @@ fn rope(a: &Args, heads: usize, base: f32, inverse: bool) -> Result<Kernel, Code
 }
 
 impl CudaLowering for super::Family {
-    /// No kernel of this family reads a workspace.
+    /// The backward's scores and cuBLASLt's scratch (`backward_cuda::workspace_bytes`);
+    /// the forward and rope read none.
     fn cuda_workspace_bytes(
         &self,
-        _: &crate::ir::Op,
-        _: &[&crate::ir::TensorType],
+        op: &crate::ir::Op,
+        inputs: &[&crate::ir::TensorType],
         _: &crate::ir::TensorType,
     ) -> u64 {
-        0
+        match op {
+            Op::AttentionBackward { attn, which } => {
+                super::backward_cuda::workspace_bytes(inputs, attn, *which)
+            }
+            _ => 0,
+        }
     }
 
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
-            Op::Attention(p) => attention(a, p, None),
-            Op::AttentionBackward { attn, which } => attention(a, attn, Some(*which)),
+            Op::Attention(p) => attention(a, p),
+            Op::AttentionBackward { attn, which } => {
+                super::backward_cuda::attention_backward(a, attn, *which)
+            }
             Op::Rope {
                 heads,
                 base,

@@ -1,6 +1,7 @@
 //! Multi-head attention that never materializes scores, and rotary position embedding.
 
 mod backward;
+mod backward_cuda;
 mod cpu;
 mod cuda;
 mod rules;

@@ -21,6 +21,7 @@ fn head<'a>(step: &CpuStep<'a>, lce: &LinearCe) -> Head<'a> {
         classes: if lce.transposed { w[0] } else { w[1] },
         transposed: lce.transposed,
         chunk: lce.chunk,
+        operand: step.dtype(0),
     }
 }
 

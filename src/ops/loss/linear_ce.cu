@@ -1,145 +1,108 @@
-// The fused linear cross-entropy: hidden states x [N, D], weight W [D, V] (C::TR false) or an
-// embedding table E [V, D] read as its transpose (C::TR true), targets [N]. No kernel holds
-// the N x V logits: each logit is a D-long dot product recomputed where it is consumed, in
-// fp32 in d order (so the three kernels see the same value for it). A target out of range
-// makes its row's results NaN.
-
-// z[r, v] = sum_d x[r, d] * w[d, v].
-template <typename T, typename C> __device__ __forceinline__ float lce_logit(const T* x, const T* w, u64 r, u64 v) {
-    float acc = 0.0f;
-    for (u64 d = 0; d < C::D; ++d) acc += ld(x, r * C::D + d) * (C::TR ? ld(w, v * C::D + d) : ld(w, d * C::V + v));
-    return acc;
-}
-
-// w[d, v] in either layout.
-template <typename T, typename C> __device__ __forceinline__ float lce_weight(const T* w, u64 d, u64 v) {
-    return C::TR ? ld(w, v * C::D + d) : ld(w, d * C::V + v);
-}
+// The fused linear cross-entropy's elementwise stages between its cuBLASLt GEMMs: hidden
+// states x [N, D], weight W [D, V] (C::TR false) or an embedding table E [V, D] read as its
+// transpose (C::TR true), targets [N]. The logits z = x @ W never exist whole: a GEMM writes
+// one chunk of them in fp32 into the workspace (C::CHUNK rows of all V columns, row stride
+// C::V, for the forward and the input gradient; all N rows of a tile of C::VT columns, row
+// stride C::VT, for the weight gradient), these kernels turn it into per-row losses or into
+// the logits' gradient p = (exp(z - lse) - [v == t]) * g in T (row stride as z's) at byte
+// C::POFF of the workspace, and the next GEMM consumes p. The weight gradient's tiles read
+// each row's log-sum-exp from byte C::LOFF (N floats), phase 0 having written them. A target
+// out of range makes its row's results NaN.
 
 // Whether target t names a class.
 template <typename C> __device__ __forceinline__ bool lce_ok(int t) { return t >= 0 && (u64)t < C::V; }
 
-// rows[r] = logsumexp_v z[r, v] - z[r, t[r]]: one block per row (grid-stride), each thread an
-// online log-sum-exp over its columns, combined across the block.
-template <typename T, typename C> __device__ void lce_forward_kernel(char* arena, u64 o_x, u64 o_w, u64 o_t, u64 o_out) {
-    const T* x = tensor_at<T>(arena, o_x);
-    const T* w = tensor_at<T>(arena, o_w);
-    const int* tg = tensor_at<int>(arena, o_t);
-    float* out = tensor_at<float>(arena, o_out);
-    for (u64 r = blockIdx.x; r < C::N; r += gridDim.x) {
-        const int t = tg[r];
-        float m = MEMC_NEG_INF, s = 0.0f, zt = 0.0f;
-        for (u64 v = threadIdx.x; v < C::V; v += blockDim.x) {
-            const float z = lce_logit<T, C>(x, w, r, v);
-            if (z > m) {
-                s = s * expf(m - z) + 1.0f;
-                m = z;
-            } else {
-                s += expf(z - m);
-            }
-            if (lce_ok<C>(t) && v == (u64)t) zt = z;
-        }
-        const float bm = block_max(m);
-        const float bs = block_sum(m == MEMC_NEG_INF ? 0.0f : s * expf(m - bm));
-        // One thread holds z[r, t], the others 0: the sum is exact.
-        zt = block_sum(zt);
-        if (threadIdx.x == 0) out[r] = lce_ok<C>(t) ? bm + logf(bs) - zt : MEMC_NAN;
+// Rows [r0, r0 + rn) of chunk `chunk` of C::CHUNK rows.
+template <typename C> __device__ __forceinline__ u64 lce_rows_in(u64 chunk, u64* r0) {
+    *r0 = chunk * C::CHUNK;
+    return C::N - *r0 < C::CHUNK ? C::N - *r0 : C::CHUNK;
+}
+
+// out[r] = logsumexp_v z[r, v] - z[r, t[r]] for the rows of the chunk: one block per row.
+template <typename C> __device__ void lce_rows(const float* z, const int* tg, float* out, u64 chunk) {
+    u64 r0;
+    const u64 rn = lce_rows_in<C>(chunk, &r0);
+    for (u64 i = blockIdx.x; i < rn; i += gridDim.x) {
+        const float* zr = z + i * C::V;
+        float m = MEMC_NEG_INF;
+        for (u64 v = threadIdx.x; v < C::V; v += blockDim.x) m = fmaxf(m, zr[v]);
+        m = block_max(m);
+        float s = 0.0f;
+        for (u64 v = threadIdx.x; v < C::V; v += blockDim.x) s += expf(zr[v] - m);
+        s = block_sum(s);
+        const int t = tg[r0 + i];
+        if (threadIdx.x == 0) out[r0 + i] = lce_ok<C>(t) ? m + logf(s) - zr[t] : MEMC_NAN;
     }
 }
 
-// The logits' gradient p = (exp(z - lse) - [v == t]) * g for one row, from its log-sum-exp.
+// The logits' gradient of one element.
 __device__ __forceinline__ float lce_grad(float z, float lse, bool target, float g) {
     return (expf(z - lse) - (target ? 1.0f : 0.0f)) * g;
 }
 
-// The row's log-sum-exp rows[r] + z[r, t] (NaN for a bad target).
+// p for the rows of the chunk (all V columns): one block per row, its log-sum-exp
+// rows[r] + z[r, t[r]] read from the chunk.
 template <typename T, typename C>
-__device__ __forceinline__ float lce_lse(const T* x, const T* w, const float* rows, int t, u64 r) {
-    return lce_ok<C>(t) ? rows[r] + lce_logit<T, C>(x, w, r, (u64)t) : MEMC_NAN;
-}
-
-// dx[r, :] = sum_v p[r, v] w[:, v]: one block per row (grid-stride); the columns in tiles of
-// C::BLOCK whose p the block stages in shared memory; each thread accumulates C::DPT
-// elements of dx[r] (d = thread + k * BLOCK) in column order.
-template <typename T, typename C>
-__device__ void lce_backward_input_kernel(char* arena, u64 o_x, u64 o_w, u64 o_t, u64 o_rows, u64 o_dr, u64 o_dx) {
-    const T* x = tensor_at<T>(arena, o_x);
-    const T* w = tensor_at<T>(arena, o_w);
-    const int* tg = tensor_at<int>(arena, o_t);
-    const float* rows = tensor_at<float>(arena, o_rows);
-    const float* dr = tensor_at<float>(arena, o_dr);
-    T* dx = tensor_at<T>(arena, o_dx);
-    __shared__ float ps[C::BLOCK];
-    __shared__ float lse_s;
-    for (u64 r = blockIdx.x; r < C::N; r += gridDim.x) {
+__device__ void lce_probs_rows(const float* z, T* p, const int* tg, const float* rows, const float* dr, u64 chunk) {
+    u64 r0;
+    const u64 rn = lce_rows_in<C>(chunk, &r0);
+    for (u64 i = blockIdx.x; i < rn; i += gridDim.x) {
+        const u64 r = r0 + i;
         const int t = tg[r];
-        if (threadIdx.x == 0) lse_s = lce_lse<T, C>(x, w, rows, t, r);
-        __syncthreads();
-        const float lse = lse_s, g = dr[r];
-        float acc[C::DPT];
-#pragma unroll
-        for (int k = 0; k < (int)C::DPT; ++k) acc[k] = 0.0f;
-        for (u64 v0 = 0; v0 < C::V; v0 += C::BLOCK) {
-            const u64 v = v0 + threadIdx.x;
-            ps[threadIdx.x] = v < C::V ? lce_grad(lce_logit<T, C>(x, w, r, v), lse, v == (u64)t, g) : 0.0f;
-            __syncthreads();
-            const u64 n = C::V - v0 < C::BLOCK ? C::V - v0 : C::BLOCK;
-            for (u64 j = 0; j < n; ++j) {
-                const float p = ps[j];
-#pragma unroll
-                for (int k = 0; k < (int)C::DPT; ++k) {
-                    const u64 d = threadIdx.x + (u64)k * C::BLOCK;
-                    if (d < C::D) acc[k] += p * lce_weight<T, C>(w, d, v0 + j);
-                }
-            }
-            __syncthreads();
-        }
-#pragma unroll
-        for (int k = 0; k < (int)C::DPT; ++k) {
-            const u64 d = threadIdx.x + (u64)k * C::BLOCK;
-            if (d < C::D) st(dx, r * C::D + d, acc[k]);
-        }
+        const float lse = lce_ok<C>(t) ? rows[r] + z[i * C::V + t] : MEMC_NAN;
+        const float g = dr[r];
+        for (u64 v = threadIdx.x; v < C::V; v += blockDim.x) st(p, i * C::V + v, lce_grad(z[i * C::V + v], lse, v == (u64)t, g));
     }
 }
 
-// dw[:, v] = sum_r p[r, v] x[r, :]: each block takes tiles of C::VT columns in turn
-// (grid-stride), sums the tile's VT x D gradient in fp32 in its slice of the workspace
-// (C::VT * C::D floats per block, each element owned by one thread), rows in chunks of C::RT
-// whose p (and log-sum-exp) it stages in shared memory, then stores the tile.
+// lse[r] = rows[r] + z[r, t[r]] for every row, z[r, t] recomputed as a D-long fp32 dot
+// product in d order: one warp per row.
 template <typename T, typename C>
-__device__ void lce_backward_weight_kernel(char* arena, u64 o_x, u64 o_w, u64 o_t, u64 o_rows, u64 o_dr, u64 o_dw, u64 o_ws) {
-    const T* x = tensor_at<T>(arena, o_x);
-    const T* w = tensor_at<T>(arena, o_w);
-    const int* tg = tensor_at<int>(arena, o_t);
-    const float* rows = tensor_at<float>(arena, o_rows);
-    const float* dr = tensor_at<float>(arena, o_dr);
-    T* dw = tensor_at<T>(arena, o_dw);
-    float* acc = tensor_at<float>(arena, o_ws) + (u64)blockIdx.x * C::VT * C::D;
-    __shared__ float ps[C::RT * C::VT];
-    __shared__ float lse_s[C::RT];
-    for (u64 tile = blockIdx.x; tile < C::TILES; tile += gridDim.x) {
-        const u64 v0 = tile * C::VT;
-        for (u64 i = threadIdx.x; i < C::VT * C::D; i += blockDim.x) acc[i] = 0.0f;
-        for (u64 r0 = 0; r0 < C::N; r0 += C::RT) {
-            const u64 rn = C::N - r0 < C::RT ? C::N - r0 : C::RT;
-            for (u64 i = threadIdx.x; i < rn; i += blockDim.x) lse_s[i] = lce_lse<T, C>(x, w, rows, tg[r0 + i], r0 + i);
-            __syncthreads();
-            for (u64 i = threadIdx.x; i < rn * C::VT; i += blockDim.x) {
-                const u64 ri = i / C::VT, v = v0 + i % C::VT, r = r0 + ri;
-                ps[i] = v < C::V ? lce_grad(lce_logit<T, C>(x, w, r, v), lse_s[ri], tg[r] == (int)v, dr[r]) : 0.0f;
-            }
-            __syncthreads();
-            for (u64 i = threadIdx.x; i < C::VT * C::D; i += blockDim.x) {
-                const u64 j = i / C::D, d = i % C::D;
-                float a = acc[i];
-                for (u64 ri = 0; ri < rn; ++ri) a += ps[ri * C::VT + j] * ld(x, (r0 + ri) * C::D + d);
-                acc[i] = a;
-            }
-            __syncthreads();
+__device__ void lce_lse(const T* x, const T* w, const int* tg, const float* rows, float* lse) {
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    const u64 warps = (u64)gridDim.x * blockDim.x / 32;
+    for (u64 r = warp; r < C::N; r += warps) {
+        const int t = tg[r];
+        float acc = 0.0f;
+        if (lce_ok<C>(t)) {
+            for (u64 d = lane; d < C::D; d += 32) acc += ld(x, r * C::D + d) * (C::TR ? ld(w, (u64)t * C::D + d) : ld(w, d * C::V + t));
         }
-        for (u64 i = threadIdx.x; i < C::VT * C::D; i += blockDim.x) {
-            const u64 v = v0 + i / C::D, d = i % C::D;
-            if (v < C::V) st(dw, C::TR ? v * C::D + d : d * C::V + v, acc[i]);
-        }
+        for (int o = 16; o > 0; o /= 2) acc += __shfl_down_sync(0xffffffffu, acc, o);
+        if (lane == 0) lse[r] = lce_ok<C>(t) ? rows[r] + acc : MEMC_NAN;
+    }
+}
+
+// p for all rows of column tile `tile` (C::VT columns, the last one narrower): grid-stride.
+template <typename T, typename C>
+__device__ void lce_probs_tile(const float* z, T* p, const int* tg, const float* lse, const float* dr, u64 tile) {
+    const u64 v0 = tile * C::VT;
+    const u64 width = C::V - v0 < C::VT ? C::V - v0 : C::VT;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < C::N * width; i += (u64)gridDim.x * blockDim.x) {
+        const u64 r = i / width, j = i % width;
+        st(p, r * C::VT + j, lce_grad(z[r * C::VT + j], lse[r], tg[r] == (int)(v0 + j), dr[r]));
+    }
+}
+
+// The forward's stage: per-row losses of chunk `chunk`.
+template <typename T, typename C> __device__ void lce_forward_kernel(char* arena, u64 o_x, u64 o_w, u64 o_t, u64 o_out, u64 o_ws, u64 phase, u64 chunk) {
+    lce_rows<C>(tensor_at<float>(arena, o_ws), tensor_at<int>(arena, o_t), tensor_at<float>(arena, o_out), chunk);
+}
+
+// The input gradient's stage: p of chunk `chunk`.
+template <typename T, typename C>
+__device__ void lce_backward_input_kernel(char* arena, u64 o_x, u64 o_w, u64 o_t, u64 o_rows, u64 o_dr, u64 o_dx, u64 o_ws, u64 phase, u64 chunk) {
+    lce_probs_rows<T, C>(tensor_at<float>(arena, o_ws), tensor_at<T>(arena, o_ws + C::POFF), tensor_at<int>(arena, o_t),
+                         tensor_at<float>(arena, o_rows), tensor_at<float>(arena, o_dr), chunk);
+}
+
+// The weight gradient's stages: phase 0 every row's log-sum-exp, phase 1 p of tile `chunk`.
+template <typename T, typename C>
+__device__ void lce_backward_weight_kernel(char* arena, u64 o_x, u64 o_w, u64 o_t, u64 o_rows, u64 o_dr, u64 o_dw, u64 o_ws, u64 phase, u64 chunk) {
+    float* lse = tensor_at<float>(arena, o_ws + C::LOFF);
+    if (phase == 0) {
+        lce_lse<T, C>(tensor_at<T>(arena, o_x), tensor_at<T>(arena, o_w), tensor_at<int>(arena, o_t), tensor_at<float>(arena, o_rows), lse);
+    } else {
+        lce_probs_tile<T, C>(tensor_at<float>(arena, o_ws), tensor_at<T>(arena, o_ws + C::POFF), tensor_at<int>(arena, o_t), lse,
+                             tensor_at<float>(arena, o_dr), chunk);
     }
 }

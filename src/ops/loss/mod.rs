@@ -5,6 +5,7 @@
 mod backward;
 mod cpu;
 mod cuda;
+mod linear_ce_cuda;
 mod rules;
 
 use serde::{Deserialize, Serialize};

@@ -1,55 +1,104 @@
-//! CUDA lowering of the (batched, broadcasting, optionally transposed) matmul onto the tiled
-//! GEMM of `matmul.cu`, which the convolutions share.
+//! CUDA lowering of the (batched, broadcasting, optionally transposed) matmul: cuBLASLt
+//! GEMMs ([`crate::codegen::gemm`]), one strided batch per run of batch dims whose operands
+//! advance uniformly (one call for the usual shapes).
 
-use crate::codegen::build::{c_bool, c_dims, c_u64};
-use crate::codegen::geometry::{bcast_strides, dims, numel, u};
-use crate::codegen::launch::{gemm_launch, templated};
+use crate::codegen::gemm::{Addr, Call, Gemm};
+use crate::codegen::geometry::{bcast_strides, contiguous, dims, u};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel};
 use crate::ir::Op;
 use crate::ops::cuda::CudaLowering;
 
 impl super::Family {
-    /// `matmul.cu`: the tiled fp32-accumulating GEMM core and the matmul entry template.
+    /// `matmul.cu`: the tiled fp32-accumulating GEMM core the convolutions run on.
     pub(crate) const TEMPLATE: &'static str = include_str!("matmul.cu");
 }
 
-/// `out = op(x) @ op(y)` over broadcast batch dims, `op` transposing when `ta` / `tb`; the
+/// Bytes of cuBLASLt workspace a matmul step gets (a planned arena buffer, set on each
+/// call): enough for its split-K and stream-K algorithms at these sizes.
+pub(crate) const GEMM_WORKSPACE: u64 = 4 << 20;
+
+/// The step a batch of `per` flat batch items advances each operand by, when it advances
+/// uniformly over `dims` (strides in matrices, 0 on broadcast dims): 0 when every stride is
+/// 0, 1 when the strides are the dims' own contiguous ones; else `None`.
+fn uniform(strides: &[u64], batch: &[usize]) -> Option<u64> {
+    if strides.iter().all(|&s| s == 0) {
+        Some(0)
+    } else if strides == contiguous(batch).as_slice() {
+        Some(1)
+    } else {
+        None
+    }
+}
+
+/// `out = op(x) @ op(y)` over broadcast batch dims, `op` transposing when `tx` / `ty`; the
 /// output's element type may be wider than the operands' (`f32_out`).
-fn matmul(a: &Args, ta: bool, tb: bool) -> Result<Kernel, CodegenError> {
+fn matmul(a: &Args, tx: bool, ty: bool) -> Result<Kernel, CodegenError> {
     let (x, y, out) = (a.at(0)?, a.at(1)?, a.output);
     let (rx, ry, ro) = (x.shape.len(), y.shape.len(), out.shape.len());
     let (m, n) = (u(out.shape[ro - 2]), u(out.shape[ro - 1]));
-    let kd = u(if ta { x.shape[rx - 2] } else { x.shape[rx - 1] });
+    let k = u(if tx { x.shape[rx - 2] } else { x.shape[rx - 1] });
     let batch = &out.shape[..ro - 2];
-    let launch = gemm_launch(a, m, n, numel(batch))?;
-    Ok(templated(
-        "matmul",
-        &[super::Family::TEMPLATE],
-        vec![
-            c_u64("M", m),
-            c_u64("N", n),
-            c_u64("K", kd),
-            c_bool("TA", ta),
-            c_bool("TB", tb),
-            c_dims("BATCH", &dims(batch)),
-            c_dims("SA", &bcast_strides(&x.shape[..rx - 2], batch)),
-            c_dims("SB", &bcast_strides(&y.shape[..ry - 2], batch)),
-        ],
-        ("matmul_kernel", &[a.ty(0)?, a.out_ty()], 2),
-        launch,
-    ))
+    let (sx, sy) = (
+        bcast_strides(&x.shape[..rx - 2], batch),
+        bcast_strides(&y.shape[..ry - 2], batch),
+    );
+    // The batch dims from `split` on form one strided batch; the ones before it are looped.
+    let split = (0..=batch.len())
+        .find(|&s| {
+            uniform(&sx[s..], &batch[s..]).is_some() && uniform(&sy[s..], &batch[s..]).is_some()
+        })
+        .unwrap_or(batch.len());
+    let inner: u64 = batch[split..].iter().map(|&d| u(d)).product();
+    let (ix, iy) = (
+        uniform(&sx[split..], &batch[split..]).unwrap_or(0),
+        uniform(&sy[split..], &batch[split..]).unwrap_or(0),
+    );
+    let outer = dims(&batch[..split]);
+    let outer_n: u64 = outer.iter().product();
+    let (ex, ey, eo) = (x.dtype.size(), y.dtype.size(), out.dtype.size());
+    let mut calls = Vec::with_capacity(outer_n as usize);
+    for o in 0..outer_n {
+        // Matrix index of each operand for outer item `o` (row-major over the outer dims).
+        let (mut rem, mut mx, mut my) = (o, 0, 0);
+        for d in (0..split).rev() {
+            let i = rem % outer[d];
+            rem /= outer[d];
+            mx += i * sx[d];
+            my += i * sy[d];
+        }
+        let g = Gemm::row_major(
+            (
+                Addr::Input(0, mx * m * k * ex),
+                x.dtype,
+                tx,
+                if tx { m } else { k },
+            ),
+            (
+                Addr::Input(1, my * k * n * ey),
+                y.dtype,
+                ty,
+                if ty { k } else { n },
+            ),
+            (Addr::Output(o * inner * m * n * eo), out.dtype, n),
+            (m, n, k),
+        );
+        calls.push(Call::Gemm(
+            g.batched(inner, (ix * m * k, iy * k * n, m * n)),
+        ));
+    }
+    Ok(Kernel::library_only("matmul", calls))
 }
 
 impl CudaLowering for super::Family {
-    /// No kernel of this family reads a workspace.
+    /// The cuBLASLt workspace, [`GEMM_WORKSPACE`] bytes.
     fn cuda_workspace_bytes(
         &self,
         _: &crate::ir::Op,
         _: &[&crate::ir::TensorType],
         _: &crate::ir::TensorType,
     ) -> u64 {
-        0
+        GEMM_WORKSPACE
     }
 
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {

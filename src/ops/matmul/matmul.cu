@@ -54,27 +54,3 @@ template <typename IO> __device__ __forceinline__ void gemm_tiled(const IO& io, 
             if (gm < M && gn < N) io.store(z, gm, gn, acc[a][b]);
         }
 }
-
-// Batched matmul: out[z] = op(A[za]) @ op(B[zb]) with numpy-broadcast batch dims. C::BATCH is
-// the output batch shape, C::SA / C::SB the matrix strides (in matrices) of A and B at that
-// shape (0 on broadcast dims); TA/TB read the stored [K, M] / [N, K] operands transposed.
-// Operands are T, the output TO (T, or float for a matmul storing its fp32 accumulator).
-template <typename T, typename TO, typename C> struct MatmulIO {
-    const T* A;
-    const T* B;
-    TO* O;
-    __device__ float a(u64 z, u64 m, u64 k) const {
-        const u64 base = strided<typename C::BATCH, typename C::SA>(z) * (C::M * C::K);
-        return ld(A, base + (C::TA ? k * C::M + m : m * C::K + k));
-    }
-    __device__ float b(u64 z, u64 k, u64 n) const {
-        const u64 base = strided<typename C::BATCH, typename C::SB>(z) * (C::K * C::N);
-        return ld(B, base + (C::TB ? n * C::K + k : k * C::N + n));
-    }
-    __device__ void store(u64 z, u64 m, u64 n, float v) const { st(O, z * (C::M * C::N) + m * C::N + n, v); }
-};
-
-template <typename T, typename TO, typename C> __device__ void matmul_kernel(char* arena, u64 o_a, u64 o_b, u64 o_out) {
-    MatmulIO<T, TO, C> io{tensor_at<T>(arena, o_a), tensor_at<T>(arena, o_b), tensor_at<TO>(arena, o_out)};
-    gemm_tiled(io, C::M, C::N, C::K);
-}

@@ -5,6 +5,8 @@ mod cpu;
 mod cuda;
 mod rules;
 
+pub(crate) use cuda::GEMM_WORKSPACE;
+
 /// The matmul family; every stage's rule for its ops is implemented on it.
 pub struct Family;
 

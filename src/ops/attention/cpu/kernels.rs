@@ -2,6 +2,7 @@
 //! the q, k and v backwards. Work is split only over independent rows and every sum runs in a
 //! fixed order, so results are bitwise identical from run to run.
 
+use crate::exec::lowp::round;
 use rayon::prelude::*;
 
 use crate::ir::AttnInput;
@@ -28,6 +29,10 @@ pub struct AttnGeom {
     pub causal: bool,
     /// Factor applied to every q.k score.
     pub scale: f32,
+    /// The type of q, k, v: in the backward, the probabilities and the scaled score gradients
+    /// are rounded to it before they multiply (as a 16-bit GEMM takes them, on CUDA and in
+    /// FlashAttention alike).
+    pub operand: crate::ir::DType,
 }
 
 impl AttnGeom {
@@ -197,7 +202,7 @@ pub fn attention_backward(
                                 // head_dim-long segments at batch bi, kv head kvh, and this
                                 // slice is dropped before the next is made.
                                 let seg = unsafe { out.segment(off, g.head_dim) };
-                                axpy(alpha * pj, src, seg);
+                                axpy(round(g.operand, alpha * pj), src, seg);
                             }
                         }
                     }
@@ -223,7 +228,11 @@ fn attention_backward_q(ctx: &RowCtx, q: &[f32], dst: &mut [f32]) {
             let dh = &mut d[h * g.head_dim..(h + 1) * g.head_dim];
             dh.fill(0.0);
             for (j, &ds) in p.iter().enumerate() {
-                axpy(g.scale * ds, g.head(ctx.k, bi * g.t_k + j, kvw, kvh), dh);
+                axpy(
+                    round(g.operand, g.scale * ds),
+                    g.head(ctx.k, bi * g.t_k + j, kvw, kvh),
+                    dh,
+                );
             }
         }
     });
@@ -312,6 +321,7 @@ mod tests {
             head_dim: 3,
             causal: false,
             scale: 0.7,
+            operand: crate::ir::DType::F32,
         };
         vec![
             base,
@@ -394,6 +404,7 @@ mod tests {
             head_dim: 8,
             causal: true,
             scale: 0.35,
+            operand: crate::ir::DType::F32,
         };
         let (q, k, v) = attn_inputs(&g, &mut Rng(21));
         let dk = || {

@@ -12,7 +12,9 @@ use crate::exec::ExecError;
 
 /// The operands of a linear cross-entropy head: hidden states `x` [rows, dim], the weight
 /// `w` ([dim, classes], or [classes, dim] when `transposed`), targets in `0..classes`, and the
-/// rows per chunk.
+/// rows per chunk. The logits' gradient is rounded to `operand`, the type of `x` and `w`,
+/// before it multiplies back (as a low-precision GEMM takes it, on CUDA and under PyTorch's
+/// autocast alike).
 pub struct Head<'a> {
     pub x: &'a [f32],
     pub w: &'a [f32],
@@ -21,6 +23,7 @@ pub struct Head<'a> {
     pub classes: usize,
     pub transposed: bool,
     pub chunk: usize,
+    pub operand: crate::ir::DType,
 }
 
 impl Head<'_> {
@@ -81,7 +84,8 @@ impl Head<'_> {
                 let lse = rows[r] + row[t];
                 row.iter_mut().for_each(|v| *v = (*v - lse).exp());
                 row[t] -= 1.0;
-                row.iter_mut().for_each(|v| *v *= drows[r]);
+                row.iter_mut()
+                    .for_each(|v| *v = crate::exec::lowp::round(self.operand, *v * drows[r]));
             });
     }
 }
@@ -175,6 +179,7 @@ mod tests {
             classes: 7,
             transposed,
             chunk,
+            operand: crate::ir::DType::F32,
         }
     }
 

@@ -1,0 +1,78 @@
+// The attention backward's elementwise stages between its cuBLASLt GEMMs. For a unit of
+// C::HC query heads (batch items, stride C::RC * C::TK in the workspace) and C::RC query rows
+// from r0, a GEMM has written the scaled scores s = SCALE * q k^T in fp32 at byte 0 of the
+// workspace (row stride C::TK); for the q and k gradients another the fp32 dp = dout v^T at
+// byte C::DPOFF. These kernels turn s into the probabilities p (fp32 in place, and in T at
+// byte C::POFF for the next GEMM), and p, dp into ds = SCALE * p (dp - D), D = sum_j p dp,
+// in T at byte C::DSOFF. The key gradients sum over row chunks (and a group's query heads)
+// in an fp32 accumulator at byte C::ACCOFF ([C::HC, TK, DH]) that the last stage stores.
+// A unit is named by `chunk` = (b * H + h0) * TQ + r0. Causal: query i sees keys
+// j <= i + TK - TQ (`attn_nkeys` of attention.cu); a query with no visible key has p = 0.
+
+// The unit's first query row, first head, and how many rows and heads it has.
+template <typename C> __device__ __forceinline__ void attb_unit(u64 chunk, u64* r0, u64* h0, u64* rows, u64* heads) {
+    *r0 = chunk % C::TQ;
+    *h0 = (chunk / C::TQ) % C::H;
+    *rows = C::TQ - *r0 < C::RC ? C::TQ - *r0 : C::RC;
+    *heads = C::H - *h0 < C::HC ? C::H - *h0 : C::HC;
+}
+
+// p = softmax over the visible keys of each row of s, in place and in T: one block per row.
+template <typename T, typename C> __device__ void attb_probs(char* ws, u64 chunk) {
+    u64 r0, h0, rows, heads;
+    attb_unit<C>(chunk, &r0, &h0, &rows, &heads);
+    float* s = (float*)ws;
+    T* p = (T*)(ws + C::POFF);
+    for (u64 item = blockIdx.x; item < rows * heads; item += gridDim.x) {
+        const u64 row = (item / rows) * C::RC * C::TK + (item % rows) * C::TK;
+        const u64 n = attn_nkeys<C>(r0 + item % rows);
+        float m = MEMC_NEG_INF;
+        for (u64 j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, s[row + j]);
+        m = block_max(m);
+        float l = 0.0f;
+        for (u64 j = threadIdx.x; j < n; j += blockDim.x) l += expf(s[row + j] - m);
+        l = block_sum(l);
+        for (u64 j = threadIdx.x; j < C::TK; j += blockDim.x) {
+            const float v = j < n ? expf(s[row + j] - m) / l : 0.0f;
+            s[row + j] = v;
+            st(p, row + j, v);
+        }
+    }
+}
+
+// ds = SCALE * p (dp - D), D = sum_j p dp over the row, in T: one block per row.
+template <typename T, typename C> __device__ void attb_dscores(char* ws, u64 chunk) {
+    u64 r0, h0, rows, heads;
+    attb_unit<C>(chunk, &r0, &h0, &rows, &heads);
+    const float* p = (const float*)ws;
+    const float* dp = (const float*)(ws + C::DPOFF);
+    T* ds = (T*)(ws + C::DSOFF);
+    for (u64 item = blockIdx.x; item < rows * heads; item += gridDim.x) {
+        const u64 row = (item / rows) * C::RC * C::TK + (item % rows) * C::TK;
+        float d = 0.0f;
+        for (u64 j = threadIdx.x; j < C::TK; j += blockDim.x) d += p[row + j] * dp[row + j];
+        d = block_sum(d);
+        for (u64 j = threadIdx.x; j < C::TK; j += blockDim.x) st(ds, row + j, C::SCALE * p[row + j] * (dp[row + j] - d));
+    }
+}
+
+// The accumulated key gradients of kv heads [g0, g0 + C::HC) of batch b, `chunk` = b * KVH +
+// g0, stored into the output [B, TK, KVH * DH] in T: grid-stride.
+template <typename T, typename C> __device__ void attb_store(char* ws, T* out, u64 chunk) {
+    const u64 b = chunk / C::KVH, g0 = chunk % C::KVH;
+    const u64 heads = C::KVH - g0 < C::HC ? C::KVH - g0 : C::HC;
+    const float* acc = (const float*)(ws + C::ACCOFF);
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < heads * C::TK * C::DH; i += (u64)gridDim.x * blockDim.x) {
+        const u64 g = i / (C::TK * C::DH), j = (i / C::DH) % C::TK, d = i % C::DH;
+        st(out, (b * C::TK + j) * (C::KVH * C::DH) + (g0 + g) * C::DH + d, acc[i]);
+    }
+}
+
+// Phase 0: probabilities; 1: score gradients; 2: store the accumulated key gradients.
+template <typename T, typename C>
+__device__ void attention_backward_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_out, u64 o_ws, u64 phase, u64 chunk) {
+    char* ws = arena + o_ws;
+    if (phase == 0) attb_probs<T, C>(ws, chunk);
+    else if (phase == 1) attb_dscores<T, C>(ws, chunk);
+    else attb_store<T, C>(ws, tensor_at<T>(arena, o_out), chunk);
+}

@@ -1,0 +1,284 @@
+//! CUDA lowering of attention's backward (one op per gradient) as cuBLASLt GEMMs on tensor
+//! cores around the elementwise stages of `attention_backward.cu`. Per unit of query heads
+//! and query rows: `s = SCALE q k^T` (GEMM), `p = softmax(s)`; then `dv += p^T dout`, or
+//! `dp = dout v^T` (GEMM), `ds = SCALE p (dp - D)`, and `dq = ds k` or `dk += ds^T q`. The
+//! scores of one unit live in the workspace, which is bounded by [`SCRATCH`]: units are as
+//! many heads (and, when one head's rows exceed it, as few query rows) as fit. Key
+//! gradients summed over several units (row chunks, or a group's query heads) accumulate in
+//! fp32 in the workspace and are stored once.
+
+use crate::codegen::build::{c_bool, c_f32, c_u64};
+use crate::codegen::gemm::{Addr, Call, Gemm};
+use crate::codegen::geometry::u;
+use crate::codegen::launch::{in_names, single, Launch};
+use crate::codegen::ops::Args;
+use crate::codegen::{CodegenError, Kernel, KernelParam};
+use crate::ir::{AttnInput, AttnParams, DType, TensorType};
+use crate::ops::matmul::GEMM_WORKSPACE;
+
+/// `attention_backward.cu`: the stages between the GEMMs.
+const TEMPLATE: &str = include_str!("attention_backward.cu");
+
+/// Bytes of scores (and their gradients) one unit may hold.
+pub(crate) const SCRATCH: u64 = 64 << 20;
+
+/// Threads of the row and store launches.
+const BLOCK: u32 = 256;
+
+fn aligned(bytes: u64) -> u64 {
+    bytes.div_ceil(256) * 256
+}
+
+/// The geometry of one attention backward and its workspace layout.
+struct Geometry {
+    b: u64,
+    tq: u64,
+    tk: u64,
+    h: u64,
+    kvh: u64,
+    dh: u64,
+    dtype: DType,
+    /// Query heads and query rows per unit.
+    hc: u64,
+    rc: u64,
+    /// Byte offsets of p (in T), dp (fp32), ds (in T), the accumulator, and cuBLASLt's scratch.
+    regions: [u64; 5],
+}
+
+impl Geometry {
+    fn of(inputs: &[&TensorType], p: &AttnParams, which: AttnInput) -> Option<Geometry> {
+        let (q, k) = (inputs.first()?, inputs.get(1)?);
+        let (b, tq, tk) = (u(q.shape[0]), u(q.shape[1]), u(k.shape[1]));
+        let (h, kvh) = (u(p.heads), u(p.kv_heads));
+        let dh = u(q.shape[2]).checked_div(h)?;
+        let e = q.dtype.size();
+        // Bytes per score: s/p in fp32 and p in T; for dq and dk also dp (fp32) and ds (T).
+        let per = if which == AttnInput::V {
+            4 + e
+        } else {
+            2 * (4 + e)
+        };
+        let one_head = tq * tk * per;
+        let hc = if h == kvh {
+            (SCRATCH / one_head.max(1)).clamp(1, h)
+        } else {
+            1
+        };
+        let rc = if one_head <= SCRATCH {
+            tq
+        } else {
+            (SCRATCH / (tk * per).max(1)).clamp(1, tq)
+        };
+        let scores = hc * rc * tk;
+        let p_at = aligned(scores * 4);
+        let dp_at = p_at + aligned(scores * e);
+        let ds_at = if which == AttnInput::V {
+            dp_at
+        } else {
+            dp_at + aligned(scores * 4)
+        };
+        let acc_at = if which == AttnInput::V {
+            dp_at
+        } else {
+            ds_at + aligned(scores * e)
+        };
+        let accumulates = which != AttnInput::Q && (h != kvh || rc < tq);
+        let scratch_at = acc_at
+            + if accumulates {
+                aligned(hc * tk * dh * 4)
+            } else {
+                0
+            };
+        Some(Geometry {
+            b,
+            tq,
+            tk,
+            h,
+            kvh,
+            dh,
+            dtype: q.dtype,
+            hc,
+            rc,
+            regions: [p_at, dp_at, ds_at, acc_at, scratch_at],
+        })
+    }
+
+    /// Byte offset of element (batch, row, head) of q-shaped and of k-shaped tensors.
+    fn at_q(&self, b: u64, r: u64, h: u64) -> u64 {
+        ((b * self.tq + r) * self.h + h) * self.dh * self.dtype.size()
+    }
+
+    fn at_kv(&self, b: u64, j: u64, g: u64) -> u64 {
+        ((b * self.tk + j) * self.kvh + g) * self.dh * self.dtype.size()
+    }
+}
+
+/// The kernel and calls of the gradient of `which`.
+pub(crate) fn attention_backward(
+    a: &Args,
+    p: &AttnParams,
+    which: AttnInput,
+) -> Result<Kernel, CodegenError> {
+    let refs: Vec<&TensorType> = a.inputs.iter().collect();
+    let g = Geometry::of(&refs, p, which).ok_or_else(|| a.err("attention backward shapes"))?;
+    let [p_at, dp_at, ds_at, acc_at, scratch_at] = g.regions;
+    let lines = vec![
+        c_u64("TQ", g.tq),
+        c_u64("TK", g.tk),
+        c_u64("H", g.h),
+        c_u64("KVH", g.kvh),
+        c_u64("DH", g.dh),
+        c_bool("CAUSAL", p.causal),
+        c_f32("SCALE", p.scale),
+        c_u64("HC", g.hc),
+        c_u64("RC", g.rc),
+        c_u64("POFF", p_at),
+        c_u64("DPOFF", dp_at),
+        c_u64("DSOFF", ds_at),
+        c_u64("ACCOFF", acc_at),
+    ];
+    let mut args = in_names(4);
+    args.extend(["out", "ws", "phase", "chunk"].map(String::from));
+    let mut params: Vec<KernelParam> = (0..4).map(KernelParam::Input).collect();
+    params.extend([
+        KernelParam::Output,
+        KernelParam::Workspace,
+        KernelParam::Phase,
+        KernelParam::Chunk,
+    ]);
+    let call = format!(
+        "attention_backward_kernel<{}, Cfg>(arena, {})",
+        a.ty(0)?,
+        args.join(", ")
+    );
+    let kernel = single(
+        "attention_backward",
+        &[super::cuda::ATTENTION, TEMPLATE],
+        lines,
+        call,
+        &params,
+        Launch::Grid([1, 1, 1], BLOCK),
+    );
+    Ok(kernel.with_library(calls(&g, p, which), scratch_at))
+}
+
+/// The GEMMs and launches of every unit in order.
+fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
+    let [p_at, dp_at, ds_at, acc_at, _] = g.regions;
+    let t = g.dtype;
+    let group = g.h / g.kvh.max(1);
+    let (q_row, kv_row) = (g.h * g.dh, g.kvh * g.dh);
+    // Per batch item (head), each operand advances by a head's columns; k and v only when
+    // every query head has its own kv head (a group's heads run one at a time).
+    let kv_step = if group == 1 { g.dh } else { 0 };
+    let unit_scores = g.rc * g.tk;
+    let direct = which != AttnInput::Q && group == 1 && g.rc == g.tq;
+    let launch = |blocks: u64, phase: u64, chunk: u64| Call::Launch {
+        grid: [
+            u32::try_from(blocks.clamp(1, 1 << 16)).unwrap_or(1 << 16),
+            1,
+            1,
+        ],
+        phase,
+        chunk,
+    };
+    let mut out = Vec::new();
+    for b in 0..g.b {
+        // Units of kv output: a chunk of heads (no groups), or one kv head and its group.
+        let kv_units: Vec<(u64, Vec<u64>)> = if group == 1 {
+            (0..g.h)
+                .step_by(g.hc as usize)
+                .map(|h0| (h0, vec![h0]))
+                .collect()
+        } else {
+            (0..g.kvh)
+                .map(|k| (k, (k * group..(k + 1) * group).collect()))
+                .collect()
+        };
+        for (g0, heads) in kv_units {
+            let mut contributions = 0u64;
+            for h0 in heads {
+                let hn = if group == 1 { g.hc.min(g.h - h0) } else { 1 };
+                let kv = h0 / group;
+                for r0 in (0..g.tq).step_by(g.rc as usize) {
+                    let rn = g.rc.min(g.tq - r0);
+                    let chunk = (b * g.h + h0) * g.tq + r0;
+                    let q = |i| Addr::Input(i, g.at_q(b, r0, h0));
+                    let kvm = |i| Addr::Input(i, g.at_kv(b, 0, kv));
+                    let strides = (g.dh, kv_step, unit_scores);
+                    // s = SCALE q k^T
+                    out.push(Call::Gemm(
+                        Gemm::row_major(
+                            (q(0), t, false, q_row),
+                            (kvm(1), t, true, kv_row),
+                            (Addr::Workspace(0), DType::F32, g.tk),
+                            (rn, g.tk, g.dh),
+                        )
+                        .batched(hn, strides)
+                        .scaled(p.scale, 0.0),
+                    ));
+                    out.push(launch(rn * hn, 0, chunk));
+                    let beta = if contributions > 0 { 1.0 } else { 0.0 };
+                    let kv_out = if direct {
+                        (Addr::Output(g.at_kv(b, 0, h0)), t, kv_row)
+                    } else {
+                        (Addr::Workspace(acc_at), DType::F32, g.dh)
+                    };
+                    let kv_out_step = if direct { g.dh } else { g.tk * g.dh };
+                    if which == AttnInput::V {
+                        // dv += p^T dout
+                        out.push(Call::Gemm(
+                            Gemm::row_major(
+                                (Addr::Workspace(p_at), t, true, g.tk),
+                                (q(3), t, false, q_row),
+                                kv_out,
+                                (g.tk, g.dh, rn),
+                            )
+                            .batched(hn, (unit_scores, g.dh, kv_out_step))
+                            .scaled(1.0, beta),
+                        ));
+                    } else {
+                        // dp = dout v^T, then ds
+                        out.push(Call::Gemm(
+                            Gemm::row_major(
+                                (q(3), t, false, q_row),
+                                (kvm(2), t, true, kv_row),
+                                (Addr::Workspace(dp_at), DType::F32, g.tk),
+                                (rn, g.tk, g.dh),
+                            )
+                            .batched(hn, strides),
+                        ));
+                        out.push(launch(rn * hn, 1, chunk));
+                        let ds = (Addr::Workspace(ds_at), t, which == AttnInput::K, g.tk);
+                        out.push(Call::Gemm(if which == AttnInput::Q {
+                            // dq = ds k
+                            Gemm::row_major(
+                                ds,
+                                (kvm(1), t, false, kv_row),
+                                (Addr::Output(g.at_q(b, r0, h0)), t, q_row),
+                                (rn, g.dh, g.tk),
+                            )
+                            .batched(hn, (unit_scores, kv_step, g.dh))
+                        } else {
+                            // dk += ds^T q
+                            Gemm::row_major(ds, (q(0), t, false, q_row), kv_out, (g.tk, g.dh, rn))
+                                .batched(hn, (unit_scores, g.dh, kv_out_step))
+                                .scaled(1.0, beta)
+                        }));
+                    }
+                    contributions += 1;
+                }
+            }
+            if which != AttnInput::Q && !direct {
+                let n = (if group == 1 { g.hc.min(g.h - g0) } else { 1 }) * g.tk * g.dh;
+                out.push(launch(n.div_ceil(u64::from(BLOCK)), 2, b * g.kvh + g0));
+            }
+        }
+    }
+    out
+}
+
+/// Workspace bytes of an attention backward op on CUDA: its regions and cuBLASLt's scratch.
+pub(crate) fn workspace_bytes(inputs: &[&TensorType], p: &AttnParams, which: AttnInput) -> u64 {
+    Geometry::of(inputs, p, which).map_or(0, |g| g.regions[4] + GEMM_WORKSPACE)
+}

@@ -1,0 +1,215 @@
+//! CUDA lowering of the fused linear cross-entropy: cuBLASLt GEMMs over chunks of the logits
+//! alternating with the elementwise stages of `linear_ce.cu`. Forward and input gradient walk
+//! chunks of `lce.chunk` rows (`z = x_c @ W`, then the rows' losses, or their logits'
+//! gradient `p` and `dx_c = p @ W^T`); the weight gradient walks tiles of columns so that
+//! each tile of `dW` is one GEMM over all rows (`dW[:, tile] = x^T @ p`), summed in fp32
+//! inside cuBLASLt and rounded once. Workspace: the fp32 logits of a chunk, then `p` in the
+//! operands' type, then (weight gradient) each row's log-sum-exp, then cuBLASLt's scratch.
+
+use crate::codegen::build::{c_bool, c_u64};
+use crate::codegen::gemm::{Addr, Call, Gemm, RowMajor};
+use crate::codegen::geometry::u;
+use crate::codegen::launch::{in_names, single, Launch};
+use crate::codegen::ops::Args;
+use crate::codegen::{CodegenError, Kernel, KernelParam};
+use crate::ir::{DType, LceGrad, LinearCe, TensorType};
+use crate::ops::matmul::GEMM_WORKSPACE;
+
+/// `linear_ce.cu`: the fused linear cross-entropy's elementwise stages.
+const TEMPLATE: &str = include_str!("linear_ce.cu");
+
+/// Threads of a row block, and of the tile and log-sum-exp launches.
+const BLOCK: u32 = 256;
+
+/// Rounds a workspace region up to 256 bytes.
+fn aligned(bytes: u64) -> u64 {
+    bytes.div_ceil(256) * 256
+}
+
+/// The shapes of one linear cross-entropy: rows `n`, hidden `d`, classes `v`, rows per chunk,
+/// columns per weight-gradient tile (as many logits as a chunk holds), operand element type.
+struct Shape {
+    n: u64,
+    d: u64,
+    v: u64,
+    chunk: u64,
+    tile: u64,
+    dtype: DType,
+}
+
+impl Shape {
+    fn of(lce: &LinearCe, inputs: &[&TensorType]) -> Option<Shape> {
+        let (n, d, v) = super::rules::linear_ce(lce, inputs).ok()?;
+        let chunk = u(lce.chunk).clamp(1, n.max(1));
+        let tile = (chunk * v / n.max(1)).clamp(1, v.max(1));
+        Some(Shape {
+            n,
+            d,
+            v,
+            chunk,
+            tile,
+            dtype: inputs.first()?.dtype,
+        })
+    }
+
+    /// Byte offsets of `p` and of the log-sum-exps, and where cuBLASLt's scratch begins.
+    fn regions(&self, which: Option<LceGrad>) -> (u64, u64, u64) {
+        let logits = (self.chunk * self.v).max(self.n * self.tile);
+        let p = aligned(logits * 4);
+        let lse = p + aligned(logits * self.dtype.size());
+        match which {
+            None => (p, p, p),
+            Some(LceGrad::Input) => (p, lse, lse),
+            Some(LceGrad::Weight) => (p, lse, lse + aligned(self.n * 4)),
+        }
+    }
+
+    /// `W` (or `E`) from column `v0` on as the right operand of `x @ W`, row-major: its
+    /// address, row stride and whether it is read transposed.
+    fn weight_cols(&self, tr: bool, v0: u64) -> (Addr, u64, bool) {
+        let e = self.dtype.size();
+        if tr {
+            (Addr::Input(1, v0 * self.d * e), self.d, true)
+        } else {
+            (Addr::Input(1, v0 * e), self.v, false)
+        }
+    }
+}
+
+/// [`Gemm::row_major`] as a call.
+fn gemm(x: RowMajor, y: RowMajor, out: (Addr, DType, u64), mnk: (u64, u64, u64)) -> Call {
+    Call::Gemm(Gemm::row_major(x, y, out, mnk))
+}
+
+/// The kernel and calls of a linear cross-entropy op (`which`: forward when `None`).
+pub(crate) fn linear_ce(
+    a: &Args,
+    lce: &LinearCe,
+    which: Option<LceGrad>,
+) -> Result<Kernel, CodegenError> {
+    let refs: Vec<&TensorType> = a.inputs.iter().collect();
+    let s = Shape::of(lce, &refs).ok_or_else(|| a.err("linear cross-entropy shapes"))?;
+    let (p_at, lse_at, scratch) = s.regions(which);
+    let t = s.dtype;
+    let lines = vec![
+        c_u64("N", s.n),
+        c_u64("D", s.d),
+        c_u64("V", s.v),
+        c_bool("TR", lce.transposed),
+        c_u64("CHUNK", s.chunk),
+        c_u64("VT", s.tile),
+        c_u64("POFF", p_at),
+        c_u64("LOFF", lse_at),
+    ];
+    let (entry, n_in) = match which {
+        None => ("lce_forward_kernel", 3),
+        Some(LceGrad::Input) => ("lce_backward_input_kernel", 5),
+        Some(LceGrad::Weight) => ("lce_backward_weight_kernel", 5),
+    };
+    let mut args = in_names(n_in);
+    args.extend(["out", "ws", "phase", "chunk"].map(String::from));
+    let mut params: Vec<KernelParam> = (0..n_in).map(KernelParam::Input).collect();
+    params.extend([
+        KernelParam::Output,
+        KernelParam::Workspace,
+        KernelParam::Phase,
+        KernelParam::Chunk,
+    ]);
+    let call = format!("{entry}<{}, Cfg>(arena, {})", a.ty(0)?, args.join(", "));
+    let kernel = single(
+        "linear_ce",
+        &[TEMPLATE],
+        lines,
+        call,
+        &params,
+        Launch::Grid([1, 1, 1], BLOCK),
+    );
+    let e = t.size();
+    let x_rows = |r0: u64| (Addr::Input(0, r0 * s.d * e), t, false, s.d);
+    let z = (Addr::Workspace(0), DType::F32);
+    let p = Addr::Workspace(p_at);
+    let mut calls = Vec::new();
+    let launch = |blocks: u64, phase: u64, chunk: u64| Call::Launch {
+        grid: [u32::try_from(blocks.max(1)).unwrap_or(u32::MAX), 1, 1],
+        phase,
+        chunk,
+    };
+    match which {
+        None | Some(LceGrad::Input) => {
+            for c in 0..s.n.div_ceil(s.chunk) {
+                let r0 = c * s.chunk;
+                let rn = s.chunk.min(s.n - r0);
+                let (w, w_stride, w_t) = s.weight_cols(lce.transposed, 0);
+                calls.push(gemm(
+                    x_rows(r0),
+                    (w, t, w_t, w_stride),
+                    (z.0, z.1, s.v),
+                    (rn, s.v, s.d),
+                ));
+                calls.push(launch(rn, 0, c));
+                if which.is_some() {
+                    // dx_c = p @ W^T: W [D, V] read transposed, or E [V, D] as stored.
+                    let (w, w_stride) = if lce.transposed {
+                        (Addr::Input(1, 0), s.d)
+                    } else {
+                        (Addr::Input(1, 0), s.v)
+                    };
+                    calls.push(gemm(
+                        (p, t, false, s.v),
+                        (w, t, !lce.transposed, w_stride),
+                        (Addr::Output(r0 * s.d * e), t, s.d),
+                        (rn, s.d, s.v),
+                    ));
+                }
+            }
+        }
+        Some(LceGrad::Weight) => {
+            let warps_per_block = u64::from(BLOCK / 32);
+            calls.push(launch(s.n.div_ceil(warps_per_block).min(1 << 16), 0, 0));
+            for tile in 0..s.v.div_ceil(s.tile) {
+                let v0 = tile * s.tile;
+                let width = s.tile.min(s.v - v0);
+                let (w, w_stride, w_t) = s.weight_cols(lce.transposed, v0);
+                calls.push(gemm(
+                    x_rows(0),
+                    (w, t, w_t, w_stride),
+                    (z.0, z.1, s.tile),
+                    (s.n, width, s.d),
+                ));
+                calls.push(launch(
+                    (s.n * width).div_ceil(u64::from(BLOCK)).min(1 << 16),
+                    1,
+                    tile,
+                ));
+                let call = if lce.transposed {
+                    // dE[v0.., :] = p^T @ x
+                    gemm(
+                        (p, t, true, s.tile),
+                        (Addr::Input(0, 0), t, false, s.d),
+                        (Addr::Output(v0 * s.d * e), t, s.d),
+                        (width, s.d, s.n),
+                    )
+                } else {
+                    // dW[:, v0..] = x^T @ p
+                    gemm(
+                        (Addr::Input(0, 0), t, true, s.d),
+                        (p, t, false, s.tile),
+                        (Addr::Output(v0 * e), t, s.v),
+                        (s.d, width, s.n),
+                    )
+                };
+                calls.push(call);
+            }
+        }
+    }
+    Ok(kernel.with_library(calls, scratch))
+}
+
+/// Workspace bytes of a linear cross-entropy op on CUDA: its regions and cuBLASLt's scratch.
+pub(crate) fn workspace_bytes(
+    lce: &LinearCe,
+    which: Option<LceGrad>,
+    inputs: &[&TensorType],
+) -> u64 {
+    Shape::of(lce, inputs).map_or(0, |s| s.regions(which).2 + GEMM_WORKSPACE)
+}
