@@ -21,6 +21,17 @@ fn every_case_generates_a_wellformed_kernel() {
     } in kernel_cases()
     {
         assert_eq!(k.params[0], KernelParam::Arena, "{label}");
+        if !k.has_code() {
+            // Library calls alone: at least one, every one a GEMM.
+            assert!(!k.library.is_empty(), "{label}");
+            assert!(
+                k.library
+                    .iter()
+                    .all(|c| matches!(c, memc::codegen::gemm::Call::Gemm(_))),
+                "{label}"
+            );
+            continue;
+        }
         let sig = k
             .source
             .lines()

@@ -9,7 +9,7 @@ mod common;
 
 use common::{compiled_with, example, executor, tiny_gpt};
 use memc::front::train::Precision;
-use memc::ir::{LceGrad, LinearCe, Op};
+use memc::ir::{AttnInput, LceGrad, LinearCe, Op};
 use memc::plan::{Plan, Target};
 use memc::{Compiled, Options};
 use std::collections::HashMap;
@@ -136,11 +136,14 @@ fn fused_bf16_plan_bytes_are_exact() {
 const FUSED_ARENA: u64 = 790_276;
 const FUSED_SAVED: u64 = 94_336;
 
-/// On CUDA the fused head's weight gradient takes a workspace: its column tiles' fp32 sums, as
-/// many tiles as one chunk of fp32 logits holds, at least one. So do the layer norms' weight
-/// and bias gradients (their fp32 partials per row chunk and channel); no other step does.
+/// On CUDA the steps made of cuBLASLt GEMMs take a workspace ending in cuBLASLt's 4 MiB of
+/// scratch: the matmuls that alone; the fused head its chunk of fp32 logits (8 rows of 64
+/// classes, or all 32 rows of a 16-column tile for the weight gradient), their gradient in
+/// bf16 and (weight gradient) the rows' log-sum-exps, each region rounded to 256 bytes;
+/// attention's backward its scores. So do the layer norms' weight and bias gradients (their
+/// fp32 partials per row chunk and channel); no other step does.
 #[test]
-fn the_cuda_plan_gives_the_weight_gradient_its_workspace() {
+fn the_cuda_plan_gives_its_library_steps_their_workspace() {
     let c = compiled_with(
         &example("gpt2"),
         &Options {
@@ -151,16 +154,30 @@ fn the_cuda_plan_gives_the_weight_gradient_its_workspace() {
         },
     );
     let plan = c.plan.plan();
+    let cublas = 4u64 << 20;
     for s in &plan.steps {
         let ws = s.workspace.map_or(0, |w| plan.buffers[w.index()].bytes);
         match &s.op {
-            Op::LinearCrossEntropyBackward {
-                lce,
-                which: LceGrad::Weight,
-            } => {
-                // 8 rows x 64 classes / (32 columns x 32 dims) = 0 -> one block of 32 x 32.
+            Op::LinearCrossEntropy(lce) => {
                 assert_eq!(lce.chunk, 8);
-                assert_eq!(ws, 32 * 32 * 4);
+                // Its rows' partial log-sum-exps: one slice of 64 classes each.
+                assert_eq!(ws, 8 * 64 * 4 + 256 + cublas);
+            }
+            Op::LinearCrossEntropyBackward { which, .. } => {
+                let regions = 8 * 64 * 4 + 8 * 64 * 2;
+                let lse = if *which == LceGrad::Weight { 256 } else { 0 };
+                assert_eq!(ws, regions + lse + cublas);
+            }
+            Op::MatMul { .. } => assert_eq!(ws, cublas),
+            // All 4 heads of 16 rows and 16 keys at once: fp32 scores and bf16 probabilities,
+            // and for dq and dk fp32 dp and bf16 ds.
+            Op::AttentionBackward { which, .. } => {
+                let scores = 4 * 16 * 16;
+                let regions = match which {
+                    AttnInput::V => scores * (4 + 2),
+                    AttnInput::Q | AttnInput::K => scores * 2 * (4 + 2),
+                };
+                assert_eq!(ws, regions + cublas);
             }
             // 32 rows (2 x 16 tokens), a chunk each, of 32 channels.
             Op::NormBackwardWeight { .. } | Op::NormBackwardBias { .. } => {

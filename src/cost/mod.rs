@@ -10,6 +10,6 @@ mod model;
 pub use estimate::{estimate, ms, render_text, Estimate, OpTime, StepTime};
 pub use gpu::{Gpu, GpuSpec};
 pub use model::{
-    Bound, Time, Work, LAUNCH_OVERHEAD_S, MEMORY_EFFICIENCY, SIMT_EFFICIENCY,
-    TENSOR_CORE_EFFICIENCY,
+    Bound, Time, Work, LAUNCH_OVERHEAD_S, LIBRARY_FP32_EFFICIENCY, MEMORY_EFFICIENCY,
+    SIMT_EFFICIENCY, TENSOR_CORE_EFFICIENCY,
 };

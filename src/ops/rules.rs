@@ -37,11 +37,10 @@ pub struct Behaviour {
     pub class: OpClass,
     /// Indices of inputs the op overwrites in place.
     pub mutated_inputs: &'static [usize],
-    /// Whether the family's CUDA kernel for the op computes on tensor cores (16-bit inputs
-    /// at the 16-bit MMA rate, fp32 inputs as TF32). False while the kernel is a SIMT fp32
-    /// FMA kernel, as every generated kernel is today. The GPU cost model (`crate::cost`)
-    /// reads only this, so a family moving to cuBLASLt or MMA sets it in its `behaviour`,
-    /// the one place its estimate changes.
+    /// Whether the op's CUDA work is cuBLASLt GEMMs (16-bit inputs on tensor cores, fp32
+    /// at cuBLAS's fp32 rate; no TF32). False for generated SIMT kernels. The GPU cost model
+    /// (`crate::cost`) reads only this, so a family moving its work to a library or to MMA
+    /// sets it in its `behaviour`, the one place its estimate changes.
     pub tensor_cores: bool,
 }
 
@@ -57,6 +56,11 @@ impl Behaviour {
     pub const HEAVY: Behaviour = Behaviour {
         class: OpClass::Heavy,
         ..Behaviour::CHEAP
+    };
+    /// [`Behaviour::HEAVY`] done by cuBLASLt GEMMs.
+    pub const LIBRARY_GEMM: Behaviour = Behaviour {
+        tensor_cores: true,
+        ..Behaviour::HEAVY
     };
 
     /// The same behaviour run in `precision`.

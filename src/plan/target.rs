@@ -72,7 +72,6 @@ mod tests {
         assert!(cpu > 0);
         assert_eq!(Target::CUDA_MIN.workspace_bytes(&conv, &[&x, &w], &y), 0);
         // The fused loss head's weight gradient: 4 rows of 100 fp32 logits on the CPU, one
-        // fp32 tile of 32 columns x 8 dims on CUDA.
         let lce = crate::ir::LinearCe {
             chunk: 4,
             transposed: false,
@@ -89,9 +88,14 @@ mod tests {
         );
         let inputs = [&h, &wt, &t, &rows, &rows];
         assert_eq!(Target::Cpu.workspace_bytes(&dw, &inputs, &wt), 4 * 100 * 4);
+        // CUDA: 4 rows of logits padded to 104 columns (fp32, then bf16) or a tile of 40
+        // columns over the 10 rows, each region rounded to 256 bytes, the rows' log-sum-exps,
+        // then cuBLASLt's scratch.
+        let logits: u64 = 4 * 104;
+        let regions = (logits * 4).div_ceil(256) * 256 + (logits * 2).div_ceil(256) * 256 + 256;
         assert_eq!(
             Target::CUDA_MIN.workspace_bytes(&dw, &inputs, &wt),
-            32 * 8 * 4
+            regions + crate::ops::matmul::GEMM_WORKSPACE
         );
         assert_eq!(Target::Cpu.alignment(), Target::CUDA_MIN.alignment());
     }

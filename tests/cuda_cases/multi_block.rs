@@ -1,6 +1,7 @@
 //! Op cases whose kernels spread a reduction over many blocks, at sizes that give several
 //! blocks and a partial last one: norm weight and bias gradients over row and sample chunks,
-//! embedding backward row tiles, the scalar losses and the gradient reductions.
+//! embedding backward row tiles, the scalar losses, the fused loss head's sliced log-sum-exp
+//! and the gradient reductions.
 
 use super::t;
 use memc::ir::*;
@@ -92,6 +93,12 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ),
         // Two chunks, the last one element short.
         ("mse_chunks", Op::Mse, vec![f(&[51, 61]), f(&[51, 61])]),
+        // Each row's log-sum-exp in 4 column slices of 1,025 classes, the last one short.
+        (
+            "linear_ce_slices",
+            Op::LinearCrossEntropy(super::lce(3, false)),
+            vec![f(&[5, 8]), f(&[8, 4099]), t(I32, &[5])],
+        ),
         // Three chunks of the gradients' flat index space, boundaries inside tensors and a
         // chunk spanning three of them.
         (

@@ -1,10 +1,10 @@
 // The attention backward's elementwise stages between its cuBLASLt GEMMs. For a unit of
-// C::HC query heads (batch items, stride C::RC * C::TK in the workspace) and C::RC query rows
-// from r0, a GEMM has written the scaled scores s = SCALE * q k^T in fp32 at byte 0 of the
-// workspace (row stride C::TK); for the q and k gradients another the fp32 dp = dout v^T at
-// byte C::DPOFF. These kernels turn s into the probabilities p (fp32 in place, and in T at
-// byte C::POFF for the next GEMM), and p, dp into ds = SCALE * p (dp - D), D = sum_j p dp,
-// in T at byte C::DSOFF. The key gradients sum over row chunks (and a group's query heads)
+// C::HC query heads (batch items, stride C::RC * C::TKLD in the workspace) and C::RC query
+// rows from r0, a GEMM has written the scaled scores s = SCALE * q k^T in fp32 at byte 0 of
+// the workspace (row stride C::TKLD, TK padded for aligned rows); for the q and k gradients
+// another the fp32 dp = dout v^T at byte C::DPOFF. These kernels turn s into the
+// probabilities p (fp32 in place, and in T at byte C::POFF for the next GEMM), and p, dp
+// into ds = SCALE * p (dp - D), D = sum_j p dp, in T at byte C::DSOFF. The key gradients sum over row chunks (and a group's query heads)
 // in an fp32 accumulator at byte C::ACCOFF ([C::HC, TK, DH]) that the last stage stores.
 // A unit is named by `chunk` = (b * H + h0) * TQ + r0. Causal: query i sees keys
 // j <= i + TK - TQ (`attn_nkeys` of attention.cu); a query with no visible key has p = 0.
@@ -24,7 +24,7 @@ template <typename T, typename C> __device__ void attb_probs(char* ws, u64 chunk
     float* s = (float*)ws;
     T* p = (T*)(ws + C::POFF);
     for (u64 item = blockIdx.x; item < rows * heads; item += gridDim.x) {
-        const u64 row = (item / rows) * C::RC * C::TK + (item % rows) * C::TK;
+        const u64 row = (item / rows) * C::RC * C::TKLD + (item % rows) * C::TKLD;
         const u64 n = attn_nkeys<C>(r0 + item % rows);
         float m = MEMC_NEG_INF;
         for (u64 j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, s[row + j]);
@@ -48,7 +48,7 @@ template <typename T, typename C> __device__ void attb_dscores(char* ws, u64 chu
     const float* dp = (const float*)(ws + C::DPOFF);
     T* ds = (T*)(ws + C::DSOFF);
     for (u64 item = blockIdx.x; item < rows * heads; item += gridDim.x) {
-        const u64 row = (item / rows) * C::RC * C::TK + (item % rows) * C::TK;
+        const u64 row = (item / rows) * C::RC * C::TKLD + (item % rows) * C::TKLD;
         float d = 0.0f;
         for (u64 j = threadIdx.x; j < C::TK; j += blockDim.x) d += p[row + j] * dp[row + j];
         d = block_sum(d);

@@ -37,6 +37,8 @@ struct Geometry {
     h: u64,
     kvh: u64,
     dh: u64,
+    /// Elements between the starts of consecutive score rows in the workspace.
+    tk_ld: u64,
     dtype: DType,
     /// Query heads and query rows per unit.
     hc: u64,
@@ -52,13 +54,16 @@ impl Geometry {
         let (h, kvh) = (u(p.heads), u(p.kv_heads));
         let dh = u(q.shape[2]).checked_div(h)?;
         let e = q.dtype.size();
+        // Score rows padded to 8 elements, so each starts 16-byte aligned (cuBLASLt's fast
+        // kernels need it).
+        let tk_ld = tk.div_ceil(8) * 8;
         // Bytes per score: s/p in fp32 and p in T; for dq and dk also dp (fp32) and ds (T).
         let per = if which == AttnInput::V {
             4 + e
         } else {
             2 * (4 + e)
         };
-        let one_head = tq * tk * per;
+        let one_head = tq * tk_ld * per;
         let hc = if h == kvh {
             (SCRATCH / one_head.max(1)).clamp(1, h)
         } else {
@@ -67,9 +72,9 @@ impl Geometry {
         let rc = if one_head <= SCRATCH {
             tq
         } else {
-            (SCRATCH / (tk * per).max(1)).clamp(1, tq)
+            (SCRATCH / (tk_ld * per).max(1)).clamp(1, tq)
         };
-        let scores = hc * rc * tk;
+        let scores = hc * rc * tk_ld;
         let p_at = aligned(scores * 4);
         let dp_at = p_at + aligned(scores * e);
         let ds_at = if which == AttnInput::V {
@@ -96,6 +101,7 @@ impl Geometry {
             h,
             kvh,
             dh,
+            tk_ld,
             dtype: q.dtype,
             hc,
             rc,
@@ -125,6 +131,7 @@ pub(crate) fn attention_backward(
     let lines = vec![
         c_u64("TQ", g.tq),
         c_u64("TK", g.tk),
+        c_u64("TKLD", g.tk_ld),
         c_u64("H", g.h),
         c_u64("KVH", g.kvh),
         c_u64("DH", g.dh),
@@ -171,7 +178,7 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
     // Per batch item (head), each operand advances by a head's columns; k and v only when
     // every query head has its own kv head (a group's heads run one at a time).
     let kv_step = if group == 1 { g.dh } else { 0 };
-    let unit_scores = g.rc * g.tk;
+    let unit_scores = g.rc * g.tk_ld;
     let direct = which != AttnInput::Q && group == 1 && g.rc == g.tq;
     let launch = |blocks: u64, phase: u64, chunk: u64| Call::Launch {
         grid: [
@@ -211,7 +218,7 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                         Gemm::row_major(
                             (q(0), t, false, q_row),
                             (kvm(1), t, true, kv_row),
-                            (Addr::Workspace(0), DType::F32, g.tk),
+                            (Addr::Workspace(0), DType::F32, g.tk_ld),
                             (rn, g.tk, g.dh),
                         )
                         .batched(hn, strides)
@@ -229,7 +236,7 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                         // dv += p^T dout
                         out.push(Call::Gemm(
                             Gemm::row_major(
-                                (Addr::Workspace(p_at), t, true, g.tk),
+                                (Addr::Workspace(p_at), t, true, g.tk_ld),
                                 (q(3), t, false, q_row),
                                 kv_out,
                                 (g.tk, g.dh, rn),
@@ -243,13 +250,13 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                             Gemm::row_major(
                                 (q(3), t, false, q_row),
                                 (kvm(2), t, true, kv_row),
-                                (Addr::Workspace(dp_at), DType::F32, g.tk),
+                                (Addr::Workspace(dp_at), DType::F32, g.tk_ld),
                                 (rn, g.tk, g.dh),
                             )
                             .batched(hn, strides),
                         ));
                         out.push(launch(rn * hn, 1, chunk));
-                        let ds = (Addr::Workspace(ds_at), t, which == AttnInput::K, g.tk);
+                        let ds = (Addr::Workspace(ds_at), t, which == AttnInput::K, g.tk_ld);
                         out.push(Call::Gemm(if which == AttnInput::Q {
                             // dq = ds k
                             Gemm::row_major(

@@ -109,7 +109,8 @@ impl Rules for super::Family {
         match op {
             Op::Attention(_) => Behaviour::HEAVY.in_precision(PrecisionClass::Low),
             Op::Rope { .. } => Behaviour::CHEAP,
-            _ => Behaviour::HEAVY,
+            // The backward's products are cuBLASLt GEMMs.
+            _ => Behaviour::LIBRARY_GEMM,
         }
     }
 }

@@ -26,8 +26,17 @@ fn aligned(bytes: u64) -> u64 {
     bytes.div_ceil(256) * 256
 }
 
+/// Blocks that fill an H100 four times over (132 SMs): the forward splits each row's
+/// log-sum-exp into column slices until a chunk's rows make at least this many.
+const FILL_BLOCKS: u64 = 4 * 132;
+
+/// Elements a workspace row of logits is padded to a multiple of, so that every row starts
+/// 16-byte aligned in fp32 and in 16-bit types (the alignment cuBLASLt's fast kernels need).
+const ROW_ALIGN: u64 = 8;
+
 /// The shapes of one linear cross-entropy: rows `n`, hidden `d`, classes `v`, rows per chunk,
-/// columns per weight-gradient tile (as many logits as a chunk holds), operand element type.
+/// columns per weight-gradient tile (as many logits as a chunk holds), operand element type,
+/// and the padded row strides of a chunk's and of a tile's logits.
 struct Shape {
     n: u64,
     d: u64,
@@ -35,6 +44,10 @@ struct Shape {
     chunk: u64,
     tile: u64,
     dtype: DType,
+    v_ld: u64,
+    tile_ld: u64,
+    /// Column slices of the forward's per-row log-sum-exp.
+    splits: u64,
 }
 
 impl Shape {
@@ -42,6 +55,7 @@ impl Shape {
         let (n, d, v) = super::rules::linear_ce(lce, inputs).ok()?;
         let chunk = u(lce.chunk).clamp(1, n.max(1));
         let tile = (chunk * v / n.max(1)).clamp(1, v.max(1));
+        let pad = |x: u64| x.div_ceil(ROW_ALIGN) * ROW_ALIGN;
         Some(Shape {
             n,
             d,
@@ -49,16 +63,20 @@ impl Shape {
             chunk,
             tile,
             dtype: inputs.first()?.dtype,
+            v_ld: pad(v),
+            tile_ld: pad(tile),
+            splits: FILL_BLOCKS.div_ceil(chunk).clamp(1, (v / 1024).max(1)),
         })
     }
 
-    /// Byte offsets of `p` and of the log-sum-exps, and where cuBLASLt's scratch begins.
+    /// Byte offsets of `p` and of the log-sum-exps (the forward: its rows' partials), and
+    /// where cuBLASLt's scratch begins.
     fn regions(&self, which: Option<LceGrad>) -> (u64, u64, u64) {
-        let logits = (self.chunk * self.v).max(self.n * self.tile);
+        let logits = (self.chunk * self.v_ld).max(self.n * self.tile_ld);
         let p = aligned(logits * 4);
         let lse = p + aligned(logits * self.dtype.size());
         match which {
-            None => (p, p, p),
+            None => (p, p, p + aligned(self.chunk * self.splits * 8)),
             Some(LceGrad::Input) => (p, lse, lse),
             Some(LceGrad::Weight) => (p, lse, lse + aligned(self.n * 4)),
         }
@@ -98,6 +116,9 @@ pub(crate) fn linear_ce(
         c_bool("TR", lce.transposed),
         c_u64("CHUNK", s.chunk),
         c_u64("VT", s.tile),
+        c_u64("VLD", s.v_ld),
+        c_u64("VTLD", s.tile_ld),
+        c_u64("SPLITS", s.splits),
         c_u64("POFF", p_at),
         c_u64("LOFF", lse_at),
     ];
@@ -130,7 +151,11 @@ pub(crate) fn linear_ce(
     let p = Addr::Workspace(p_at);
     let mut calls = Vec::new();
     let launch = |blocks: u64, phase: u64, chunk: u64| Call::Launch {
-        grid: [u32::try_from(blocks.max(1)).unwrap_or(u32::MAX), 1, 1],
+        grid: [
+            u32::try_from(blocks.clamp(1, 1 << 16)).unwrap_or(1 << 16),
+            1,
+            1,
+        ],
         phase,
         chunk,
     };
@@ -143,19 +168,19 @@ pub(crate) fn linear_ce(
                 calls.push(gemm(
                     x_rows(r0),
                     (w, t, w_t, w_stride),
-                    (z.0, z.1, s.v),
+                    (z.0, z.1, s.v_ld),
                     (rn, s.v, s.d),
                 ));
-                calls.push(launch(rn, 0, c));
-                if which.is_some() {
+                if which.is_none() {
+                    calls.push(launch(rn * s.splits, 0, c));
+                    calls.push(launch(rn.div_ceil(u64::from(BLOCK)), 1, c));
+                } else {
+                    calls.push(launch((rn * s.v).div_ceil(u64::from(BLOCK)), 0, c));
                     // dx_c = p @ W^T: W [D, V] read transposed, or E [V, D] as stored.
-                    let (w, w_stride) = if lce.transposed {
-                        (Addr::Input(1, 0), s.d)
-                    } else {
-                        (Addr::Input(1, 0), s.v)
-                    };
+                    let w_stride = if lce.transposed { s.d } else { s.v };
+                    let w = Addr::Input(1, 0);
                     calls.push(gemm(
-                        (p, t, false, s.v),
+                        (p, t, false, s.v_ld),
                         (w, t, !lce.transposed, w_stride),
                         (Addr::Output(r0 * s.d * e), t, s.d),
                         (rn, s.d, s.v),
@@ -165,7 +190,7 @@ pub(crate) fn linear_ce(
         }
         Some(LceGrad::Weight) => {
             let warps_per_block = u64::from(BLOCK / 32);
-            calls.push(launch(s.n.div_ceil(warps_per_block).min(1 << 16), 0, 0));
+            calls.push(launch(s.n.div_ceil(warps_per_block), 0, 0));
             for tile in 0..s.v.div_ceil(s.tile) {
                 let v0 = tile * s.tile;
                 let width = s.tile.min(s.v - v0);
@@ -173,18 +198,14 @@ pub(crate) fn linear_ce(
                 calls.push(gemm(
                     x_rows(0),
                     (w, t, w_t, w_stride),
-                    (z.0, z.1, s.tile),
+                    (z.0, z.1, s.tile_ld),
                     (s.n, width, s.d),
                 ));
-                calls.push(launch(
-                    (s.n * width).div_ceil(u64::from(BLOCK)).min(1 << 16),
-                    1,
-                    tile,
-                ));
+                calls.push(launch((s.n * width).div_ceil(u64::from(BLOCK)), 1, tile));
                 let call = if lce.transposed {
                     // dE[v0.., :] = p^T @ x
                     gemm(
-                        (p, t, true, s.tile),
+                        (p, t, true, s.tile_ld),
                         (Addr::Input(0, 0), t, false, s.d),
                         (Addr::Output(v0 * s.d * e), t, s.d),
                         (width, s.d, s.n),
@@ -193,7 +214,7 @@ pub(crate) fn linear_ce(
                     // dW[:, v0..] = x^T @ p
                     gemm(
                         (Addr::Input(0, 0), t, true, s.d),
-                        (p, t, false, s.tile),
+                        (p, t, false, s.tile_ld),
                         (Addr::Output(v0 * e), t, s.v),
                         (s.d, width, s.n),
                     )

@@ -154,8 +154,9 @@ impl Rules for super::Family {
         match op {
             Op::CrossEntropy => Behaviour::CHEAP.in_precision(PrecisionClass::AsIs),
             // Hidden states and weight in the low precision, as matmul reads them.
-            Op::LinearCrossEntropy(_) => Behaviour::HEAVY.in_precision(PrecisionClass::Low),
-            Op::LinearCrossEntropyBackward { .. } => Behaviour::HEAVY,
+            // Its logits are cuBLASLt GEMMs.
+            Op::LinearCrossEntropy(_) => Behaviour::LIBRARY_GEMM.in_precision(PrecisionClass::Low),
+            Op::LinearCrossEntropyBackward { .. } => Behaviour::LIBRARY_GEMM,
             _ => Behaviour::CHEAP,
         }
     }

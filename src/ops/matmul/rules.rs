@@ -62,7 +62,8 @@ impl Rules for super::Family {
         2 * out.numel() * k as u64
     }
 
+    /// cuBLASLt GEMMs: on tensor cores in 16 bits.
     fn behaviour(&self, _op: &Op) -> Behaviour {
-        Behaviour::HEAVY.in_precision(PrecisionClass::Low)
+        Behaviour::LIBRARY_GEMM.in_precision(PrecisionClass::Low)
     }
 }
