@@ -1,7 +1,7 @@
 //! Op cases whose kernels spread a reduction over many blocks, at sizes that give several
 //! blocks and a partial last one: norm weight and bias gradients over row and sample chunks,
-//! embedding backward row tiles, the scalar losses, the fused loss head's sliced log-sum-exp
-//! and the gradient reductions.
+//! embedding backward row tiles, the scalar losses, the fused loss head's sliced log-sum-exp,
+//! the convolution weight gradient split over K, and the gradient reductions.
 
 use super::t;
 use memc::ir::*;
@@ -93,6 +93,22 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ),
         // Two chunks, the last one element short.
         ("mse_chunks", Op::Mse, vec![f(&[51, 61]), f(&[51, 61])]),
+        // A weight gradient with one output tile per group and K = 2 x 20 x 20 = 800: its K
+        // in 3 splits of 267 (each at least 256 long), the last one short, summed by a
+        // finishing launch.
+        (
+            "conv2d_bwd_w_split_k",
+            Op::Conv2dBackwardWeight {
+                conv: ConvParams {
+                    stride: [1, 1],
+                    padding: [1, 1],
+                    dilation: [1, 1],
+                    groups: 2,
+                },
+                kernel: [3, 3],
+            },
+            vec![f(&[2, 4, 20, 20]), f(&[2, 6, 20, 20])],
+        ),
         // Each row's log-sum-exp in 4 column slices of 1,025 classes, the last one short.
         (
             "linear_ce_slices",

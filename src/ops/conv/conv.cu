@@ -84,3 +84,33 @@ template <typename T, typename TD, typename C> __device__ void conv2d_backward_w
     ConvBwdWeightIO<T, TD, C> io{tensor_at<T>(arena, o_x), tensor_at<TD>(arena, o_dy), tensor_at<T>(arena, o_dw)};
     gemm_tiled(io, C::COG, C::CIG * C::KH * C::KW, C::NB * C::HO * C::WO);
 }
+
+// The weight gradient split over K (when its few output tiles would leave the GPU idle): GEMM
+// batch z = group * SPLITK + split, split s summing k in [s * KS, (s + 1) * KS) into its fp32
+// partial at the workspace ([G * SPLITK, COG, CIG*KH*KW]); the finishing launch sums each
+// element's partials in split order and stores it.
+template <typename T, typename TD, typename C> struct ConvBwdWeightSplitIO {
+    ConvBwdWeightIO<T, TD, C> io;
+    float* P;
+    __device__ bool in(u64 z, u64 k) const { return (z % C::SPLITK) * C::KS + k < C::NB * C::HO * C::WO; }
+    __device__ float a(u64 z, u64 m, u64 k) const { return in(z, k) ? io.a(z / C::SPLITK, m, (z % C::SPLITK) * C::KS + k) : 0.0f; }
+    __device__ float b(u64 z, u64 k, u64 n) const { return in(z, k) ? io.b(z / C::SPLITK, (z % C::SPLITK) * C::KS + k, n) : 0.0f; }
+    __device__ void store(u64 z, u64 m, u64 n, float v) const { P[(z * C::COG + m) * (C::CIG * C::KH * C::KW) + n] = v; }
+};
+template <typename T, typename TD, typename C>
+__device__ void conv2d_backward_weight_split_kernel(char* arena, u64 o_x, u64 o_dy, u64 o_dw, u64 o_ws, u64 phase) {
+    ConvBwdWeightIO<T, TD, C> io{tensor_at<T>(arena, o_x), tensor_at<TD>(arena, o_dy), tensor_at<T>(arena, o_dw)};
+    float* part = tensor_at<float>(arena, o_ws);
+    constexpr u64 NW = C::CIG * C::KH * C::KW, G = C::CO / C::COG;
+    if (phase == 0) {
+        ConvBwdWeightSplitIO<T, TD, C> split{io, part};
+        gemm_tiled(split, C::COG, NW, C::KS);
+        return;
+    }
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < G * C::COG * NW; e += (u64)gridDim.x * blockDim.x) {
+        const u64 g = e / (C::COG * NW), m = (e / NW) % C::COG, n = e % NW;
+        float v = 0.0f;
+        for (u64 s = 0; s < C::SPLITK; ++s) v += part[((g * C::SPLITK + s) * C::COG + m) * NW + n];
+        io.store(g, m, n, v);
+    }
+}
