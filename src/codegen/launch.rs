@@ -60,6 +60,37 @@ pub(crate) fn two_stage(
     k.finish()
 }
 
+/// The kernel of a step made of library calls and launches of its own stages: `single` with
+/// the statement `template<ty, Cfg>(arena, in0, .., out, ws, phase, chunk)` over the first
+/// `n_in` inputs, for `entry = (template, ty, n_in)`; its launches come from its calls
+/// ([`super::gemm::Call::Launch`]), each `block` threads a block.
+pub(crate) fn staged(
+    family: &'static str,
+    files: &[&'static str],
+    lines: Vec<String>,
+    (template, ty, n_in): (&str, &str, usize),
+    block: u32,
+) -> Kernel {
+    let mut args = in_names(n_in);
+    args.extend(["out", "ws", "phase", "chunk"].map(String::from));
+    let mut params: Vec<KernelParam> = (0..n_in).map(KernelParam::Input).collect();
+    params.extend([
+        KernelParam::Output,
+        KernelParam::Workspace,
+        KernelParam::Phase,
+        KernelParam::Chunk,
+    ]);
+    let call = format!("{template}<{ty}, Cfg>(arena, {})", args.join(", "));
+    single(
+        family,
+        files,
+        lines,
+        call,
+        &params,
+        Launch::Grid([1, 1, 1], block),
+    )
+}
+
 /// Entry arguments `in0` .. `in{n-1}`.
 pub(crate) fn in_names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("in{i}")).collect()

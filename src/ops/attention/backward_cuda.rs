@@ -10,9 +10,9 @@
 use crate::codegen::build::{c_bool, c_f32, c_u64};
 use crate::codegen::gemm::{Addr, Call, Gemm};
 use crate::codegen::geometry::u;
-use crate::codegen::launch::{in_names, single, Launch};
+use crate::codegen::launch::staged;
 use crate::codegen::ops::Args;
-use crate::codegen::{CodegenError, Kernel, KernelParam};
+use crate::codegen::{CodegenError, Kernel};
 use crate::ir::{AttnInput, AttnParams, DType, TensorType};
 use crate::ops::matmul::GEMM_WORKSPACE;
 
@@ -144,27 +144,12 @@ pub(crate) fn attention_backward(
         c_u64("DSOFF", ds_at),
         c_u64("ACCOFF", acc_at),
     ];
-    let mut args = in_names(4);
-    args.extend(["out", "ws", "phase", "chunk"].map(String::from));
-    let mut params: Vec<KernelParam> = (0..4).map(KernelParam::Input).collect();
-    params.extend([
-        KernelParam::Output,
-        KernelParam::Workspace,
-        KernelParam::Phase,
-        KernelParam::Chunk,
-    ]);
-    let call = format!(
-        "attention_backward_kernel<{}, Cfg>(arena, {})",
-        a.ty(0)?,
-        args.join(", ")
-    );
-    let kernel = single(
+    let kernel = staged(
         "attention_backward",
         &[super::cuda::ATTENTION, TEMPLATE],
         lines,
-        call,
-        &params,
-        Launch::Grid([1, 1, 1], BLOCK),
+        ("attention_backward_kernel", a.ty(0)?, 4),
+        BLOCK,
     );
     Ok(kernel.with_library(calls(&g, p, which), scratch_at))
 }

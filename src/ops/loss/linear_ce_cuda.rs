@@ -9,9 +9,9 @@
 use crate::codegen::build::{c_bool, c_u64};
 use crate::codegen::gemm::{Addr, Call, Gemm, RowMajor};
 use crate::codegen::geometry::u;
-use crate::codegen::launch::{in_names, single, Launch};
+use crate::codegen::launch::staged;
 use crate::codegen::ops::Args;
-use crate::codegen::{CodegenError, Kernel, KernelParam};
+use crate::codegen::{CodegenError, Kernel};
 use crate::ir::{DType, LceGrad, LinearCe, TensorType};
 use crate::ops::matmul::GEMM_WORKSPACE;
 
@@ -127,23 +127,12 @@ pub(crate) fn linear_ce(
         Some(LceGrad::Input) => ("lce_backward_input_kernel", 5),
         Some(LceGrad::Weight) => ("lce_backward_weight_kernel", 5),
     };
-    let mut args = in_names(n_in);
-    args.extend(["out", "ws", "phase", "chunk"].map(String::from));
-    let mut params: Vec<KernelParam> = (0..n_in).map(KernelParam::Input).collect();
-    params.extend([
-        KernelParam::Output,
-        KernelParam::Workspace,
-        KernelParam::Phase,
-        KernelParam::Chunk,
-    ]);
-    let call = format!("{entry}<{}, Cfg>(arena, {})", a.ty(0)?, args.join(", "));
-    let kernel = single(
+    let kernel = staged(
         "linear_ce",
         &[TEMPLATE],
         lines,
-        call,
-        &params,
-        Launch::Grid([1, 1, 1], BLOCK),
+        (entry, a.ty(0)?, n_in),
+        BLOCK,
     );
     let e = t.size();
     let x_rows = |r0: u64| (Addr::Input(0, r0 * s.d * e), t, false, s.d);
