@@ -67,7 +67,7 @@ fn row(
             Advice {
                 option: option.to_string(),
                 arena_bytes: Some(arena),
-                fits: arena <= budget,
+                fits: c.plan.plan().report.budgeted_bytes() <= budget,
                 extra_compute_percent: extra,
                 step_seconds: Some(crate::cost::estimate(c.plan.plan(), gpu).seconds),
                 keeps_batch: true,

@@ -241,6 +241,9 @@ pub struct Step<'a> {
     pub train: Option<&'a TrainSpec>,
     /// The GPU candidates' estimated step times are compared on.
     pub gpu: Gpu,
+    /// Device bytes beside the arena that the budget must also hold (the CUDA context on a
+    /// GPU; 0 on the CPU).
+    pub reserve: u64,
 }
 
 /// Plans the step's graph under `policy`, returning the rewritten graph and its plan.
@@ -273,18 +276,33 @@ pub fn plan_with(
     Ok((rewritten.graph, plan))
 }
 
-fn infeasible(train: &TrainSpec, budget: u64, plan: &Plan) -> FitError {
+/// The diagnostic for a budget no plan meets: `arena_budget` is what the budget leaves for
+/// the arena beside `reserve` (the CUDA context on a GPU).
+fn infeasible(train: &TrainSpec, (arena_budget, reserve): (u64, u64), plan: &Plan) -> FitError {
     let (name, bytes) = plan.report.bytes.dominant_part();
+    let beside = if reserve > 0 {
+        format!(
+            " (the arena's share of it beside the CUDA context's {}: {})",
+            human_bytes(reserve),
+            human_bytes(arena_budget)
+        )
+    } else {
+        String::new()
+    };
     FitError::User(UserError::at(
         train.span,
         format!(
-            "no plan fits the budget of {}: the smallest plan found, recomputing as much as allowed, needs {} ({} bytes)",
-            human_bytes(budget),
+            "no plan fits the budget of {}{beside}: the smallest plan found, recomputing as much as allowed, needs {} ({} bytes)",
+            human_bytes(arena_budget.saturating_add(reserve)),
             human_bytes(plan.arena_bytes),
             plan.arena_bytes
         ),
         "budget set here",
-        format!("the minimum feasible budget found is {}; {name} alone take {}", human_bytes(plan.arena_bytes), human_bytes(bytes)),
+        format!(
+            "the minimum feasible budget found is {}; {name} alone take {}",
+            human_bytes(plan.arena_bytes.saturating_add(reserve)),
+            human_bytes(bytes)
+        ),
     ))
 }
 
@@ -392,7 +410,10 @@ pub fn fit(
     options: &BuildOptions,
 ) -> Result<(Graph, Plan), FitError> {
     let Step { graph, train, .. } = step;
-    let budget = train.and_then(|t| t.settings.budget);
+    // The arena gets what the budget leaves beside the reserve.
+    let budget = train
+        .and_then(|t| t.settings.budget)
+        .map(|b| b.saturating_sub(step.reserve));
     let quick = BuildOptions {
         layout_time: Duration::ZERO,
         ..options.clone()
@@ -430,7 +451,7 @@ pub fn fit(
                 }
                 smaller = crate::passes::fuse_loss::halve_chunks(&halved);
             }
-            Err(infeasible(t, b, &smallest))
+            Err(infeasible(t, (b, step.reserve), &smallest))
         }
         _ => Ok((g, plan)),
     }

@@ -22,7 +22,8 @@ pub struct Probe {
     pub value: i64,
     /// The arena the compiled plan needs.
     pub arena_bytes: u64,
-    /// Whether `arena_bytes <= budget`.
+    /// Whether the plan's budgeted bytes (the arena, on a GPU with the CUDA context's
+    /// reserve) are within the budget.
     pub fits: bool,
     /// `arena_bytes` is of the plan compiled without a budget, because the compiler found
     /// no plan within it (with checkpointing, the least it could do is not reported).
@@ -401,7 +402,7 @@ impl<'a> Search<'a> {
             Err(CompileError::User(first)) => {
                 opts.budget = Some(u64::MAX);
                 match compile(self.source, &opts) {
-                    Ok(c) if c.plan.plan().arena_bytes > self.budget => {
+                    Ok(c) if c.plan.plan().report.budgeted_bytes() > self.budget => {
                         without_budget = true;
                         c.plan
                     }
@@ -419,7 +420,7 @@ impl<'a> Search<'a> {
         let p = Probe {
             value,
             arena_bytes,
-            fits: arena_bytes <= self.budget,
+            fits: plan.plan().report.budgeted_bytes() <= self.budget,
             without_budget,
         };
         self.probes.push(p);

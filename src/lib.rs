@@ -59,6 +59,9 @@ pub struct Options {
     /// `--lora`: adapters on the targeted weights, the model's own parameters frozen
     /// (`passes::lora`).
     pub lora: Option<passes::lora::LoraSpec>,
+    /// `--context-reserve`: the device bytes of the CUDA context beside a GPU plan's arena
+    /// (the GPU's stated figure, [`cost::GpuSpec::context_reserve`], without it).
+    pub context_reserve: Option<u64>,
 }
 
 impl Default for Options {
@@ -77,6 +80,7 @@ impl Default for Options {
             fuse_loss: true,
             freeze: Vec::new(),
             lora: None,
+            context_reserve: None,
         }
     }
 }
@@ -244,18 +248,33 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
         layout_time: options.layout_time,
         alignment: options.target.alignment(),
     };
+    let gpu = options.gpu.unwrap_or_default();
+    let reserve = match options.target {
+        plan::Target::Cuda { .. } => Some(
+            options
+                .context_reserve
+                .unwrap_or(gpu.spec().context_reserve),
+        ),
+        plan::Target::Cpu => None,
+    };
     let step = budget::Step {
         target: options.target,
         model: &module.name,
         graph: &graph,
         train: module.train.as_ref(),
-        gpu: options.gpu.unwrap_or_default(),
+        gpu,
+        reserve: reserve.unwrap_or(0),
     };
     let (graph, mut plan) = budget::fit(step, options.checkpoint, &build).map_err(|e| match e {
         budget::FitError::User(u) => CompileError::User(u),
         budget::FitError::Internal(e) => e.into(),
     })?;
     plan.report.estimate = options.gpu.map(|gpu| cost::estimate(&plan, gpu));
+    plan.report.device = reserve.map(|context_reserve| plan::DeviceBytes {
+        arena: plan.arena_bytes,
+        context_reserve,
+        total: plan.arena_bytes.saturating_add(context_reserve),
+    });
     plan.report.largest_at_peak = plan::largest_at_peak(&plan, source, 10);
     let plan = plan::verify(plan).map_err(|errs| {
         CompileError::Internal(errs.into_iter().map(|e| e.to_string()).collect())

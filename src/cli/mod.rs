@@ -85,6 +85,11 @@ pub struct CompileArgs {
     /// the estimate, and checkpointing ranks its candidates by time on it (h100 without).
     #[arg(long, value_name = "NAME")]
     gpu: Option<String>,
+    /// Device bytes of the CUDA context beside a --device cuda plan's arena, e.g. 600MiB
+    /// (default: the figure stated for the --gpu, 529 MiB as measured on an H200); --budget
+    /// holds the arena and this together.
+    #[arg(long, value_name = "SIZE")]
+    context_reserve: Option<String>,
     /// Fuse the loss head `cross_entropy(x @ w, t)` into a chunked linear cross-entropy that
     /// never holds the logits (default on); off keeps the matmul and cross-entropy.
     #[arg(long, value_name = "on|off")]
@@ -116,6 +121,7 @@ impl CompileArgs {
             ("--master-weights", self.master_weights.is_some()),
             ("--accumulate", self.accumulate.is_some()),
             ("--gpu", self.gpu.is_some()),
+            ("--context-reserve", self.context_reserve.is_some()),
             ("--fuse-loss", self.fuse_loss.is_some()),
             ("--freeze", !self.freeze.is_empty()),
             ("--lora", self.lora.is_some()),
@@ -354,6 +360,18 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
             .map(memc::passes::lora::LoraSpec::parse)
             .transpose()
             .map_err(|e| Failure::Plain(format!("--lora: {e}")))?,
+        // A reserve of 0 budgets the arena alone.
+        context_reserve: args
+            .context_reserve
+            .as_deref()
+            .map(|r| {
+                if r.trim() == "0" {
+                    Ok(0)
+                } else {
+                    parse_size(r)
+                }
+            })
+            .transpose()?,
     })
 }
 

@@ -309,6 +309,17 @@ fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> R
             human_bytes(after.total)
         ),
     )?;
+    if let Some(d) = plan.report.device {
+        let in_use = after.total - after.free;
+        super::output::write(
+            None,
+            &format!(
+                "cuda: {in_use} bytes in use against the plan's {} (arena + context reserve): {:.3} of it\n",
+                d.total,
+                in_use as f64 / d.total.max(1) as f64
+            ),
+        )?;
+    }
     let loss = plan
         .outputs
         .iter()

@@ -46,7 +46,16 @@ pub struct GpuSpec {
     /// Device memory in bytes: the datasheet's GB figure taken as GiB (the driver reports
     /// slightly less, e.g. 79.6 GiB on an H100 SXM).
     pub memory: u64,
+    /// Device bytes the CUDA context and memc's loaded kernels take before the arena
+    /// ([`CONTEXT_RESERVE`]); a plan for the GPU is budgeted with it on top of its arena.
+    pub context_reserve: u64,
 }
+
+/// The CUDA context with memc's kernels loaded, as measured by `cuMemGetInfo` before the
+/// arena's allocation on an H200 (driver 580.159, CUDA 13.0): 528.8 MiB, for GPT-2 small's
+/// kernels and for the MLP's alike, rounded up to 529 MiB. Taken for every GPU until
+/// measured on each (`--context-reserve` overrides it).
+pub const CONTEXT_RESERVE: u64 = 529 << 20;
 
 const TERA: f64 = 1e12;
 const GIB: u64 = 1 << 30;
@@ -65,6 +74,7 @@ const A100: GpuSpec = GpuSpec {
     compute: (8, 0),
     threads_per_sm: 2048,
     memory: 80 * GIB,
+    context_reserve: CONTEXT_RESERVE,
 };
 
 /// H100 SXM. NVIDIA H100 Tensor Core GPU datasheet (2023): FP32 67 TFLOPS; TF32 989 and
@@ -81,6 +91,7 @@ const H100: GpuSpec = GpuSpec {
     compute: (9, 0),
     threads_per_sm: 2048,
     memory: 80 * GIB,
+    context_reserve: CONTEXT_RESERVE,
 };
 
 /// H200 SXM. NVIDIA H200 Tensor Core GPU datasheet (2024): the H100's compute (FP32 67
@@ -96,6 +107,7 @@ const H200: GpuSpec = GpuSpec {
     compute: (9, 0),
     threads_per_sm: 2048,
     memory: 141 * GIB,
+    context_reserve: CONTEXT_RESERVE,
 };
 
 /// GeForce RTX 4090. NVIDIA Ada Lovelace GPU Architecture whitepaper (2022), appendix A,
@@ -112,6 +124,7 @@ const RTX4090: GpuSpec = GpuSpec {
     compute: (8, 9),
     threads_per_sm: 1536,
     memory: 24 * GIB,
+    context_reserve: CONTEXT_RESERVE,
 };
 
 impl Gpu {

@@ -8,7 +8,7 @@ mod gpu;
 mod model;
 
 pub use estimate::{estimate, ms, render_text, Estimate, OpTime, StepTime};
-pub use gpu::{Gpu, GpuSpec};
+pub use gpu::{Gpu, GpuSpec, CONTEXT_RESERVE};
 pub use model::{
     Bound, Time, Work, LAUNCH_OVERHEAD_S, LIBRARY_FP32_EFFICIENCY, MEMORY_EFFICIENCY,
     SIMT_EFFICIENCY, TENSOR_CORE_EFFICIENCY,

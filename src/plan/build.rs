@@ -511,5 +511,6 @@ fn report(
         precision: None,
         estimate: None,
         largest_at_peak: Vec::new(),
+        device: None,
     }
 }

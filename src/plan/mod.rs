@@ -13,8 +13,8 @@ pub use crate::settings::TrainSummary;
 pub use build::{build, build_for, BuildOptions};
 pub use peak::{largest_at_peak, PeakTensor};
 pub use report::{
-    grouped, human_bytes, live_bytes, render_text, Bytes, CheckpointSummary, PhasePeak,
-    PrecisionSummary, RecomputedGroup, Report, SavedKind,
+    grouped, human_bytes, live_bytes, render_text, Bytes, CheckpointSummary, DeviceBytes,
+    PhasePeak, PrecisionSummary, RecomputedGroup, Report, SavedKind,
 };
 pub use target::Target;
 pub use verify::{verify, PlanError, VerifiedPlan};

@@ -137,9 +137,31 @@ pub struct Report {
     /// [`crate::compile`], which has the source).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub largest_at_peak: Vec<super::PeakTensor>,
+    /// On a GPU: the device bytes the step takes, its arena and the CUDA context's reserve
+    /// (absent for the CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceBytes>,
+}
+
+/// The device bytes of a plan for a GPU: what the plan guarantees (its arena) and what the
+/// runtime takes beside it (the CUDA context with the loaded kernels, a stated figure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceBytes {
+    /// The arena, exact.
+    pub arena: u64,
+    /// The CUDA context and loaded kernels (`crate::cost::CONTEXT_RESERVE` unless
+    /// `--context-reserve` says otherwise).
+    pub context_reserve: u64,
+    /// Their sum: what `--budget` is held to on a GPU.
+    pub total: u64,
 }
 
 impl Report {
+    /// The bytes a budget is held to: the device total on a GPU, else the arena.
+    pub fn budgeted_bytes(&self) -> u64 {
+        self.device.map_or(self.bytes.arena, |d| d.total)
+    }
+
     /// The recompute FLOPs as a percentage of the step's FLOPs (0 without checkpointing).
     pub fn recompute_percent(&self) -> f64 {
         self.checkpoint

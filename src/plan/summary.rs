@@ -26,6 +26,14 @@ pub(super) fn render(out: &mut String, plan: &Plan) {
         human_bytes(plan.report.bytes.arena),
         listed.join(", ")
     );
+    if let Some(d) = plan.report.device {
+        let _ = writeln!(
+            out,
+            "  on the GPU: {} with the CUDA context's {} (a stated figure, --context-reserve; the arena is what the plan guarantees)",
+            human_bytes(d.total),
+            human_bytes(d.context_reserve)
+        );
+    }
     if let Some(&(largest, _)) = parts.first() {
         let _ = writeln!(out, "  to need less: {}", hint(plan, largest));
     }
