@@ -13,6 +13,81 @@ use memc::codegen::{cast_kernel, kernel_for, KernelParam};
 use memc::ir::*;
 use std::collections::HashMap;
 
+/// Every GEMM of every case that calls libraries stays inside the buffers it addresses: each
+/// operand's offset plus its extent over the batch is within its input, the output or the
+/// step's CUDA workspace (the library's scratch after the kernel's own).
+#[test]
+fn every_library_gemm_stays_inside_its_buffers() {
+    use memc::codegen::gemm::{Addr, Call};
+    let mut gemms = 0;
+    for case in kernel_cases() {
+        let refs: Vec<&TensorType> = case.inputs.iter().collect();
+        let workspace = memc::plan::Target::CUDA_MIN.workspace_bytes(&case.op, &refs, &case.output);
+        let size = |a: Addr| match a {
+            Addr::Input(i, plus) => (case.inputs[i].bytes(), plus),
+            Addr::Output(plus) => (case.output.bytes(), plus),
+            Addr::Workspace(plus) => (case.kernel.library_workspace_from, plus),
+        };
+        for call in &case.kernel.library {
+            let Call::Gemm(g) = call else { continue };
+            gemms += 1;
+            for m in [&g.a, &g.b, &g.d] {
+                let (limit, at) = size(m.at);
+                assert!(
+                    at + g.extent_bytes(m) <= limit,
+                    "{}: {m:?} of {g:?} past {limit} bytes",
+                    case.label
+                );
+            }
+        }
+        assert!(
+            case.kernel.library_workspace_from <= workspace,
+            "{}",
+            case.label
+        );
+    }
+    assert!(gemms > 0, "the cases include library GEMMs");
+}
+
+/// Attention's backward at a size whose scores exceed one unit's scratch for the query and
+/// key gradients (6 heads of 1,024 x 1,024 scores at 12 bytes each: units of 5 heads, then
+/// 1; the value gradient's 6 bytes a score fit all 6 heads in one unit): every gradient's
+/// GEMMs write each element of the output exactly once.
+#[test]
+fn attention_backward_units_cover_every_head_once() {
+    use memc::codegen::gemm::{Addr, Call};
+    let q = TensorType::new(DType::BF16, vec![2, 1024, 48]);
+    let attn = AttnParams {
+        heads: 6,
+        kv_heads: 6,
+        causal: true,
+        scale: 0.35,
+    };
+    for which in [AttnInput::Q, AttnInput::K, AttnInput::V] {
+        let op = Op::AttentionBackward { attn, which };
+        let inputs = vec![q.clone(), q.clone(), q.clone(), q.clone()];
+        let k = kernel_for(&op, &inputs, &q).unwrap().unwrap();
+        let mut written = vec![0u8; q.numel() as usize];
+        let mut units = 0;
+        for call in &k.library {
+            let Call::Gemm(g) = call else { continue };
+            let Addr::Output(at) = g.d.at else { continue };
+            units += 1;
+            let first = at / 2;
+            for z in 0..g.batch {
+                for c in 0..g.d.cols {
+                    for r in 0..g.d.rows {
+                        written[(first + z * g.d.stride + c * g.d.ld + r) as usize] += 1;
+                    }
+                }
+            }
+        }
+        let per_batch = if which == AttnInput::V { 1 } else { 2 };
+        assert_eq!(units, 2 * per_batch, "{which:?}: units per batch");
+        assert!(written.iter().all(|&w| w == 1), "{which:?}");
+    }
+}
+
 #[test]
 fn every_case_generates_a_wellformed_kernel() {
     let mut by_name: HashMap<String, String> = HashMap::new();

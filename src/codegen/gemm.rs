@@ -220,6 +220,12 @@ impl Gemm {
         Ok(())
     }
 
+    /// Bytes from `m.at` to the end of its last element over the batch (0 when it is
+    /// empty): with its address's offset, what the buffer it points into must hold.
+    pub fn extent_bytes(&self, m: &Matrix) -> u64 {
+        self.span(m) * m.dtype.size()
+    }
+
     /// Elements from `m.at` to one past its last element over the batch.
     fn span(&self, m: &Matrix) -> u64 {
         if m.rows == 0 || m.cols == 0 || self.batch == 0 {
