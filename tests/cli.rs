@@ -478,3 +478,38 @@ fn fp16_dump_holds_unscaled_gradients() {
         norm(&exact)
     );
 }
+
+/// `compile --summary` lays the plan out as PyTorch's memory_summary(): its rows hold the
+/// plan's own figures (the arena as reserved memory, the sum of all buffers as allocated in
+/// all, what outlives the step as parameters and optimizer state); with --device cuda the
+/// stated CUDA context joins the reserved memory; it does not combine with --format.
+#[test]
+fn compile_summary_is_a_memory_summary_table_of_the_plan() {
+    let c = common::compiled(&std::fs::read_to_string(MLP).unwrap());
+    let plan = c.plan.plan();
+    let out = memc(&["compile", MLP, "--summary"]);
+    assert_success(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("| {name}")))
+            .unwrap_or_else(|| panic!("{name}: {text}"))
+            .to_string()
+    };
+    let h = memc::plan::human_bytes;
+    assert!(
+        row("Reserved memory (arena)").contains(&h(plan.arena_bytes)),
+        "{text}"
+    );
+    assert!(
+        row("Allocated memory").contains(&h(plan.report.bytes.no_reuse)),
+        "{text}"
+    );
+    let persistent = plan.report.bytes.params + plan.report.bytes.optimizer;
+    assert!(row("Allocated memory").contains(&h(persistent)), "{text}");
+    assert!(!text.contains("CUDA context"), "{text}");
+    let gpu = memc(&["compile", MLP, "--summary", "--device", "cuda"]);
+    assert!(String::from_utf8_lossy(&gpu.stdout).contains("+ CUDA context (stated) |    529.0 MiB"));
+    let both = memc(&["compile", MLP, "--summary", "--format", "json"]);
+    assert_eq!(both.status.code(), Some(2));
+}

@@ -155,6 +155,11 @@ enum Command {
         format: Format,
         #[arg(long, value_enum, default_value_t = Emit::Report)]
         emit: Emit,
+        /// Print the memory in the table of PyTorch's torch.cuda.memory_summary() (allocated
+        /// bytes at the end of the step, at its peak, in all and freed, by role; the arena as
+        /// reserved memory; buffer counts) instead of the report.
+        #[arg(long, conflicts_with_all = ["emit", "format"])]
+        summary: bool,
         /// Write to this file (atomically) instead of stdout.
         #[arg(short, long)]
         output: Option<PathBuf>,
@@ -428,10 +433,12 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             args,
             format,
             emit,
+            summary,
             output,
         } => {
             let compiled = compile_file(&args)?;
             let text = match (emit, format) {
+                _ if summary => memc::plan::render_memory_summary(compiled.plan.plan()),
                 (Emit::Ast, _) => format!("{:#?}\n", compiled.ast),
                 (Emit::Graph, _) => memc::ir::print(&compiled.graph),
                 (Emit::Plan, _) | (Emit::Report, Format::Json) => {

@@ -2,6 +2,7 @@
 //! offset in one arena, and the report of what it needs. JSON (serde) is its stable form.
 
 mod build;
+mod memory_summary;
 mod peak;
 mod report;
 mod summary;
@@ -11,6 +12,7 @@ mod views;
 
 pub use crate::settings::TrainSummary;
 pub use build::{build, build_for, BuildOptions};
+pub use memory_summary::render_memory_summary;
 pub use peak::{largest_at_peak, PeakTensor};
 pub use report::{
     grouped, human_bytes, live_bytes, render_text, Bytes, CheckpointSummary, DeviceBytes,
