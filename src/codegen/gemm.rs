@@ -164,11 +164,6 @@ impl Gemm {
         }
     }
 
-    /// Multiply-adds times two, over the whole batch.
-    pub fn flops(&self) -> u64 {
-        2 * self.m() * self.n() * self.k() * self.batch
-    }
-
     /// Runs the product on the host over `arena`, `base` giving each address's byte offset:
     /// every element of `D` is `alpha` times the fp32 sum over `k` in order, plus `beta`
     /// times its prior value, rounded once to `D`'s type. Errors when an operand would reach
