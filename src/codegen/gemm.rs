@@ -230,6 +230,19 @@ impl Gemm {
     }
 }
 
+impl Call {
+    /// A launch of the step's own kernel over `blocks` blocks (at least 1; past 65,536 the
+    /// kernel's grid-stride loops take the rest).
+    pub fn launch(blocks: u64, phase: u64, chunk: u64) -> Call {
+        let grid = u32::try_from(blocks.clamp(1, 1 << 16)).unwrap_or(1 << 16);
+        Call::Launch {
+            grid: [grid, 1, 1],
+            phase,
+            chunk,
+        }
+    }
+}
+
 /// One call of a step that uses libraries, in order.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub enum Call {

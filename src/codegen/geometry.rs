@@ -81,6 +81,22 @@ pub(crate) fn pow2_block(n: u64, lo: u32, hi: u32) -> u32 {
 /// to fill every one; the partials (8 bytes a block) stay small.
 pub(crate) const PARTIAL_BLOCKS: u64 = 8 * 132;
 
+/// Blocks that fill an H100 four times over (132 SMs): a kernel whose natural grid is
+/// smaller splits its work (rows into slices, a GEMM's K) until it launches about this many.
+pub(crate) const FILL_BLOCKS: u64 = 4 * 132;
+
+/// `bytes` rounded up to 256: the start of the next region of a workspace laid out in
+/// regions, each aligned for any element type and for cuBLASLt's operands.
+pub(crate) fn region(bytes: u64) -> u64 {
+    bytes.div_ceil(256) * 256
+}
+
+/// `elements` rounded up to 8: a padded row stride, so that every row of a workspace matrix
+/// starts 16-byte aligned in fp32 and in 16-bit types (what cuBLASLt's fast kernels need).
+pub(crate) fn padded_row(elements: u64) -> u64 {
+    elements.div_ceil(8) * 8
+}
+
 /// Splits `n` items into equal contiguous chunks, one a block, over `ceil(n / min_chunk)`
 /// blocks but at most `max_blocks`: (blocks, items per chunk), both at least 1, every block
 /// with at least one item when `n > 0`; only the last chunk may be shorter.

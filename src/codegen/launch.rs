@@ -120,10 +120,15 @@ pub(crate) fn templated(
 /// Output tile edge of the GEMM templates (`matmul.cu`, `conv.cu`).
 const GEMM_TILE: u64 = 64;
 
+/// The tiled GEMM's output tiles along `n` and along `m` for an `m` x `n` output.
+pub(crate) fn gemm_tiles(m: u64, n: u64) -> (u64, u64) {
+    (n.div_ceil(GEMM_TILE), m.div_ceil(GEMM_TILE))
+}
+
 /// The tiled GEMM launch for an `m` x `n` output per batch; `Unsupported` when the grid
 /// exceeds CUDA's limits.
 pub(crate) fn gemm_launch(a: &Args, m: u64, n: u64, batch: u64) -> Result<Launch, CodegenError> {
-    let (gx, gy) = (n.div_ceil(GEMM_TILE), m.div_ceil(GEMM_TILE));
+    let (gx, gy) = gemm_tiles(m, n);
     if gx > u64::from(u32::MAX >> 1) || gy > 65535 || batch > 65535 {
         return Err(a.unsupported(format!(
             "GEMM grid {gx} x {gy} x {batch} exceeds CUDA limits"

@@ -548,16 +548,16 @@ fn prepare_calls(
                     Addr::Workspace(plus) => workspace.ok_or_else(missing)?.0 + plus,
                 })
         };
+        // cuBLASLt's scratch: whatever of the workspace the step's kernel does not use.
+        let (ws_at, ws_bytes) = workspace.unwrap_or((0, 0));
+        let own = kernel.library_workspace_from.min(ws_bytes);
+        let scratch = (base + ws_at + own, (ws_bytes - own) as usize);
         let mut calls = Vec::with_capacity(kernel.library.len());
         for call in &kernel.library {
             calls.push(match call {
                 Call::Gemm(g) => {
                     let ptrs = [addr(g.a.at)?, addr(g.b.at)?, addr(g.d.at)?];
-                    // The GEMM's own scratch: whatever of the workspace its kernel does not use.
-                    let (ws_at, ws_bytes) = workspace.unwrap_or((0, 0));
-                    let own = kernel.library_workspace_from.min(ws_bytes);
-                    let ws = (base + ws_at + own, (ws_bytes - own) as usize);
-                    Prepared::Gemm(lt.prepare(g, ptrs, ws)?)
+                    Prepared::Gemm(lt.prepare(g, ptrs, scratch)?)
                 }
                 Call::Launch { grid, phase, chunk } => Prepared::Launch {
                     grid: *grid,

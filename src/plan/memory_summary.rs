@@ -43,7 +43,10 @@ impl Row {
 
 /// The table for `plan`.
 pub fn render_memory_summary(plan: &Plan) -> String {
-    let at_peak: Vec<u32> = live_at_peak(plan).iter().map(|b| b.id.0).collect();
+    let mut at_peak = vec![false; plan.buffers.len()];
+    for b in live_at_peak(plan) {
+        at_peak[b.id.index()] = true;
+    }
     let mut total = Row::default();
     let mut by_class = [Row::default(); CLASSES.len()];
     for b in plan
@@ -52,7 +55,7 @@ pub fn render_memory_summary(plan: &Plan) -> String {
         .filter(|b| b.view_of.is_none() && b.bytes > 0)
     {
         // What outlives the step: parameters and optimizer state.
-        let (end, peak) = (b.class.is_persistent(), at_peak.contains(&b.id.0));
+        let (end, peak) = (b.class.is_persistent(), at_peak[b.id.index()]);
         total.add(b, end, peak);
         if let Some(i) = CLASSES.iter().position(|&c| c == b.class) {
             by_class[i].add(b, end, peak);

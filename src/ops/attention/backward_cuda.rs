@@ -9,7 +9,7 @@
 
 use crate::codegen::build::{c_bool, c_f32, c_u64};
 use crate::codegen::gemm::{Addr, Call, Gemm};
-use crate::codegen::geometry::u;
+use crate::codegen::geometry::{padded_row, region, u};
 use crate::codegen::launch::staged;
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel};
@@ -24,10 +24,6 @@ pub(crate) const SCRATCH: u64 = 64 << 20;
 
 /// Threads of the row and store launches.
 const BLOCK: u32 = 256;
-
-fn aligned(bytes: u64) -> u64 {
-    bytes.div_ceil(256) * 256
-}
 
 /// The geometry of one attention backward and its workspace layout.
 struct Geometry {
@@ -54,9 +50,7 @@ impl Geometry {
         let (h, kvh) = (u(p.heads), u(p.kv_heads));
         let dh = u(q.shape[2]).checked_div(h)?;
         let e = q.dtype.size();
-        // Score rows padded to 8 elements, so each starts 16-byte aligned (cuBLASLt's fast
-        // kernels need it).
-        let tk_ld = tk.div_ceil(8) * 8;
+        let tk_ld = padded_row(tk);
         // Bytes per score: s/p in fp32 and p in T; for dq and dk also dp (fp32) and ds (T).
         let per = if which == AttnInput::V {
             4 + e
@@ -75,22 +69,22 @@ impl Geometry {
             (SCRATCH / (tk_ld * per).max(1)).clamp(1, tq)
         };
         let scores = hc * rc * tk_ld;
-        let p_at = aligned(scores * 4);
-        let dp_at = p_at + aligned(scores * e);
+        let p_at = region(scores * 4);
+        let dp_at = p_at + region(scores * e);
         let ds_at = if which == AttnInput::V {
             dp_at
         } else {
-            dp_at + aligned(scores * 4)
+            dp_at + region(scores * 4)
         };
         let acc_at = if which == AttnInput::V {
             dp_at
         } else {
-            ds_at + aligned(scores * e)
+            ds_at + region(scores * e)
         };
         let accumulates = which != AttnInput::Q && (h != kvh || rc < tq);
         let scratch_at = acc_at
             + if accumulates {
-                aligned(hc * tk * dh * 4)
+                region(hc * tk * dh * 4)
             } else {
                 0
             };
@@ -165,15 +159,6 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
     let kv_step = if group == 1 { g.dh } else { 0 };
     let unit_scores = g.rc * g.tk_ld;
     let direct = which != AttnInput::Q && group == 1 && g.rc == g.tq;
-    let launch = |blocks: u64, phase: u64, chunk: u64| Call::Launch {
-        grid: [
-            u32::try_from(blocks.clamp(1, 1 << 16)).unwrap_or(1 << 16),
-            1,
-            1,
-        ],
-        phase,
-        chunk,
-    };
     let mut out = Vec::new();
     for b in 0..g.b {
         // Units of kv output: a chunk of heads (no groups), or one kv head and its group.
@@ -209,7 +194,7 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                         .batched(hn, strides)
                         .scaled(p.scale, 0.0),
                     ));
-                    out.push(launch(rn * hn, 0, chunk));
+                    out.push(Call::launch(rn * hn, 0, chunk));
                     let beta = if contributions > 0 { 1.0 } else { 0.0 };
                     let kv_out = if direct {
                         (Addr::Output(g.at_kv(b, 0, h0)), t, kv_row)
@@ -240,7 +225,7 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                             )
                             .batched(hn, strides),
                         ));
-                        out.push(launch(rn * hn, 1, chunk));
+                        out.push(Call::launch(rn * hn, 1, chunk));
                         let ds = (Addr::Workspace(ds_at), t, which == AttnInput::K, g.tk_ld);
                         out.push(Call::Gemm(if which == AttnInput::Q {
                             // dq = ds k
@@ -263,7 +248,11 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
             }
             if which != AttnInput::Q && !direct {
                 let n = (if group == 1 { g.hc.min(g.h - g0) } else { 1 }) * g.tk * g.dh;
-                out.push(launch(n.div_ceil(u64::from(BLOCK)), 2, b * g.kvh + g0));
+                out.push(Call::launch(
+                    n.div_ceil(u64::from(BLOCK)),
+                    2,
+                    b * g.kvh + g0,
+                ));
             }
         }
     }

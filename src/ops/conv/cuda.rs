@@ -2,9 +2,9 @@
 //! implicit GEMMs on the tiled core of the matmul template, one GEMM batch per group.
 
 use crate::codegen::build::c_u64;
-use crate::codegen::geometry::PARTIAL_BLOCKS;
 use crate::codegen::geometry::{u, window_consts};
-use crate::codegen::launch::{gemm_launch, templated, two_stage, Launch};
+use crate::codegen::geometry::{FILL_BLOCKS, PARTIAL_BLOCKS};
+use crate::codegen::launch::{gemm_launch, gemm_tiles, templated, two_stage, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel, KernelParam};
 use crate::ir::{ConvParams, Op};
@@ -12,10 +12,6 @@ use crate::ops::cuda::CudaLowering;
 
 /// `conv.cu`: the implicit-GEMM IO objects and entry templates (after `matmul.cu`).
 const TEMPLATE: &str = include_str!("conv.cu");
-
-/// Blocks that fill an H100 four times over (132 SMs): a weight gradient whose output tiles
-/// are fewer splits its K until it has about this many.
-const FILL_BLOCKS: u64 = 4 * 132;
 
 /// Least K a split of the weight gradient sums (16 of the GEMM's K steps).
 const MIN_SPLIT_K: u64 = 256;
@@ -38,7 +34,8 @@ fn weight_workspace(x: &[usize], dw: &[usize], dy: &[usize], groups: usize) -> u
     let g = u(groups.max(1));
     let (cog, nw) = (u(dw[0]) / g, u(dw[1] * dw[2] * dw[3]));
     let k = u(x[0] * dy[2] * dy[3]);
-    let tiles = nw.div_ceil(64) * cog.div_ceil(64) * g;
+    let (gx, gy) = gemm_tiles(cog, nw);
+    let tiles = gx * gy * g;
     match weight_splits(k, tiles, (g, cog, nw)) {
         1 => 0,
         s => s * g * cog * nw * 4,

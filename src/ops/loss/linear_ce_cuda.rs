@@ -8,7 +8,7 @@
 
 use crate::codegen::build::{c_bool, c_u64};
 use crate::codegen::gemm::{Addr, Call, Gemm, RowMajor};
-use crate::codegen::geometry::u;
+use crate::codegen::geometry::{padded_row, region, u, FILL_BLOCKS};
 use crate::codegen::launch::staged;
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel};
@@ -20,19 +20,6 @@ const TEMPLATE: &str = include_str!("linear_ce.cu");
 
 /// Threads of a row block, and of the tile and log-sum-exp launches.
 const BLOCK: u32 = 256;
-
-/// Rounds a workspace region up to 256 bytes.
-fn aligned(bytes: u64) -> u64 {
-    bytes.div_ceil(256) * 256
-}
-
-/// Blocks that fill an H100 four times over (132 SMs): the forward splits each row's
-/// log-sum-exp into column slices until a chunk's rows make at least this many.
-const FILL_BLOCKS: u64 = 4 * 132;
-
-/// Elements a workspace row of logits is padded to a multiple of, so that every row starts
-/// 16-byte aligned in fp32 and in 16-bit types (the alignment cuBLASLt's fast kernels need).
-const ROW_ALIGN: u64 = 8;
 
 /// The shapes of one linear cross-entropy: rows `n`, hidden `d`, classes `v`, rows per chunk,
 /// columns per weight-gradient tile (as many logits as a chunk holds), operand element type,
@@ -55,7 +42,6 @@ impl Shape {
         let (n, d, v) = super::rules::linear_ce(lce, inputs).ok()?;
         let chunk = u(lce.chunk).clamp(1, n.max(1));
         let tile = (chunk * v / n.max(1)).clamp(1, v.max(1));
-        let pad = |x: u64| x.div_ceil(ROW_ALIGN) * ROW_ALIGN;
         Some(Shape {
             n,
             d,
@@ -63,8 +49,8 @@ impl Shape {
             chunk,
             tile,
             dtype: inputs.first()?.dtype,
-            v_ld: pad(v),
-            tile_ld: pad(tile),
+            v_ld: padded_row(v),
+            tile_ld: padded_row(tile),
             splits: FILL_BLOCKS.div_ceil(chunk).clamp(1, (v / 1024).max(1)),
         })
     }
@@ -73,12 +59,12 @@ impl Shape {
     /// where cuBLASLt's scratch begins.
     fn regions(&self, which: Option<LceGrad>) -> (u64, u64, u64) {
         let logits = (self.chunk * self.v_ld).max(self.n * self.tile_ld);
-        let p = aligned(logits * 4);
-        let lse = p + aligned(logits * self.dtype.size());
+        let p = region(logits * 4);
+        let lse = p + region(logits * self.dtype.size());
         match which {
-            None => (p, p, p + aligned(self.chunk * self.splits * 8)),
+            None => (p, p, p + region(self.chunk * self.splits * 8)),
             Some(LceGrad::Input) => (p, lse, lse),
-            Some(LceGrad::Weight) => (p, lse, lse + aligned(self.n * 4)),
+            Some(LceGrad::Weight) => (p, lse, lse + region(self.n * 4)),
         }
     }
 
@@ -139,15 +125,6 @@ pub(crate) fn linear_ce(
     let z = (Addr::Workspace(0), DType::F32);
     let p = Addr::Workspace(p_at);
     let mut calls = Vec::new();
-    let launch = |blocks: u64, phase: u64, chunk: u64| Call::Launch {
-        grid: [
-            u32::try_from(blocks.clamp(1, 1 << 16)).unwrap_or(1 << 16),
-            1,
-            1,
-        ],
-        phase,
-        chunk,
-    };
     match which {
         None | Some(LceGrad::Input) => {
             for c in 0..s.n.div_ceil(s.chunk) {
@@ -161,10 +138,10 @@ pub(crate) fn linear_ce(
                     (rn, s.v, s.d),
                 ));
                 if which.is_none() {
-                    calls.push(launch(rn * s.splits, 0, c));
-                    calls.push(launch(rn.div_ceil(u64::from(BLOCK)), 1, c));
+                    calls.push(Call::launch(rn * s.splits, 0, c));
+                    calls.push(Call::launch(rn.div_ceil(u64::from(BLOCK)), 1, c));
                 } else {
-                    calls.push(launch((rn * s.v).div_ceil(u64::from(BLOCK)), 0, c));
+                    calls.push(Call::launch((rn * s.v).div_ceil(u64::from(BLOCK)), 0, c));
                     // dx_c = p @ W^T: W [D, V] read transposed, or E [V, D] as stored.
                     let w_stride = if lce.transposed { s.d } else { s.v };
                     let w = Addr::Input(1, 0);
@@ -179,7 +156,7 @@ pub(crate) fn linear_ce(
         }
         Some(LceGrad::Weight) => {
             let warps_per_block = u64::from(BLOCK / 32);
-            calls.push(launch(s.n.div_ceil(warps_per_block), 0, 0));
+            calls.push(Call::launch(s.n.div_ceil(warps_per_block), 0, 0));
             for tile in 0..s.v.div_ceil(s.tile) {
                 let v0 = tile * s.tile;
                 let width = s.tile.min(s.v - v0);
@@ -190,7 +167,11 @@ pub(crate) fn linear_ce(
                     (z.0, z.1, s.tile_ld),
                     (s.n, width, s.d),
                 ));
-                calls.push(launch((s.n * width).div_ceil(u64::from(BLOCK)), 1, tile));
+                calls.push(Call::launch(
+                    (s.n * width).div_ceil(u64::from(BLOCK)),
+                    1,
+                    tile,
+                ));
                 let call = if lce.transposed {
                     // dE[v0.., :] = p^T @ x
                     gemm(
