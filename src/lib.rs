@@ -13,6 +13,7 @@ pub mod diagnostic;
 pub mod exec;
 pub mod fit;
 pub mod front;
+pub mod hf;
 pub mod init;
 pub mod ir;
 pub mod onnx;

@@ -1,4 +1,5 @@
-//! `memc import`: an ONNX model to a readable `.mdl` plus its weights as safetensors.
+//! `memc import`: an ONNX model to a readable `.mdl` plus its weights as safetensors, or a
+//! Hugging Face `config.json` to a `.mdl` whose parameters its checkpoints fill.
 
 use super::{output::write_atomic, Failure};
 use memc::exec::io::write_safetensors;
@@ -7,12 +8,13 @@ use std::path::PathBuf;
 /// Arguments of `memc import`.
 #[derive(clap::Args)]
 pub struct ImportArgs {
-    /// The .onnx file.
+    /// The .onnx file, or a Hugging Face transformers config.json.
     file: PathBuf,
     /// The .mdl to write.
     #[arg(short, long)]
     output: PathBuf,
-    /// Where the weights go (default: the output path with extension .safetensors).
+    /// Where an ONNX model's weights go (default: the output path with extension
+    /// .safetensors); a config.json has none: its checkpoint loads with `memc run --params`.
     #[arg(long)]
     weights: Option<PathBuf>,
 }
@@ -21,6 +23,9 @@ pub struct ImportArgs {
 pub fn import(args: ImportArgs) -> Result<(), Failure> {
     let bytes = std::fs::read(&args.file)
         .map_err(|e| Failure::Plain(format!("cannot read {}: {e}", args.file.display())))?;
+    if args.file.extension().is_some_and(|e| e == "json") {
+        return import_config(&args, &bytes);
+    }
     let name = args
         .file
         .file_stem()
@@ -47,6 +52,27 @@ pub fn import(args: ImportArgs) -> Result<(), Failure> {
             .map(|(onnx, mdl)| format!("{onnx} -> output.{mdl}.npy"))
             .collect::<Vec<_>>()
             .join(", ")
+    );
+    Ok(())
+}
+
+/// A Hugging Face config to `.mdl`, written atomically.
+fn import_config(args: &ImportArgs, bytes: &[u8]) -> Result<(), Failure> {
+    let name = args.file.display().to_string();
+    let text = String::from_utf8_lossy(bytes);
+    if args.weights.is_some() {
+        return Err(Failure::Plain(
+            "--weights is for ONNX models; a config's checkpoint loads with `memc run --params`"
+                .into(),
+        ));
+    }
+    let written = memc::hf::import_config(&text).map_err(|e| Failure::user(e, &name, &text))?;
+    write_atomic(&args.output, written.mdl.as_bytes())?;
+    eprintln!(
+        "wrote {} ({}); load its checkpoint with `memc run {} --params model.safetensors`",
+        args.output.display(),
+        written.class,
+        args.output.display()
     );
     Ok(())
 }

@@ -5,8 +5,9 @@ use super::{compile_file, output::write_atomic, CompileArgs, Failure};
 use indicatif::{ProgressBar, ProgressStyle};
 use memc::exec::cpu::CpuExecutor;
 use memc::exec::cuda::CudaExecutor;
-use memc::exec::io::{read_npy, read_safetensors, write_npy, write_safetensors, TensorData};
+use memc::exec::io::{read_npy, write_npy, write_safetensors, TensorData};
 use memc::exec::{lowp, ExecError};
+use memc::hf::checkpoint::{self, Wanted};
 use memc::ir::DType;
 use memc::plan::{human_bytes, verify, BufferId, Plan, VerifiedPlan};
 use std::io::IsTerminal;
@@ -135,27 +136,27 @@ fn read_file(path: &Path) -> Result<Vec<u8>, Failure> {
     std::fs::read(path).map_err(|e| Failure::Plain(format!("cannot read {}: {e}", path.display())))
 }
 
+/// Fills the parameters from a checkpoint (see [`memc::hf::checkpoint`]), saying on stderr
+/// how many of its tensors went unused.
 fn load_params(ex: &mut impl Buffers, path: &Path) -> Result<(), Failure> {
-    let tensors = read_safetensors(&read_file(path)?)
-        .map_err(|e| Failure::Plain(format!("{}: {e}", path.display())))?;
-    for p in ex.plan().params.clone() {
-        let want = ex.plan().buffers[p.buffer.index()].ty.clone();
-        let Some((shape, data)) = tensors.get(&p.name) else {
-            return Err(Failure::Plain(format!(
-                "{}: no tensor named `{}` (the model has parameter `{}` of {want})",
-                path.display(),
-                p.name,
-                p.name
-            )));
-        };
-        if *shape != want.shape {
-            return Err(Failure::Plain(format!(
-                "{}: `{}` has shape {shape:?}, the model expects {want}",
-                path.display(),
-                p.name
-            )));
-        }
-        ex.set(p.buffer, data).map_err(plain)?;
+    let params = ex.plan().params.clone();
+    let wanted: Vec<Wanted> = params
+        .iter()
+        .map(|p| Wanted {
+            name: p.name.clone(),
+            shape: ex.plan().buffers[p.buffer.index()].ty.shape.clone(),
+        })
+        .collect();
+    let loaded = checkpoint::load(path, &wanted, |i, values| {
+        ex.set(params[i].buffer, &values).map_err(|e| e.to_string())
+    })
+    .map_err(Failure::Plain)?;
+    if let Some(first) = loaded.unused.first() {
+        eprintln!(
+            "{}: {} tensor(s) no parameter takes, not loaded (first: `{first}`)",
+            path.display(),
+            loaded.unused.len()
+        );
     }
     Ok(())
 }

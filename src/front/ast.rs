@@ -111,6 +111,8 @@ pub enum ExprKind {
         count: Box<Expr>,
         block: Ident,
         args: Vec<Arg>,
+        /// `as P`: the copies name their parameters `P.0.<name>`, `P.1.<name>`, ...
+        named_as: Option<Ident>,
     },
     Tuple(Vec<Expr>),
     Binary(BinOp, Box<Expr>, Box<Expr>),

@@ -53,9 +53,12 @@ impl Lowerer<'_> {
                 self.binary(*op, a, b, e.span)?
             }
             ExprKind::Call(call) => return self.call(call, env),
-            ExprKind::Repeat { count, block, args } => {
-                return self.repeat(count, block, args, env, e.span)
-            }
+            ExprKind::Repeat {
+                count,
+                block,
+                args,
+                named_as,
+            } => return self.repeat(count, block, args, named_as.as_ref(), env, e.span),
         };
         Ok(Spanned { val, span: e.span })
     }
@@ -64,7 +67,13 @@ impl Lowerer<'_> {
         let Some(first) = parts.first() else {
             return Ok(Val::Tuple(vec![]));
         };
-        let Some(base) = env.get(&first.name) else {
+        // A dotted parameter name (`self_attn.q_proj`) is bound whole: the longest bound
+        // prefix of the path is the value, the rest its fields.
+        let bound = (1..=parts.len()).rev().find_map(|n| {
+            let name: Vec<&str> = parts[..n].iter().map(|p| p.name.as_str()).collect();
+            env.get(&name.join(".")).map(|v| (n, v))
+        });
+        let Some((taken, base)) = bound else {
             if parts.len() == 1 {
                 return Ok(Val::Symbol(first.name.clone()));
             }
@@ -76,7 +85,7 @@ impl Lowerer<'_> {
             ));
         };
         let mut val = base.val.clone();
-        for field in &parts[1..] {
+        for field in &parts[taken..] {
             val = match (&val, field.name.as_str()) {
                 (Val::Group(g), "weight") => Val::Tensor(g.weight),
                 (Val::Group(Group { bias: Some(b), .. }), "bias") => Val::Tensor(*b),
@@ -182,6 +191,7 @@ impl Lowerer<'_> {
         count: &Expr,
         block: &Ident,
         args: &[Arg],
+        named_as: Option<&Ident>,
         env: &Env,
         span: Span,
     ) -> R<Spanned> {
@@ -216,7 +226,7 @@ impl Lowerer<'_> {
             ));
         }
         for _ in 0..n {
-            let out = self.instantiate(def, vals.clone(), span)?;
+            let out = self.instantiate(def, vals.clone(), named_as, span)?;
             vals[0] = Spanned { val: out.val, span };
         }
         Ok(vals.swap_remove(0))

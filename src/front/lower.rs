@@ -26,8 +26,14 @@ pub(super) struct Lowerer<'a> {
     globals: Env,
     blocks: HashMap<String, &'a BlockDef>,
     instances: HashMap<String, usize>,
-    /// Dotted scope of the block instance being expanded; empty at top level.
+    /// Dotted scope of the block instance being expanded (`layer.3`, the block's name and
+    /// its instance number); empty at top level. Passes read block instances from it.
     pub(super) scope: String,
+    /// The prefix parameters are named under: the scope, except below a `repeat ... as P`,
+    /// whose copies name theirs `P.0`, `P.1`, ...
+    prefix: String,
+    /// Copies made so far under each `as` prefix.
+    named_copies: HashMap<String, usize>,
     pub(super) next_seed: u64,
     /// The model has a `train { }` block; without one the step is inference, where
     /// dropout is the identity (eval mode).
@@ -39,6 +45,15 @@ pub(super) struct Lowerer<'a> {
 }
 
 pub(super) type R<T> = Result<T, UserError>;
+
+/// `name` under `prefix` (`prefix.name`, or `name` when the prefix is empty).
+fn dotted(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
 
 /// The diagnostic for a bare name that is bound to nothing.
 fn unknown_name(name: &str, span: Span) -> UserError {
@@ -68,6 +83,8 @@ pub fn lower(model: &Model, overrides: &[(String, i64)]) -> R<Module> {
         blocks: HashMap::new(),
         instances: HashMap::new(),
         scope: String::new(),
+        prefix: String::new(),
+        named_copies: HashMap::new(),
         next_seed: 1,
         training: model
             .items
@@ -343,13 +360,9 @@ impl<'a> Lowerer<'a> {
         Ok(TensorType::new(t.dtype.unwrap_or(default), shape))
     }
 
-    /// Creates a parameter tensor named by the current scope.
+    /// Creates a parameter tensor named under the current prefix.
     pub(super) fn new_param(&mut self, name: &Ident, ty: TensorType, init: Init) -> R<ValueId> {
-        let full = if self.scope.is_empty() {
-            name.name.clone()
-        } else {
-            format!("{}.{}", self.scope, name.name)
-        };
+        let full = dotted(&self.prefix, &name.name);
         if self.param_names.insert(full.clone(), name.span).is_some() {
             return Err(UserError::at(
                 name.span,
@@ -465,11 +478,13 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    /// Expands one instance of block `def` with `args`, returning its result.
+    /// Expands one instance of block `def` with `args`, returning its result; `named_as` is
+    /// the `as` prefix of a `repeat`, under which this copy names its parameters.
     pub(super) fn instantiate(
         &mut self,
         def: &BlockDef,
         args: Vec<Spanned>,
+        named_as: Option<&Ident>,
         call_span: Span,
     ) -> R<Spanned> {
         if args.len() != def.args.len() {
@@ -493,14 +508,17 @@ impl<'a> Lowerer<'a> {
                 "a block cannot call itself",
             ));
         }
-        let key = if self.scope.is_empty() {
-            def.name.name.clone()
-        } else {
-            format!("{}.{}", self.scope, def.name.name)
-        };
+        let key = dotted(&self.scope, &def.name.name);
         let index = self.instances.entry(key.clone()).or_insert(0);
-        let prefix = format!("{key}.{index}");
+        let scope = format!("{key}.{index}");
         *index += 1;
+        let naming = match named_as {
+            Some(p) => dotted(&self.prefix, &p.name),
+            None => dotted(&self.prefix, &def.name.name),
+        };
+        let copy = self.named_copies.entry(naming.clone()).or_insert(0);
+        let prefix = format!("{naming}.{copy}");
+        *copy += 1;
         let mut env = self.globals.clone();
         for ((name, ty), arg) in def.args.iter().zip(args) {
             if let Some(ty) = ty {
@@ -521,7 +539,8 @@ impl<'a> Lowerer<'a> {
             }
             env.insert(name.name.clone(), arg);
         }
-        let saved = std::mem::replace(&mut self.scope, prefix);
+        let saved = std::mem::replace(&mut self.scope, scope);
+        let saved_prefix = std::mem::replace(&mut self.prefix, prefix);
         self.depth += 1;
         let mut result = None;
         for item in &def.body {
@@ -540,6 +559,7 @@ impl<'a> Lowerer<'a> {
         }
         self.depth -= 1;
         self.scope = saved;
+        self.prefix = saved_prefix;
         result.ok_or_else(|| {
             UserError::at(
                 def.span,

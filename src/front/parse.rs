@@ -322,10 +322,16 @@ impl Builder {
                     span,
                 });
                 let block = it.next().map(ident).unwrap_or_else(missing_ident);
+                let (named, args): (Vec<_>, Vec<_>) =
+                    it.partition(|a| a.as_rule() == Rule::repeat_as);
                 ExprKind::Repeat {
                     count: Box::new(count),
                     block,
-                    args: it.map(|a| self.arg(a)).collect(),
+                    args: args.into_iter().map(|a| self.arg(a)).collect(),
+                    named_as: named
+                        .into_iter()
+                        .find_map(|a| a.into_inner().find(|q| q.as_rule() == Rule::param_name))
+                        .map(ident),
                 }
             }
             _ => ExprKind::Tuple(vec![]),

@@ -9,8 +9,14 @@ pub enum GroupKind {
     RmsNorm,
     BatchNorm,
     GroupNorm(usize),
-    Linear,
-    Conv2d { groups: usize },
+    /// `out_in`: the weight is stored `[O, I]`, as `torch.nn.Linear` keeps it, and read
+    /// transposed by the matmul (no copy); otherwise `[I, O]`.
+    Linear {
+        out_in: bool,
+    },
+    Conv2d {
+        groups: usize,
+    },
     Embedding,
 }
 
@@ -22,7 +28,7 @@ impl GroupKind {
             GroupKind::RmsNorm => "rmsnorm",
             GroupKind::BatchNorm => "batchnorm",
             GroupKind::GroupNorm(_) => "groupnorm",
-            GroupKind::Linear => "linear",
+            GroupKind::Linear { .. } => "linear",
             GroupKind::Conv2d { .. } => "conv2d",
             GroupKind::Embedding => "embedding",
         }

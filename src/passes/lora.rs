@@ -1,5 +1,6 @@
 //! LoRA (`--lora r=16[,alpha=32][,targets=wq+wv]`, Hu et al. 2021): every targeted weight
-//! `W: [IN, OUT]` read as `x @ W` gains two trained adapters, `W.lora_a: [IN, r]` (uniform in
+//! `W: [IN, OUT]` read as `x @ W` (or `W: [OUT, IN]` read transposed, as a `layout = out_in`
+//! linear layer keeps it) gains two trained adapters, `W.lora_a: [IN, r]` (uniform in
 //! ±1/sqrt(IN), as PEFT's Kaiming init) and `W.lora_b: [r, OUT]` (zeros), and the product
 //! becomes `x @ W + (x @ A) @ B * alpha / r`; every parameter of the model itself is frozen.
 //! With B at zero the first forward equals the base model's.
@@ -84,20 +85,32 @@ impl LoraSpec {
     }
 }
 
-/// The weight `W` of `x @ W` when it is a 2-D parameter, with its name.
-fn weight_of(graph: &Graph, v: ValueId) -> Option<(ValueId, &str)> {
+/// A weight a matmul reads as its right operand.
+#[derive(Clone, Copy)]
+struct Weight<'g> {
+    value: ValueId,
+    name: &'g str,
+    /// Its fan-in and fan-out (`[IN, OUT]`, or the reverse when read transposed).
+    fans: (usize, usize),
+}
+
+/// The weight `W` of `x @ W` (or `x @ W^T`) when it is a 2-D parameter.
+fn weight_of(graph: &Graph, v: ValueId) -> Option<Weight<'_>> {
     let node = graph.node(v);
-    let Op::MatMul {
-        ta: false,
-        tb: false,
-        ..
-    } = node.op
-    else {
+    let Op::MatMul { ta: false, tb, .. } = node.op else {
         return None;
     };
     let w = node.inputs[1];
     match &graph.node(w).op {
-        Op::Param { name, ty, .. } if ty.shape.len() == 2 => Some((w, name.as_str())),
+        Op::Param { name, ty, .. } if ty.shape.len() == 2 => Some(Weight {
+            value: w,
+            name: name.as_str(),
+            fans: if tb {
+                (ty.shape[1], ty.shape[0])
+            } else {
+                (ty.shape[0], ty.shape[1])
+            },
+        }),
         _ => None,
     }
 }
@@ -106,7 +119,7 @@ fn weight_of(graph: &Graph, v: ValueId) -> Option<(ValueId, &str)> {
 /// that matches no weight read by a matmul is a user error.
 pub fn run(graph: &Graph, spec: &LoraSpec) -> Result<Graph, UserError> {
     let chosen = |v: ValueId| {
-        weight_of(graph, v).filter(|&(w, name)| spec.targets(name, !graph.node(w).scope.is_empty()))
+        weight_of(graph, v).filter(|w| spec.targets(w.name, !graph.node(w.value).scope.is_empty()))
     };
     for t in &spec.targets {
         let one = LoraSpec {
@@ -115,7 +128,7 @@ pub fn run(graph: &Graph, spec: &LoraSpec) -> Result<Graph, UserError> {
         };
         let hit = graph.values().any(|v| {
             weight_of(graph, v)
-                .is_some_and(|(w, name)| one.targets(name, !graph.node(w).scope.is_empty()))
+                .is_some_and(|w| one.targets(w.name, !graph.node(w.value).scope.is_empty()))
         });
         if !hit {
             return Err(UserError::general(
@@ -149,12 +162,15 @@ pub fn run(graph: &Graph, spec: &LoraSpec) -> Result<Graph, UserError> {
         };
         let inputs: Vec<ValueId> = node.inputs.iter().map(|i| map[i.index()]).collect();
         let mut y = out.add(op, inputs.clone(), &origin).map_err(internal)?;
-        if let Some((w, name)) = chosen(v) {
+        if let Some(Weight {
+            value: w,
+            name,
+            fans: (fan_in, fan_out),
+        }) = chosen(v)
+        {
             let (a, b) = match adapters.get(&w) {
                 Some(&pair) => pair,
                 None => {
-                    let shape = &graph.node(w).ty.shape;
-                    let (fan_in, fan_out) = (shape[0], shape[1]);
                     let bound = 1.0 / (fan_in as f32).sqrt();
                     let param = |suffix: &str, dims: Vec<usize>, init: Init| Op::Param {
                         name: format!("{name}.{suffix}"),

@@ -25,7 +25,8 @@ impl Lowerer<'_> {
 
     /// `x @ weight (+ bias)` of a `linear` group.
     fn linear(&mut self, x: ValueId, g: &Group, span: Span) -> R<ValueId> {
-        let y = self.add(Op::matmul(false, false), vec![x, g.weight], span)?;
+        let out_in = matches!(g.kind, GroupKind::Linear { out_in: true });
+        let y = self.add(Op::matmul(false, out_in), vec![x, g.weight], span)?;
         match g.bias {
             Some(b) => self.add(Op::Binary(BinaryFn::Add), vec![y, b], span),
             None => Ok(y),
@@ -63,6 +64,8 @@ impl Lowerer<'_> {
         let g = self.group_arg(args, "parameter", "the second argument", name)?;
         let default_eps = if name == "rmsnorm" { 1e-6 } else { 1e-5 };
         let eps = self.float_or(args, "eps", default_eps)?;
+        // `offset = 1` scales by `1 + weight` (Gemma's norms store the weight that way).
+        let offset = self.float_or(args, "offset", 0.0)?;
         let kind = match g.kind {
             GroupKind::LayerNorm => NormKind::Layer,
             GroupKind::RmsNorm => NormKind::Rms,
@@ -70,7 +73,19 @@ impl Lowerer<'_> {
             GroupKind::GroupNorm(n) => NormKind::Group(n),
             _ => NormKind::Layer,
         };
-        let mut inputs = vec![x, g.weight];
+        let weight = if offset == 0.0 {
+            g.weight
+        } else {
+            self.add(
+                Op::Affine {
+                    scale: 1.0,
+                    shift: offset,
+                },
+                vec![g.weight],
+                span,
+            )?
+        };
+        let mut inputs = vec![x, weight];
         inputs.extend(g.bias);
         self.op(Op::Norm { kind, eps }, inputs, span)
     }

@@ -178,7 +178,7 @@ impl Lowerer<'_> {
                     "pass arguments in order",
                 ));
             }
-            return self.instantiate(def, args.pos, call.span);
+            return self.instantiate(def, args.pos, None, call.span);
         }
         let val = self.builtin(name, &mut args, call)?;
         args.done()?;
@@ -264,6 +264,7 @@ impl Lowerer<'_> {
             "cross_entropy" => self.loss(Op::CrossEntropy, ["logits", "targets"], args, span),
             "mse" => self.loss(Op::Mse, ["prediction", "target"], args, span),
             "reshape" => self.reshape(args, span),
+            "expand" => self.expand(args, span),
             "flatten" => self.flatten(args, span),
             "transpose" | "permute" => self.transpose(name, args, span),
             "concat" => self.concat(args, span),

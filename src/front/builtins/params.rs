@@ -81,10 +81,25 @@ impl Lowerer<'_> {
         Ok(Group { kind, weight, bias })
     }
 
-    /// `linear(I, O, std, bias = true)`: a uniform(±1/√I) or normal(std) `[I, O]` weight.
+    /// `linear(I, O, std, bias = true, layout = in_out)`: a uniform(±1/√I) or normal(std)
+    /// weight, `[I, O]`, or `[O, I]` with `layout = out_in` (PyTorch's `nn.Linear`).
     fn linear_params(&mut self, name: &Ident, args: &mut Args) -> R<Group> {
         let i = self.dim_arg(args, "input width")?;
         let o = self.dim_arg(args, "output width")?;
+        let out_in =
+            match args.optional("layout") {
+                None => false,
+                Some(Spanned {
+                    val: Val::Symbol(s),
+                    ..
+                }) if s == "in_out" || s == "out_in" => s == "out_in",
+                Some(v) => return Err(UserError::at(
+                    v.span,
+                    "`layout` is `in_out` or `out_in`",
+                    "not a layout",
+                    "write `layout = out_in` for a weight stored [out, in] as PyTorch's nn.Linear",
+                )),
+            };
         let bound = 1.0 / (i as f32).sqrt();
         let init = match args.optional("std") {
             Some(v) => Init::Normal {
@@ -96,10 +111,11 @@ impl Lowerer<'_> {
             },
         };
         let has_bias = boolean(args.optional("bias"), true)?;
-        let weight = self.member(name, "weight", vec![i, o], init)?;
+        let shape = if out_in { vec![o, i] } else { vec![i, o] };
+        let weight = self.member(name, "weight", shape, init)?;
         let bias = self.bias_member(name, has_bias, o)?;
         Ok(Group {
-            kind: GroupKind::Linear,
+            kind: GroupKind::Linear { out_in },
             weight,
             bias,
         })

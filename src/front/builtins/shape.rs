@@ -123,6 +123,23 @@ impl Lowerer<'_> {
         self.op(Op::Reshape { shape }, vec![x], span)
     }
 
+    /// `expand(x, shape)`: `x` broadcast to `shape` (its dims 1 or equal, aligned at the
+    /// right), as PyTorch's `expand`; the gradient sums over the broadcast dims.
+    pub(super) fn expand(&mut self, args: &mut Args, span: Span) -> R<Val> {
+        let x = self.t(args, "input")?;
+        let sv = args.positional("shape")?;
+        let shape = self.shape_with_infer(&sv, 1)?;
+        if shape.len() < self.ty(x).shape.len() {
+            return Err(UserError::at(
+                sv.span,
+                format!("cannot expand {} to fewer dims", self.ty(x)),
+                "too few dims",
+                "give every dim of the result, e.g. `expand(cls, (B, 1, D))`",
+            ));
+        }
+        self.op(Op::BroadcastTo { shape }, vec![x], span)
+    }
+
     /// `flatten(x, start = 1)`: the axes from `start` on become one.
     pub(super) fn flatten(&mut self, args: &mut Args, span: Span) -> R<Val> {
         let x = self.t(args, "input")?;
