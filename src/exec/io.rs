@@ -2,7 +2,6 @@
 //! (parameters). Errors are messages naming the file and what is wrong in it.
 
 use npyz::WriterBuilder;
-use std::collections::BTreeMap;
 
 /// Tensor data read from a file, with its shape.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,31 +48,6 @@ pub fn write_npy(shape: &[usize], data: &[f32]) -> Result<Vec<u8>, String> {
         .map_err(|e| e.to_string())?;
     w.extend(data.iter().copied()).map_err(|e| e.to_string())?;
     w.finish().map_err(|e| e.to_string())?;
-    Ok(out)
-}
-
-/// Tensors by name, each with its shape.
-pub type NamedTensors = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
-
-/// Reads every f32 tensor of a `.safetensors` file by name.
-pub fn read_safetensors(bytes: &[u8]) -> Result<NamedTensors, String> {
-    let st = safetensors::SafeTensors::deserialize(bytes)
-        .map_err(|e| format!("not a safetensors file: {e}"))?;
-    let mut out = BTreeMap::new();
-    for (name, view) in st.tensors() {
-        if view.dtype() != safetensors::Dtype::F32 {
-            return Err(format!(
-                "tensor `{name}` is {:?}; parameters must be F32",
-                view.dtype()
-            ));
-        }
-        let data = view
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        out.insert(name, (view.shape().to_vec(), data));
-    }
     Ok(out)
 }
 

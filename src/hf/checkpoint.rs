@@ -43,10 +43,14 @@ pub fn load(
         .enumerate()
         .map(|(i, w)| (w.name.as_str(), i))
         .collect();
-    let mut unprefixed: HashMap<&str, usize> = HashMap::new();
+    // A name under the base prefix matches only when one parameter has it.
+    let mut unprefixed: HashMap<&str, Option<usize>> = HashMap::new();
     for (i, w) in wanted.iter().enumerate() {
         if let Some((_, rest)) = w.name.split_once('.') {
-            unprefixed.insert(rest, i);
+            unprefixed
+                .entry(rest)
+                .and_modify(|e| *e = None)
+                .or_insert(Some(i));
         }
     }
     let mut filled = vec![false; wanted.len()];
@@ -59,7 +63,7 @@ pub fn load(
         for (name, view) in st.tensors() {
             let Some(&i) = exact
                 .get(name.as_str())
-                .or_else(|| unprefixed.get(name.as_str()))
+                .or_else(|| unprefixed.get(name.as_str()).and_then(Option::as_ref))
             else {
                 unused.insert(name);
                 continue;

@@ -29,7 +29,7 @@ impl<'a> Config<'a> {
                 Err(UserError::at(
                     Span::new(at, (at + 1).min(text.len())),
                     format!("not valid JSON: {e}"),
-                    "here",
+                    "the JSON stops making sense here",
                     "pass the model's config.json as downloaded",
                 ))
             }
@@ -52,7 +52,7 @@ impl<'a> Config<'a> {
         message: impl Into<String>,
         help: impl Into<String>,
     ) -> UserError {
-        UserError::at(self.span(key), message, "here", help)
+        UserError::at(self.span(key), message, "this key", help)
     }
 
     /// The value of `key`, `None` when absent or null.
@@ -92,7 +92,7 @@ impl<'a> Config<'a> {
                 self.error(
                     key,
                     format!("`{key}` must be a positive integer, got {v}"),
-                    "fix the config",
+                    format!("`{key}` is a count: write it as a whole number above 0"),
                 )
             })
     }
@@ -105,7 +105,7 @@ impl<'a> Config<'a> {
                 self.error(
                     key,
                     format!("`{key}` must be a number, got {v}"),
-                    "fix the config",
+                    format!("write `{key}` as a JSON number (or remove it for its default)"),
                 )
             }),
         }
@@ -119,7 +119,7 @@ impl<'a> Config<'a> {
                 self.error(
                     key,
                     format!("`{key}` must be true or false, got {v}"),
-                    "fix the config",
+                    format!("write `{key}` as true or false (or remove it for its default)"),
                 )
             }),
         }
@@ -133,7 +133,7 @@ impl<'a> Config<'a> {
             Some(v) => Err(self.error(
                 key,
                 format!("`{key}` must be a string, got {v}"),
-                "fix the config",
+                format!("write `{key}` as a JSON string, as transformers saves it"),
             )),
         }
     }

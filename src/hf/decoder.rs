@@ -85,7 +85,7 @@ pub fn write(c: &Config, model_type: &str) -> Result<Written, UserError> {
         return Err(c.error(
             "num_key_value_heads",
             format!("{h} query heads do not group evenly over {kv} key/value heads"),
-            "fix the config",
+            format!("num_key_value_heads must divide num_attention_heads ({h})"),
         ));
     }
     let hd = c.count_or("head_dim", d / h)?;

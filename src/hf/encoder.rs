@@ -24,7 +24,7 @@ fn sizes(c: &Config, keys: [&str; 5], eps: f64) -> Result<Sizes, UserError> {
         return Err(c.error(
             "num_attention_heads",
             format!("{d} does not split into {h} heads"),
-            "fix the config",
+            format!("num_attention_heads must divide the hidden size ({d})"),
         ));
     }
     Ok(Sizes {
@@ -193,7 +193,7 @@ pub fn vit(c: &Config) -> Result<Written, UserError> {
         return Err(c.error(
             "patch_size",
             format!("{image}-pixel images do not split into {patch}-pixel patches"),
-            "fix the config",
+            format!("patch_size must divide image_size ({image})"),
         ));
     }
     let channels = c.count_or("num_channels", 3)?;

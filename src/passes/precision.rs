@@ -22,6 +22,10 @@
 //! Parameters stay fp32 (master weights); their gradients arrive in fp32 through the
 //! backward of the cast. Without master weights (bf16 only) parameters are stored in bf16,
 //! so their gradients are bf16 and the optimizer (fp32 moments) rounds each update to bf16.
+//! Frozen parameters are stored in the low precision either way: they never update, so an
+//! fp32 copy would only be cast down again by every matmul that reads it (ops that compute
+//! in fp32, such as norms, read the rounded weight widened back; a bf16 checkpoint loses
+//! nothing).
 //! For fp16 the loss is multiplied by a persistent loss scale (initially 2^16) before
 //! autodiff; the optimizer pass unscales and checks the gradients.
 
@@ -104,7 +108,7 @@ impl Rewriter<'_> {
                 ty,
                 init,
                 frozen,
-            } if !master_weights => Op::Param {
+            } if !master_weights || *frozen => Op::Param {
                 name: name.clone(),
                 ty: ty.with_dtype(low),
                 init: *init,
@@ -129,7 +133,7 @@ impl Rewriter<'_> {
 }
 
 /// Rewrites a forward graph whose loss is `loss` for `precision`, storing parameters in the
-/// low precision unless `master_weights`; fp32 returns it unchanged.
+/// low precision unless `master_weights` (frozen ones always); fp32 returns it unchanged.
 pub fn run(
     graph: &Graph,
     loss: ValueId,
