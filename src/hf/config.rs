@@ -84,6 +84,37 @@ impl<'a> Config<'a> {
         }
     }
 
+    /// The `, padding_idx = N` argument of `embed` for a table of `vocab` rows whose padding
+    /// row is `pad_token_id` (or the class's `default` when the config leaves it out): empty
+    /// without one; a diagnostic when it is not a row of the table.
+    pub fn padding_idx(&self, vocab: usize, default: Option<usize>) -> R<String> {
+        let key = "pad_token_id";
+        let id = match self.get(key) {
+            None => default,
+            Some(v) => Some(
+                // Negative ids count from the end, as nn.Embedding reads them.
+                v.as_i64()
+                    .map(|n| if n < 0 { n + vocab as i64 } else { n })
+                    .and_then(|n| usize::try_from(n).ok())
+                    .filter(|&n| n < vocab)
+                    .ok_or_else(|| {
+                        self.error(
+                            key,
+                            format!("`{key}` {v} is not a row of the {vocab}-token vocabulary"),
+                            format!(
+                                "give the padding token's id, from -{vocab} to {}",
+                                vocab - 1
+                            ),
+                        )
+                    })?,
+            ),
+        };
+        Ok(id
+            .filter(|&n| n < vocab)
+            .map(|n| format!(", padding_idx = {n}"))
+            .unwrap_or_default())
+    }
+
     fn as_count(&self, key: &str, v: &Value) -> R<usize> {
         v.as_u64()
             .filter(|&n| n > 0)

@@ -17,6 +17,8 @@ struct Variant {
     gemma: bool,
     /// The config key of the sliding window, when the architecture has one.
     window_key: Option<&'static str>,
+    /// The config class's `pad_token_id` when a config leaves it out.
+    pad_default: Option<usize>,
 }
 
 fn variant(model_type: &str) -> Option<Variant> {
@@ -26,6 +28,7 @@ fn variant(model_type: &str) -> Option<Variant> {
         fused: false,
         gemma: false,
         window_key: None,
+        pad_default: None,
     };
     Some(match model_type {
         "llama" => base,
@@ -43,11 +46,13 @@ fn variant(model_type: &str) -> Option<Variant> {
         "gemma" => Variant {
             class: "GemmaForCausalLM",
             gemma: true,
+            pad_default: Some(0),
             ..base
         },
         "phi3" => Variant {
             class: "Phi3ForCausalLM",
             fused: true,
+            pad_default: Some(32000),
             window_key: Some("sliding_window"),
             ..base
         },
@@ -91,6 +96,7 @@ pub fn write(c: &Config, model_type: &str) -> Result<Written, UserError> {
     let hd = c.count_or("head_dim", d / h)?;
     let f = c.count("intermediate_size")?;
     let vocab = c.count("vocab_size")?;
+    let padding = c.padding_idx(vocab, v.pad_default)?;
     let layers = c.count("num_hidden_layers")?;
     let positions = c.count_or("max_position_embeddings", 2048)?;
     let eps = c.number_or("rms_norm_eps", 1e-6)?;
@@ -188,7 +194,7 @@ pub fn write(c: &Config, model_type: &str) -> Result<Written, UserError> {
     } else {
         String::new()
     };
-    s += &format!("  let x = embed(model.embed_tokens, tokens){scale}\n");
+    s += &format!("  let x = embed(model.embed_tokens, tokens{padding}){scale}\n");
     s += "  x = repeat L layer(x) as model.layers\n";
     let last = norm("x", "model.norm");
     s += &if tied {

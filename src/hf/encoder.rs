@@ -130,6 +130,7 @@ pub fn bert(c: &Config) -> Result<Written, UserError> {
     let positions = c.count_or("max_position_embeddings", 512)?;
     let types = c.count_or("type_vocab_size", 2)?;
     let vocab = c.count("vocab_size")?;
+    let padding = c.padding_idx(vocab, Some(0))?;
     let (eps, lin, e) = (&s.eps, &s.lin, "bert.embeddings");
     let mut m = format!(
         "# BertForMaskedLM from a Hugging Face config (model_type \"bert\"). Parameters are named and\n\
@@ -155,7 +156,7 @@ pub fn bert(c: &Config) -> Result<Written, UserError> {
         "  param cls.predictions.transform.dense: linear(D, D, layout = out_in, {lin})\n  \
          param cls.predictions.transform.LayerNorm: layernorm(D)\n  \
          param cls.predictions.bias: [V] = zeros\n  \
-         let x = embed({e}.word_embeddings, tokens) + slice({e}.position_embeddings.weight, 0, T, axis = 0)\n  \
+         let x = embed({e}.word_embeddings, tokens{padding}) + slice({e}.position_embeddings.weight, 0, T, axis = 0)\n  \
          x = layernorm(x + embed({e}.token_type_embeddings, token_type_ids), {e}.LayerNorm, eps = {eps})\n  \
          x = repeat L layer(x) as bert.encoder.layer\n  \
          let h = layernorm({f}(linear(x, cls.predictions.transform.dense){exact}), cls.predictions.transform.LayerNorm, eps = {eps})\n  \

@@ -85,10 +85,14 @@ pub enum Op {
     NormBackwardWeight { kind: NormKind, eps: f32 },
     /// `(dy) -> dbias`.
     NormBackwardBias { kind: NormKind },
-    /// `(table[V, D], ids) -> rows of table`, shape `ids ++ [D]`.
-    Embedding,
-    /// `(ids, dy) -> dtable[rows, D]` (scatter-add).
-    EmbeddingBackward { rows: usize },
+    /// `(table[V, D], ids) -> rows of table`, shape `ids ++ [D]`; ids equal to `padding_idx`
+    /// send no gradient to the table (PyTorch's `nn.Embedding(padding_idx)`).
+    Embedding { padding_idx: Option<usize> },
+    /// `(ids, dy) -> dtable[rows, D]` (scatter-add, skipping ids equal to `padding_idx`).
+    EmbeddingBackward {
+        rows: usize,
+        padding_idx: Option<usize>,
+    },
     /// `(logits[..., C], targets[...]) -> mean cross-entropy`, a scalar.
     CrossEntropy,
     /// `(logits, targets, dloss) -> dlogits`.
@@ -251,7 +255,7 @@ impl Op {
             NormBackwardInput { .. } => "norm_backward_input",
             NormBackwardWeight { .. } => "norm_backward_weight",
             NormBackwardBias { .. } => "norm_backward_bias",
-            Embedding => "embedding",
+            Embedding { .. } => "embedding",
             EmbeddingBackward { .. } => "embedding_backward",
             CrossEntropy => "cross_entropy",
             CrossEntropyBackward => "cross_entropy_backward",

@@ -58,7 +58,7 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::NormBackwardInput { .. }
         | Op::NormBackwardWeight { .. }
         | Op::NormBackwardBias { .. } => &norm::Family,
-        Op::Embedding | Op::EmbeddingBackward { .. } => &embedding::Family,
+        Op::Embedding { .. } | Op::EmbeddingBackward { .. } => &embedding::Family,
         Op::CrossEntropy
         | Op::CrossEntropyBackward
         | Op::LinearCrossEntropy(_)

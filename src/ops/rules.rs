@@ -277,7 +277,10 @@ mod tests {
         let dout = t(DType::BF16, &[1, 4, 8]);
         assert!(!ok(back, &[q.clone(), q.clone(), q.clone(), dout]));
         let ids = t(i, &[2, 3]);
-        let rows = Op::EmbeddingBackward { rows: 10 };
+        let rows = Op::EmbeddingBackward {
+            rows: 10,
+            padding_idx: None,
+        };
         assert!(ok(rows.clone(), &[ids.clone(), t(f, &[2, 3, 5])]));
         assert!(!ok(rows.clone(), &[ids.clone(), t(f, &[3, 2, 5])]));
         assert!(!ok(rows.clone(), &[t(f, &[2, 3]), t(f, &[2, 3, 5])]));
@@ -349,7 +352,8 @@ mod tests {
     #[test]
     fn a_family_rejects_ops_of_another() {
         let x = t(DType::F32, &[2]);
-        let err = crate::ops::pointwise::Family.infer(&Op::Embedding, &[&x, &x]);
+        let err =
+            crate::ops::pointwise::Family.infer(&Op::Embedding { padding_idx: None }, &[&x, &x]);
         assert!(err.is_err_and(|e| e.message.starts_with("internal")));
     }
 }

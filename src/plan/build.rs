@@ -397,7 +397,7 @@ fn id_limit(graph: &Graph, v: ValueId) -> Option<u64> {
         .filter_map(|u| {
             let node = graph.node(u);
             match node.op {
-                Op::Embedding if node.inputs[1] == v => {
+                Op::Embedding { .. } if node.inputs[1] == v => {
                     Some(graph.node(node.inputs[0]).ty.shape[0] as u64)
                 }
                 Op::CrossEntropy if node.inputs[1] == v => graph

@@ -257,12 +257,24 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ),
         (
             "embedding",
-            Op::Embedding,
+            Op::Embedding { padding_idx: None },
             vec![f(&[50, 16]), t(I32, &[2, 7])],
         ),
         (
             "embedding_bwd",
-            Op::EmbeddingBackward { rows: 50 },
+            Op::EmbeddingBackward {
+                rows: 50,
+                padding_idx: None,
+            },
+            vec![t(I32, &[2, 7]), f(&[2, 7, 16])],
+        ),
+        // Every row among the ids: the padding row's are skipped.
+        (
+            "embedding_bwd_padding",
+            Op::EmbeddingBackward {
+                rows: 4,
+                padding_idx: Some(1),
+            },
             vec![t(I32, &[2, 7]), f(&[2, 7, 16])],
         ),
         (

@@ -77,7 +77,10 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         // Row tiles of 4 (the last one partial), several windows of ids, untouched rows.
         (
             "embedding_bwd_tiles",
-            Op::EmbeddingBackward { rows: 1001 },
+            Op::EmbeddingBackward {
+                rows: 1001,
+                padding_idx: None,
+            },
             vec![t(I32, &[3, 50]), f(&[3, 50, 100])],
         ),
         // More rows than the first launch has blocks: blocks take several rows.

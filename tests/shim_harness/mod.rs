@@ -235,8 +235,8 @@ pub fn case_data(op: &Op, inputs: &[TensorType], seed: u64) -> Vec<Vec<f32>> {
         let key = seed.wrapping_mul(31).wrapping_add(i as u64);
         let values: Vec<f32> = if ty.dtype == DType::I32 {
             let limit = match op {
-                Op::Embedding => inputs[0].shape[0],
-                Op::EmbeddingBackward { rows } => *rows,
+                Op::Embedding { .. } => inputs[0].shape[0],
+                Op::EmbeddingBackward { rows, .. } => *rows,
                 Op::LinearCrossEntropy(lce) | Op::LinearCrossEntropyBackward { lce, .. } => {
                     inputs[1].shape[usize::from(!lce.transposed)]
                 }

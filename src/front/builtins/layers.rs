@@ -136,7 +136,8 @@ impl Lowerer<'_> {
         Ok(Val::Tensor(self.linear(h, &groups[1], span)?))
     }
 
-    /// `embed(table, ids)`: rows of a table (an `embedding` group or a tensor).
+    /// `embed(table, ids, padding_idx = P)`: rows of a table (an `embedding` group or a
+    /// tensor); ids equal to P (a row of the table) send no gradient to it.
     pub(super) fn embed(&mut self, args: &mut Args, span: Span) -> R<Val> {
         let tv = args.positional("table")?;
         let table = match &tv.val {
@@ -144,7 +145,26 @@ impl Lowerer<'_> {
             _ => self.tensor(&tv, "the table of `embed`")?,
         };
         let ids = self.t(args, "ids")?;
-        self.op(Op::Embedding, vec![table, ids], span)
+        let rows = self.ty(table).shape.first().copied().unwrap_or(0);
+        let padding_idx = match args.optional("padding_idx") {
+            None => None,
+            Some(v) => {
+                let i = self.int(&v, "padding_idx")?;
+                if !(0..rows as i64).contains(&i) {
+                    return Err(UserError::at(
+                        v.span,
+                        format!("padding_idx {i} is not a row of the {rows}-row table"),
+                        "not a row",
+                        format!(
+                            "give the id of the padding token, from 0 to {}",
+                            rows.max(1) - 1
+                        ),
+                    ));
+                }
+                Some(i as usize)
+            }
+        };
+        self.op(Op::Embedding { padding_idx }, vec![table, ids], span)
     }
 
     /// A loss `op` of two tensor arguments named `what`.

@@ -11,12 +11,13 @@ use crate::ops::cpu::{foreign_op, CpuKernel};
 impl CpuKernel for super::Family {
     fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
         match step.op() {
-            Op::Embedding => {
+            Op::Embedding { .. } => {
                 kernels::embedding(step.input(0), step.shape(0)[1], step.ids(1), step.output())
             }
-            Op::EmbeddingBackward { .. } => {
+            &Op::EmbeddingBackward { padding_idx, .. } => {
                 let d = step.out_shape().get(1).copied().unwrap_or(1);
-                kernels::embedding_backward(step.ids(0), step.input(1), d, step.output())
+                let dy = step.input(1);
+                kernels::embedding_backward(step.ids(0), dy, d, padding_idx, step.output())
             }
             op => Err(foreign_op(op, "embedding")),
         }

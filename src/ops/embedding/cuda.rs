@@ -36,7 +36,7 @@ impl CudaLowering for super::Family {
         let out = a.output;
         let n_out = out.numel();
         match a.op {
-            Op::Embedding => {
+            Op::Embedding { .. } => {
                 let table = a.at(0)?;
                 Ok(templated(
                     "embedding",
@@ -50,7 +50,7 @@ impl CudaLowering for super::Family {
                     Launch::Elementwise(n_out),
                 ))
             }
-            Op::EmbeddingBackward { rows } => {
+            Op::EmbeddingBackward { rows, padding_idx } => {
                 let ids = a.at(0)?;
                 let d = u(out.shape[1]);
                 let block = pow2_block(d.div_ceil(4), 32, 1024);
@@ -73,6 +73,8 @@ impl CudaLowering for super::Family {
                     vec![
                         c_u64("D", d),
                         c_u64("ROWS", u(*rows)),
+                        // No row when there is no padding row: ids are below ROWS.
+                        c_u64("SKIP", padding_idx.map_or(u(*rows), u)),
                         c_u64("NIDS", ids.numel()),
                         c_u64("BLOCK", u64::from(block)),
                         c_u64("CPT", cpt),

@@ -38,7 +38,8 @@ __device__ __forceinline__ unsigned block_exclusive_scan(unsigned v, unsigned& t
 }
 
 // dtable[r, d] = sum over i with ids[i] == r of dy[i, d], added in id-list order from 0 (the
-// CPU backend's order: f32 results are bitwise equal); ids outside 0..ROWS are skipped.
+// CPU backend's order: f32 results are bitwise equal); ids outside 0..ROWS and the padding
+// row's id C::SKIP (ROWS when there is none) are skipped.
 // Each block owns tiles of C::RT rows (grid-stride) and reads every id once per tile: in
 // windows of C::BLOCK ids, the ids in its tile are compacted in order into shared memory,
 // then their dy rows are added to the tile's accumulators, thread t holding columns
@@ -60,7 +61,8 @@ __device__ void embedding_backward_kernel(char* arena, u64 o_ids, u64 o_dy, u64 
             for (int j = 0; j < (int)C::CPT; ++j) acc[q][j] = 0.0f;
         for (u64 w0 = 0; w0 < C::NIDS; w0 += C::BLOCK) {
             const u64 i = w0 + threadIdx.x;
-            const u64 rel = i < C::NIDS ? (u64)(long long)ids[i] - r0 : ~0ull;
+            const u64 id = i < C::NIDS ? (u64)(long long)ids[i] : C::SKIP;
+            const u64 rel = id != C::SKIP ? id - r0 : ~0ull;
             const unsigned hit = rel < C::RT ? 1u : 0u;
             unsigned count;
             const unsigned at = block_exclusive_scan(hit, count);

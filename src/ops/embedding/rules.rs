@@ -10,7 +10,7 @@ use crate::ops::rules::{
 impl Rules for super::Family {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         match op {
-            Op::Embedding => {
+            Op::Embedding { .. } => {
                 arity(op, inputs, 2, 2)?;
                 let (table, ids) = (inputs[0], inputs[1]);
                 rank_exactly(table, 2, "embedding table")?;
@@ -20,7 +20,7 @@ impl Rules for super::Family {
                 shape.push(table.shape[1]);
                 Ok(TensorType::new(table.dtype, shape))
             }
-            Op::EmbeddingBackward { rows } => {
+            Op::EmbeddingBackward { rows, .. } => {
                 arity(op, inputs, 2, 2)?;
                 let (ids, dy) = (inputs[0], inputs[1]);
                 int(ids, "embedding ids")?;

@@ -22,11 +22,13 @@ pub fn embedding(table: &[f32], dim: usize, ids: &[i32], out: &mut [f32]) -> Res
 }
 
 /// Overwrites `dtable` [rows, dim] with the scatter-add of `dy` rows by id, summing repeated
-/// ids in id-list order (deterministic). Errs on an id outside `0..rows`.
+/// ids in id-list order (deterministic) and skipping ids equal to `padding_idx` (that row
+/// stays zero). Errs on an id outside `0..rows`.
 pub fn embedding_backward(
     ids: &[i32],
     dy: &[f32],
     dim: usize,
+    padding_idx: Option<usize>,
     dtable: &mut [f32],
 ) -> Result<(), ExecError> {
     dtable.fill(0.0);
@@ -36,6 +38,9 @@ pub fn embedding_backward(
     check_ids(ids, dtable.len() / dim)?;
     for (&id, g) in ids.iter().zip(dy.chunks(dim)) {
         let id = id as usize;
+        if Some(id) == padding_idx {
+            continue;
+        }
         dtable[id * dim..(id + 1) * dim]
             .iter_mut()
             .zip(g)
@@ -57,7 +62,7 @@ mod tests {
             Err(err.clone())
         );
         assert_eq!(
-            embedding_backward(&[0, 3], &[0.0; 4], 2, &mut out[..6]),
+            embedding_backward(&[0, 3], &[0.0; 4], 2, None, &mut out[..6]),
             Err(err)
         );
     }
@@ -74,10 +79,16 @@ mod tests {
         );
         let dy: Vec<f32> = (0..12).map(|v| v as f32 * 0.5).collect();
         let mut dt = vec![f32::NAN; 12];
-        embedding_backward(&ids, &dy, 3, &mut dt)?;
+        embedding_backward(&ids, &dy, 3, None, &mut dt)?;
         assert_eq!(
             dt,
             [1.5, 2.0, 2.5, 0.0, 0.0, 0.0, 3.0, 4.0, 5.0, 4.5, 5.0, 5.5]
+        );
+        // Row 2 as the padding row: its two ids add nothing.
+        embedding_backward(&ids, &dy, 3, Some(2), &mut dt)?;
+        assert_eq!(
+            dt,
+            [1.5, 2.0, 2.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 4.5, 5.0, 5.5]
         );
         Ok(())
     }
