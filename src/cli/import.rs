@@ -37,7 +37,7 @@ pub fn import(args: ImportArgs) -> Result<(), Failure> {
         .weights
         .clone()
         .unwrap_or_else(|| args.output.with_extension("safetensors"));
-    let data = write_safetensors(&imported.weights)
+    let data = write_safetensors(&imported.weights, None)
         .map_err(|e| Failure::Plain(format!("cannot encode the weights: {e}")))?;
     write_atomic(&weights, &data)?;
     write_atomic(&args.output, imported.mdl.as_bytes())?;

@@ -6,7 +6,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use memc::exec::cpu::CpuExecutor;
 use memc::exec::cuda::CudaExecutor;
 use memc::exec::io::{read_npy, write_npy, write_safetensors, TensorData};
-use memc::exec::{lowp, ExecError};
+use memc::exec::{lowp, state, ExecError};
 use memc::hf::checkpoint::{self, Wanted};
 use memc::ir::DType;
 use memc::plan::{human_bytes, verify, BufferId, Plan, VerifiedPlan};
@@ -33,6 +33,14 @@ pub struct RunArgs {
     /// Write the parameters after the last step.
     #[arg(long)]
     save_params: Option<PathBuf>,
+    /// Write the run's state after the last step (parameters, optimizer state, the next
+    /// step's number and the seed) for --load-state.
+    #[arg(long)]
+    save_state: Option<PathBuf>,
+    /// Continue the run --save-state saved: the same model and options, the same --seed;
+    /// the steps continue bitwise as in an uninterrupted run.
+    #[arg(long, conflicts_with = "params")]
+    load_state: Option<PathBuf>,
     /// After the first step's backward, write loss.npy and grad.<param>.npy here (the
     /// gradients of the loss itself: in fp16 divided by the loss scale).
     #[arg(long)]
@@ -83,6 +91,8 @@ trait Buffers {
     /// Initializes parameters and persistent state and binds synthetic inputs from `seed`
     /// (the values of [`memc::init`], one buffer at a time).
     fn start(&mut self, seed: u64) -> Result<(), ExecError>;
+    /// Sets the 1-based number of the next step.
+    fn set_step_number(&mut self, t: u64);
 }
 
 impl Buffers for CpuExecutor {
@@ -99,6 +109,9 @@ impl Buffers for CpuExecutor {
         self.set_seed(seed);
         self.init_params(seed)?;
         self.synthetic_inputs(seed)
+    }
+    fn set_step_number(&mut self, t: u64) {
+        CpuExecutor::set_step_number(self, t);
     }
 }
 
@@ -117,19 +130,56 @@ impl Buffers for CudaExecutor {
         self.init_params(seed)?;
         self.synthetic_inputs(seed)
     }
+    fn set_step_number(&mut self, t: u64) {
+        CudaExecutor::set_step_number(self, t);
+    }
 }
 
 /// Sets the executor's starting state one buffer at a time: parameters and persistent state
-/// from the seed (or `--params`), inputs synthetic from the seed (or `--input`).
-fn prepare(ex: &mut impl Buffers, args: &RunArgs) -> Result<(), Failure> {
+/// from the seed (or `--params`, or `--load-state`), inputs synthetic from the seed (or
+/// `--input`). Returns the number of the first step to run.
+fn prepare(ex: &mut impl Buffers, args: &RunArgs) -> Result<u64, Failure> {
     ex.start(args.seed).map_err(plain)?;
     if let Some(p) = &args.params {
         load_params(ex, p)?;
     }
+    let mut first = 1;
+    if let Some(path) = &args.load_state {
+        let refused =
+            |why: String| Failure::Plain(format!("--load-state {}: {why}", path.display()));
+        let resume = state::decode(ex.plan(), &read_file(path)?).map_err(refused)?;
+        if resume.seed != args.seed {
+            return Err(refused(format!(
+                "the run was started with --seed {}; pass it again so its inputs and dropout \
+                 masks continue",
+                resume.seed
+            )));
+        }
+        for (b, values) in &resume.values {
+            ex.set(*b, values).map_err(plain)?;
+        }
+        ex.set_step_number(resume.next_step);
+        first = resume.next_step;
+    }
     for spec in &args.inputs {
         bind_input(ex, spec)?;
     }
-    Ok(())
+    Ok(first)
+}
+
+/// Writes the run's state for `--save-state` when asked: `next_step` continues it.
+fn save_state(
+    args: &RunArgs,
+    plan: &Plan,
+    next_step: u64,
+    read: impl FnMut(BufferId) -> Result<Vec<f32>, String>,
+) -> Result<(), Failure> {
+    let Some(path) = &args.save_state else {
+        return Ok(());
+    };
+    let bytes = state::encode(plan, args.seed, next_step, read)
+        .map_err(|e| Failure::Plain(format!("cannot save the state: {e}")))?;
+    write_atomic(path, &bytes)
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, Failure> {
@@ -283,7 +333,7 @@ fn save_params(
             Ok((p.name.clone(), shape, read(p.buffer)?))
         })
         .collect::<Result<Vec<(String, Vec<usize>, Vec<f32>)>, Failure>>()?;
-    let bytes = write_safetensors(&tensors)
+    let bytes = write_safetensors(&tensors, None)
         .map_err(|e| Failure::Plain(format!("cannot encode parameters: {e}")))?;
     write_atomic(path, &bytes)
 }
@@ -295,7 +345,7 @@ fn plain(e: impl std::fmt::Display) -> Failure {
 /// Runs the steps on the GPU, its arena filled one buffer at a time.
 fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> Result<(), Failure> {
     let mut dev = CudaExecutor::new(plan).map_err(plain)?;
-    prepare(&mut dev, args)?;
+    let first = prepare(&mut dev, args)?;
     let plan = plan.plan();
     let dtype = |b: BufferId| plan.buffers[b.index()].ty.dtype;
     let (before, after) = dev.memory;
@@ -345,7 +395,8 @@ fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> R
             .map_err(|e| Failure::Plain(format!("step {step}: {e}")))?;
         if let Some(b) = loss {
             let value = lowp::from_bytes(dtype(b), &dev.read(b).map_err(plain)?);
-            show_loss(bar, step, value.first().copied().unwrap_or(f32::NAN))?;
+            let number = first + step - 1;
+            show_loss(bar, number, value.first().copied().unwrap_or(f32::NAN))?;
         }
         if step > 1 {
             after_first += start.elapsed();
@@ -375,12 +426,12 @@ fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> R
             .map_err(|e| Failure::Plain(format!("profiled step: {e}")))?;
         super::output::write(None, &profile_table(plan, &times, dev.launches_per_step()))?;
     }
+    let read = |b: BufferId| dev.read(b).map(|v| lowp::from_bytes(dtype(b), &v));
+    save_state(args, plan, first + args.steps, |b| {
+        read(b).map_err(|e| e.to_string())
+    })?;
     if let Some(path) = &args.save_params {
-        save_params(path, plan, |b| {
-            dev.read(b)
-                .map(|v| lowp::from_bytes(dtype(b), &v))
-                .map_err(plain)
-        })?;
+        save_params(path, plan, |b| read(b).map_err(plain))?;
     }
     Ok(())
 }
@@ -444,8 +495,8 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
         run_cuda(&args, &plan, bar.as_ref())?;
     } else {
         let mut ex = CpuExecutor::new(&plan).map_err(plain)?;
-        prepare(&mut ex, &args)?;
-        run_cpu(&args, &mut ex, bar.as_ref())?;
+        let first = prepare(&mut ex, &args)?;
+        run_cpu(&args, &mut ex, first, bar.as_ref())?;
     }
     if let Some(b) = bar {
         b.finish();
@@ -453,7 +504,13 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-fn run_cpu(args: &RunArgs, ex: &mut CpuExecutor, bar: Option<&ProgressBar>) -> Result<(), Failure> {
+/// Runs the steps on the CPU, numbering them from `first`.
+fn run_cpu(
+    args: &RunArgs,
+    ex: &mut CpuExecutor,
+    first: u64,
+    bar: Option<&ProgressBar>,
+) -> Result<(), Failure> {
     for step in 1..=args.steps {
         let mut dumped: Vec<(String, Vec<f32>)> = Vec::new();
         let mut hook = |name: &str, g: &[f32]| dumped.push((name.to_string(), g.to_vec()));
@@ -480,9 +537,12 @@ fn run_cpu(args: &RunArgs, ex: &mut CpuExecutor, bar: Option<&ProgressBar>) -> R
             write_dump(dir, ex.plan(), (&dumped, scale), &outputs)?;
         }
         if let Some((_, _, loss)) = outputs.iter().find(|(n, _, _)| n == "loss") {
-            show_loss(bar, step, loss[0])?;
+            show_loss(bar, first + step - 1, loss[0])?;
         }
     }
+    save_state(args, ex.plan(), first + args.steps, |b| {
+        Ok(ex.read(b).to_vec())
+    })?;
     if let Some(path) = &args.save_params {
         save_params(path, ex.plan(), |b| Ok(ex.read(b).to_vec()))?;
     }

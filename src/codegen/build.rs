@@ -211,7 +211,8 @@ pub(crate) fn c_type(name: &str, ty: &str) -> String {
     format!("using {name} = {ty};")
 }
 
-fn fnv1a(text: &str) -> u64 {
+/// The 64-bit FNV-1a hash of `text`: stable across runs and builds.
+pub(crate) fn fnv1a(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })

@@ -236,6 +236,11 @@ impl CudaExecutor {
         self.seed = seed;
     }
 
+    /// Sets the 1-based number of the next step (it keys dropout masks and bias correction).
+    pub fn set_step_number(&mut self, t: u64) {
+        self.step = t.max(1);
+    }
+
     /// Initializes every parameter and persistent-state buffer from [`crate::init::persistent`]
     /// (the values the CPU executor starts from under the same seed), uploading one buffer at
     /// a time, and restarts the step count.

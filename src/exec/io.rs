@@ -51,8 +51,11 @@ pub fn write_npy(shape: &[usize], data: &[f32]) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
-/// Encodes named f32 tensors as a `.safetensors` file.
-pub fn write_safetensors(tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<Vec<u8>, String> {
+/// Encodes named f32 tensors as a `.safetensors` file, with `metadata` in its header.
+pub fn write_safetensors(
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+    metadata: Option<std::collections::HashMap<String, String>>,
+) -> Result<Vec<u8>, String> {
     let bytes: Vec<Vec<u8>> = tensors
         .iter()
         .map(|(_, _, d)| d.iter().flat_map(|x| x.to_le_bytes()).collect())
@@ -66,5 +69,5 @@ pub fn write_safetensors(tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<V
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
-    safetensors::serialize(views, &None).map_err(|e| e.to_string())
+    safetensors::serialize(views, &metadata).map_err(|e| e.to_string())
 }
