@@ -37,8 +37,9 @@ pub struct AttnParams {
 }
 
 impl AttnParams {
-    /// The keys query `i` of `t_q` queries attends among `t_k` keys, as one range; the one
-    /// statement of the mask that every kernel and the cost model follow. Without `causal`,
+    /// The keys query `i` of `t_q` queries attends among `t_k` keys, as one range: the mask's
+    /// one statement, which the CPU kernels, the cost model and the CUDA backward's units
+    /// call and the CUDA templates' `attn_kfirst`/`attn_kend` restate. Without `causal`,
     /// all of them. Causal (the queries aligned with the last keys), keys
     /// `j <= i + t_k - t_q`; with a window `W` also `j > i + t_k - t_q - W` (Hugging Face's
     /// rule: a key `W` or more positions back is masked). The range is empty when no key is
