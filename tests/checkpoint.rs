@@ -384,7 +384,7 @@ fn block_and_selective_bytes_are_exact() {
     // the 4 layer outputs and the fused loss head's per-row losses (B x T x 4 = 128 bytes):
     // 5 x 4 KiB + 128.
     assert_eq!(keep, (233_600, 865_540, 0));
-    assert_eq!(block, (20_608, 705_796, 2_138_112));
+    assert_eq!(block, (20_608, 705_796, 2_146_304));
     // Selective adds the heavy outputs: per layer qkv (12 KiB), attention (4 KiB) and fc
     // (16 KiB), and recomputes no matmul.
     assert_eq!(selective, (151_680, 800_004, 172_032));

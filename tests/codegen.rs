@@ -62,6 +62,7 @@ fn attention_backward_units_cover_every_head_once() {
         kv_heads: 6,
         causal: true,
         scale: 0.35,
+        window: None,
     };
     for which in [AttnInput::Q, AttnInput::K, AttnInput::V] {
         let op = Op::AttentionBackward { attn, which };
@@ -85,6 +86,53 @@ fn attention_backward_units_cover_every_head_once() {
         let per_batch = if which == AttnInput::V { 1 } else { 2 };
         assert_eq!(units, 2 * per_batch, "{which:?}: units per batch");
         assert!(written.iter().all(|&w| w == 1), "{which:?}");
+    }
+}
+
+/// A sliding window bounds the scores attention's backward computes: each unit of rows
+/// scores only the keys its rows see, about T x (64 + W) in all for T = 1,024 and W = 32,
+/// where plain causal attention scores all T x T; the query gradient's rows are each written
+/// once.
+#[test]
+fn windowed_attention_backward_scores_only_the_window() {
+    use memc::codegen::gemm::{Addr, Call};
+    let (t, w) = (1024u64, 32);
+    let q = TensorType::new(DType::BF16, vec![1, t as usize, 16]);
+    let scores = |window, which| {
+        let attn = AttnParams {
+            heads: 1,
+            kv_heads: 1,
+            causal: true,
+            scale: 0.25,
+            window,
+        };
+        let op = Op::AttentionBackward { attn, which };
+        let k = kernel_for(&op, &vec![q.clone(); 4], &q).unwrap().unwrap();
+        let mut written = vec![0u8; q.numel() as usize];
+        let mut n = 0;
+        for call in &k.library {
+            let Call::Gemm(g) = call else { continue };
+            match g.d.at {
+                Addr::Workspace(0) => n += g.batch * g.d.rows * g.d.cols,
+                Addr::Output(at) => {
+                    for c in 0..g.d.cols {
+                        for r in 0..g.d.rows {
+                            written[(at / 2 + c * g.d.ld + r) as usize] += 1;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if which == AttnInput::Q {
+            assert!(written.iter().all(|&w| w == 1), "{window:?}");
+        }
+        n
+    };
+    for which in [AttnInput::Q, AttnInput::K, AttnInput::V] {
+        assert_eq!(scores(None, which), t * t);
+        let windowed = scores(Some(w as usize), which);
+        assert!(windowed <= t * (64 + w), "{which:?}: {windowed} scores");
     }
 }
 

@@ -71,7 +71,8 @@ fn kernels_compile_with_nvrtc_and_assemble_with_ptxas() {
     }
 }
 
-/// Every kernel of every example's plan in every precision (fp32, bf16, fp16, pure bf16).
+/// Every kernel of every example's plan in every precision (fp32, bf16, fp16, pure bf16), and
+/// of the Llama example with a sliding window.
 #[test]
 fn every_example_plan_kernel_compiles() {
     if !nvrtc_ready() {
@@ -85,12 +86,22 @@ fn every_example_plan_kernel_compiles() {
         ("H", 4),
         ("V", 128),
     ];
-    let mut kernels = BTreeMap::new();
+    let mut sources = Vec::new();
     for entry in
         std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/examples")).expect("examples")
     {
         let path = entry.expect("entry").path();
         let src = std::fs::read_to_string(&path).expect("read");
+        if src.contains("model llama7b") {
+            // Mistral's shape: Llama with a sliding window shorter than T.
+            let windowed = src.replace("causal = true)", "causal = true, window = 5)");
+            assert_ne!(windowed, src, "llama7b's attention line changed");
+            sources.push((format!("{} window = 5", path.display()), windowed));
+        }
+        sources.push((path.display().to_string(), src));
+    }
+    let mut kernels = BTreeMap::new();
+    for (name, src) in sources {
         let ast = memc::front::parse(&src).expect("parse");
         let dims = memc::front::lower(&ast, &[]).expect("lower").dims;
         let overrides: Vec<(String, i64)> = small
@@ -113,11 +124,17 @@ fn every_example_plan_kernel_compiles() {
             };
             let compiled = memc::compile(&src, &options).expect("compile");
             for k in memc::codegen::plan_kernels(compiled.plan.plan()).expect("codegen") {
-                let label = format!("{} {precision:?}", path.display());
+                let label = format!("{name} {precision:?}");
                 kernels.insert(k.name.clone(), (label, k));
             }
         }
     }
+    assert!(
+        kernels
+            .values()
+            .any(|(_, k)| k.source.contains("WINDOW = 5ull")),
+        "the windowed plan's attention kernels are among them"
+    );
     check(&kernels.into_values().collect::<Vec<_>>(), "example plans");
 }
 

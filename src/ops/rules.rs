@@ -266,6 +266,7 @@ mod tests {
             kv_heads: 2,
             causal: true,
             scale: 0.5,
+            window: None,
         };
         let q = t(f, &[1, 4, 8]);
         let which = AttnInput::K;

@@ -1,6 +1,7 @@
 //! Shared test cases: a representative op/shape set covering every kernel family.
 #![allow(clippy::panic, dead_code)]
 
+mod attention;
 mod multi_block;
 
 use memc::codegen::{kernel_for, Kernel};
@@ -65,25 +66,12 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         stride: [2, 2],
         padding: [1, 1],
     };
-    let attn = AttnParams {
-        heads: 4,
-        kv_heads: 2,
-        causal: true,
-        scale: 0.125,
-    };
     let adam = adamw(0.01);
     let sgd = SgdParams {
         lr: 0.1,
         momentum: 0.9,
         weight_decay: 0.0,
     };
-    let attn_bwd = |which| Op::AttentionBackward { attn, which };
-    let attn_bwd_in = vec![
-        f(&[2, 10, 64]),
-        f(&[2, 12, 32]),
-        f(&[2, 12, 32]),
-        f(&[2, 10, 64]),
-    ];
     let mut cases = vec![
         (
             "fill",
@@ -420,36 +408,6 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ),
         ("dropout", Op::Dropout { p: 0.1, seed: 7 }, vec![f(&[100])]),
         (
-            "attention",
-            Op::Attention(attn),
-            vec![f(&[2, 10, 64]), f(&[2, 12, 32]), f(&[2, 12, 32])],
-        ),
-        (
-            "attention_bwd_q",
-            attn_bwd(AttnInput::Q),
-            attn_bwd_in.clone(),
-        ),
-        (
-            "attention_bwd_k",
-            attn_bwd(AttnInput::K),
-            attn_bwd_in.clone(),
-        ),
-        (
-            "attention_bwd_v",
-            attn_bwd(AttnInput::V),
-            attn_bwd_in.clone(),
-        ),
-        (
-            "attention_hd128",
-            Op::Attention(AttnParams {
-                heads: 2,
-                kv_heads: 2,
-                causal: false,
-                scale: 0.088,
-            }),
-            vec![f(&[1, 33, 256]), f(&[1, 33, 256]), f(&[1, 33, 256])],
-        ),
-        (
             "rope",
             Op::Rope {
                 heads: 4,
@@ -517,6 +475,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             vec![f(&[10]), f(&[10]), f(&[10]), f(&[])],
         ),
     ];
+    cases.extend(attention::cases());
     cases.extend(multi_block::cases());
     cases
 }

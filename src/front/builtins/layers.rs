@@ -13,6 +13,44 @@ pub(super) fn unary_fn(name: &str) -> Option<UnaryFn> {
     UnaryFn::ALL.iter().copied().find(|f| f.name() == name)
 }
 
+/// The `window = W` of a causal attention: a whole number of keys, at least 1.
+fn window(v: Option<Spanned>, causal: bool) -> R<Option<usize>> {
+    let Some(v) = v else { return Ok(None) };
+    let usage = "write how many keys a query sees, itself included: `window = 4096`";
+    let w = match v.val {
+        Val::Int(w) if w >= 1 => w as usize,
+        Val::Int(w) => {
+            return Err(UserError::at(
+                v.span,
+                format!("attention window must be at least 1, got {w}"),
+                "not positive",
+                usage,
+            ))
+        }
+        ref other => {
+            let got = match other {
+                Val::Float(f) => f.to_string(),
+                _ => other.describe().to_string(),
+            };
+            return Err(UserError::at(
+                v.span,
+                format!("attention window must be a whole number of keys, got {got}"),
+                "not a key count",
+                usage,
+            ));
+        }
+    };
+    if !causal {
+        return Err(UserError::at(
+            v.span,
+            "a window is only defined here for causal attention",
+            "window without `causal = true`",
+            "add `causal = true`: query i then sees keys j with i - W < j <= i",
+        ));
+    }
+    Ok(Some(w))
+}
+
 impl Lowerer<'_> {
     /// `f(x)`; `gelu(x, exact = true)` is the erf form.
     pub(super) fn unary(&mut self, mut f: UnaryFn, args: &mut Args, span: Span) -> R<Val> {
@@ -187,7 +225,7 @@ impl Lowerer<'_> {
         self.op(Op::Dropout { p, seed }, vec![x], span)
     }
 
-    /// `attention(q, k, v, heads = H, kv_heads, causal, scale)`.
+    /// `attention(q, k, v, heads = H, kv_heads, causal, scale, window)`.
     pub(super) fn attention(&mut self, args: &mut Args, span: Span) -> R<Val> {
         let q = self.t(args, "q")?;
         let k = self.t(args, "k")?;
@@ -195,6 +233,7 @@ impl Lowerer<'_> {
         let heads = self.heads(args, "attention(q, k, v, heads = H)")?;
         let kv_heads = self.dim_or(args, "kv_heads", heads)?;
         let causal = boolean(args.optional("causal"), false)?;
+        let window = window(args.optional("window"), causal)?;
         let width = self.ty(q).shape.last().copied().unwrap_or(1);
         let default_scale = 1.0 / ((width / heads.max(1)).max(1) as f32).sqrt();
         let scale = self.float_or(args, "scale", default_scale)?;
@@ -204,6 +243,7 @@ impl Lowerer<'_> {
                 kv_heads,
                 causal,
                 scale,
+                window,
             }),
             vec![q, k, v],
             span,

@@ -2,13 +2,19 @@
 //! materializes the TQ x TK score matrix: the forward streams K/V tiles through shared memory
 //! with an online softmax.
 //! q/out/dq: [B, TQ, H*DH]; k/v/dk/dv: [B, TK, KVH*DH]; query head h reads kv head
-//! h / (H / KVH). Causal: query i sees keys j <= i + TK - TQ; a query with no visible key
-//! outputs zeros. C::BT threads per block, C::BC keys per shared tile.
+//! h / (H / KVH). Query i sees keys [attn_kfirst(i), attn_kend(i)), AttnParams::visible_keys's
+//! rule: causal, keys j <= i + TK - TQ; with a window (C::WINDOW > 0) also j > i + TK - TQ -
+//! WINDOW. A query with no visible key outputs zeros. C::BT threads per block, C::BC keys per
+//! shared tile; a block loads only the tiles its queries see.
 
-template <typename C> __device__ __forceinline__ u64 attn_nkeys(u64 i) {
+template <typename C> __device__ __forceinline__ u64 attn_kend(u64 i) {
     if (!C::CAUSAL) return C::TK;
     const long long lim = (long long)i + (long long)C::TK - (long long)C::TQ + 1;
     return lim < 0 ? 0 : (lim > (long long)C::TK ? C::TK : (u64)lim);
+}
+template <typename C> __device__ __forceinline__ u64 attn_kfirst(u64 i) {
+    const u64 end = attn_kend<C>(i);
+    return (C::WINDOW == 0 || end < C::WINDOW) ? 0 : end - C::WINDOW;
 }
 template <typename C> __device__ __forceinline__ u64 attn_q(u64 b, u64 i, u64 h) { return (b * C::TQ + i) * (C::H * C::DH) + h * C::DH; }
 template <typename C> __device__ __forceinline__ u64 attn_kv(u64 b, u64 j, u64 kh) { return (b * C::TK + j) * (C::KVH * C::DH) + kh * C::DH; }
@@ -24,9 +30,9 @@ template <typename T, typename C> __device__ void attention_kernel(char* arena, 
     const u64 b = blockIdx.z, h = blockIdx.y, kh = h / (C::H / C::KVH);
     const u64 i0 = (u64)blockIdx.x * C::BT, i = i0 + threadIdx.x;
     const bool active = i < C::TQ;
-    const u64 nk = active ? attn_nkeys<C>(i) : 0;
+    const u64 nk = active ? attn_kend<C>(i) : 0, k0 = active ? attn_kfirst<C>(i) : 0;
     const u64 last = (i0 + C::BT - 1 < C::TQ) ? i0 + C::BT - 1 : C::TQ - 1;
-    const u64 kmax = attn_nkeys<C>(last);
+    const u64 kmin = attn_kfirst<C>(i0), kmax = attn_kend<C>(last);
     float qr[C::DH], o[C::DH];
 #pragma unroll
     for (int d = 0; d < (int)C::DH; ++d) {
@@ -34,7 +40,7 @@ template <typename T, typename C> __device__ void attention_kernel(char* arena, 
         o[d] = 0.0f;
     }
     float m = MEMC_NEG_INF, l = 0.0f;
-    for (u64 j0 = 0; j0 < kmax; j0 += C::BC) {
+    for (u64 j0 = kmin; j0 < kmax; j0 += C::BC) {
         for (u64 e = threadIdx.x; e < C::BC * C::DH; e += blockDim.x) {
             const u64 jj = e / C::DH, d = e % C::DH, j = j0 + jj;
             Ks[jj][d] = j < C::TK ? ld(k, attn_kv<C>(b, j, kh) + d) : 0.0f;
@@ -43,6 +49,7 @@ template <typename T, typename C> __device__ void attention_kernel(char* arena, 
         __syncthreads();
         for (u64 jj = 0; jj < C::BC; ++jj) {
             if (j0 + jj >= nk) break;
+            if (j0 + jj < k0) continue;
             float s = 0.0f;
 #pragma unroll
             for (int d = 0; d < (int)C::DH; ++d) s = fmaf(qr[d], Ks[jj][d], s);

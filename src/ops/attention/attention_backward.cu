@@ -6,8 +6,10 @@
 // probabilities p (fp32 in place, and in T at byte C::POFF for the next GEMM), and p, dp
 // into ds = SCALE * p (dp - D), D = sum_j p dp, in T at byte C::DSOFF. The key gradients sum over row chunks (and a group's query heads)
 // in an fp32 accumulator at byte C::ACCOFF ([C::HC, TK, DH]) that the last stage stores.
-// A unit is named by `chunk` = (b * H + h0) * TQ + r0. Causal: query i sees keys
-// j <= i + TK - TQ (`attn_nkeys` of attention.cu); a query with no visible key has p = 0.
+// A unit is named by `chunk` = (b * H + h0) * TQ + r0. Query i sees the keys
+// [attn_kfirst(i), attn_kend(i)) of attention.cu; a query with no visible key has p = 0.
+// Without a window a unit's score rows hold all TK keys; with one (C::WINDOW > 0) only the
+// kn keys from k0 that its rows see (`attb_keys`), and the GEMMs span just those.
 
 // The unit's first query row, first head, and how many rows and heads it has.
 template <typename C> __device__ __forceinline__ void attb_unit(u64 chunk, u64* r0, u64* h0, u64* rows, u64* heads) {
@@ -17,23 +19,37 @@ template <typename C> __device__ __forceinline__ void attb_unit(u64 chunk, u64* 
     *heads = C::H - *h0 < C::HC ? C::H - *h0 : C::HC;
 }
 
+// The first key of the score rows of the unit of query rows [r0, r0 + rows) and how many
+// keys they hold: with a window those the rows see, at least one; else all TK.
+template <typename C> __device__ __forceinline__ void attb_keys(u64 r0, u64 rows, u64* k0, u64* kn) {
+    if (C::WINDOW == 0) {
+        *k0 = 0;
+        *kn = C::TK;
+        return;
+    }
+    const u64 first = attn_kfirst<C>(r0), end = attn_kend<C>(r0 + rows - 1);
+    *k0 = first;
+    *kn = end > first ? end - first : 1;
+}
+
 // p = softmax over the visible keys of each row of s, in place and in T: one block per row.
 template <typename T, typename C> __device__ void attb_probs(char* ws, u64 chunk) {
-    u64 r0, h0, rows, heads;
+    u64 r0, h0, rows, heads, k0, kn;
     attb_unit<C>(chunk, &r0, &h0, &rows, &heads);
+    attb_keys<C>(r0, rows, &k0, &kn);
     float* s = (float*)ws;
     T* p = (T*)(ws + C::POFF);
     for (u64 item = blockIdx.x; item < rows * heads; item += gridDim.x) {
         const u64 row = (item / rows) * C::RC * C::TKLD + (item % rows) * C::TKLD;
-        const u64 n = attn_nkeys<C>(r0 + item % rows);
+        const u64 a = attn_kfirst<C>(r0 + item % rows) - k0, n = attn_kend<C>(r0 + item % rows) - k0;
         float m = MEMC_NEG_INF;
-        for (u64 j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, s[row + j]);
+        for (u64 j = a + threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, s[row + j]);
         m = block_max(m);
         float l = 0.0f;
-        for (u64 j = threadIdx.x; j < n; j += blockDim.x) l += expf(s[row + j] - m);
+        for (u64 j = a + threadIdx.x; j < n; j += blockDim.x) l += expf(s[row + j] - m);
         l = block_sum(l);
-        for (u64 j = threadIdx.x; j < C::TK; j += blockDim.x) {
-            const float v = j < n ? expf(s[row + j] - m) / l : 0.0f;
+        for (u64 j = threadIdx.x; j < kn; j += blockDim.x) {
+            const float v = j >= a && j < n ? expf(s[row + j] - m) / l : 0.0f;
             s[row + j] = v;
             st(p, row + j, v);
         }
@@ -42,25 +58,39 @@ template <typename T, typename C> __device__ void attb_probs(char* ws, u64 chunk
 
 // ds = SCALE * p (dp - D), D = sum_j p dp over the row, in T: one block per row.
 template <typename T, typename C> __device__ void attb_dscores(char* ws, u64 chunk) {
-    u64 r0, h0, rows, heads;
+    u64 r0, h0, rows, heads, k0, kn;
     attb_unit<C>(chunk, &r0, &h0, &rows, &heads);
+    attb_keys<C>(r0, rows, &k0, &kn);
     const float* p = (const float*)ws;
     const float* dp = (const float*)(ws + C::DPOFF);
     T* ds = (T*)(ws + C::DSOFF);
     for (u64 item = blockIdx.x; item < rows * heads; item += gridDim.x) {
         const u64 row = (item / rows) * C::RC * C::TKLD + (item % rows) * C::TKLD;
         float d = 0.0f;
-        for (u64 j = threadIdx.x; j < C::TK; j += blockDim.x) d += p[row + j] * dp[row + j];
+        for (u64 j = threadIdx.x; j < kn; j += blockDim.x) d += p[row + j] * dp[row + j];
         d = block_sum(d);
-        for (u64 j = threadIdx.x; j < C::TK; j += blockDim.x) st(ds, row + j, C::SCALE * p[row + j] * (dp[row + j] - d));
+        for (u64 j = threadIdx.x; j < kn; j += blockDim.x) st(ds, row + j, C::SCALE * p[row + j] * (dp[row + j] - d));
     }
+}
+
+// How many kv heads from g0 the accumulator of kv unit `chunk` = b * KVH + g0 holds.
+template <typename C> __device__ __forceinline__ u64 attb_kv_heads(u64 chunk) {
+    const u64 g0 = chunk % C::KVH;
+    return C::KVH - g0 < C::HC ? C::KVH - g0 : C::HC;
+}
+
+// Zeroes the accumulator of kv unit `chunk` before windowed units add to the rows of the keys
+// they see: grid-stride.
+template <typename C> __device__ void attb_zero(char* ws, u64 chunk) {
+    float* acc = (float*)(ws + C::ACCOFF);
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < attb_kv_heads<C>(chunk) * C::TK * C::DH; i += (u64)gridDim.x * blockDim.x) acc[i] = 0.0f;
 }
 
 // The accumulated key gradients of kv heads [g0, g0 + C::HC) of batch b, `chunk` = b * KVH +
 // g0, stored into the output [B, TK, KVH * DH] in T: grid-stride.
 template <typename T, typename C> __device__ void attb_store(char* ws, T* out, u64 chunk) {
     const u64 b = chunk / C::KVH, g0 = chunk % C::KVH;
-    const u64 heads = C::KVH - g0 < C::HC ? C::KVH - g0 : C::HC;
+    const u64 heads = attb_kv_heads<C>(chunk);
     const float* acc = (const float*)(ws + C::ACCOFF);
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < heads * C::TK * C::DH; i += (u64)gridDim.x * blockDim.x) {
         const u64 g = i / (C::TK * C::DH), j = (i / C::DH) % C::TK, d = i % C::DH;
@@ -68,11 +98,13 @@ template <typename T, typename C> __device__ void attb_store(char* ws, T* out, u
     }
 }
 
-// Phase 0: probabilities; 1: score gradients; 2: store the accumulated key gradients.
+// Phase 0: probabilities; 1: score gradients; 2: store the accumulated key gradients; 3: zero
+// the accumulator.
 template <typename T, typename C>
 __device__ void attention_backward_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_out, u64 o_ws, u64 phase, u64 chunk) {
     char* ws = arena + o_ws;
     if (phase == 0) attb_probs<T, C>(ws, chunk);
     else if (phase == 1) attb_dscores<T, C>(ws, chunk);
-    else attb_store<T, C>(ws, tensor_at<T>(arena, o_out), chunk);
+    else if (phase == 2) attb_store<T, C>(ws, tensor_at<T>(arena, o_out), chunk);
+    else attb_zero<C>(ws, chunk);
 }

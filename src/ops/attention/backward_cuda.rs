@@ -5,7 +5,10 @@
 //! scores of one unit live in the workspace, which is bounded by [`SCRATCH`]: units are as
 //! many heads (and, when one head's rows exceed it, as few query rows) as fit. Key
 //! gradients summed over several units (row chunks, or a group's query heads) accumulate in
-//! fp32 in the workspace and are stored once.
+//! fp32 in the workspace and are stored once. With a sliding window, units are chunks of
+//! about a window of rows, and each unit's GEMMs span only the keys its rows see
+//! ([`AttnParams::visible_keys`]), so the work and the scores grow as T x W, not T x T; the
+//! accumulator is zeroed first, since no unit covers every key.
 
 use crate::codegen::build::{c_bool, c_f32, c_u64};
 use crate::codegen::gemm::{Addr, Call, Gemm};
@@ -25,6 +28,10 @@ pub(crate) const SCRATCH: u64 = 64 << 20;
 /// Threads of the row and store launches.
 const BLOCK: u32 = 256;
 
+/// The fewest query rows of a windowed unit, so that short windows still give GEMMs of a
+/// useful size.
+const WINDOW_ROWS: u64 = 64;
+
 /// The geometry of one attention backward and its workspace layout.
 struct Geometry {
     b: u64,
@@ -35,6 +42,8 @@ struct Geometry {
     dh: u64,
     /// Elements between the starts of consecutive score rows in the workspace.
     tk_ld: u64,
+    /// Whether the key gradients sum over units in the fp32 accumulator.
+    accumulates: bool,
     dtype: DType,
     /// Query heads and query rows per unit.
     hc: u64,
@@ -50,23 +59,28 @@ impl Geometry {
         let (h, kvh) = (u(p.heads), u(p.kv_heads));
         let dh = u(q.shape[2]).checked_div(h)?;
         let e = q.dtype.size();
-        let tk_ld = padded_row(tk);
         // Bytes per score: s/p in fp32 and p in T; for dq and dk also dp (fp32) and ds (T).
         let per = if which == AttnInput::V {
             4 + e
         } else {
             2 * (4 + e)
         };
-        let one_head = tq * tk_ld * per;
+        // Rows per unit and the keys they see: all of them, or with a window W, chunks of
+        // rows that see at most rows + W - 1 keys.
+        let window = p.window.map(u);
+        let rows = window.map_or(tq, |w| tq.min(w.max(WINDOW_ROWS)));
+        let keys = |rows: u64| window.map_or(tk, |w| tk.min(rows + w - 1));
+        let row_bytes = padded_row(keys(rows)) * per;
+        let rc = if rows * row_bytes <= SCRATCH {
+            rows
+        } else {
+            (SCRATCH / row_bytes.max(1)).clamp(1, tq)
+        };
+        let tk_ld = padded_row(keys(rc));
         let hc = if h == kvh {
-            (SCRATCH / one_head.max(1)).clamp(1, h)
+            (SCRATCH / (rc * tk_ld * per).max(1)).clamp(1, h)
         } else {
             1
-        };
-        let rc = if one_head <= SCRATCH {
-            tq
-        } else {
-            (SCRATCH / (tk_ld * per).max(1)).clamp(1, tq)
         };
         let scores = hc * rc * tk_ld;
         let p_at = region(scores * 4);
@@ -81,7 +95,7 @@ impl Geometry {
         } else {
             ds_at + region(scores * e)
         };
-        let accumulates = which != AttnInput::Q && (h != kvh || rc < tq);
+        let accumulates = which != AttnInput::Q && (h != kvh || rc < tq || p.window.is_some());
         let scratch_at = acc_at
             + if accumulates {
                 region(hc * tk * dh * 4)
@@ -96,6 +110,7 @@ impl Geometry {
             kvh,
             dh,
             tk_ld,
+            accumulates,
             dtype: q.dtype,
             hc,
             rc,
@@ -110,6 +125,19 @@ impl Geometry {
 
     fn at_kv(&self, b: u64, j: u64, g: u64) -> u64 {
         ((b * self.tk + j) * self.kvh + g) * self.dh * self.dtype.size()
+    }
+
+    /// The first key of the score rows of the unit of query rows `r0..r0 + rn`, and how many
+    /// keys they hold: with a window, those the rows see (at least one, so that every GEMM
+    /// has a size); else all of them. `attb_keys` of `attention_backward.cu` computes the same.
+    fn keys(&self, p: &AttnParams, r0: u64, rn: u64) -> (u64, u64) {
+        if p.window.is_none() {
+            return (0, self.tk);
+        }
+        let (tq, tk) = (self.tq as usize, self.tk as usize);
+        let first = p.visible_keys(r0 as usize, tq, tk).start;
+        let end = p.visible_keys((r0 + rn - 1) as usize, tq, tk).end;
+        (u(first), u(end.max(first + 1) - first))
     }
 }
 
@@ -131,6 +159,7 @@ pub(crate) fn attention_backward(
         c_u64("DH", g.dh),
         c_bool("CAUSAL", p.causal),
         c_f32("SCALE", p.scale),
+        super::cuda::window(p),
         c_u64("HC", g.hc),
         c_u64("RC", g.rc),
         c_u64("POFF", p_at),
@@ -158,7 +187,9 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
     // every query head has its own kv head (a group's heads run one at a time).
     let kv_step = if group == 1 { g.dh } else { 0 };
     let unit_scores = g.rc * g.tk_ld;
-    let direct = which != AttnInput::Q && group == 1 && g.rc == g.tq;
+    let direct = which != AttnInput::Q && !g.accumulates;
+    // A windowed unit adds to the accumulator's rows of the keys it sees only: zeroed first.
+    let zeroed = g.accumulates && p.window.is_some();
     let mut out = Vec::new();
     for b in 0..g.b {
         // Units of kv output: a chunk of heads (no groups), or one kv head and its group.
@@ -173,15 +204,22 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                 .collect()
         };
         for (g0, heads) in kv_units {
+            let kv_unit = (if group == 1 { g.hc.min(g.h - g0) } else { 1 }) * g.tk * g.dh;
+            let kv_launch =
+                |phase| Call::launch(kv_unit.div_ceil(u64::from(BLOCK)), phase, b * g.kvh + g0);
+            if zeroed {
+                out.push(kv_launch(3));
+            }
             let mut contributions = 0u64;
             for h0 in heads {
                 let hn = if group == 1 { g.hc.min(g.h - h0) } else { 1 };
                 let kv = h0 / group;
                 for r0 in (0..g.tq).step_by(g.rc as usize) {
                     let rn = g.rc.min(g.tq - r0);
+                    let (k0, kn) = g.keys(p, r0, rn);
                     let chunk = (b * g.h + h0) * g.tq + r0;
                     let q = |i| Addr::Input(i, g.at_q(b, r0, h0));
-                    let kvm = |i| Addr::Input(i, g.at_kv(b, 0, kv));
+                    let kvm = |i| Addr::Input(i, g.at_kv(b, k0, kv));
                     let strides = (g.dh, kv_step, unit_scores);
                     // s = SCALE q k^T
                     out.push(Call::Gemm(
@@ -189,17 +227,21 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                             (q(0), t, false, q_row),
                             (kvm(1), t, true, kv_row),
                             (Addr::Workspace(0), DType::F32, g.tk_ld),
-                            (rn, g.tk, g.dh),
+                            (rn, kn, g.dh),
                         )
                         .batched(hn, strides)
                         .scaled(p.scale, 0.0),
                     ));
                     out.push(Call::launch(rn * hn, 0, chunk));
-                    let beta = if contributions > 0 { 1.0 } else { 0.0 };
-                    let kv_out = if direct {
-                        (Addr::Output(g.at_kv(b, 0, h0)), t, kv_row)
+                    let beta = if contributions > 0 || zeroed {
+                        1.0
                     } else {
-                        (Addr::Workspace(acc_at), DType::F32, g.dh)
+                        0.0
+                    };
+                    let kv_out = if direct {
+                        (Addr::Output(g.at_kv(b, k0, h0)), t, kv_row)
+                    } else {
+                        (Addr::Workspace(acc_at + k0 * g.dh * 4), DType::F32, g.dh)
                     };
                     let kv_out_step = if direct { g.dh } else { g.tk * g.dh };
                     if which == AttnInput::V {
@@ -209,7 +251,7 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                                 (Addr::Workspace(p_at), t, true, g.tk_ld),
                                 (q(3), t, false, q_row),
                                 kv_out,
-                                (g.tk, g.dh, rn),
+                                (kn, g.dh, rn),
                             )
                             .batched(hn, (unit_scores, g.dh, kv_out_step))
                             .scaled(1.0, beta),
@@ -221,7 +263,7 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                                 (q(3), t, false, q_row),
                                 (kvm(2), t, true, kv_row),
                                 (Addr::Workspace(dp_at), DType::F32, g.tk_ld),
-                                (rn, g.tk, g.dh),
+                                (rn, kn, g.dh),
                             )
                             .batched(hn, strides),
                         ));
@@ -233,12 +275,12 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                                 ds,
                                 (kvm(1), t, false, kv_row),
                                 (Addr::Output(g.at_q(b, r0, h0)), t, q_row),
-                                (rn, g.dh, g.tk),
+                                (rn, g.dh, kn),
                             )
                             .batched(hn, (unit_scores, kv_step, g.dh))
                         } else {
                             // dk += ds^T q
-                            Gemm::row_major(ds, (q(0), t, false, q_row), kv_out, (g.tk, g.dh, rn))
+                            Gemm::row_major(ds, (q(0), t, false, q_row), kv_out, (kn, g.dh, rn))
                                 .batched(hn, (unit_scores, g.dh, kv_out_step))
                                 .scaled(1.0, beta)
                         }));
@@ -246,13 +288,8 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                     contributions += 1;
                 }
             }
-            if which != AttnInput::Q && !direct {
-                let n = (if group == 1 { g.hc.min(g.h - g0) } else { 1 }) * g.tk * g.dh;
-                out.push(Call::launch(
-                    n.div_ceil(u64::from(BLOCK)),
-                    2,
-                    b * g.kvh + g0,
-                ));
+            if g.accumulates {
+                out.push(kv_launch(2));
             }
         }
     }

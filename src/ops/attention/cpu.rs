@@ -16,11 +16,8 @@ fn attn_geom(a: &AttnParams, q: &[usize], k: &[usize], operand: crate::ir::DType
         b: q[0],
         t_q: q[1],
         t_k: k[1],
-        heads: a.heads,
-        kv_heads: a.kv_heads,
+        attn: *a,
         head_dim: q[2] / a.heads.max(1),
-        causal: a.causal,
-        scale: a.scale,
         operand,
     }
 }

@@ -14,6 +14,11 @@ pub(super) const ATTENTION: &str = include_str!("attention.cu");
 /// `rope.cu`: the rotary embedding template (INVERSE is its backward).
 const ROPE: &str = include_str!("rope.cu");
 
+/// `WINDOW`: the sliding window of a causal mask, 0 for none (both templates read it).
+pub(super) fn window(p: &AttnParams) -> String {
+    c_u64("WINDOW", p.window.map_or(0, u))
+}
+
 /// The attention forward.
 fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
     let (q, kt) = (a.at(0)?, a.at(1)?);
@@ -37,6 +42,7 @@ fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
         c_u64("DH", dh),
         c_bool("CAUSAL", p.causal),
         c_f32("SCALE", p.scale),
+        window(p),
         c_u64("BT", bt),
         c_u64("BC", bc),
     ];

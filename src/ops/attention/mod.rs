@@ -7,6 +7,7 @@ mod cuda;
 mod rules;
 
 use serde::{Deserialize, Serialize};
+use std::ops::Range;
 
 /// The attention family; every stage's rule for its ops is implemented on it.
 pub struct Family;
@@ -22,11 +23,41 @@ pub enum AttnInput {
 }
 
 /// Attention configuration: heads of q, heads of k/v (grouped-query when fewer), causal mask,
-/// and the factor applied to q.k.
+/// the factor applied to q.k, and the sliding window of a causal mask.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct AttnParams {
     pub heads: usize,
     pub kv_heads: usize,
     pub causal: bool,
     pub scale: f32,
+    /// With `causal`, how many of the latest keys a query sees (itself included): Mistral's,
+    /// Phi-3's and Qwen2's sliding window. At least 1; `None` sees every earlier key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<usize>,
+}
+
+impl AttnParams {
+    /// The keys query `i` of `t_q` queries attends among `t_k` keys, as one range: the mask's
+    /// one statement, which the CPU kernels, the cost model and the CUDA backward's units
+    /// call and the CUDA templates' `attn_kfirst`/`attn_kend` restate. Without `causal`,
+    /// all of them. Causal (the queries aligned with the last keys), keys
+    /// `j <= i + t_k - t_q`; with a window `W` also `j > i + t_k - t_q - W` (Hugging Face's
+    /// rule: a key `W` or more positions back is masked). The range is empty when no key is
+    /// visible, and never reaches past `t_k`.
+    pub fn visible_keys(&self, i: usize, t_q: usize, t_k: usize) -> Range<usize> {
+        if !self.causal {
+            return 0..t_k;
+        }
+        let end = (i + t_k + 1).saturating_sub(t_q).min(t_k);
+        let start = self.window.map_or(0, |w| end.saturating_sub(w));
+        start..end
+    }
+
+    /// The number of visible (query, key) pairs of one head of one batch item: the sum of
+    /// [`AttnParams::visible_keys`] over the `t_q` queries.
+    pub fn visible_pairs(&self, t_q: usize, t_k: usize) -> u64 {
+        (0..t_q)
+            .map(|i| self.visible_keys(i, t_q, t_k).len() as u64)
+            .sum()
+    }
 }

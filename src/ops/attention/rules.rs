@@ -22,6 +22,16 @@ fn attention(q: &TensorType, k: &TensorType, v: &TensorType, a: &AttnParams) -> 
             "heads must divide the model width, and kv_heads must divide heads",
         );
     }
+    match a.window {
+        Some(0) => return fail("attention window 0 sees no key", "a window is at least 1"),
+        Some(w) if !a.causal => {
+            return fail(
+                format!("attention window {w} without a causal mask"),
+                "a window is only defined for causal attention",
+            )
+        }
+        _ => {}
+    }
     let dh = q.shape[2] / heads;
     if q.shape[0] != k.shape[0] || k.shape[2] != kv * dh {
         return fail(
@@ -94,10 +104,9 @@ impl Rules for super::Family {
             return elementwise_flops(inputs, out);
         };
         let (q, k) = (inputs[0], inputs[1]);
-        let pairs = (q.shape[0] * q.shape[1] * k.shape[1]) as u64;
-        let width = q.shape[2] as u64;
-        let dense = 4 * pairs * width;
-        let fwd = if a.causal { dense / 2 } else { dense };
+        // Two products of q.k and p.v per visible pair, per head dim of each head.
+        let pairs = q.shape[0] as u64 * a.visible_pairs(q.shape[1], k.shape[1]);
+        let fwd = 4 * pairs * q.shape[2] as u64;
         if matches!(op, Op::Attention(_)) {
             fwd
         } else {

@@ -5,12 +5,13 @@
 use crate::exec::lowp::round;
 use rayon::prelude::*;
 
-use crate::ir::AttnInput;
+use crate::ir::{AttnInput, AttnParams};
+use std::ops::Range;
 
 /// Multi-head scaled dot-product attention geometry. q: `[b, t_q, heads*head_dim]`, k and v:
 /// `[b, t_k, kv_heads*head_dim]` (grouped-query: head h uses kv head `h / (heads/kv_heads)`),
-/// out: `[b, t_q, heads*head_dim]`. `scale` multiplies q.k. If `causal`, query i attends keys
-/// `j <= i + t_k - t_q`; a query with no visible key outputs zeros.
+/// out: `[b, t_q, heads*head_dim]`. `scale` multiplies q.k. Query i attends the keys
+/// [`AttnParams::visible_keys`] gives; a query with no visible key outputs zeros.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttnGeom {
     /// Batch size.
@@ -19,16 +20,10 @@ pub struct AttnGeom {
     pub t_q: usize,
     /// Key/value length.
     pub t_k: usize,
-    /// Query heads.
-    pub heads: usize,
-    /// Key/value heads; divides `heads`.
-    pub kv_heads: usize,
+    /// Heads, kv heads (dividing heads), mask and the factor applied to every q.k score.
+    pub attn: AttnParams,
     /// Per-head feature size.
     pub head_dim: usize,
-    /// Whether query i only sees keys `j <= i + t_k - t_q`.
-    pub causal: bool,
-    /// Factor applied to every q.k score.
-    pub scale: f32,
     /// The type of q, k, v: in the backward, the probabilities and the scaled score gradients
     /// are rounded to it before they multiply (as a 16-bit GEMM takes them, on CUDA and in
     /// FlashAttention alike).
@@ -55,23 +50,22 @@ impl AttnGeom {
             .for_each_init(|| vec![0.0f32; scratch_len], |s, (row, o)| f(s, row, o));
     }
 
-    /// Number of keys query `i` attends (a prefix `0..n` of the keys).
-    fn n_keys(&self, i: usize) -> usize {
-        if !self.causal {
-            return self.t_k;
-        }
-        let lim = i as isize + self.t_k as isize - self.t_q as isize + 1;
-        lim.clamp(0, self.t_k as isize) as usize
+    /// The keys query `i` attends.
+    fn keys(&self, i: usize) -> Range<usize> {
+        self.attn.visible_keys(i, self.t_q, self.t_k)
     }
 
     /// Row widths of q/out and of k/v.
     fn widths(&self) -> (usize, usize) {
-        (self.heads * self.head_dim, self.kv_heads * self.head_dim)
+        (
+            self.attn.heads * self.head_dim,
+            self.attn.kv_heads * self.head_dim,
+        )
     }
 
     /// The kv head query head `h` reads.
     fn kv_of(&self, h: usize) -> usize {
-        h / (self.heads / self.kv_heads.max(1)).max(1)
+        h / (self.attn.heads / self.attn.kv_heads.max(1)).max(1)
     }
 
     /// Slice of head `h` in row `row` of a tensor with row width `width`.
@@ -98,11 +92,11 @@ struct RowCtx<'a> {
 
 impl RowCtx<'_> {
     /// Writes the softmax probabilities of query row `qh` (batch `bi`, kv head `kvh`) over its
-    /// `p.len()` visible keys into `p`.
-    fn probs(&self, bi: usize, kvh: usize, qh: &[f32], p: &mut [f32]) {
+    /// visible `keys` into `p` (`keys.len()` long).
+    fn probs(&self, bi: usize, kvh: usize, qh: &[f32], keys: &Range<usize>, p: &mut [f32]) {
         let (_, kvw) = self.g.widths();
-        for (j, pj) in p.iter_mut().enumerate() {
-            *pj = self.g.scale * dot(qh, self.g.head(self.k, bi * self.g.t_k + j, kvw, kvh));
+        for (j, pj) in keys.clone().zip(p.iter_mut()) {
+            *pj = self.g.attn.scale * dot(qh, self.g.head(self.k, bi * self.g.t_k + j, kvw, kvh));
         }
         let max = p.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
         let mut sum = 0.0f32;
@@ -114,11 +108,20 @@ impl RowCtx<'_> {
         p.iter_mut().for_each(|pj| *pj *= inv);
     }
 
-    /// Turns probabilities `p` into score gradients `ds_j = p_j (dout.v_j - sum_l p_l dout.v_l)`
-    /// in place, using `dp` as scratch of the same length.
-    fn score_grads(&self, bi: usize, kvh: usize, dout_h: &[f32], p: &mut [f32], dp: &mut [f32]) {
+    /// Turns probabilities `p` over `keys` into score gradients
+    /// `ds_j = p_j (dout.v_j - sum_l p_l dout.v_l)` in place, using `dp` as scratch of the same
+    /// length.
+    fn score_grads(
+        &self,
+        bi: usize,
+        kvh: usize,
+        dout_h: &[f32],
+        keys: &Range<usize>,
+        p: &mut [f32],
+        dp: &mut [f32],
+    ) {
         let (_, kvw) = self.g.widths();
-        for (j, dpj) in dp.iter_mut().enumerate() {
+        for (j, dpj) in keys.clone().zip(dp.iter_mut()) {
             *dpj = dot(dout_h, self.g.head(self.v, bi * self.g.t_k + j, kvw, kvh));
         }
         let d: f32 = p.iter().zip(dp.iter()).map(|(a, b)| a * b).sum();
@@ -136,13 +139,14 @@ pub fn attention_forward(g: &AttnGeom, q: &[f32], k: &[f32], v: &[f32], out: &mu
     let ctx = RowCtx { g, k, v, dout: &[] };
     g.par_query_rows(out, g.t_k, |p, row, o| {
         let (bi, i) = (row / g.t_q, row % g.t_q);
-        let p = &mut p[..g.n_keys(i)];
-        for h in 0..g.heads {
+        let keys = g.keys(i);
+        let p = &mut p[..keys.len()];
+        for h in 0..g.attn.heads {
             let kvh = g.kv_of(h);
-            ctx.probs(bi, kvh, g.head(q, row, qw, h), p);
+            ctx.probs(bi, kvh, g.head(q, row, qw, h), &keys, p);
             let oh = &mut o[h * g.head_dim..(h + 1) * g.head_dim];
             oh.fill(0.0);
-            for (j, &pj) in p.iter().enumerate() {
+            for (j, &pj) in keys.clone().zip(p.iter()) {
                 axpy(pj, g.head(v, bi * g.t_k + j, kvw, kvh), oh);
             }
         }
@@ -177,26 +181,26 @@ pub fn attention_backward(
                 ptr: dst.as_mut_ptr(),
                 len: dst.len(),
             };
-            let group = g.heads / g.kv_heads.max(1);
-            (0..g.b * g.kv_heads).into_par_iter().for_each_init(
+            let group = g.attn.heads / g.attn.kv_heads.max(1);
+            (0..g.b * g.attn.kv_heads).into_par_iter().for_each_init(
                 || vec![0.0f32; 2 * g.t_k],
                 |scratch, task| {
-                    let (bi, kvh) = (task / g.kv_heads, task % g.kv_heads);
+                    let (bi, kvh) = (task / g.attn.kv_heads, task % g.attn.kv_heads);
                     let (p, dp) = scratch.split_at_mut(g.t_k);
                     for h in kvh * group..(kvh + 1) * group {
                         for i in 0..g.t_q {
                             let row = bi * g.t_q + i;
                             let (qh, doh) = (g.head(q, row, qw, h), g.head(dout, row, qw, h));
-                            let nk = g.n_keys(i);
-                            let p = &mut p[..nk];
-                            ctx.probs(bi, kvh, qh, p);
+                            let keys = g.keys(i);
+                            let p = &mut p[..keys.len()];
+                            ctx.probs(bi, kvh, qh, &keys, p);
                             let (src, alpha) = if which == AttnInput::K {
-                                ctx.score_grads(bi, kvh, doh, p, &mut dp[..nk]);
-                                (qh, g.scale)
+                                ctx.score_grads(bi, kvh, doh, &keys, p, &mut dp[..keys.len()]);
+                                (qh, g.attn.scale)
                             } else {
                                 (doh, 1.0)
                             };
-                            for (j, &pj) in p.iter().enumerate() {
+                            for (j, &pj) in keys.clone().zip(p.iter()) {
                                 let off = (bi * g.t_k + j) * kvw + kvh * g.head_dim;
                                 // SAFETY: task (bi, kvh) is the only one touching the
                                 // head_dim-long segments at batch bi, kv head kvh, and this
@@ -218,18 +222,18 @@ fn attention_backward_q(ctx: &RowCtx, q: &[f32], dst: &mut [f32]) {
     let (qw, kvw) = g.widths();
     g.par_query_rows(dst, 2 * g.t_k, |scratch, row, d| {
         let (bi, i) = (row / g.t_q, row % g.t_q);
-        let nk = g.n_keys(i);
+        let keys = g.keys(i);
         let (p, dp) = scratch.split_at_mut(g.t_k);
-        let (p, dp) = (&mut p[..nk], &mut dp[..nk]);
-        for h in 0..g.heads {
+        let (p, dp) = (&mut p[..keys.len()], &mut dp[..keys.len()]);
+        for h in 0..g.attn.heads {
             let kvh = g.kv_of(h);
-            ctx.probs(bi, kvh, g.head(q, row, qw, h), p);
-            ctx.score_grads(bi, kvh, g.head(ctx.dout, row, qw, h), p, dp);
+            ctx.probs(bi, kvh, g.head(q, row, qw, h), &keys, p);
+            ctx.score_grads(bi, kvh, g.head(ctx.dout, row, qw, h), &keys, p, dp);
             let dh = &mut d[h * g.head_dim..(h + 1) * g.head_dim];
             dh.fill(0.0);
-            for (j, &ds) in p.iter().enumerate() {
+            for (j, &ds) in keys.clone().zip(p.iter()) {
                 axpy(
-                    round(g.operand, g.scale * ds),
+                    round(g.operand, g.attn.scale * ds),
                     g.head(ctx.k, bi * g.t_k + j, kvw, kvh),
                     dh,
                 );
@@ -270,19 +274,26 @@ mod tests {
     use crate::exec::kernels::testing::{assert_close, central_diff, dot, Rng};
 
     fn naive_attention(g: &AttnGeom, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
-        let (qw, kvw, hd) = (g.heads * g.head_dim, g.kv_heads * g.head_dim, g.head_dim);
+        let (qw, kvw, hd) = (
+            g.attn.heads * g.head_dim,
+            g.attn.kv_heads * g.head_dim,
+            g.head_dim,
+        );
         let mut out = vec![0.0; g.b * g.t_q * qw];
         for b in 0..g.b {
-            for h in 0..g.heads {
-                let kvh = h / (g.heads / g.kv_heads);
+            for h in 0..g.attn.heads {
+                let kvh = h / (g.attn.heads / g.attn.kv_heads);
                 // The full t_q x t_k score matrix.
                 let s: Vec<Vec<f64>> = (0..g.t_q)
                     .map(|i| {
                         (0..g.t_k)
                             .map(|j| {
-                                if g.causal
-                                    && j as isize > i as isize + g.t_k as isize - g.t_q as isize
-                                {
+                                // Hugging Face's mask: a later key, or one `window` or more
+                                // positions back, with queries aligned to the last keys.
+                                let at = i as isize + g.t_k as isize - g.t_q as isize;
+                                let back = at - j as isize;
+                                let far = g.attn.window.is_some_and(|w| back >= w as isize);
+                                if g.attn.causal && (back < 0 || far) {
                                     return f64::NEG_INFINITY;
                                 }
                                 let qo = (b * g.t_q + i) * qw + h * hd;
@@ -290,7 +301,7 @@ mod tests {
                                 (0..hd)
                                     .map(|d| q[qo + d] as f64 * k[ko + d] as f64)
                                     .sum::<f64>()
-                                    * g.scale as f64
+                                    * g.attn.scale as f64
                             })
                             .collect()
                     })
@@ -312,40 +323,78 @@ mod tests {
     }
 
     fn attn_geoms() -> Vec<AttnGeom> {
+        let attn = AttnParams {
+            heads: 4,
+            kv_heads: 2,
+            causal: false,
+            scale: 0.7,
+            window: None,
+        };
+        let causal = AttnParams {
+            causal: true,
+            ..attn
+        };
         let base = AttnGeom {
             b: 2,
             t_q: 5,
             t_k: 5,
-            heads: 4,
-            kv_heads: 2,
+            attn,
             head_dim: 3,
-            causal: false,
-            scale: 0.7,
             operand: crate::ir::DType::F32,
         };
         vec![
             base,
             AttnGeom {
-                causal: true,
+                attn: causal,
                 ..base
             },
             AttnGeom {
-                causal: true,
+                attn: causal,
                 t_q: 3,
                 t_k: 6,
                 ..base
             },
             AttnGeom {
-                kv_heads: 4,
+                attn: AttnParams {
+                    kv_heads: 4,
+                    ..attn
+                },
                 t_q: 4,
                 t_k: 6,
+                ..base
+            },
+            // Sliding windows shorter than the sequence, with grouped and with fewer queries
+            // than keys.
+            AttnGeom {
+                attn: AttnParams {
+                    window: Some(2),
+                    ..causal
+                },
+                t_q: 7,
+                t_k: 7,
+                ..base
+            },
+            AttnGeom {
+                attn: AttnParams {
+                    window: Some(3),
+                    ..causal
+                },
+                t_q: 4,
+                t_k: 7,
+                ..base
+            },
+            AttnGeom {
+                attn: AttnParams {
+                    window: Some(1),
+                    ..causal
+                },
                 ..base
             },
         ]
     }
 
     fn attn_inputs(g: &AttnGeom, rng: &mut Rng) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-        let (qw, kvw) = (g.heads * g.head_dim, g.kv_heads * g.head_dim);
+        let (qw, kvw) = (g.attn.heads * g.head_dim, g.attn.kv_heads * g.head_dim);
         (
             rng.vec(g.b * g.t_q * qw),
             rng.vec(g.b * g.t_k * kvw),
@@ -370,6 +419,23 @@ mod tests {
                 1e-5,
                 &format!("{g:?}"),
             );
+        }
+    }
+
+    #[test]
+    fn a_window_as_long_as_the_keys_is_plain_causal() {
+        let mut rng = Rng(5);
+        let g = attn_geoms()[1];
+        let (q, k, v) = attn_inputs(&g, &mut rng);
+        for w in [g.t_k, g.t_k + 3] {
+            let windowed = AttnGeom {
+                attn: AttnParams {
+                    window: Some(w),
+                    ..g.attn
+                },
+                ..g
+            };
+            assert_eq!(attn_fwd(&windowed, &q, &k, &v), attn_fwd(&g, &q, &k, &v));
         }
     }
 
@@ -399,11 +465,14 @@ mod tests {
             b: 3,
             t_q: 33,
             t_k: 33,
-            heads: 4,
-            kv_heads: 1,
+            attn: AttnParams {
+                heads: 4,
+                kv_heads: 1,
+                causal: true,
+                scale: 0.35,
+                window: None,
+            },
             head_dim: 8,
-            causal: true,
-            scale: 0.35,
             operand: crate::ir::DType::F32,
         };
         let (q, k, v) = attn_inputs(&g, &mut Rng(21));
