@@ -23,6 +23,23 @@ const LLAMA3_8B: &str = r#"{"architectures": ["LlamaForCausalLM"], "model_type":
   "hidden_act": "silu", "tie_word_embeddings": false, "torch_dtype": "bfloat16",
   "attention_bias": false, "initializer_range": 0.02, "bos_token_id": 128000}"#;
 
+/// mistralai/Mistral-7B-v0.1's config.json.
+const MISTRAL_7B: &str = r#"{"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+  "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+  "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 32000,
+  "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+  "sliding_window": 4096, "hidden_act": "silu", "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}"#;
+
+/// microsoft/Phi-3-mini-4k-instruct's config.json.
+const PHI3_MINI: &str = r#"{"architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+  "hidden_size": 3072, "intermediate_size": 8192, "num_attention_heads": 32,
+  "num_key_value_heads": 32, "num_hidden_layers": 32, "vocab_size": 32064,
+  "max_position_embeddings": 4096, "original_max_position_embeddings": 4096,
+  "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "rope_scaling": null, "sliding_window": 2047,
+  "hidden_act": "silu", "pad_token_id": 32000, "tie_word_embeddings": false,
+  "embd_pdrop": 0.0, "resid_pdrop": 0.0, "attention_dropout": 0.0, "torch_dtype": "bfloat16"}"#;
+
 /// Qwen/Qwen2-7B's config.json.
 const QWEN2_7B: &str = r#"{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
   "hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,
@@ -83,8 +100,10 @@ fn counts(config: &str, options: &Options) -> (u64, u64) {
 
 #[test]
 fn published_configs_give_published_parameter_counts() {
-    let cases: [(&str, String, u64); 6] = [
+    let cases: [(&str, String, u64); 8] = [
         ("Llama-3-8B", LLAMA3_8B.into(), 8_030_261_248),
+        ("Mistral-7B-v0.1", MISTRAL_7B.into(), 7_241_732_096),
+        ("Phi-3-mini", PHI3_MINI.into(), 3_821_079_552),
         ("Qwen2-7B", QWEN2_7B.into(), 7_615_616_512),
         ("gemma-2b", GEMMA_2B.into(), 2_506_172_416),
         ("gpt2", GPT2.into(), 124_439_808),
@@ -106,6 +125,8 @@ fn published_configs_give_published_parameter_counts() {
 fn imports_name_their_classes() {
     for (config, class) in [
         (LLAMA3_8B, "LlamaForCausalLM"),
+        (MISTRAL_7B, "MistralForCausalLM"),
+        (PHI3_MINI, "Phi3ForCausalLM"),
         (QWEN2_7B, "Qwen2ForCausalLM"),
         (GEMMA_2B, "GemmaForCausalLM"),
         (GPT2, "GPT2LMHeadModel"),
@@ -282,4 +303,16 @@ fn checkpoint_mismatches_name_the_tensor() {
     write_bf16(&partial, &tensors);
     let stderr = run(&partial);
     assert!(stderr.contains("2 of 21 parameters missing"), "{stderr}");
+}
+
+#[test]
+fn sliding_windows_follow_the_config() {
+    // Mistral's window applies; Qwen2's only with use_sliding_window; Phi-3's its 2047.
+    let mdl = |config: &str| import_config(config).unwrap().mdl;
+    assert!(mdl(MISTRAL_7B).contains("causal = true, window = 4096)"));
+    assert!(mdl(PHI3_MINI).contains("causal = true, window = 2047)"));
+    assert!(!mdl(QWEN2_7B).contains("window"));
+    assert!(!mdl(LLAMA3_8B).contains("window"));
+    // Phi-3 pads with token 32000, whose embedding row gets no gradient.
+    assert!(mdl(PHI3_MINI).contains("padding_idx = 32000"));
 }
