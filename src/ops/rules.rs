@@ -283,7 +283,7 @@ mod tests {
         assert!(!ok(rows.clone(), &[t(f, &[2, 3]), t(f, &[2, 3, 5])]));
         assert!(!ok(rows, &[t(i, &[]), t(f, &[5])]));
         assert!(!ok(
-            Op::CrossEntropyBackward,
+            Op::CrossEntropyBackward(CeParams::default()),
             &[q.clone(), q.clone(), t(f, &[])]
         ));
         assert!(!ok(Op::MseBackward, &[q.clone(), x.clone(), t(f, &[])]));
