@@ -28,11 +28,11 @@ fn head<'a>(step: &CpuStep<'a>, lce: &LinearCe) -> Head<'a> {
 }
 
 /// The targets of cross-entropy `step` (input 1) and its mean's divisor: the rows, or with
-/// an ignored id the count of kept rows, input `kept`.
-fn targets<'a>(step: &CpuStep<'a>, ce: CeParams, kept: usize) -> Targets<'a> {
+/// an ignored id the count of kept rows, its last input.
+fn targets<'a>(step: &CpuStep<'a>, ce: CeParams, backward: bool) -> Targets<'a> {
     let ids = step.ids(1);
     let divisor = match ce.ignore_index {
-        Some(_) => step.input(kept)[0],
+        Some(_) => step.input(ce.inputs(backward) - 1)[0],
         None => ids.len() as f32,
     };
     Targets { ids, ce, divisor }
@@ -44,12 +44,12 @@ impl CpuKernel for super::Family {
         let classes = || step.shape(0).last().copied().unwrap_or(1);
         match step.op() {
             Op::CrossEntropy(ce) => {
-                kernels::cross_entropy(x(0), classes(), &targets(step, *ce, 2), step.output())
+                kernels::cross_entropy(x(0), classes(), &targets(step, *ce, false), step.output())
             }
             Op::CrossEntropyBackward(ce) => kernels::cross_entropy_backward(
                 x(0),
                 classes(),
-                &targets(step, *ce, 3),
+                &targets(step, *ce, true),
                 x(2)[0],
                 step.output(),
             ),

@@ -24,12 +24,6 @@ pub(super) fn ce_lines(ce: &CeParams) -> [String; 2] {
     ]
 }
 
-/// Inputs a cross-entropy op reads: logits, targets, then (backward) the loss's gradient,
-/// then with an ignored id the count of kept rows.
-fn ce_inputs(ce: &CeParams, backward: bool) -> usize {
-    2 + usize::from(backward) + usize::from(ce.ignore_index.is_some())
-}
-
 /// Elements an MSE block sums at least: 8 per thread of a 256-thread block.
 const MSE_MIN_CHUNK: u64 = 8 * 256;
 
@@ -81,11 +75,7 @@ impl CudaLowering for super::Family {
                 lines.extend(ce_lines(ce));
                 scalar_loss(
                     a,
-                    (
-                        "cross_entropy",
-                        "cross_entropy_kernel",
-                        ce_inputs(ce, false),
-                    ),
+                    ("cross_entropy", "cross_entropy_kernel", ce.inputs(false)),
                     lines,
                     (ce_parts(rows), pow2_block(cl, 32, 256)),
                 )
@@ -101,7 +91,7 @@ impl CudaLowering for super::Family {
                     (
                         "cross_entropy_backward_kernel",
                         &[a.ty(0)?],
-                        ce_inputs(ce, true),
+                        ce.inputs(true),
                     ),
                     Launch::PerBlock(rows, pow2_block(cl, 32, 256)),
                 ))

@@ -34,6 +34,12 @@ impl CeParams {
     pub fn keeps(&self, t: i32) -> bool {
         self.ignore_index != Some(t)
     }
+
+    /// How many inputs a cross-entropy op with these params reads: logits and targets, then
+    /// (`backward`) the loss's gradient, then with an ignored id the count of kept rows.
+    pub fn inputs(&self, backward: bool) -> usize {
+        2 + usize::from(backward) + usize::from(self.ignore_index.is_some())
+    }
 }
 
 /// How the fused linear cross-entropy reads its weight and splits its rows.

@@ -105,7 +105,7 @@ fn cross_entropy_type(
     op: &Op,
     inputs: &[&TensorType],
 ) -> Result<TensorType> {
-    let n = 2 + usize::from(backward) + usize::from(ce.ignore_index.is_some());
+    let n = ce.inputs(backward);
     arity(op, inputs, n, n)?;
     cross_entropy(inputs[0], inputs[1])?;
     let scalar = TensorType::new(DType::F32, vec![]);
