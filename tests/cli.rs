@@ -513,3 +513,40 @@ fn compile_summary_is_a_memory_summary_table_of_the_plan() {
     let both = memc(&["compile", MLP, "--summary", "--format", "json"]);
     assert_eq!(both.status.code(), Some(2));
 }
+
+/// `memc run` takes targets holding the id `cross_entropy(.., ignore_index = -100)` ignores,
+/// and refuses (exit 2, naming the id) a target outside the classes that is not it.
+#[test]
+fn run_accepts_the_ignored_target_id_and_refuses_other_bad_ids() {
+    let dir = scratch("ignore");
+    let model = dir.join("ce.mdl");
+    std::fs::write(
+        &model,
+        "model ce {\n  dim N = 4, C = 3\n  param x: [N, C] = normal(1.0)\n  input t: i32[N]\n  loss = cross_entropy(x * 2, t, ignore_index = -100)\n  train { optimizer = sgd(lr = 0.1) }\n}\n",
+    )
+    .unwrap();
+    let run = |ids: &[i32]| {
+        let path = dir.join("t.npy");
+        let mut bytes = Vec::new();
+        use npyz::WriterBuilder;
+        let mut w = npyz::WriteOptions::<i32>::new()
+            .default_dtype()
+            .shape(&[4])
+            .writer(&mut bytes)
+            .begin_nd()
+            .unwrap();
+        w.extend(ids.iter().copied()).unwrap();
+        w.finish().unwrap();
+        std::fs::write(&path, bytes).unwrap();
+        let input = format!("t={}", path.display());
+        memc(&["run", model.to_str().unwrap(), "--input", &input])
+    };
+    assert_success(&run(&[0, -100, 2, -100]));
+    let bad = run(&[0, -100, 3, 1]);
+    assert_eq!(bad.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains("id 3 in `t` is outside 0..3 and is not the ignored id -100"),
+        "{stderr}"
+    );
+}

@@ -9,14 +9,24 @@ mod common;
 
 use common::{compiled_with, example, executor, tiny_gpt};
 use memc::front::train::Precision;
-use memc::ir::{AttnInput, LceGrad, LinearCe, Op};
+use memc::ir::{AttnInput, CeParams, LceGrad, LinearCe, Op};
 use memc::plan::{Plan, Target};
 use memc::{Compiled, Options};
 use std::collections::HashMap;
 
 fn gpt(precision: Precision, fuse_loss: bool) -> Compiled {
+    gpt_from(&example("gpt2"), precision, fuse_loss)
+}
+
+/// The tiny GPT-2 whose loss ignores the target -100.
+fn gpt_ignoring(precision: Precision, fuse_loss: bool) -> Compiled {
+    let src = example("gpt2").replace(", targets)", ", targets, ignore_index = -100)");
+    gpt_from(&src, precision, fuse_loss)
+}
+
+fn gpt_from(src: &str, precision: Precision, fuse_loss: bool) -> Compiled {
     compiled_with(
-        &example("gpt2"),
+        src,
         &Options {
             overrides: tiny_gpt(2),
             precision: Some(precision),
@@ -28,7 +38,17 @@ fn gpt(precision: Precision, fuse_loss: bool) -> Compiled {
 
 /// The loss and every parameter's gradient of one step from seed 7.
 fn step(c: &Compiled) -> (f32, HashMap<String, Vec<f32>>) {
+    step_with(c, None)
+}
+
+/// [`step`] with the input `targets` bound to `targets` when given.
+fn step_with(c: &Compiled, targets: Option<&[i32]>) -> (f32, HashMap<String, Vec<f32>>) {
     let mut ex = executor(c, 7);
+    if let Some(ids) = targets {
+        let input = ex.plan().inputs.iter().find(|i| i.name == "targets");
+        ex.bind_ids(input.expect("targets").buffer, ids)
+            .expect("bind");
+    }
     let mut grads = HashMap::new();
     ex.run_step(Some(&mut |name: &str, g: &[f32]| {
         grads.insert(name.to_string(), g.to_vec());
@@ -93,6 +113,62 @@ fn fused_and_unfused_steps_agree_in_every_precision() {
     }
 }
 
+/// The tiny GPT-2's 2 x 16 targets with every third one -100.
+fn some_ignored() -> Vec<i32> {
+    (0..32)
+        .map(|j| if j % 3 == 1 { -100 } else { (j * 7) % 64 })
+        .collect()
+}
+
+/// With ignored targets, fused and unfused steps agree as without (fp32: loss 1e-6, gradients
+/// 1e-5 relative; bf16 within its rounding), each plan counts the kept rows in one step, and
+/// `memc run` accepts -100 in the targets. The loss differs from the one over all rows.
+#[test]
+fn fused_and_unfused_steps_agree_with_ignored_rows() {
+    let targets = some_ignored();
+    for (precision, loss_tol, grad_tol) in [
+        (Precision::Fp32, 1e-6, 1e-5),
+        (Precision::Bf16, 2f64.powi(-8), 2f64.powi(-6)),
+    ] {
+        let (fused, unfused) = (
+            gpt_ignoring(precision, true),
+            gpt_ignoring(precision, false),
+        );
+        assert_eq!(head_ops(fused.plan.plan()).len(), 3, "{precision:?}: fused");
+        for c in [&fused, &unfused] {
+            let plan = c.plan.plan();
+            let counts = plan.steps.iter().filter(|s| s.op.name() == "kept_count");
+            assert_eq!(counts.count(), 1, "{precision:?}: one count a step");
+            let input = plan.inputs.iter().find(|i| i.name == "targets");
+            assert_eq!(input.and_then(|i| i.id_ignored), Some(-100));
+        }
+        let (lf, gf) = step_with(&fused, Some(&targets));
+        let (lu, gu) = step_with(&unfused, Some(&targets));
+        let loss_err = f64::from((lf - lu).abs()) / f64::from(lu.abs());
+        assert!(loss_err <= loss_tol, "{precision:?}: loss {lf} vs {lu}");
+        for (name, g) in &gu {
+            let err = rel(&gf[name], g);
+            assert!(err <= grad_tol, "{precision:?}: {name} differs by {err:e}");
+        }
+        let kept: Vec<i32> = targets.iter().map(|&t| t.max(0)).collect();
+        let (all_rows, _) = step_with(&unfused, Some(&kept));
+        assert!((all_rows - lu).abs() > 1e-3, "{all_rows} vs {lu}");
+    }
+}
+
+/// Every target ignored: loss 0 and every gradient 0, fused and unfused (PyTorch gives NaN).
+#[test]
+fn every_row_ignored_gives_zero_loss_and_gradients() {
+    let targets = vec![-100; 32];
+    for fuse in [true, false] {
+        let (loss, grads) = step_with(&gpt_ignoring(Precision::Fp32, fuse), Some(&targets));
+        assert_eq!(loss, 0.0, "fused: {fuse}");
+        for (name, g) in &grads {
+            assert!(g.iter().all(|&v| v == 0.0), "fused {fuse}: {name} is not 0");
+        }
+    }
+}
+
 /// Exact bytes of the tiny GPT-2 at bf16 (B=2, T=16, D=32, V=64): the fused head saves its
 /// 32 f32 row losses instead of the 2x16x64 bf16 logits, its chunk is the 8 rows whose fp32
 /// logits take the bytes of the bf16 hidden states (32 rows x 32 x 2 bytes / (64 x 4)), and
@@ -111,7 +187,8 @@ fn fused_bf16_plan_bytes_are_exact() {
             *lce,
             LinearCe {
                 chunk,
-                transposed: true
+                transposed: true,
+                ce: CeParams::default(),
             }
         );
     }

@@ -23,8 +23,18 @@ fn model(dims: &str, params: &str, body: &str, out: &str) -> String {
 /// a parameter whose differences are below 1e-6 of the largest one's is judged against that
 /// floor).
 fn check(src: &str, eps: f32) -> f64 {
+    check_with(src, eps, &[])
+}
+
+/// [`check`] with the integer inputs named in `ids` bound to their values.
+fn check_with(src: &str, eps: f32, ids: &[(&str, &[i32])]) -> f64 {
     let c = compiled(src);
     let mut ex = executor(&c, 7);
+    for (name, values) in ids {
+        let input = ex.plan().inputs.iter().find(|i| i.name == *name);
+        let buffer = input.unwrap_or_else(|| panic!("no input {name}")).buffer;
+        ex.bind_ids(buffer, values).expect("ids");
+    }
     let mut grads: HashMap<String, Vec<f32>> = HashMap::new();
     ex.run_step(Some(&mut |name: &str, g: &[f32]| {
         grads.insert(name.to_string(), g.to_vec());
@@ -148,9 +158,20 @@ fn cross_entropy() {
     assert!(err < 1e-2, "relative error {err:.2e}");
 }
 
+/// Rows of the ignored id take no loss and no gradient and the mean is over the others: -100
+/// (never a class) and 3 (a class, which the kept rows' softmax still covers).
+#[test]
+fn cross_entropy_ignore_index() {
+    for (k, t) in [(-100, [0, -100, 4, -100, 2, 1]), (3, [3, 0, 3, 1, 4, 3])] {
+        let src = format!("model ce {{\n  dim N = 6, C = 5\n  param x: [N, C] = normal(1.0)\n  input t: i32[N]\n  loss = cross_entropy(x * 2, t, ignore_index = {k})\n  train {{ optimizer = sgd(lr = 0.0) }}\n}}\n");
+        let err = check_with(&src, 1e-2, &[("t", &t)]);
+        assert!(err < 1e-2, "ignore_index = {k}: relative error {err:.2e}");
+    }
+}
+
 /// The fused loss head (`cross_entropy(x @ w, t)` becomes `linear_cross_entropy`) in both
 /// weight layouts, with a tied table read twice, over chunks that do not divide the rows
-/// (6 rows, default chunk 4 in fp32).
+/// (6 rows, default chunk 4 in fp32), every row kept and with ignored rows.
 #[test]
 fn linear_cross_entropy() {
     let heads = [
@@ -167,21 +188,28 @@ fn linear_cross_entropy() {
             "embed(e, ids) @ transpose(e)",
         ),
     ];
-    for (params, logits) in heads {
+    // Every head also with rows 1 and 4 ignored.
+    let ignoring = [
+        (", ignore_index = -100", &[0, -100, 4, 2, -100, 1][..]),
+        ("", &[]),
+    ];
+    for ((params, logits), (ignore, t)) in heads.into_iter().flat_map(|h| ignoring.map(|i| (h, i)))
+    {
         let targets = if logits.starts_with("x @ transpose") {
             "[2, 3]"
         } else {
             "[N]"
         };
         let src = format!(
-            "model lce {{\n  dim N = 6, D = 4, V = 5\n{params}\n  input t: i32{targets}\n  loss = cross_entropy({logits}, t)\n  train {{ optimizer = sgd(lr = 0.0) }}\n}}\n"
+            "model lce {{\n  dim N = 6, D = 4, V = 5\n{params}\n  input t: i32{targets}\n  loss = cross_entropy({logits}, t{ignore})\n  train {{ optimizer = sgd(lr = 0.0) }}\n}}\n"
         );
         let graph = common::compiled(&src).graph;
         let fused = graph
             .values()
             .any(|v| matches!(graph.node(v).op, memc::ir::Op::LinearCrossEntropy(_)));
         assert!(fused, "{logits}: the loss head was not fused");
-        let err = check(&src, 1e-2);
-        assert!(err < 1e-2, "{logits}: relative error {err:.2e}");
+        let ids: &[(&str, &[i32])] = if t.is_empty() { &[] } else { &[("t", t)] };
+        let err = check_with(&src, 1e-2, ids);
+        assert!(err < 1e-2, "{logits}{ignore}: relative error {err:.2e}");
     }
 }

@@ -242,13 +242,18 @@ fn bind_input(ex: &mut impl Buffers, spec: &str) -> Result<(), Failure> {
             ex.bind(binding.buffer, v)
         }
         (TensorData::I32(shape, v), DType::I32) if shape == want.shape => {
-            if let (Some(limit), Some(bad)) = (
-                binding.id_limit,
-                v.iter()
-                    .find(|&&i| i < 0 || i as u64 >= binding.id_limit.unwrap_or(0)),
-            ) {
+            let out_of_range = |i: i32| {
+                Some(i) != binding.id_ignored
+                    && (i < 0 || i as u64 >= binding.id_limit.unwrap_or(0))
+            };
+            if let (Some(limit), Some(bad)) =
+                (binding.id_limit, v.iter().find(|&&i| out_of_range(i)))
+            {
+                let ignored = binding
+                    .id_ignored
+                    .map_or(String::new(), |k| format!(" and is not the ignored id {k}"));
                 return Err(Failure::Plain(format!(
-                    "{file}: id {bad} in `{name}` is outside 0..{limit}"
+                    "{file}: id {bad} in `{name}` is outside 0..{limit}{ignored}"
                 )));
             }
             ex.bind(

@@ -126,7 +126,8 @@ pub fn write(c: &Config, model_type: &str) -> Result<Written, UserError> {
         "# {class} from a Hugging Face config (model_type \"{model_type}\"). Parameters are named\n\
          # and laid out as its checkpoints store them: `memc run --params model.safetensors`\n\
          # (or the shards' model.safetensors.index.json) loads one as downloaded.\n\
-         # targets: the token that follows each position (the labels shifted by one).\n\
+         # targets: the token that follows each position (the labels shifted by one); -100 where\n\
+         # no loss is taken (padding, prompt tokens), as transformers reads labels.\n\
          model {name} {{\n  \
            dim B = 1, T = {t}, D = {d}, H = {h}, KV = {kv}, HD = {hd}, F = {f}, V = {vocab}, L = {layers}\n  \
            input  tokens:  i32[B, T]\n  \
@@ -198,9 +199,9 @@ pub fn write(c: &Config, model_type: &str) -> Result<Written, UserError> {
     s += "  x = repeat L layer(x) as model.layers\n";
     let last = norm("x", "model.norm");
     s += &if tied {
-        format!("  loss = cross_entropy({last} @ transpose(model.embed_tokens.weight), targets)\n")
+        format!("  loss = cross_entropy({last} @ transpose(model.embed_tokens.weight), targets, ignore_index = -100)\n")
     } else {
-        format!("  loss = cross_entropy(linear({last}, lm_head), targets)\n")
+        format!("  loss = cross_entropy(linear({last}, lm_head), targets, ignore_index = -100)\n")
     };
     s += &super::train_section(c)?;
     Ok(Written {

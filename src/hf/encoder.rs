@@ -135,7 +135,8 @@ pub fn bert(c: &Config) -> Result<Written, UserError> {
     let mut m = format!(
         "# BertForMaskedLM from a Hugging Face config (model_type \"bert\"). Parameters are named and\n\
          # laid out as its checkpoints store them: `memc run --params model.safetensors` loads one.\n\
-         # targets: the original token at each masked position. Dropout is not modelled.\n\
+         # targets: the original token at each masked position, -100 elsewhere (no loss there, as\n\
+         # transformers reads labels). Dropout is not modelled.\n\
          model bert {{\n  \
            dim B = 1, T = {positions}, P = {positions}, D = {d}, H = {h}, F = {f}, V = {vocab}, L = {l}, TT = {types}\n  \
            input  tokens:         i32[B, T]\n  \
@@ -160,7 +161,7 @@ pub fn bert(c: &Config) -> Result<Written, UserError> {
          x = layernorm(x + embed({e}.token_type_embeddings, token_type_ids), {e}.LayerNorm, eps = {eps})\n  \
          x = repeat L layer(x) as bert.encoder.layer\n  \
          let h = layernorm({f}(linear(x, cls.predictions.transform.dense){exact}), cls.predictions.transform.LayerNorm, eps = {eps})\n  \
-         loss = cross_entropy(h @ transpose({e}.word_embeddings.weight) + cls.predictions.bias, targets)\n"
+         loss = cross_entropy(h @ transpose({e}.word_embeddings.weight) + cls.predictions.bias, targets, ignore_index = -100)\n"
     );
     m += &super::train_section(c)?;
     Ok(Written {
@@ -267,7 +268,8 @@ pub fn gpt2(c: &Config) -> Result<Written, UserError> {
     let mut m = format!(
         "# GPT2LMHeadModel from a Hugging Face config (model_type \"gpt2\"). Parameters are named and\n\
          # laid out as its checkpoints store them: `memc run --params model.safetensors` loads one.\n\
-         # targets: the token that follows each position. Dropout is not modelled.\n\
+         # targets: the token that follows each position, -100 where no loss is taken. Dropout is\n\
+         # not modelled.\n\
          model gpt2 {{\n  \
            dim B = 1, T = {positions}, P = {positions}, D = {d}, H = {h}, F = {ff}, V = {vocab}, L = {l}\n  \
            input  tokens:  i32[B, T]\n  \
@@ -289,7 +291,7 @@ pub fn gpt2(c: &Config) -> Result<Written, UserError> {
            param transformer.ln_f: layernorm(D)\n  \
            let x = embed(transformer.wte, tokens) + slice(transformer.wpe.weight, 0, T, axis = 0)\n  \
            x = repeat L layer(x) as transformer.h\n  \
-           loss = cross_entropy(layernorm(x, transformer.ln_f, eps = {eps}) @ transpose(transformer.wte.weight), targets)\n",
+           loss = cross_entropy(layernorm(x, transformer.ln_f, eps = {eps}) @ transpose(transformer.wte.weight), targets, ignore_index = -100)\n",
         d = s.d,
         h = s.h,
         ff = s.f,

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::ops::attention::{AttnInput, AttnParams};
 pub use crate::ops::conv::ConvParams;
-pub use crate::ops::loss::{LceGrad, LinearCe};
+pub use crate::ops::loss::{CeParams, LceGrad, LinearCe};
 pub use crate::ops::norm::NormKind;
 pub use crate::ops::optimizer::{AdamWParams, SgdParams};
 pub use crate::ops::pointwise::{BinaryFn, UnaryFn};
@@ -93,10 +93,16 @@ pub enum Op {
         rows: usize,
         padding_idx: Option<usize>,
     },
-    /// `(logits[..., C], targets[...]) -> mean cross-entropy`, a scalar.
-    CrossEntropy,
-    /// `(logits, targets, dloss) -> dlogits`.
-    CrossEntropyBackward,
+    /// `(logits[..., C], targets[...]) -> mean cross-entropy`, a scalar; with an ignored id,
+    /// `(logits, targets, kept)`: the sum over the kept rows divided by `kept`, the
+    /// [`Op::KeptCount`] of the targets.
+    CrossEntropy(CeParams),
+    /// `(logits, targets, dloss) -> dlogits`; with an ignored id `(logits, targets, dloss,
+    /// kept)`, an ignored row's gradient 0.
+    CrossEntropyBackward(CeParams),
+    /// `(targets[...]) -> f32[]`: how many targets are not the ignored id, at least 1 (the
+    /// divisor of a mean over kept rows, so that a step ignoring every row has loss 0).
+    KeptCount(CeParams),
     /// `(x[..., D], w[D, V] (`[V, D]` when transposed), targets[...]) -> f32[...]`: each
     /// row's cross-entropy of the logits `x @ w` (fp32 accumulation and log-sum-exp), computed
     /// `chunk` rows at a time; the fused loss head never holds all the logits.
@@ -257,8 +263,9 @@ impl Op {
             NormBackwardBias { .. } => "norm_backward_bias",
             Embedding { .. } => "embedding",
             EmbeddingBackward { .. } => "embedding_backward",
-            CrossEntropy => "cross_entropy",
-            CrossEntropyBackward => "cross_entropy_backward",
+            CrossEntropy(_) => "cross_entropy",
+            CrossEntropyBackward(_) => "cross_entropy_backward",
+            KeptCount(_) => "kept_count",
             LinearCrossEntropy(_) => "linear_cross_entropy",
             LinearCrossEntropyBackward {
                 which: LceGrad::Input,

@@ -59,8 +59,9 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::NormBackwardWeight { .. }
         | Op::NormBackwardBias { .. } => &norm::Family,
         Op::Embedding { .. } | Op::EmbeddingBackward { .. } => &embedding::Family,
-        Op::CrossEntropy
-        | Op::CrossEntropyBackward
+        Op::CrossEntropy(_)
+        | Op::CrossEntropyBackward(_)
+        | Op::KeptCount(_)
         | Op::LinearCrossEntropy(_)
         | Op::LinearCrossEntropyBackward { .. }
         | Op::Mse

@@ -287,9 +287,24 @@ mod tests {
         assert!(!ok(rows.clone(), &[t(f, &[2, 3]), t(f, &[2, 3, 5])]));
         assert!(!ok(rows, &[t(i, &[]), t(f, &[5])]));
         assert!(!ok(
-            Op::CrossEntropyBackward,
+            Op::CrossEntropyBackward(CeParams::default()),
             &[q.clone(), q.clone(), t(f, &[])]
         ));
+        // With an ignored id, cross-entropy also reads the f32 scalar count of kept rows.
+        let ignore = CeParams {
+            ignore_index: Some(-100),
+        };
+        let (logits, targets) = (t(f, &[6, 5]), t(i, &[6]));
+        let counted = [logits.clone(), targets.clone(), t(f, &[])];
+        assert!(ok(Op::CrossEntropy(ignore), &counted));
+        assert!(!ok(Op::CrossEntropy(ignore), &counted[..2]));
+        assert!(!ok(Op::CrossEntropy(CeParams::default()), &counted));
+        let wrong = [logits.clone(), targets.clone(), t(f, &[1])];
+        assert!(!ok(Op::CrossEntropy(ignore), &wrong));
+        let back = [logits, targets.clone(), t(f, &[]), t(f, &[])];
+        assert!(ok(Op::CrossEntropyBackward(ignore), &back));
+        assert!(ok(Op::KeptCount(ignore), &[targets]));
+        assert!(!ok(Op::KeptCount(ignore), &[t(f, &[6])]));
         assert!(!ok(Op::MseBackward, &[q.clone(), x.clone(), t(f, &[])]));
         let group = NormKind::Group(3);
         assert!(!ok(

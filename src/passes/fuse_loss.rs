@@ -5,6 +5,10 @@
 //! transpose is dropped when nothing else reads it. The pass runs before mixed precision,
 //! which then casts the fused op's hidden states and weight as it would the matmul's.
 //!
+//! A cross-entropy with an ignored id keeps it (the fused op's per-row losses and gradients
+//! are 0 on ignored rows) and its mean divides the rows' sum by the same `kept_count` value
+//! the unfused op read, so the count is still made once per step.
+//!
 //! Each fused op gets the planner's default chunk ([`crate::ops::loss::default_chunk`]);
 //! [`halve_chunks`] gives the smaller chunks the budget search tries.
 
@@ -16,14 +20,17 @@ fn internal(e: TypeError) -> StageError {
     StageError::internal("fuse_loss", e.message)
 }
 
-/// A cross-entropy of a matmul to fuse: the matmul, the transpose it reads (if any), and
-/// the fused op's hidden states and weight.
+/// A cross-entropy of a matmul to fuse: the matmul, the transpose it reads (if any), the
+/// fused op's hidden states and weight, which rows it takes, and its count of kept rows (with
+/// an ignored id).
 struct Head {
     matmul: ValueId,
     transpose: Option<ValueId>,
     x: ValueId,
     w: ValueId,
     transposed: bool,
+    ce: CeParams,
+    kept: Option<ValueId>,
 }
 
 /// Whether `v`'s only reader is `user` and `v` is no output.
@@ -33,9 +40,10 @@ fn read_only_by(graph: &Graph, v: ValueId, user: ValueId) -> bool {
 
 /// The head to fuse at cross-entropy node `ce`, if its logits are a matmul of hidden states
 /// by a rank-2 weight that only `ce` reads.
-fn head_at(graph: &Graph, ce: ValueId) -> Option<Head> {
-    let node = graph.node(ce);
-    let (Op::CrossEntropy, &[logits, _]) = (&node.op, node.inputs.as_slice()) else {
+fn head_at(graph: &Graph, loss: ValueId) -> Option<Head> {
+    let node = graph.node(loss);
+    let (&Op::CrossEntropy(ce), &[logits, _, ref kept @ ..]) = (&node.op, node.inputs.as_slice())
+    else {
         return None;
     };
     let mm = graph.node(logits);
@@ -50,7 +58,7 @@ fn head_at(graph: &Graph, ce: ValueId) -> Option<Head> {
     else {
         return None;
     };
-    if !read_only_by(graph, logits, ce) || graph.node(b).ty.shape.len() != 2 {
+    if !read_only_by(graph, logits, loss) || graph.node(b).ty.shape.len() != 2 {
         return None;
     }
     let wn = graph.node(b);
@@ -65,6 +73,8 @@ fn head_at(graph: &Graph, ce: ValueId) -> Option<Head> {
         x,
         w,
         transposed,
+        ce,
+        kept: kept.first().copied(),
     })
 }
 
@@ -99,7 +109,9 @@ pub fn run(graph: &Graph, hidden: Option<DType>) -> Result<Graph, StageError> {
             Some((_, h)) => {
                 let inputs = [h.x, h.w, node.inputs[1]].map(|i| mapped(&map, i));
                 let [x, w, t] = inputs;
-                Some(fused(&mut out, graph, h, [x?, w?, t?], hidden, &origin)?)
+                let kept = h.kept.map(|k| mapped(&map, k)).transpose()?;
+                let inputs = [x?, w?, t?];
+                Some(fused(&mut out, graph, h, (inputs, kept), hidden, &origin)?)
             }
             None if skipped.contains(&v) => None,
             None => {
@@ -122,12 +134,13 @@ pub fn run(graph: &Graph, hidden: Option<DType>) -> Result<Graph, StageError> {
 }
 
 /// Adds `mean(linear_cross_entropy(x, w, targets))` for head `h` to `out`, over the new
-/// values `inputs` of its hidden states, weight and targets.
+/// values `inputs` of its hidden states, weight and targets; with an ignored id, the sum of
+/// the rows divided by `kept`, the new value of the head's count of kept rows.
 fn fused(
     out: &mut Graph,
     graph: &Graph,
     h: &Head,
-    inputs: [ValueId; 3],
+    (inputs, kept): ([ValueId; 3], Option<ValueId>),
     hidden: Option<DType>,
     origin: &Origin,
 ) -> Result<ValueId, StageError> {
@@ -139,6 +152,7 @@ fn fused(
     let lce = LinearCe {
         chunk: default_chunk(rows, dim, classes, elem),
         transposed: h.transposed,
+        ce: h.ce,
     };
     let per_row = out
         .add(Op::LinearCrossEntropy(lce), inputs.to_vec(), origin)
@@ -146,11 +160,17 @@ fn fused(
     let sum = out
         .add(Op::SumTo { shape: vec![] }, vec![per_row], origin)
         .map_err(internal)?;
-    let mean = Op::Affine {
-        scale: 1.0 / rows.max(1) as f32,
-        shift: 0.0,
+    let (mean, inputs) = match kept {
+        Some(kept) => (Op::Binary(BinaryFn::Div), vec![sum, kept]),
+        None => (
+            Op::Affine {
+                scale: 1.0 / rows.max(1) as f32,
+                shift: 0.0,
+            },
+            vec![sum],
+        ),
     };
-    out.add(mean, vec![sum], origin).map_err(internal)
+    out.add(mean, inputs, origin).map_err(internal)
 }
 
 /// `graph` (any phase) with the chunk of every linear cross-entropy op halved, or `None` when

@@ -238,6 +238,7 @@ impl Buffers {
                     name: name.clone(),
                     buffer,
                     id_limit: id_limit(graph, v),
+                    id_ignored: id_ignored(graph, v),
                 }),
                 _ => None,
             })
@@ -400,7 +401,7 @@ fn id_limit(graph: &Graph, v: ValueId) -> Option<u64> {
                 Op::Embedding { .. } if node.inputs[1] == v => {
                     Some(graph.node(node.inputs[0]).ty.shape[0] as u64)
                 }
-                Op::CrossEntropy if node.inputs[1] == v => graph
+                Op::CrossEntropy(_) if node.inputs[1] == v => graph
                     .node(node.inputs[0])
                     .ty
                     .shape
@@ -414,6 +415,22 @@ fn id_limit(graph: &Graph, v: ValueId) -> Option<u64> {
             }
         })
         .min()
+}
+
+/// The id every reader that bounds integer input `v` ignores (a cross-entropy's
+/// `ignore_index`), when they all ignore the same one.
+fn id_ignored(graph: &Graph, v: ValueId) -> Option<i32> {
+    let mut ignored = graph.users(v).into_iter().filter_map(|u| {
+        let node = graph.node(u);
+        match node.op {
+            Op::Embedding { .. } if node.inputs[1] == v => Some(None),
+            Op::CrossEntropy(ce) if node.inputs[1] == v => Some(ce.ignore_index),
+            Op::LinearCrossEntropy(lce) if node.inputs[2] == v => Some(lce.ce.ignore_index),
+            _ => None,
+        }
+    });
+    let first = ignored.next()??;
+    ignored.all(|i| i == Some(first)).then_some(first)
 }
 
 fn report(

@@ -192,12 +192,16 @@ pub struct StateBinding {
     pub init: f32,
 }
 
-/// An input: its buffer, and for integer inputs the exclusive upper bound of valid ids.
+/// An input: its buffer, and for integer inputs the exclusive upper bound of valid ids and
+/// the one id outside `0..id_limit` that every reader ignores (a cross-entropy's
+/// `ignore_index`), which the input may also hold.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InputBinding {
     pub name: String,
     pub buffer: BufferId,
     pub id_limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_ignored: Option<i32>,
 }
 
 /// A compiled step. Built by [`build`]; reaches a backend only through [`verify`].

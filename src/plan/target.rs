@@ -75,6 +75,7 @@ mod tests {
         let lce = crate::ir::LinearCe {
             chunk: 4,
             transposed: false,
+            ce: crate::ir::CeParams::default(),
         };
         let dw = Op::LinearCrossEntropyBackward {
             lce,

@@ -2,6 +2,7 @@
 #![allow(clippy::panic, dead_code)]
 
 mod attention;
+mod ignore;
 mod multi_block;
 
 use memc::codegen::{kernel_for, Kernel};
@@ -26,7 +27,11 @@ pub fn adamw(weight_decay: f32) -> AdamWParams {
 
 /// The fused loss head's attributes.
 fn lce(chunk: usize, transposed: bool) -> LinearCe {
-    LinearCe { chunk, transposed }
+    LinearCe {
+        chunk,
+        transposed,
+        ce: CeParams::default(),
+    }
 }
 
 /// A fused loss head's backward op.
@@ -267,7 +272,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ),
         (
             "cross_entropy",
-            Op::CrossEntropy,
+            Op::CrossEntropy(CeParams::default()),
             vec![f(&[2, 7, 50]), t(I32, &[2, 7])],
         ),
         (
@@ -477,6 +482,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
     ];
     cases.extend(attention::cases());
     cases.extend(multi_block::cases());
+    cases.extend(ignore::cases());
     cases
 }
 

@@ -86,12 +86,12 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         // More rows than the first launch has blocks: blocks take several rows.
         (
             "cross_entropy_rows",
-            Op::CrossEntropy,
+            Op::CrossEntropy(CeParams::default()),
             vec![f(&[1100, 3]), t(I32, &[1100])],
         ),
         (
             "cross_entropy_bwd",
-            Op::CrossEntropyBackward,
+            Op::CrossEntropyBackward(CeParams::default()),
             vec![f(&[2, 7, 50]), t(I32, &[2, 7]), f(&[])],
         ),
         // Two chunks, the last one element short.

@@ -6,7 +6,7 @@ use half::{bf16, f16};
 use memc::codegen::{Kernel, KernelParam};
 use memc::exec::cpu::CpuExecutor;
 use memc::exec::kernels::{reduce, rng};
-use memc::ir::{DType, Graph, Op, Origin, Phase, Span, TensorType};
+use memc::ir::{CeParams, DType, Graph, Op, Origin, Phase, Span, TensorType};
 use memc::plan::{build, verify, BuildOptions};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -224,10 +224,20 @@ pub fn get(arena: &[u8], off: u64, dtype: DType, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Which rows a cross-entropy op takes.
+fn ce_of(op: &Op) -> Option<CeParams> {
+    match op {
+        Op::CrossEntropy(ce) | Op::CrossEntropyBackward(ce) | Op::KeptCount(ce) => Some(*ce),
+        Op::LinearCrossEntropy(lce) | Op::LinearCrossEntropyBackward { lce, .. } => Some(lce.ce),
+        _ => None,
+    }
+}
+
 /// Seeded input data for `op` at the given (possibly 16-bit) input types, exactly
-/// representable in them: ids below the op's limit, floats standard normal except where the
-/// op needs otherwise (positive second moments and divisors, y = max_to(x), the fused loss
-/// head's row losses from its forward).
+/// representable in them: ids below the op's limit (every third the id a cross-entropy
+/// ignores, if any), floats standard normal except where the op needs otherwise (positive
+/// second moments and divisors, y = max_to(x), the fused loss head's row losses from its
+/// forward, a cross-entropy's count of kept rows).
 pub fn case_data(op: &Op, inputs: &[TensorType], seed: u64) -> Vec<Vec<f32>> {
     let mut data: Vec<Vec<f32>> = Vec::new();
     for (i, ty) in inputs.iter().enumerate() {
@@ -242,9 +252,17 @@ pub fn case_data(op: &Op, inputs: &[TensorType], seed: u64) -> Vec<Vec<f32>> {
                 }
                 _ => inputs[0].shape.last().copied().unwrap_or(1),
             };
+            let ignored = ce_of(op).and_then(|ce| ce.ignore_index);
             (0..n)
-                .map(|j| (rng::uniform01(key, 0, j as u64) * limit as f32).floor())
+                .map(|j| match ignored {
+                    Some(k) if j % 3 == 1 => k as f32,
+                    _ => (rng::uniform01(key, 0, j as u64) * limit as f32).floor(),
+                })
                 .collect()
+        } else if let (Op::CrossEntropy(ce), 2) | (Op::CrossEntropyBackward(ce), 3) = (op, i) {
+            // The count of kept rows.
+            let kept = data[1].iter().filter(|&&t| ce.keeps(t as i32)).count();
+            vec![kept.max(1) as f32]
         } else if let (Op::MaxToBackward, 1) = (op, i) {
             let mut y = vec![0.0; n];
             reduce::max_to(&data[0], &inputs[0].shape, &mut y, &ty.shape);

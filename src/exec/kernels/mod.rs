@@ -14,12 +14,12 @@ pub(crate) mod testing;
 
 use super::ExecError;
 
-/// Checks that every id (class target or embedding row) lies in `0..limit`, or reports the
-/// first that does not.
-pub(crate) fn check_ids(ids: &[i32], limit: usize) -> Result<(), ExecError> {
+/// Checks that every id (class target or embedding row) but the `ignored` one lies in
+/// `0..limit`, or reports the first that does not.
+pub(crate) fn check_ids(ids: &[i32], limit: usize, ignored: Option<i32>) -> Result<(), ExecError> {
     match ids
         .iter()
-        .find(|&&v| usize::try_from(v).map_or(true, |u| u >= limit))
+        .find(|&&v| Some(v) != ignored && usize::try_from(v).map_or(true, |u| u >= limit))
     {
         Some(&v) => Err(ExecError::IdOutOfRange {
             value: i64::from(v),

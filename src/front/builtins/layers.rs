@@ -205,11 +205,37 @@ impl Lowerer<'_> {
         self.op(Op::Embedding { padding_idx }, vec![table, ids], span)
     }
 
-    /// A loss `op` of two tensor arguments named `what`.
-    pub(super) fn loss(&mut self, op: Op, what: [&str; 2], args: &mut Args, span: Span) -> R<Val> {
-        let a = self.t(args, what[0])?;
-        let b = self.t(args, what[1])?;
-        self.op(op, vec![a, b], span)
+    /// `cross_entropy(logits, targets, ignore_index = K)`: with `K`, the rows whose target is
+    /// `K` take no loss and no gradient, and the mean divides by the `kept_count` of the
+    /// targets, made here once for the forward and the backward.
+    pub(super) fn cross_entropy(&mut self, args: &mut Args, span: Span) -> R<Val> {
+        let logits = self.t(args, "logits")?;
+        let targets = self.t(args, "targets")?;
+        let ignore_index = match args.optional("ignore_index") {
+            Some(v) => Some(ignore_index(&v)?),
+            None => None,
+        };
+        let ce = CeParams { ignore_index };
+        let mut inputs = vec![logits, targets];
+        if ignore_index.is_some() {
+            inputs.push(self.add(Op::KeptCount(ce), vec![targets], span)?);
+        }
+        self.op(Op::CrossEntropy(ce), inputs, span)
+    }
+
+    /// `mse(prediction, target)`, which weighs every element: `ignore_index` is refused.
+    pub(super) fn mse(&mut self, args: &mut Args, span: Span) -> R<Val> {
+        let a = self.t(args, "prediction")?;
+        let b = self.t(args, "target")?;
+        if let Some(v) = args.optional("ignore_index") {
+            return Err(UserError::at(
+                v.span,
+                "`ignore_index` applies to `cross_entropy` only, not to `mse`",
+                "not an argument of `mse`",
+                "mse averages every element; drop `ignore_index`",
+            ));
+        }
+        self.op(Op::Mse, vec![a, b], span)
     }
 
     /// `dropout(x, p = 0.1)`, each call with its own seed; in an inference model (no
@@ -264,5 +290,33 @@ impl Lowerer<'_> {
             vec![x],
             span,
         )
+    }
+}
+
+/// The target id a cross-entropy ignores: an integer that fits the i32 targets (it may name a
+/// class: PyTorch allows that too).
+fn ignore_index(v: &Spanned) -> R<i32> {
+    let help = "write the target id to ignore, e.g. `ignore_index = -100`";
+    match v.val {
+        Val::Int(i) => i32::try_from(i).map_err(|_| {
+            UserError::at(
+                v.span,
+                format!("ignore_index {i} does not fit the i32 targets"),
+                "outside the i32 range",
+                help,
+            )
+        }),
+        Val::Float(f) => Err(UserError::at(
+            v.span,
+            format!("ignore_index must be an integer, got {f}"),
+            "not an integer",
+            help,
+        )),
+        ref other => Err(UserError::at(
+            v.span,
+            format!("ignore_index must be an integer, got {}", other.describe()),
+            "not an integer",
+            help,
+        )),
     }
 }

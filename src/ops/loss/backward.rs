@@ -2,6 +2,8 @@
 //! with respect to both operands (the target's gradient is the negated prediction's), the
 //! fused linear cross-entropy with respect to its hidden states and its weight (two ops, each
 //! recomputing the logits chunk by chunk, reading the per-row losses for their log-sum-exp).
+//! With an ignored id the cross-entropy's backward reads the forward's count of kept rows;
+//! the count itself, of integer targets, has no gradient.
 
 use crate::ir::{LceGrad, Op, UnaryFn};
 use crate::ops::backward::{Backward, Vjp};
@@ -11,9 +13,12 @@ impl Backward for super::Family {
     fn vjp(&self, op: &Op, cx: &mut Vjp<'_>) -> Result<(), StageError> {
         let (x, dy) = (cx.x, cx.dy);
         match op {
-            Op::CrossEntropy => cx.set(0, |rw| {
-                rw.add(Op::CrossEntropyBackward, vec![x[0], x[1], dy])
-            }),
+            Op::CrossEntropy(ce) => {
+                let mut inputs = vec![x[0], x[1], dy];
+                inputs.extend(x.get(2).copied());
+                cx.set(0, |rw| rw.add(Op::CrossEntropyBackward(*ce), inputs))
+            }
+            Op::KeptCount(_) => Ok(()),
             Op::LinearCrossEntropy(lce) => {
                 let inputs = vec![x[0], x[1], x[2], cx.y, dy];
                 for (i, which) in [(0, LceGrad::Input), (1, LceGrad::Weight)] {
@@ -27,9 +32,9 @@ impl Backward for super::Family {
                 cx.set(1, |rw| rw.add(Op::Unary(UnaryFn::Neg), vec![da]))?;
                 cx.set(0, |_| Ok(da))
             }
-            Op::CrossEntropyBackward | Op::LinearCrossEntropyBackward { .. } | Op::MseBackward => {
-                Err(cx.not_forward(op))
-            }
+            Op::CrossEntropyBackward(_)
+            | Op::LinearCrossEntropyBackward { .. }
+            | Op::MseBackward => Err(cx.not_forward(op)),
             _ => Err(cx.foreign(op, "loss")),
         }
     }

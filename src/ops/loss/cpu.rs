@@ -1,13 +1,14 @@
-//! CPU reference kernels of the loss ops (mean cross-entropy, mean squared error, the fused
-//! linear cross-entropy, and their backwards).
+//! CPU reference kernels of the loss ops (mean cross-entropy and its count of kept rows, mean
+//! squared error, the fused linear cross-entropy, and their backwards).
 
 mod kernels;
 mod linear;
 
 use crate::exec::cpu::CpuStep;
 use crate::exec::ExecError;
-use crate::ir::{LceGrad, LinearCe, Op, TensorType};
+use crate::ir::{CeParams, LceGrad, LinearCe, Op, TensorType};
 use crate::ops::cpu::{foreign_op, CpuKernel};
+use kernels::Targets;
 use linear::Head;
 
 /// The linear cross-entropy head of `step` (inputs x, w, targets first).
@@ -22,7 +23,19 @@ fn head<'a>(step: &CpuStep<'a>, lce: &LinearCe) -> Head<'a> {
         transposed: lce.transposed,
         chunk: lce.chunk,
         operand: step.dtype(0),
+        ce: lce.ce,
     }
+}
+
+/// The targets of cross-entropy `step` (input 1) and its mean's divisor: the rows, or with
+/// an ignored id the count of kept rows, its last input.
+fn targets<'a>(step: &CpuStep<'a>, ce: CeParams, backward: bool) -> Targets<'a> {
+    let ids = step.ids(1);
+    let divisor = match ce.ignore_index {
+        Some(_) => step.input(ce.inputs(backward) - 1)[0],
+        None => ids.len() as f32,
+    };
+    Targets { ids, ce, divisor }
 }
 
 impl CpuKernel for super::Family {
@@ -30,14 +43,20 @@ impl CpuKernel for super::Family {
         let x = |i| step.input(i);
         let classes = || step.shape(0).last().copied().unwrap_or(1);
         match step.op() {
-            Op::CrossEntropy => kernels::cross_entropy(x(0), classes(), step.ids(1), step.output()),
-            Op::CrossEntropyBackward => kernels::cross_entropy_backward(
+            Op::CrossEntropy(ce) => {
+                kernels::cross_entropy(x(0), classes(), &targets(step, *ce, false), step.output())
+            }
+            Op::CrossEntropyBackward(ce) => kernels::cross_entropy_backward(
                 x(0),
                 classes(),
-                step.ids(1),
+                &targets(step, *ce, true),
                 x(2)[0],
                 step.output(),
             ),
+            Op::KeptCount(ce) => {
+                kernels::kept_count(step.ids(0), *ce, step.output());
+                Ok(())
+            }
             Op::LinearCrossEntropy(lce) => {
                 linear::forward(&head(step, lce), step.output(), step.workspace())
             }

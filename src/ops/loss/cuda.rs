@@ -1,18 +1,28 @@
 //! CUDA lowering of the losses onto `loss.cu`: cross-entropy and MSE (two-stage: fp64
 //! partials of up to [`PARTIAL_BLOCKS`] blocks in the workspace, summed in a fixed order by a
-//! finishing block) and their elementwise backwards; the fused linear cross-entropy's lowering
-//! (cuBLASLt GEMMs over chunks of logits) is in `linear_ce_cuda.rs`.
+//! finishing block), their elementwise backwards and the count of kept rows (one block); the
+//! fused linear cross-entropy's lowering (cuBLASLt GEMMs over chunks of logits) is in
+//! `linear_ce_cuda.rs`.
 
-use crate::codegen::build::{c_type, c_u64};
+use crate::codegen::build::{c_bool, c_int, c_type, c_u64};
 use crate::codegen::geometry::{numel, pow2_block, split, u, PARTIAL_BLOCKS};
-use crate::codegen::launch::{templated, two_stage, Launch};
+use crate::codegen::launch::{in_names, templated, two_stage, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel, KernelParam};
-use crate::ir::{Op, TensorType};
+use crate::ir::{CeParams, Op, TensorType};
 use crate::ops::cuda::CudaLowering;
 
-/// `loss.cu`: the cross-entropy and MSE templates and their backwards.
-const TEMPLATE: &str = include_str!("loss.cu");
+/// `loss.cu`: the cross-entropy and MSE templates, their backwards, the count of kept rows,
+/// and `ce_kept`, which rows a cross-entropy takes (the fused head's kernels include it too).
+pub(super) const TEMPLATE: &str = include_str!("loss.cu");
+
+/// The `Cfg` lines of which rows a cross-entropy takes: `HAS_IGNORE` and `IGNORE`.
+pub(super) fn ce_lines(ce: &CeParams) -> [String; 2] {
+    [
+        c_bool("HAS_IGNORE", ce.ignore_index.is_some()),
+        c_int("IGNORE", ce.ignore_index.map_or(0, i64::from)),
+    ]
+}
 
 /// Elements an MSE block sums at least: 8 per thread of a 256-thread block.
 const MSE_MIN_CHUNK: u64 = 8 * 256;
@@ -22,25 +32,22 @@ fn ce_parts(rows: u64) -> u64 {
     rows.clamp(1, PARTIAL_BLOCKS)
 }
 
-/// The two-stage loss kernel `template` over inputs `in0`, `in1` with constants `lines`, its
-/// first launch over `parts` blocks of `block` threads (its `Cfg` also gets `PARTS`).
+/// The two-stage loss kernel `template` over its first `n_in` inputs with constants `lines`,
+/// its first launch over `parts` blocks of `block` threads (its `Cfg` also gets `PARTS`).
 fn scalar_loss(
     a: &Args,
-    family: &'static str,
-    template: &str,
+    (family, template, n_in): (&'static str, &str, usize),
     mut lines: Vec<String>,
     (parts, block): (u64, u32),
 ) -> Result<Kernel, CodegenError> {
     lines.push(c_u64("PARTS", parts));
     let call = format!(
-        "{template}<{}, Cfg>(arena, in0, in1, out, ws, phase)",
-        a.ty(0)?
+        "{template}<{}, Cfg>(arena, {}, out, ws, phase)",
+        a.ty(0)?,
+        in_names(n_in).join(", ")
     );
-    let params = [
-        KernelParam::Input(0),
-        KernelParam::Input(1),
-        KernelParam::Output,
-    ];
+    let mut params: Vec<KernelParam> = (0..n_in).map(KernelParam::Input).collect();
+    params.push(KernelParam::Output);
     Ok(two_stage(
         family,
         &[TEMPLATE],
@@ -62,24 +69,43 @@ impl CudaLowering for super::Family {
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         let n_out = a.output.numel();
         match a.op {
-            Op::CrossEntropy => {
+            Op::CrossEntropy(ce) => {
                 let (rows, cl) = rows_classes(&a.at(0)?.shape);
+                let mut lines = vec![c_u64("ROWS", rows), c_u64("CL", cl)];
+                lines.extend(ce_lines(ce));
                 scalar_loss(
                     a,
-                    "cross_entropy",
-                    "cross_entropy_kernel",
-                    vec![c_u64("ROWS", rows), c_u64("CL", cl)],
+                    ("cross_entropy", "cross_entropy_kernel", ce.inputs(false)),
+                    lines,
                     (ce_parts(rows), pow2_block(cl, 32, 256)),
                 )
             }
-            Op::CrossEntropyBackward => {
+            Op::CrossEntropyBackward(ce) => {
                 let (rows, cl) = rows_classes(&a.at(0)?.shape);
+                let mut lines = vec![c_u64("ROWS", rows), c_u64("CL", cl), c_type("TL", a.ty(2)?)];
+                lines.extend(ce_lines(ce));
                 Ok(templated(
                     "cross_entropy_backward",
                     &[TEMPLATE],
-                    vec![c_u64("ROWS", rows), c_u64("CL", cl), c_type("TL", a.ty(2)?)],
-                    ("cross_entropy_backward_kernel", &[a.ty(0)?], 3),
+                    lines,
+                    (
+                        "cross_entropy_backward_kernel",
+                        &[a.ty(0)?],
+                        ce.inputs(true),
+                    ),
                     Launch::PerBlock(rows, pow2_block(cl, 32, 256)),
+                ))
+            }
+            // The targets are few next to the logits: one block counts them all.
+            Op::KeptCount(ce) => {
+                let mut lines = vec![c_u64("ROWS", a.at(0)?.numel())];
+                lines.extend(ce_lines(ce));
+                Ok(templated(
+                    "kept_count",
+                    &[TEMPLATE],
+                    lines,
+                    ("kept_count_kernel", &["int"], 1),
+                    Launch::Grid([1, 1, 1], 256),
                 ))
             }
             Op::Mse => {
@@ -87,8 +113,7 @@ impl CudaLowering for super::Family {
                 let (parts, chunk) = split(n, MSE_MIN_CHUNK, PARTIAL_BLOCKS);
                 scalar_loss(
                     a,
-                    "mse",
-                    "mse_kernel",
+                    ("mse", "mse_kernel", 2),
                     vec![c_u64("N", n), c_u64("CHUNK", chunk)],
                     (parts, 256),
                 )
@@ -114,7 +139,7 @@ impl CudaLowering for super::Family {
     fn cuda_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], _: &TensorType) -> u64 {
         let numel = |i: usize| inputs.get(i).map_or(0, |t| t.numel());
         match op {
-            Op::CrossEntropy => {
+            Op::CrossEntropy(_) => {
                 let (rows, _) = inputs.first().map_or((0, 1), |t| rows_classes(&t.shape));
                 ce_parts(rows) * 8
             }

@@ -7,8 +7,9 @@
 // These kernels turn it into per-row losses (through partial log-sum-exps at byte C::LOFF)
 // or into the logits' gradient p = (exp(z - lse) - [v == t]) * g in T (row stride as z's)
 // at byte C::POFF, which the next GEMM consumes. The weight gradient's tiles read each
-// row's log-sum-exp from byte C::LOFF (N floats), its phase 0 having written them. A target
-// out of range makes its row's results NaN.
+// row's log-sum-exp from byte C::LOFF (N floats), its phase 0 having written them. A row
+// that `ce_kept` (loss.cu) drops has loss 0 and gradient 0; a kept target out of range makes
+// its row's results NaN.
 
 // Whether target t names a class.
 template <typename C> __device__ __forceinline__ bool lce_ok(int t) { return t >= 0 && (u64)t < C::V; }
@@ -54,13 +55,13 @@ template <typename C> __device__ void lce_rows(const float* z, const float* part
         float l = 0.0f;
         for (u64 s = 0; s < C::SPLITS; ++s) l += pr[2 * s] == MEMC_NEG_INF ? 0.0f : pr[2 * s + 1] * expf(pr[2 * s] - m);
         const int t = tg[r0 + i];
-        out[r0 + i] = lce_ok<C>(t) ? m + logf(l) - z[i * C::VLD + t] : MEMC_NAN;
+        out[r0 + i] = !ce_kept<C>(t) ? 0.0f : lce_ok<C>(t) ? m + logf(l) - z[i * C::VLD + t] : MEMC_NAN;
     }
 }
 
-// The logits' gradient of one element.
-__device__ __forceinline__ float lce_grad(float z, float lse, bool target, float g) {
-    return (expf(z - lse) - (target ? 1.0f : 0.0f)) * g;
+// The logits' gradient of one element of a row of target t: 0 when the row is dropped.
+template <typename C> __device__ __forceinline__ float lce_grad(float z, float lse, int t, u64 v, float g) {
+    return ce_kept<C>(t) ? (expf(z - lse) - (v == (u64)t ? 1.0f : 0.0f)) * g : 0.0f;
 }
 
 // p for the rows of the chunk (all V columns), its log-sum-exp rows[r] + z[r, t[r]] read
@@ -73,7 +74,7 @@ __device__ void lce_probs_rows(const float* z, T* p, const int* tg, const float*
         const u64 i = e / C::V, v = e % C::V, r = r0 + i;
         const int t = tg[r];
         const float lse = lce_ok<C>(t) ? rows[r] + z[i * C::VLD + t] : MEMC_NAN;
-        st(p, i * C::VLD + v, lce_grad(z[i * C::VLD + v], lse, v == (u64)t, dr[r]));
+        st(p, i * C::VLD + v, lce_grad<C>(z[i * C::VLD + v], lse, t, v, dr[r]));
     }
 }
 
@@ -101,7 +102,7 @@ __device__ void lce_probs_tile(const float* z, T* p, const int* tg, const float*
     const u64 width = C::V - v0 < C::VT ? C::V - v0 : C::VT;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < C::N * width; i += (u64)gridDim.x * blockDim.x) {
         const u64 r = i / width, j = i % width;
-        st(p, r * C::VTLD + j, lce_grad(z[r * C::VTLD + j], lse[r], tg[r] == (int)(v0 + j), dr[r]));
+        st(p, r * C::VTLD + j, lce_grad<C>(z[r * C::VTLD + j], lse[r], tg[r], v0 + j, dr[r]));
     }
 }
 

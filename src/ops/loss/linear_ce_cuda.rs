@@ -95,7 +95,7 @@ pub(crate) fn linear_ce(
     let s = Shape::of(lce, &refs).ok_or_else(|| a.err("linear cross-entropy shapes"))?;
     let (p_at, lse_at, scratch) = s.regions(which);
     let t = s.dtype;
-    let lines = vec![
+    let mut lines = vec![
         c_u64("N", s.n),
         c_u64("D", s.d),
         c_u64("V", s.v),
@@ -108,6 +108,7 @@ pub(crate) fn linear_ce(
         c_u64("POFF", p_at),
         c_u64("LOFF", lse_at),
     ];
+    lines.extend(super::cuda::ce_lines(&lce.ce));
     let (entry, n_in) = match which {
         None => ("lce_forward_kernel", 3),
         Some(LceGrad::Input) => ("lce_backward_input_kernel", 5),
@@ -115,7 +116,7 @@ pub(crate) fn linear_ce(
     };
     let kernel = staged(
         "linear_ce",
-        &[TEMPLATE],
+        &[super::cuda::TEMPLATE, TEMPLATE],
         lines,
         (entry, a.ty(0)?, n_in),
         BLOCK,

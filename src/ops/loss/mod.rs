@@ -1,6 +1,9 @@
 //! Scalar losses: mean cross-entropy over class logits and mean squared error; and the fused
 //! loss head `linear_cross_entropy`, each row's cross-entropy of the logits `x @ w` computed
 //! chunk by chunk without ever holding all of them (nor, in backward, their gradient).
+//! Cross-entropy may ignore the rows whose target is one id ([`CeParams`]): they take no loss
+//! and no gradient, and the mean divides by the rows kept, counted once per step by
+//! `kept_count`.
 
 mod backward;
 mod cpu;
@@ -15,6 +18,30 @@ pub struct Family;
 
 impl super::OpFamily for Family {}
 
+/// Which rows a cross-entropy takes, shared by the plain op, its backward, the row count and
+/// the fused loss head, so that every pass and backend reads one definition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct CeParams {
+    /// A row whose target equals this id contributes no loss and no gradient, and the mean
+    /// is over the other rows (PyTorch's `ignore_index`); `None`: every target must name a
+    /// class. An ignored id may also be a valid class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_index: Option<i32>,
+}
+
+impl CeParams {
+    /// Whether a row with target `t` takes part in the loss: always without an ignored id.
+    pub fn keeps(&self, t: i32) -> bool {
+        self.ignore_index != Some(t)
+    }
+
+    /// How many inputs a cross-entropy op with these params reads: logits and targets, then
+    /// (`backward`) the loss's gradient, then with an ignored id the count of kept rows.
+    pub fn inputs(&self, backward: bool) -> usize {
+        2 + usize::from(backward) + usize::from(self.ignore_index.is_some())
+    }
+}
+
 /// How the fused linear cross-entropy reads its weight and splits its rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LinearCe {
@@ -24,6 +51,9 @@ pub struct LinearCe {
     pub chunk: usize,
     /// The weight is a `[V, D]` table read as its transpose (tied embeddings), not `[D, V]`.
     pub transposed: bool,
+    /// The rows it takes: an ignored row's loss and gradients are 0.
+    #[serde(default, flatten)]
+    pub ce: CeParams,
 }
 
 /// Which operand a `linear_cross_entropy` backward op differentiates.

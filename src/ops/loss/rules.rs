@@ -1,7 +1,7 @@
 //! Shape and dtype rule, cost and precision class of the losses (cross-entropy, mean squared
-//! error, the fused linear cross-entropy) and their backward ops.
+//! error, the fused linear cross-entropy), their backward ops and the count of kept rows.
 
-use super::{LceGrad, LinearCe};
+use super::{CeParams, LceGrad, LinearCe};
 use crate::ir::{DType, Op, TensorType};
 use crate::ops::rules::{
     arity, elementwise_flops, fail, first_numel, float, foreign, int, rank_at_least, rank_exactly,
@@ -96,6 +96,31 @@ fn linear_ce_type(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
     })
 }
 
+/// The type of a cross-entropy op over `inputs`: logits and targets, then (backward) the
+/// loss's gradient, then (with an ignored id) the f32 scalar count of kept rows. A scalar for
+/// the forward, the logits' type for the backward.
+fn cross_entropy_type(
+    ce: &CeParams,
+    backward: bool,
+    op: &Op,
+    inputs: &[&TensorType],
+) -> Result<TensorType> {
+    let n = ce.inputs(backward);
+    arity(op, inputs, n, n)?;
+    cross_entropy(inputs[0], inputs[1])?;
+    let scalar = TensorType::new(DType::F32, vec![]);
+    if ce.ignore_index.is_some() && inputs[n - 1] != &scalar {
+        return fail(
+            format!(
+                "cross_entropy reads {} as its count of kept rows",
+                inputs[n - 1]
+            ),
+            "the count of kept rows is the f32 scalar `kept_count` of the targets",
+        );
+    }
+    Ok(if backward { inputs[0].clone() } else { scalar })
+}
+
 /// Checks mse's operands: floating, of one dtype and shape.
 fn mse(a: &TensorType, b: &TensorType) -> Result<()> {
     float(a, "mse operand")?;
@@ -109,8 +134,14 @@ type OperandCheck = fn(&TensorType, &TensorType) -> Result<()>;
 impl Rules for super::Family {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         let (check, backward): (OperandCheck, bool) = match op {
-            Op::CrossEntropy => (cross_entropy, false),
-            Op::CrossEntropyBackward => (cross_entropy, true),
+            Op::CrossEntropy(ce) => return cross_entropy_type(ce, false, op, inputs),
+            Op::CrossEntropyBackward(ce) => return cross_entropy_type(ce, true, op, inputs),
+            Op::KeptCount(_) => {
+                arity(op, inputs, 1, 1)?;
+                // It counts a cross-entropy's targets, and is named after them.
+                int(inputs[0], "cross_entropy targets")?;
+                return Ok(TensorType::new(DType::F32, vec![]));
+            }
             Op::Mse => (mse, false),
             Op::MseBackward => (mse, true),
             Op::LinearCrossEntropy(_) | Op::LinearCrossEntropyBackward { .. } => {
@@ -131,7 +162,8 @@ impl Rules for super::Family {
 
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
         match op {
-            Op::CrossEntropy | Op::CrossEntropyBackward => 5 * first_numel(inputs),
+            Op::CrossEntropy(_) | Op::CrossEntropyBackward(_) => 5 * first_numel(inputs),
+            Op::KeptCount(_) => first_numel(inputs),
             // The logits (2NDV) and their log-sum-exp (5 per logit, as cross-entropy counts
             // it); each backward op recomputes both and adds its own product with the
             // gradient of the logits (another 2NDV): the head's backward costs two
@@ -152,7 +184,9 @@ impl Rules for super::Family {
 
     fn behaviour(&self, op: &Op) -> Behaviour {
         match op {
-            Op::CrossEntropy => Behaviour::CHEAP.in_precision(PrecisionClass::AsIs),
+            Op::CrossEntropy(_) | Op::KeptCount(_) => {
+                Behaviour::CHEAP.in_precision(PrecisionClass::AsIs)
+            }
             // Hidden states and weight in the low precision, as matmul reads them.
             // Its logits are cuBLASLt GEMMs.
             Op::LinearCrossEntropy(_) => Behaviour::LIBRARY_GEMM.in_precision(PrecisionClass::Low),

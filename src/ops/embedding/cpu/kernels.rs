@@ -11,7 +11,7 @@ pub fn embedding(table: &[f32], dim: usize, ids: &[i32], out: &mut [f32]) -> Res
     if dim == 0 {
         return Ok(());
     }
-    check_ids(ids, table.len() / dim)?;
+    check_ids(ids, table.len() / dim, None)?;
     out.par_chunks_mut(dim)
         .zip(ids.par_iter())
         .for_each(|(row, &id)| {
@@ -35,7 +35,7 @@ pub fn embedding_backward(
     if dim == 0 {
         return Ok(());
     }
-    check_ids(ids, dtable.len() / dim)?;
+    check_ids(ids, dtable.len() / dim, None)?;
     for (&id, g) in ids.iter().zip(dy.chunks(dim)) {
         let id = id as usize;
         if Some(id) == padding_idx {

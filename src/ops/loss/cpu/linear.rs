@@ -1,7 +1,8 @@
 //! The fused linear cross-entropy on the CPU: the logits of `chunk` rows at a time are one
 //! GEMM into the workspace (`chunk x V` fp32), consumed there (log-sum-exp, or turned into
 //! their gradient in place and multiplied back), so no kernel holds more than one chunk of
-//! logits. Row losses accumulate in f64 as cross-entropy's do.
+//! logits. Row losses accumulate in f64 as cross-entropy's do. A row of the ignored id has
+//! loss 0 and gradient 0.
 
 use rayon::prelude::*;
 
@@ -11,8 +12,8 @@ use crate::exec::kernels::softmax::logsumexp;
 use crate::exec::ExecError;
 
 /// The operands of a linear cross-entropy head: hidden states `x` [rows, dim], the weight
-/// `w` ([dim, classes], or [classes, dim] when `transposed`), targets in `0..classes`, and the
-/// rows per chunk. The logits' gradient is rounded to `operand`, the type of `x` and `w`,
+/// `w` ([dim, classes], or [classes, dim] when `transposed`), targets in `0..classes` or the
+/// id `ce` ignores, and the rows per chunk. The logits' gradient is rounded to `operand`, the type of `x` and `w`,
 /// before it multiplies back (as a low-precision GEMM takes it, on CUDA and under PyTorch's
 /// autocast alike).
 pub struct Head<'a> {
@@ -24,6 +25,7 @@ pub struct Head<'a> {
     pub transposed: bool,
     pub chunk: usize,
     pub operand: crate::ir::DType,
+    pub ce: crate::ir::CeParams,
 }
 
 impl Head<'_> {
@@ -52,7 +54,7 @@ impl Head<'_> {
 
     /// Row ranges `(first, count)` of the chunks, in order, after checking the targets.
     fn chunks(&self) -> Result<impl Iterator<Item = (usize, usize)>, ExecError> {
-        check_ids(self.targets, self.classes)?;
+        check_ids(self.targets, self.classes, self.ce.ignore_index)?;
         let (n, c) = (self.targets.len(), self.chunk.max(1));
         Ok((0..n).step_by(c).map(move |r| (r, c.min(n - r))))
     }
@@ -73,13 +75,18 @@ impl Head<'_> {
 
     /// Turns the logits `z` of rows `r0..r0 + m` into their gradient in place:
     /// `(exp(z - lse) - onehot(target)) * drows`, with `lse = rows + z[target]` (the forward's
-    /// row loss gives the log-sum-exp back, so no second pass over the row is needed).
+    /// row loss gives the log-sum-exp back, so no second pass over the row is needed); 0 on
+    /// the rows of the ignored id.
     fn logits_grad(&self, (r0, m): (usize, usize), rows: &[f32], drows: &[f32], z: &mut [f32]) {
         z[..m * self.classes]
             .par_chunks_mut(self.classes)
             .enumerate()
             .for_each(|(i, row)| {
                 let r = r0 + i;
+                if !self.ce.keeps(self.targets[r]) {
+                    row.fill(0.0);
+                    return;
+                }
                 let t = self.targets[r] as usize;
                 let lse = rows[r] + row[t];
                 row.iter_mut().for_each(|v| *v = (*v - lse).exp());
@@ -91,8 +98,8 @@ impl Head<'_> {
 }
 
 /// Writes each row's cross-entropy `logsumexp(z) - z[target]` of the logits `z = x @ w` into
-/// `out` [rows]. `ws` holds at least [`Head::workspace_len`] elements. Errs on a target out of
-/// range.
+/// `out` [rows], 0 for a row of the ignored id. `ws` holds at least [`Head::workspace_len`]
+/// elements. Errs on a kept target out of range.
 pub fn forward(h: &Head, out: &mut [f32], ws: &mut [f32]) -> Result<(), ExecError> {
     for (r0, m) in h.chunks()? {
         h.logits((r0, m), ws);
@@ -100,13 +107,19 @@ pub fn forward(h: &Head, out: &mut [f32], ws: &mut [f32]) -> Result<(), ExecErro
             .par_iter_mut()
             .zip(ws[..m * h.classes].par_chunks(h.classes))
             .zip(&h.targets[r0..r0 + m])
-            .for_each(|((o, row), &t)| *o = logsumexp(row) - row[t as usize]);
+            .for_each(|((o, row), &t)| {
+                *o = if h.ce.keeps(t) {
+                    logsumexp(row) - row[t as usize]
+                } else {
+                    0.0
+                }
+            });
     }
     Ok(())
 }
 
 /// Writes `dx = dz @ w^T` [rows, dim] for the per-row losses `rows` and their gradient
-/// `drows`, chunk by chunk. Errs on a target out of range (dx is then unspecified).
+/// `drows`, chunk by chunk. Errs on a kept target out of range (dx is then unspecified).
 pub fn backward_input(
     h: &Head,
     (rows, drows): (&[f32], &[f32]),
@@ -124,7 +137,7 @@ pub fn backward_input(
 }
 
 /// Writes `dw = x^T @ dz` ([dim, classes], or its transpose when `transposed`), summed over
-/// the chunks in order. Errs on a target out of range (dw is then unspecified).
+/// the chunks in order. Errs on a kept target out of range (dw is then unspecified).
 pub fn backward_weight(
     h: &Head,
     (rows, drows): (&[f32], &[f32]),
@@ -155,6 +168,12 @@ pub fn backward_weight(
 mod tests {
     use super::*;
     use crate::exec::kernels::testing::{assert_close, central_diff, Rng};
+    use crate::ir::CeParams;
+
+    /// Ignores the id -100.
+    const IGNORE: CeParams = CeParams {
+        ignore_index: Some(-100),
+    };
 
     /// A head of 5 rows, dim 3, 7 classes over seeded data.
     fn data(transposed: bool) -> (Vec<f32>, Vec<f32>, Vec<i32>) {
@@ -171,6 +190,17 @@ mod tests {
         transposed: bool,
         chunk: usize,
     ) -> Head<'a> {
+        head_ce(x, w, t, transposed, chunk, CeParams::default())
+    }
+
+    fn head_ce<'a>(
+        x: &'a [f32],
+        w: &'a [f32],
+        t: &'a [i32],
+        transposed: bool,
+        chunk: usize,
+        ce: CeParams,
+    ) -> Head<'a> {
         Head {
             x,
             w,
@@ -180,6 +210,7 @@ mod tests {
             transposed,
             chunk,
             operand: crate::ir::DType::F32,
+            ce,
         }
     }
 
@@ -201,6 +232,9 @@ mod tests {
                             .sum()
                     })
                     .collect();
+                if t[r] == -100 {
+                    return 0.0;
+                }
                 let m = z.iter().copied().fold(f64::MIN, f64::max);
                 m + z.iter().map(|v| (v - m).exp()).sum::<f64>().ln() - z[t[r] as usize]
             })
@@ -222,11 +256,18 @@ mod tests {
                 let got = rows_of(&head(&x, &w, &t, transposed, chunk));
                 assert_close(&got, &want, 1e-6, &format!("chunk {chunk}"));
             }
+            // Rows 1 and 3 ignored: their losses 0, the others unchanged.
+            let ignored = [t[0], -100, t[2], -100, t[4]];
+            let want = naive_rows(&x, &w, &ignored, transposed);
+            assert_eq!((want[1], want[3]), (0.0, 0.0));
+            let got = rows_of(&head_ce(&x, &w, &ignored, transposed, 2, IGNORE));
+            assert_close(&got, &want, 1e-6, "ignored rows");
         }
     }
 
     /// Tolerance: relative L2 error 1e-2 against h = 1e-2 central differences of
-    /// `sum(rows * drows)`, for chunks that divide the rows and one that does not.
+    /// `sum(rows * drows)`, for chunks that divide the rows and one that does not, every row
+    /// kept and rows 0 and 3 ignored (an ignored row's hidden-state gradient exactly 0).
     #[test]
     fn both_gradients_match_finite_differences() -> Result<(), ExecError> {
         let drows = [0.3, -1.1, 0.7, 2.0, 0.5];
@@ -236,23 +277,31 @@ mod tests {
                 .map(|(&r, &g)| f64::from(r) * f64::from(g))
                 .sum()
         };
-        for (transposed, chunk) in [(false, 2), (true, 3), (true, 5)] {
-            let (x, w, t) = data(transposed);
-            let h = head(&x, &w, &t, transposed, chunk);
+        let cases = [(false, 2), (true, 3), (true, 5)].into_iter();
+        for ((transposed, chunk), ce) in cases.flat_map(|c| [(c, CeParams::default()), (c, IGNORE)])
+        {
+            let (x, w, mut t) = data(transposed);
+            if ce == IGNORE {
+                t[0] = -100;
+                t[3] = -100;
+            }
+            let h = head_ce(&x, &w, &t, transposed, chunk, ce);
             let rows = rows_of(&h);
             let mut ws = vec![f32::NAN; Head::workspace_len(5, 7, chunk)];
             let mut dx = vec![f32::NAN; 15];
             backward_input(&h, (&rows, &drows), &mut dx, &mut ws)?;
             let mut dw = vec![f32::NAN; 21];
             backward_weight(&h, (&rows, &drows), &mut dw, &mut ws)?;
-            let fd_x = central_diff(&x, 1e-2, |x| {
-                objective(&rows_of(&head(x, &w, &t, transposed, chunk)))
-            });
-            let fd_w = central_diff(&w, 1e-2, |w| {
-                objective(&rows_of(&head(&x, w, &t, transposed, chunk)))
-            });
+            let loss = |x: &[f32], w: &[f32]| {
+                objective(&rows_of(&head_ce(x, w, &t, transposed, chunk, ce)))
+            };
+            let fd_x = central_diff(&x, 1e-2, |x| loss(x, &w));
+            let fd_w = central_diff(&w, 1e-2, |w| loss(&x, w));
             assert_close(&dx, &fd_x, 1e-2, "dx");
             assert_close(&dw, &fd_w, 1e-2, "dw");
+            if ce == IGNORE {
+                assert!(dx[..3].iter().chain(&dx[9..12]).all(|&v| v == 0.0));
+            }
         }
         Ok(())
     }
@@ -268,5 +317,15 @@ mod tests {
         let rows = [0.0; 5];
         let mut dw = [0.0; 21];
         assert_eq!(backward_weight(&h, (&rows, &rows), &mut dw, &mut ws), err);
+        let t = [0, -100, 1, 1, 1];
+        let ignoring = head_ce(&x, &w, &t, false, 2, IGNORE);
+        assert_eq!(forward(&ignoring, &mut [0.0; 5], &mut ws), Ok(()));
+        let t = [0, -100, -1, 1, 1];
+        let ignoring = head_ce(&x, &w, &t, false, 2, IGNORE);
+        let err = Err(ExecError::IdOutOfRange {
+            value: -1,
+            limit: 7,
+        });
+        assert_eq!(forward(&ignoring, &mut [0.0; 5], &mut ws), err);
     }
 }
