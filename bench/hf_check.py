@@ -159,15 +159,54 @@ def check(memc, name, config, rtol, work):
     return ok
 
 
+def check_lora(memc, rtol, work):
+    """Adapters trained by memc (`--lora`, 3 steps) and saved with `--save-adapters`, loaded
+    onto the base model by PEFT: PEFT's loss equals memc's fourth step's."""
+    import peft
+    name, config = "llama", CONFIGS["llama"]
+    rng = np.random.default_rng(1)
+    torch.manual_seed(1)
+    d = os.path.join(work, "lora")
+    os.makedirs(d)
+    cfg_path = os.path.join(d, "config.json")
+    with open(cfg_path, "w") as f:
+        json.dump(config, f)
+    model = transformers.LlamaForCausalLM(transformers.AutoConfig.from_pretrained(d)).float()
+    model.save_pretrained(d, safe_serialization=True)
+    inputs, loss_of = batch(name, config, rng)
+    mdl = os.path.join(d, "model.mdl")
+    subprocess.run([memc, "import", cfg_path, "-o", mdl], check=True, capture_output=True)
+    args = [memc, "run", mdl, "--params", d, "--precision", "fp32", "--set", f"B={B}",
+            "--set", f"T={T}", "--lora", "r=4,alpha=8,targets=q_proj+v_proj"]
+    for key, value in inputs.items():
+        np.save(os.path.join(d, f"{key}.npy"), value)
+        args += ["--input", f"{key}={os.path.join(d, key)}.npy"]
+    adapters = os.path.join(d, "adapters")
+    subprocess.run(args + ["--steps", "3", "--save-adapters", adapters], check=True,
+                   capture_output=True)
+    out = subprocess.run(args + ["--steps", "4"], check=True, capture_output=True, text=True)
+    ours = float(out.stdout.strip().splitlines()[-1].split()[-1])
+    adapted = peft.PeftModel.from_pretrained(model, adapters)
+    adapted.eval()
+    with torch.no_grad():
+        theirs = loss_of(adapted).item()
+    ok = abs(ours - theirs) <= rtol * abs(theirs)
+    print(f"lora     loss after 3 steps: memc {ours:.7f}, PEFT with memc's adapters "
+          f"{theirs:.7f}{'' if ok else '  FAIL'}")
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--memc", default=os.environ.get("MEMC", "target/release/memc"))
     ap.add_argument("--rtol", type=float, default=1e-4)
-    ap.add_argument("models", nargs="*", default=list(CONFIGS))
+    ap.add_argument("models", nargs="*", default=list(CONFIGS) + ["lora"])
     a = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as work:
-        results = [check(a.memc, m, CONFIGS[m], a.rtol, work) for m in a.models]
+        results = [check(a.memc, m, CONFIGS[m], a.rtol, work) for m in a.models if m != "lora"]
+        if "lora" in a.models:
+            results.append(check_lora(a.memc, a.rtol, work))
     sys.exit(0 if all(results) else 1)
 
 

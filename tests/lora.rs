@@ -133,3 +133,89 @@ fn nothing_to_adapt_is_a_user_error() {
         4 * (784 + 256)
     );
 }
+
+/// `memc run ARGS` from the crate root, returning the last printed loss.
+fn last_loss(args: &[String]) -> f64 {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = common::memc(&args);
+    common::assert_success(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().rfind(|l| l.starts_with("step ")).unwrap();
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn merged_adapters_give_the_adapted_step_and_peft_names() {
+    let dir = common::scratch("merge");
+    // A LLaMA with [out, in] weights (read x @ W^T) and GPT-2 with [in, out] ones.
+    let llama = dir.join("llama.mdl");
+    let config = r#"{"model_type": "llama", "hidden_size": 32, "intermediate_size": 48,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+      "vocab_size": 64, "max_position_embeddings": 16}"#;
+    std::fs::write(&llama, memc::hf::import_config(config).unwrap().mdl).unwrap();
+    let gpt2 = format!("{}/examples/gpt2.mdl", env!("CARGO_MANIFEST_DIR"));
+    let tiny: Vec<String> = common::tiny_gpt(2)
+        .iter()
+        .flat_map(|(k, v)| ["--set".to_string(), format!("{k}={v}")])
+        .collect();
+    for (model, lora, extra) in [
+        (
+            llama.to_str().unwrap(),
+            "r=4,alpha=8,targets=q_proj+v_proj",
+            vec![],
+        ),
+        (gpt2.as_str(), "r=2,alpha=6", tiny),
+    ] {
+        let merged = dir.join("merged.safetensors");
+        let adapters = dir.join("adapters");
+        let mut args = vec!["run", model, "--precision", "fp32", "--seed", "3"];
+        args.extend(extra.iter().map(String::as_str));
+        let with = |more: &[&'static str]| -> Vec<String> {
+            let flag = ["--lora", lora];
+            let all = args.iter().chain(&flag).chain(more);
+            all.map(|s| s.to_string()).collect()
+        };
+        // The fourth adapted step, and the base model's first step from the merged weights
+        // after three adapted steps, see the same weights.
+        let fourth = last_loss(&with(&["--steps", "4"]));
+        let (m, a) = (merged.to_str().unwrap(), adapters.to_str().unwrap());
+        let mut saving = with(&["--steps", "3", "--merge-adapters"]);
+        saving.extend(["--save-params", m, "--save-adapters", a].map(String::from));
+        last_loss(&saving);
+        let base: Vec<String> = args
+            .iter()
+            .chain(&["--params", m])
+            .map(|s| s.to_string())
+            .collect();
+        let base = last_loss(&base);
+        assert!(
+            (fourth - base).abs() <= 1e-6 * fourth.abs(),
+            "{model}: {fourth} vs {base}"
+        );
+        // PEFT's names and shapes: lora_A [r, in], lora_B [out, r].
+        let bytes = std::fs::read(adapters.join("adapter_model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let config = std::fs::read_to_string(adapters.join("adapter_config.json")).unwrap();
+        let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+        let r = config["r"].as_u64().unwrap() as usize;
+        for (name, view) in st.tensors() {
+            assert!(name.starts_with("base_model.model."), "{name}");
+            let shape = view.shape();
+            if name.ends_with(".lora_A.weight") {
+                assert_eq!(shape[0], r, "{name}");
+            } else {
+                assert!(name.ends_with(".lora_B.weight"), "{name}");
+                assert_eq!(shape[1], r, "{name}");
+            }
+        }
+        if model.ends_with("llama.mdl") {
+            let q = "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight";
+            assert_eq!(st.tensor(q).unwrap().shape(), [4, 32]);
+            assert_eq!(st.len(), 2 * 2 * 2);
+            assert_eq!(
+                config["target_modules"],
+                serde_json::json!(["q_proj", "v_proj"])
+            );
+        }
+    }
+}

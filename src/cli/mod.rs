@@ -1,6 +1,7 @@
 //! Argument parsing and dispatch to the library; user errors print as miette diagnostics
 //! and exit with code 2, internal errors with code 3.
 
+mod adapters;
 mod advise;
 mod fit;
 mod import;

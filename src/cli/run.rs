@@ -1,7 +1,7 @@
 //! `memc run`: executes training steps of a model (or of a saved plan JSON) on the CPU
 //! reference backend or, with `--device cuda`, on the GPU.
 
-use super::{compile_file, output::write_atomic, CompileArgs, Failure};
+use super::{adapters, compile_file, output::write_atomic, CompileArgs, Failure};
 use indicatif::{ProgressBar, ProgressStyle};
 use memc::exec::cpu::CpuExecutor;
 use memc::exec::cuda::CudaExecutor;
@@ -37,6 +37,14 @@ pub struct RunArgs {
     /// step's number and the seed) for --load-state.
     #[arg(long)]
     save_state: Option<PathBuf>,
+    /// With --lora: write the trained adapters after the last step as PEFT loads them
+    /// (DIR/adapter_model.safetensors and DIR/adapter_config.json).
+    #[arg(long, value_name = "DIR")]
+    save_adapters: Option<PathBuf>,
+    /// With --lora and --save-params: write each adapted weight merged with its adapters
+    /// (W + alpha/r · A·B) and no adapters, for the model without --lora.
+    #[arg(long, requires = "save_params")]
+    merge_adapters: bool,
     /// Continue the run --save-state saved: the same model and options, the same --seed;
     /// the steps continue bitwise as in an uninterrupted run.
     #[arg(long, conflicts_with = "params")]
@@ -167,21 +175,6 @@ fn prepare(ex: &mut impl Buffers, args: &RunArgs) -> Result<u64, Failure> {
     Ok(first)
 }
 
-/// Writes the run's state for `--save-state` when asked: `next_step` continues it.
-fn save_state(
-    args: &RunArgs,
-    plan: &Plan,
-    next_step: u64,
-    read: impl FnMut(BufferId) -> Result<Vec<f32>, String>,
-) -> Result<(), Failure> {
-    let Some(path) = &args.save_state else {
-        return Ok(());
-    };
-    let bytes = state::encode(plan, args.seed, next_step, read)
-        .map_err(|e| Failure::Plain(format!("cannot save the state: {e}")))?;
-    write_atomic(path, &bytes)
-}
-
 fn read_file(path: &Path) -> Result<Vec<u8>, Failure> {
     std::fs::read(path).map_err(|e| Failure::Plain(format!("cannot read {}: {e}", path.display())))
 }
@@ -195,6 +188,7 @@ fn load_params(ex: &mut impl Buffers, path: &Path) -> Result<(), Failure> {
         .map(|p| Wanted {
             name: p.name.clone(),
             shape: ex.plan().buffers[p.buffer.index()].ty.shape.clone(),
+            optional: memc::exec::adapters::is_adapter(&p.name),
         })
         .collect();
     let loaded = checkpoint::load(path, &wanted, |i, values| {
@@ -324,20 +318,38 @@ fn write_dump(
     Ok(())
 }
 
-/// Writes every parameter, read through `read`, as safetensors.
-fn save_params(
-    path: &Path,
+/// What the run writes after its last step, each buffer read (as f32) through `read`:
+/// `--save-state` (`next_step` continues it), `--save-adapters`, and `--save-params` (with
+/// `--merge-adapters`, the adapted weights merged and no adapters).
+fn save_after(
+    args: &RunArgs,
     plan: &Plan,
-    read: impl Fn(BufferId) -> Result<Vec<f32>, Failure>,
+    next_step: u64,
+    read: impl Fn(BufferId) -> Result<Vec<f32>, String>,
 ) -> Result<(), Failure> {
-    let tensors = plan
-        .params
-        .iter()
-        .map(|p| {
-            let shape = plan.buffers[p.buffer.index()].ty.shape.clone();
-            Ok((p.name.clone(), shape, read(p.buffer)?))
-        })
-        .collect::<Result<Vec<(String, Vec<usize>, Vec<f32>)>, Failure>>()?;
+    if let Some(path) = &args.save_state {
+        let bytes = state::encode(plan, args.seed, next_step, &read)
+            .map_err(|e| Failure::Plain(format!("cannot save the state: {e}")))?;
+        write_atomic(path, &bytes)?;
+    }
+    let read = |b: BufferId| read(b).map_err(Failure::Plain);
+    if let Some(dir) = &args.save_adapters {
+        adapters::save(dir, &args.compile, plan, &read)?;
+    }
+    let Some(path) = &args.save_params else {
+        return Ok(());
+    };
+    let tensors = if args.merge_adapters {
+        adapters::merged_params(&args.compile, plan, &read)?
+    } else {
+        plan.params
+            .iter()
+            .map(|p| {
+                let shape = plan.buffers[p.buffer.index()].ty.shape.clone();
+                Ok((p.name.clone(), shape, read(p.buffer)?))
+            })
+            .collect::<Result<_, Failure>>()?
+    };
     let bytes = write_safetensors(&tensors, None)
         .map_err(|e| Failure::Plain(format!("cannot encode parameters: {e}")))?;
     write_atomic(path, &bytes)
@@ -431,13 +443,11 @@ fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> R
             .map_err(|e| Failure::Plain(format!("profiled step: {e}")))?;
         super::output::write(None, &profile_table(plan, &times, dev.launches_per_step()))?;
     }
-    let read = |b: BufferId| dev.read(b).map(|v| lowp::from_bytes(dtype(b), &v));
-    save_state(args, plan, first + args.steps, |b| {
-        read(b).map_err(|e| e.to_string())
+    save_after(args, plan, first + args.steps, |b| {
+        dev.read(b)
+            .map(|v| lowp::from_bytes(dtype(b), &v))
+            .map_err(|e| e.to_string())
     })?;
-    if let Some(path) = &args.save_params {
-        save_params(path, plan, |b| read(b).map_err(plain))?;
-    }
     Ok(())
 }
 
@@ -545,11 +555,8 @@ fn run_cpu(
             show_loss(bar, first + step - 1, loss[0])?;
         }
     }
-    save_state(args, ex.plan(), first + args.steps, |b| {
+    save_after(args, ex.plan(), first + args.steps, |b| {
         Ok(ex.read(b).to_vec())
     })?;
-    if let Some(path) = &args.save_params {
-        save_params(path, ex.plan(), |b| Ok(ex.read(b).to_vec()))?;
-    }
     Ok(())
 }

@@ -51,7 +51,7 @@ pub fn encode(
     plan: &Plan,
     seed: u64,
     next_step: u64,
-    mut read: impl FnMut(BufferId) -> Result<Vec<f32>, String>,
+    read: impl Fn(BufferId) -> Result<Vec<f32>, String>,
 ) -> Result<Vec<u8>, String> {
     let tensors = persistent(plan)
         .into_iter()

@@ -17,6 +17,9 @@ pub struct Wanted {
     pub name: String,
     /// Its shape; the checkpoint's tensor must have exactly this one.
     pub shape: Vec<usize>,
+    /// Whether the parameter keeps its initial values when no tensor holds it (LoRA's
+    /// adapters on a base model's checkpoint).
+    pub optional: bool,
 }
 
 /// What a load did.
@@ -29,9 +32,9 @@ pub struct Loaded {
 }
 
 /// Fills every parameter of `wanted` from the checkpoint at `path`, calling `set(index,
-/// values)` once per parameter with its values as f32. Fails, naming the tensor, on a shape
-/// that differs, a dtype that is not a float, a parameter no file holds or one two files
-/// hold; `set`'s own errors pass through.
+/// values)` once per parameter it holds with its values as f32. Fails, naming the tensor, on
+/// a shape that differs, a dtype that is not a float, a parameter that is not optional and
+/// no file holds, or one two files hold; `set`'s own errors pass through.
 pub fn load(
     path: &Path,
     wanted: &[Wanted],
@@ -78,11 +81,11 @@ pub fn load(
             }
             if view.shape() != want.shape.as_slice() {
                 return Err(format!(
-                    "{}: `{name}` has shape {:?}, parameter `{}` is {:?}",
+                    "{}: `{name}` has shape {:?}; the model expects {:?} for parameter `{}`",
                     file.display(),
                     view.shape(),
-                    want.name,
-                    want.shape
+                    want.shape,
+                    want.name
                 ));
             }
             let values = to_f32(view.dtype(), view.data()).ok_or_else(|| {
@@ -99,7 +102,7 @@ pub fn load(
     let missing: Vec<&str> = wanted
         .iter()
         .zip(&filled)
-        .filter(|(_, f)| !**f)
+        .filter(|(w, f)| !**f && !w.optional)
         .map(|(w, _)| w.name.as_str())
         .collect();
     if let Some(first) = missing.first() {

@@ -87,10 +87,14 @@ pub enum Op {
     NormBackwardBias { kind: NormKind },
     /// `(table[V, D], ids) -> rows of table`, shape `ids ++ [D]`; ids equal to `padding_idx`
     /// send no gradient to the table (PyTorch's `nn.Embedding(padding_idx)`).
-    Embedding { padding_idx: Option<usize> },
+    Embedding {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        padding_idx: Option<usize>,
+    },
     /// `(ids, dy) -> dtable[rows, D]` (scatter-add, skipping ids equal to `padding_idx`).
     EmbeddingBackward {
         rows: usize,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         padding_idx: Option<usize>,
     },
     /// `(logits[..., C], targets[...]) -> mean cross-entropy`, a scalar; with an ignored id,
