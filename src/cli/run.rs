@@ -334,13 +334,13 @@ fn save_after(
     }
     let read = |b: BufferId| read(b).map_err(Failure::Plain);
     if let Some(dir) = &args.save_adapters {
-        adapters::save(dir, &args.compile, plan, &read)?;
+        adapters::save(dir, &args.compile, plan, read)?;
     }
     let Some(path) = &args.save_params else {
         return Ok(());
     };
     let tensors = if args.merge_adapters {
-        adapters::merged_params(&args.compile, plan, &read)?
+        adapters::merged_params(&args.compile, plan, read)?
     } else {
         plan.params
             .iter()
