@@ -13,7 +13,7 @@ use memc::plan::Report;
 use memc::Options;
 use safetensors::{tensor::TensorView, Dtype};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// meta-llama/Meta-Llama-3-8B's config.json.
 const LLAMA3_8B: &str = r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -196,13 +196,20 @@ fn tiny_checkpoint(mdl: &str) -> Vec<(String, Vec<usize>, Vec<f32>)> {
         .collect()
 }
 
-#[test]
-fn a_sharded_bf16_checkpoint_loads_by_name() {
-    let dir = scratch("shards");
+/// A scratch directory `name` holding the tiny LLaMA's `.mdl`, its path, and a checkpoint
+/// of it as [`tiny_checkpoint`] makes it.
+fn tiny_model(name: &str) -> (PathBuf, PathBuf, Vec<(String, Vec<usize>, Vec<f32>)>) {
+    let dir = scratch(name);
     let mdl = import_config(TINY_LLAMA).unwrap().mdl;
     let model = dir.join("tiny.mdl");
     std::fs::write(&model, &mdl).unwrap();
     let tensors = tiny_checkpoint(&mdl);
+    (dir, model, tensors)
+}
+
+#[test]
+fn a_sharded_bf16_checkpoint_loads_by_name() {
+    let (dir, model, tensors) = tiny_model("shards");
     assert!(tensors
         .iter()
         .any(|t| t.0 == "model.layers.1.self_attn.q_proj.weight"));
@@ -269,11 +276,7 @@ fn a_sharded_bf16_checkpoint_loads_by_name() {
 
 #[test]
 fn checkpoint_mismatches_name_the_tensor() {
-    let dir = scratch("mismatch");
-    let mdl = import_config(TINY_LLAMA).unwrap().mdl;
-    let model = dir.join("tiny.mdl");
-    std::fs::write(&model, &mdl).unwrap();
-    let mut tensors = tiny_checkpoint(&mdl);
+    let (dir, model, mut tensors) = tiny_model("mismatch");
     let run = |file: &Path| {
         let out = memc(&[
             "run",

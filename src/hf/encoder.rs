@@ -115,17 +115,7 @@ pub fn bert(c: &Config) -> Result<Written, UserError> {
             "memc writes absolute (learned) positions",
         ));
     }
-    let s = sizes(
-        c,
-        [
-            "hidden_size",
-            "num_attention_heads",
-            "intermediate_size",
-            "num_hidden_layers",
-            "layer_norm_eps",
-        ],
-        1e-12,
-    )?;
+    let s = bert_sizes(c)?;
     let act = gelu(c, "hidden_act", "gelu")?;
     let positions = c.count_or("max_position_embeddings", 512)?;
     let types = c.count_or("type_vocab_size", 2)?;
@@ -170,6 +160,18 @@ pub fn bert(c: &Config) -> Result<Written, UserError> {
     })
 }
 
+/// The sizes of a BERT-style config (BERT and ViT name them alike).
+fn bert_sizes(c: &Config) -> Result<Sizes, UserError> {
+    let keys = [
+        "hidden_size",
+        "num_attention_heads",
+        "intermediate_size",
+        "num_hidden_layers",
+        "layer_norm_eps",
+    ];
+    sizes(c, keys, 1e-12)
+}
+
 /// `ViTForImageClassification`: patches by a strided convolution, a class token, learned
 /// positions, pre-norm blocks and a linear classifier on the class token.
 pub fn vit(c: &Config) -> Result<Written, UserError> {
@@ -177,17 +179,7 @@ pub fn vit(c: &Config) -> Result<Written, UserError> {
         "quantization_config",
         "a checkpoint stored quantized (load the unquantized weights)",
     )?;
-    let s = sizes(
-        c,
-        [
-            "hidden_size",
-            "num_attention_heads",
-            "intermediate_size",
-            "num_hidden_layers",
-            "layer_norm_eps",
-        ],
-        1e-12,
-    )?;
+    let s = bert_sizes(c)?;
     let act = gelu(c, "hidden_act", "gelu")?;
     let image = c.count_or("image_size", 224)?;
     let patch = c.count_or("patch_size", 16)?;
