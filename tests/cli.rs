@@ -550,3 +550,25 @@ fn run_accepts_the_ignored_target_id_and_refuses_other_bad_ids() {
         "{stderr}"
     );
 }
+
+/// Every model the README shows (fenced blocks that start with `model`) passes `memc check`.
+#[test]
+fn readme_models_check() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let dir = scratch("readme");
+    let models: Vec<&str> = readme
+        .split("```")
+        .skip(1)
+        .step_by(2)
+        .map(|block| block.split_once('\n').map_or("", |(_, body)| body))
+        .filter(|body| body.trim_start().starts_with("model "))
+        .collect();
+    assert!(!models.is_empty(), "the README shows no model");
+    for (i, body) in models.iter().enumerate() {
+        let path = dir.join(format!("readme{i}.mdl"));
+        std::fs::write(&path, body).expect("write");
+        let out = memc(&["check", path.to_str().unwrap_or_default()]);
+        assert_success(&out);
+    }
+}

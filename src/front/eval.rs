@@ -2,7 +2,7 @@
 //! tensors, calls and `repeat`.
 
 use super::ast::*;
-use super::lower::{Env, Lowerer, R};
+use super::lower::{unknown_name, Env, Lowerer, R};
 use super::value::{Group, Spanned, Val};
 use crate::diagnostic::UserError;
 use crate::ir::{Op, Span};
@@ -177,6 +177,8 @@ impl Lowerer<'_> {
                     }
                 }))
             }
+            (Val::Symbol(name), _) => Err(unknown_name(name, a.span)),
+            (_, Val::Symbol(name)) => Err(unknown_name(name, b.span)),
             (x, y) => Err(UserError::at(
                 span,
                 format!("cannot combine {} and {}", x.describe(), y.describe()),

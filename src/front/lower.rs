@@ -56,7 +56,8 @@ fn dotted(prefix: &str, name: &str) -> String {
 }
 
 /// The diagnostic for a bare name that is bound to nothing.
-fn unknown_name(name: &str, span: Span) -> UserError {
+/// The diagnostic for a name nothing declares.
+pub(super) fn unknown_name(name: &str, span: Span) -> UserError {
     UserError::at(
         span,
         format!("unknown name `{name}`"),
@@ -342,6 +343,7 @@ impl<'a> Lowerer<'a> {
     pub(super) fn group(&self, v: &Spanned, what: &str) -> R<Group> {
         match &v.val {
             Val::Group(g) => Ok(g.clone()),
+            Val::Symbol(name) => Err(unknown_name(name, v.span)),
             other => Err(UserError::at(
                 v.span,
                 format!("{what} must be a parameter group, got {}", other.describe()),
