@@ -5,6 +5,7 @@ pub mod cuda;
 pub mod io;
 pub mod kernels;
 pub mod lowp;
+pub mod quantized;
 pub mod state;
 
 use std::fmt;
