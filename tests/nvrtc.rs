@@ -22,6 +22,9 @@ fn all_kernels() -> BTreeMap<String, (String, Kernel)> {
     for KernelCase { label, kernel, .. } in kernel_cases() {
         ks.insert(kernel.name.clone(), (label, kernel));
     }
+    for QuantCase { label, kernel, .. } in quant_cases() {
+        ks.insert(kernel.name.clone(), (label, kernel));
+    }
     let floats = [DType::F32, DType::F16, DType::BF16];
     for from in floats {
         for to in floats {

@@ -3,6 +3,9 @@
 
 mod attention;
 mod multi_block;
+mod quant;
+
+pub use quant::{quant_cases, QuantCase};
 
 use memc::codegen::{kernel_for, Kernel};
 use memc::ir::infer::infer;
