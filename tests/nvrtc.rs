@@ -10,6 +10,7 @@
 
 mod cuda_cases;
 
+use cuda_cases::quant::{quant_cases, QuantCase};
 use cuda_cases::*;
 use memc::codegen::nvrtc::{check_all, nvrtc_available, ptxas_path};
 use memc::codegen::{cast_kernel, Kernel};

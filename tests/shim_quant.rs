@@ -10,9 +10,11 @@
 )]
 
 mod cuda_cases;
+// The op-case helpers this file does not use.
+#[allow(dead_code)]
 mod shim_harness;
 
-use cuda_cases::{quant_cases, QuantCase};
+use cuda_cases::quant::{quant_cases, QuantCase};
 use memc::exec::cpu::CpuExecutor;
 use memc::exec::kernels::rng;
 use memc::ir::{Graph, Init, Op, Phase};

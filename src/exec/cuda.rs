@@ -239,8 +239,7 @@ impl CudaExecutor {
         self.write(b, &super::lowp::to_bytes(dtype, values))
     }
 
-    /// A buffer's values as f32, decoded from its element type (a quantized weight
-    /// dequantized), as the CPU executor reads them.
+    /// A buffer's values as f32 (a quantized weight dequantized), as the CPU executor reads them.
     pub fn read_values(&self, b: BufferId) -> Result<Vec<f32>, ExecError> {
         let bytes = self.read(b)?;
         Ok(match self.quantized.packing(b) {

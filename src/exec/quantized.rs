@@ -48,6 +48,6 @@ impl QuantizedParams {
 
     /// The error sums over every quantized weight written so far (None before any).
     pub fn errors(&self) -> Option<ErrorSums> {
-        self.errors.values().copied().reduce(ErrorSums::add)
+        self.errors.values().copied().reduce(ErrorSums::combine)
     }
 }

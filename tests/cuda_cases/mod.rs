@@ -3,9 +3,7 @@
 
 mod attention;
 mod multi_block;
-mod quant;
-
-pub use quant::{quant_cases, QuantCase};
+pub mod quant;
 
 use memc::codegen::{kernel_for, Kernel};
 use memc::ir::infer::infer;

@@ -188,7 +188,7 @@ pub fn pack(q: &Quantized, values: &[f32]) -> Result<Vec<u8>, String> {
             for (i, &w) in values.iter().enumerate() {
                 let a = absmax[i / NF4_BLOCK];
                 let code = nf4_code(if a > 0.0 { w / a } else { 0.0 });
-                out[i / 2] |= if i % 2 == 0 { code << 4 } else { code };
+                out[i / 2] |= if i.is_multiple_of(2) { code << 4 } else { code };
             }
             let mean =
                 (absmax.iter().map(|&a| f64::from(a)).sum::<f64>() / absmax.len() as f64) as f32;
@@ -226,7 +226,11 @@ pub fn unpack_into(q: &Quantized, bytes: &[u8], out: &mut [f32]) {
                 for (k, w) in block.iter_mut().enumerate() {
                     let i = b * NF4_BLOCK + k;
                     let byte = bytes[i / 2];
-                    let q = if i % 2 == 0 { byte >> 4 } else { byte & 15 };
+                    let q = if i.is_multiple_of(2) {
+                        byte >> 4
+                    } else {
+                        byte & 15
+                    };
                     *w = NF4[q as usize] * a;
                 }
             }
@@ -276,7 +280,7 @@ impl ErrorSums {
     }
 
     /// The sums over both.
-    pub fn add(self, other: ErrorSums) -> ErrorSums {
+    pub fn combine(self, other: ErrorSums) -> ErrorSums {
         ErrorSums {
             weights: self.weights + other.weights,
             packed_bytes: self.packed_bytes + other.packed_bytes,
