@@ -13,7 +13,7 @@ pub fn param_values(plan: &Plan, k: usize, seed: u64) -> Vec<f32> {
     let Some(p) = plan.params.get(k) else {
         return Vec::new();
     };
-    let n = plan.buffers[p.buffer.index()].ty.numel();
+    let n: u64 = plan.param_shape(p).iter().map(|&d| d as u64).product();
     let key = seed.wrapping_mul(1_000_003).wrapping_add(k as u64);
     (0..n)
         .map(|i| match p.init {

@@ -60,6 +60,9 @@ pub struct Options {
     /// `--lora`: adapters on the targeted weights, the model's own parameters frozen
     /// (`passes::lora`).
     pub lora: Option<passes::lora::LoraSpec>,
+    /// `--quantize-frozen`: frozen weights that only matmuls read are stored quantized
+    /// (`passes::quantize`); None stores them as they are.
+    pub quantize_frozen: Option<ir::Scheme>,
     /// `--context-reserve`: the device bytes of the CUDA context beside a GPU plan's arena
     /// (the GPU's stated figure, [`cost::GpuSpec::context_reserve`], without it).
     pub context_reserve: Option<u64>,
@@ -81,6 +84,7 @@ impl Default for Options {
             fuse_loss: true,
             freeze: Vec::new(),
             lora: None,
+            quantize_frozen: None,
             context_reserve: None,
         }
     }
@@ -106,6 +110,29 @@ impl From<UserError> for CompileError {
     fn from(e: UserError) -> CompileError {
         CompileError::User(e)
     }
+}
+
+impl From<passes::quantize::QuantizeError> for CompileError {
+    fn from(e: passes::quantize::QuantizeError) -> CompileError {
+        match e {
+            passes::quantize::QuantizeError::User(u) => CompileError::User(u),
+            passes::quantize::QuantizeError::Internal(s) => s.into(),
+        }
+    }
+}
+
+/// `graph` with its frozen weights quantized when `--quantize-frozen` asks, verified, and
+/// where each of its values went (None: nowhere, the graph is unchanged).
+fn quantized(
+    graph: ir::Graph,
+    options: &Options,
+) -> Result<(ir::Graph, Option<Vec<ir::ValueId>>), CompileError> {
+    let Some(scheme) = options.quantize_frozen else {
+        return Ok((graph, None));
+    };
+    let out = passes::quantize::run(&graph, scheme)?;
+    verified(&out.graph, "quantize")?;
+    Ok((out.graph, Some(out.map)))
 }
 
 impl From<passes::StageError> for CompileError {
@@ -219,8 +246,15 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
             let loss = module.graph.output("loss").ok_or_else(|| {
                 CompileError::Internal(vec!["training graph without loss".into()])
             })?;
-            let mixed = passes::precision::run(&module.graph, loss, t.precision, t.master_weights)?;
+            let mut mixed =
+                passes::precision::run(&module.graph, loss, t.precision, t.master_weights)?;
             verified(&mixed.graph, "precision")?;
+            let (graph, map) = quantized(mixed.graph, options)?;
+            mixed.graph = graph;
+            if let Some(map) = map {
+                mixed.objective = map[mixed.objective.index()];
+                mixed.loss_scale = mixed.loss_scale.map(|s| map[s.index()]);
+            }
             let diff = passes::autodiff::run(&mixed.graph, mixed.objective)?;
             verified(&diff.graph, "autodiff")?;
             let diff = passes::saves::choose(diff)?.diff;
@@ -242,7 +276,7 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
             )?;
             (g, in_backward)
         }
-        None => (module.graph.clone(), false),
+        None => (quantized(module.graph.clone(), options)?.0, false),
     };
     let build = BuildOptions {
         optimizer_in_backward: in_backward,

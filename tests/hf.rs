@@ -153,6 +153,85 @@ fn lora_finds_the_out_in_projections() {
     assert_eq!(r.bytes.optimizer, 8 * 6_815_744);
 }
 
+/// QLoRA's setting: Llama-3-8B with LoRA r = 16 on every linear layer of the blocks over an
+/// nf4 base. Each [R, C] projection packs into align4(RC / 2) + align4(RC / 64) +
+/// 4 (ceil(RC / 64 / 256) + 1) bytes; embeddings, norms and the output head stay bf16.
+#[test]
+fn llama3_8b_lora_over_an_nf4_base_fits_24_gib() {
+    let options = Options {
+        lora: Some(LoraSpec::parse("r=16").unwrap()),
+        quantize_frozen: Some(memc::ir::Scheme::Nf4),
+        ..Options::default()
+    };
+    let r = report(LLAMA3_8B, &options);
+    let nf4 = |rows: u64, cols: u64| {
+        let n = rows * cols;
+        let blocks = n.div_ceil(64);
+        n.div_ceil(2).div_ceil(4) * 4 + blocks.div_ceil(4) * 4 + 4 * (blocks.div_ceil(256) + 1)
+    };
+    let (d, kv, ffn, vocab) = (4096, 1024, 14336, 128_256);
+    let layer = 2 * nf4(d, d) + 2 * nf4(kv, d) + 3 * nf4(ffn, d);
+    assert_eq!(layer, 112_513_052);
+    let q = r.quantized.unwrap();
+    assert_eq!((q.tensors, q.packed_bytes), (224, 32 * layer));
+    let bf16_base = 2 * (2 * vocab * d + 65 * d);
+    assert_eq!(r.bytes.params, 32 * layer + bf16_base + 4 * 41_943_040);
+    assert_eq!(r.bytes.params, 5_870_068_608);
+    assert_eq!(r.trainable_param_count, 41_943_040);
+    assert_eq!(r.param_count, 8_030_261_248 + 41_943_040);
+    assert!(r.bytes.arena <= 24 << 30, "{}", r.bytes.arena);
+}
+
+/// `memc run --params` on an imported model quantizes the loaded weights (the projections,
+/// frozen): the step runs, the error is stated once on stderr, and `--save-params` writes the
+/// weights dequantized.
+#[test]
+fn a_checkpoint_loads_into_a_quantized_base() {
+    let dir = scratch("quantized");
+    let mdl = import_config(TINY_LLAMA).unwrap().mdl;
+    let model = dir.join("tiny.mdl");
+    std::fs::write(&model, &mdl).unwrap();
+    let tensors = tiny_checkpoint(&mdl);
+    let file = dir.join("model.safetensors");
+    write_bf16(&file, &tensors);
+    let saved = dir.join("saved.safetensors");
+    let out = memc(&[
+        "run",
+        model.to_str().unwrap(),
+        "--params",
+        file.to_str().unwrap(),
+        "--freeze",
+        "*proj.weight",
+        "--quantize-frozen",
+        "nf4",
+        "--steps",
+        "1",
+        "--save-params",
+        saved.to_str().unwrap(),
+    ]);
+    assert_success(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("RMS relative error").count(), 1, "{stderr}");
+    let bytes = std::fs::read(&saved).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for (name, shape, want) in &tensors {
+        let view = st.tensor(name).unwrap();
+        assert_eq!(view.shape(), &shape[..], "{name}");
+        let got: Vec<f32> = (view.data().chunks_exact(4))
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let absmax = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let err = got
+            .iter()
+            .zip(want)
+            .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+        // The frozen projections never move: they are their loaded values, dequantized.
+        if name.ends_with("proj.weight") {
+            assert!(err > 0.0 && err <= 0.16 * absmax, "{name}: {err}");
+        }
+    }
+}
+
 /// A LLaMA small enough to run: 2 layers, D = 32, 4 heads over 2 key/value heads, T = 16.
 const TINY_LLAMA: &str = r#"{"model_type": "llama", "hidden_size": 32,
   "intermediate_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -10,6 +10,7 @@
 
 mod cuda_cases;
 
+use cuda_cases::quant::{quant_cases, QuantCase};
 use cuda_cases::*;
 use memc::codegen::nvrtc::{check_all, nvrtc_available, ptxas_path};
 use memc::codegen::{cast_kernel, Kernel};
@@ -20,6 +21,9 @@ use std::collections::BTreeMap;
 fn all_kernels() -> BTreeMap<String, (String, Kernel)> {
     let mut ks = BTreeMap::new();
     for KernelCase { label, kernel, .. } in kernel_cases() {
+        ks.insert(kernel.name.clone(), (label, kernel));
+    }
+    for QuantCase { label, kernel, .. } in quant_cases() {
         ks.insert(kernel.name.clone(), (label, kernel));
     }
     let floats = [DType::F32, DType::F16, DType::BF16];

@@ -58,6 +58,9 @@ inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+// Separately rounded product and sum (the shim is built without FMA contraction).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
 
 // ---- 16-bit floats: storage types with round-to-nearest-even conversions -------------------
 struct __half {

@@ -71,7 +71,7 @@ pub fn merged_params(
         .iter()
         .filter(|p| !adapters::is_adapter(&p.name))
     {
-        let shape = plan.buffers[p.buffer.index()].ty.shape.clone();
+        let shape = plan.param_shape(p);
         let mut values = read(p.buffer)?;
         if let Some(ad) = list.iter().find(|ad| ad.name == p.name) {
             let scale = alpha / ad.rank as f32;

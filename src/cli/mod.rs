@@ -103,6 +103,12 @@ pub struct CompileArgs {
     /// default to every linear layer in the blocks); the model's own parameters are frozen.
     #[arg(long, value_name = "SPEC")]
     lora: Option<String>,
+    /// Store frozen weights that only matmuls read (the base under --lora, `frozen`,
+    /// --freeze) quantized: int8 (one f32 absmax scale per output channel) or nf4 (QLoRA's
+    /// 4-bit NormalFloat, blocks of 64, double-quantized absmaxes); an error when nothing
+    /// qualifies. `memc run --save-params` writes such weights dequantized, as f32.
+    #[arg(long, value_name = "int8|nf4")]
+    quantize_frozen: Option<String>,
 }
 
 impl CompileArgs {
@@ -126,6 +132,7 @@ impl CompileArgs {
             ("--fuse-loss", self.fuse_loss.is_some()),
             ("--freeze", !self.freeze.is_empty()),
             ("--lora", self.lora.is_some()),
+            ("--quantize-frozen", self.quantize_frozen.is_some()),
         ];
         given
             .into_iter()
@@ -339,6 +346,21 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
     let checkpoint = memc::budget::CheckpointMode::parse(&args.checkpoint)
         .map_err(|e| Failure::user(e, "--checkpoint", &args.checkpoint))?;
     let gpu = gpu_of(args)?;
+    let quantize_frozen = args
+        .quantize_frozen
+        .as_deref()
+        .map(|text| {
+            memc::ir::Scheme::parse(text).ok_or_else(|| {
+                let e = UserError::at(
+                    memc::ir::Span::new(0, text.len()),
+                    format!("unknown quantization scheme `{text}`"),
+                    "this scheme",
+                    "use int8 (per output channel) or nf4 (QLoRA's NormalFloat4)",
+                );
+                Failure::user(e, "--quantize-frozen", text)
+            })
+        })
+        .transpose()?;
     Ok(Options {
         overrides,
         optimizer_in_backward,
@@ -360,6 +382,7 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
         gpu,
         fuse_loss,
         freeze: args.freeze.clone(),
+        quantize_frozen,
         lora: args
             .lora
             .as_deref()

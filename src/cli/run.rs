@@ -9,6 +9,7 @@ use memc::exec::io::{read_npy, write_npy, write_safetensors, TensorData};
 use memc::exec::{lowp, state, ExecError};
 use memc::hf::checkpoint::{self, Wanted};
 use memc::ir::DType;
+use memc::ops::quant::pack::ErrorSums;
 use memc::plan::{human_bytes, verify, BufferId, Plan, VerifiedPlan};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -101,6 +102,8 @@ trait Buffers {
     fn start(&mut self, seed: u64) -> Result<(), ExecError>;
     /// Sets the 1-based number of the next step.
     fn set_step_number(&mut self, t: u64);
+    /// The error of the quantized weights written so far, if any.
+    fn quantization(&self) -> Option<ErrorSums>;
 }
 
 impl Buffers for CpuExecutor {
@@ -121,6 +124,9 @@ impl Buffers for CpuExecutor {
     fn set_step_number(&mut self, t: u64) {
         CpuExecutor::set_step_number(self, t);
     }
+    fn quantization(&self) -> Option<ErrorSums> {
+        CpuExecutor::quantization(self)
+    }
 }
 
 impl Buffers for CudaExecutor {
@@ -140,6 +146,9 @@ impl Buffers for CudaExecutor {
     }
     fn set_step_number(&mut self, t: u64) {
         CudaExecutor::set_step_number(self, t);
+    }
+    fn quantization(&self) -> Option<ErrorSums> {
+        CudaExecutor::quantization(self)
     }
 }
 
@@ -172,7 +181,24 @@ fn prepare(ex: &mut impl Buffers, args: &RunArgs) -> Result<u64, Failure> {
     for spec in &args.inputs {
         bind_input(ex, spec)?;
     }
+    if let Some(e) = ex.quantization() {
+        eprintln!("{}", quantization_line(&e));
+    }
     Ok(first)
+}
+
+/// The stderr line on the quantized weights as written: their count, packed bytes and
+/// error against the f32 values they were packed from.
+fn quantization_line(e: &ErrorSums) -> String {
+    format!(
+        "quantized {} frozen weights into {} bytes ({:.3} bytes per weight): RMS relative \
+         error {:.3e}, max abs error {:.3e}",
+        e.weights,
+        e.packed_bytes,
+        e.packed_bytes as f64 / e.weights.max(1) as f64,
+        e.rms_relative(),
+        e.max_abs_error
+    )
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, Failure> {
@@ -187,7 +213,7 @@ fn load_params(ex: &mut impl Buffers, path: &Path) -> Result<(), Failure> {
         .iter()
         .map(|p| Wanted {
             name: p.name.clone(),
-            shape: ex.plan().buffers[p.buffer.index()].ty.shape.clone(),
+            shape: ex.plan().param_shape(p),
             optional: memc::exec::adapters::is_adapter(&p.name),
         })
         .collect();
@@ -345,7 +371,7 @@ fn save_after(
         plan.params
             .iter()
             .map(|p| {
-                let shape = plan.buffers[p.buffer.index()].ty.shape.clone();
+                let shape = plan.param_shape(p);
                 Ok((p.name.clone(), shape, read(p.buffer)?))
             })
             .collect::<Result<_, Failure>>()?
@@ -444,9 +470,7 @@ fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> R
         super::output::write(None, &profile_table(plan, &times, dev.launches_per_step()))?;
     }
     save_after(args, plan, first + args.steps, |b| {
-        dev.read(b)
-            .map(|v| lowp::from_bytes(dtype(b), &v))
-            .map_err(|e| e.to_string())
+        dev.read_values(b).map_err(|e| e.to_string())
     })?;
     Ok(())
 }

@@ -112,6 +112,7 @@ impl TensorTable {
             DType::F16 => 1,
             DType::BF16 => 2,
             DType::I32 => 3,
+            DType::U8 => 4,
         };
         TensorTable {
             rows: inputs

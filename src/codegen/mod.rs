@@ -78,13 +78,15 @@ pub enum CodegenError {
     Compile { name: String, log: String },
 }
 
-/// The CUDA spelling of an element type (`float`, `__half`, `__nv_bfloat16`, `int`).
+/// The CUDA spelling of an element type (`float`, `__half`, `__nv_bfloat16`, `int`,
+/// `unsigned char`).
 pub fn ctype(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => "float",
         DType::F16 => "__half",
         DType::BF16 => "__nv_bfloat16",
         DType::I32 => "int",
+        DType::U8 => "unsigned char",
     }
 }
 

@@ -28,16 +28,16 @@ pub struct Adapted {
 /// reads it) is left out.
 pub fn adapted(plan: &Plan) -> Vec<Adapted> {
     let by_name = |name: &str| plan.params.iter().find(|p| p.name == name);
-    let shape = |b: BufferId| plan.buffers[b.index()].ty.shape.clone();
     plan.params
         .iter()
         .filter_map(|w| {
-            let a = by_name(&format!("{}.lora_a", w.name))?.buffer;
+            let a = by_name(&format!("{}.lora_a", w.name))?;
             let b = by_name(&format!("{}.lora_b", w.name))?.buffer;
-            let rank = *shape(a).get(1)?;
+            let rank = *plan.param_shape(a).get(1)?;
+            let a = a.buffer;
             Some(Adapted {
                 name: w.name.clone(),
-                weight: (w.buffer, shape(w.buffer)),
+                weight: (w.buffer, plan.param_shape(w)),
                 a,
                 b,
                 rank,
@@ -47,14 +47,16 @@ pub fn adapted(plan: &Plan) -> Vec<Adapted> {
         .collect()
 }
 
-/// Whether the matmuls of `plan` read buffer `w` (or its cast) as their transposed right
-/// operand; None when no matmul reads it.
+/// Whether the matmuls of `plan` read buffer `w` (or its cast, or its dequantized weight)
+/// as their transposed right operand; None when no matmul reads it.
 fn reads_transposed(plan: &Plan, w: BufferId) -> Option<bool> {
     let mut held = vec![w];
     for step in &plan.steps {
         match step.op {
             Op::MatMul { ta: false, tb, .. } if held.contains(&step.inputs[1]) => return Some(tb),
-            Op::Cast { .. } if held.contains(&step.inputs[0]) => held.extend(step.output),
+            Op::Cast { .. } | Op::Dequantize { .. } if held.contains(&step.inputs[0]) => {
+                held.extend(step.output)
+            }
             _ => {}
         }
     }

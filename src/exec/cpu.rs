@@ -2,6 +2,7 @@
 //! tensor a view at its planned offset; nothing else is allocated per step except the
 //! kernels' O(row) scratch.
 
+use super::quantized::QuantizedParams;
 use super::{lowp, ExecError, GradientHook};
 use crate::ir::{DType, Op, Phase};
 use crate::plan::{Buffer, BufferId, Plan, Step, VerifiedPlan};
@@ -21,6 +22,8 @@ pub struct CpuExecutor {
     /// Host copies of the inputs, one micro-batch after another, rebound at the start of
     /// every micro-step (their arena bytes are reused after their last reader).
     bound: Vec<(BufferId, Vec<f32>)>,
+    /// The parameters stored quantized, and the error of what was written to them.
+    quantized: QuantizedParams,
 }
 
 impl CpuExecutor {
@@ -30,6 +33,7 @@ impl CpuExecutor {
         let plan = plan.plan().clone();
         let words = plan.arena_bytes.div_ceil(4) as usize;
         Ok(CpuExecutor {
+            quantized: QuantizedParams::of(&plan),
             plan,
             arena: vec![0.0; words],
             step: 1,
@@ -63,18 +67,24 @@ impl CpuExecutor {
         &self.plan.buffers[b.index()]
     }
 
-    /// The word range of a 32-bit buffer.
+    /// The word range of a 32-bit buffer (of a byte buffer, the words holding its bytes).
     fn range(&self, b: BufferId) -> (usize, usize) {
         let buf = self.buffer(b);
         let start = (buf.offset / 4) as usize;
-        (start, start + buf.ty.numel() as usize)
+        (start, start + buf.ty.bytes().div_ceil(4) as usize)
     }
 
     /// The contents of a buffer as f32 (16-bit tensors decoded exactly; i32 ids as their
-    /// bit patterns).
+    /// bit patterns; a quantized weight dequantized to f32).
     pub fn read(&self, b: BufferId) -> Cow<'_, [f32]> {
         let buf = self.buffer(b);
-        if is_half(buf.ty.dtype) {
+        if let Some(q) = self.quantized.packing(b) {
+            let (s, e) = self.range(b);
+            let bytes: Vec<u8> = (self.arena[s..e].iter())
+                .flat_map(|w| w.to_bits().to_le_bytes())
+                .collect();
+            Cow::Owned(crate::ops::quant::pack::unpack(&q, &bytes))
+        } else if is_half(buf.ty.dtype) {
             let dtype = buf.ty.dtype;
             let words = half_words(&self.arena, buf.offset, buf.ty.numel() as usize);
             Cow::Owned(words.iter().map(|&w| lowp::decode(dtype, w)).collect())
@@ -85,8 +95,17 @@ impl CpuExecutor {
     }
 
     /// Overwrites a buffer's contents (length must match); 16-bit tensors store each value
-    /// rounded to nearest even.
+    /// rounded to nearest even; a quantized weight stores the values packed (and their
+    /// quantization error is recorded, [`CpuExecutor::quantization`]).
     pub fn write(&mut self, b: BufferId, data: &[f32]) -> Result<(), ExecError> {
+        if let Some(q) = self.quantized.packing(b) {
+            let bytes = self.quantized.pack(b, &q, data)?;
+            let (s, e) = self.range(b);
+            for (w, c) in self.arena[s..e].iter_mut().zip(bytes.chunks_exact(4)) {
+                *w = f32::from_bits(u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            }
+            return Ok(());
+        }
         let buf = self.buffer(b);
         let n = buf.ty.numel() as usize;
         if data.len() != n {
@@ -104,6 +123,12 @@ impl CpuExecutor {
             self.arena[s..e].copy_from_slice(data);
         }
         Ok(())
+    }
+
+    /// How far the quantized weights written so far lie from the values written (None when
+    /// the plan quantizes none or none was written).
+    pub fn quantization(&self) -> Option<crate::ops::quant::pack::ErrorSums> {
+        self.quantized.errors()
     }
 
     /// Binds an input for every following step (float data, or i32 ids as their bit
@@ -240,7 +265,11 @@ impl CpuExecutor {
         let base = self.arena.as_mut_ptr();
         let mut staged = Vec::new();
         let mut slot = |buf: &Buffer| {
-            let len = buf.ty.numel() as usize;
+            let len = match buf.ty.dtype {
+                // Bytes are viewed in place as the words that hold them.
+                DType::U8 => buf.ty.numel().div_ceil(4) as usize,
+                _ => buf.ty.numel() as usize,
+            };
             if !is_half(buf.ty.dtype) {
                 // SAFETY: the plan verifier checked every buffer ends within `arena_bytes`,
                 // and the arena holds that many bytes.
@@ -419,6 +448,15 @@ impl<'a> CpuStep<'a> {
     /// Input `i` as i32 ids (a 32-bit buffer holding their bit patterns).
     pub fn ids(&self, i: usize) -> &'a [i32] {
         self.views.ids(i)
+    }
+
+    /// Input `i` as the bytes of a `u8` buffer (a quantized weight's packed bytes).
+    pub fn bytes(&self, i: usize) -> &'a [u8] {
+        let n = self.exec.buffer(self.step.inputs[i]).ty.numel() as usize;
+        let (ptr, words) = self.views.inputs[i];
+        // SAFETY: a u8 buffer is viewed in place as the `words` 4-byte words that hold its
+        // `n <= 4 * words` bytes (its offset is 4-aligned), inside the arena.
+        unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), n.min(4 * words)) }
     }
 
     /// The output, writable (empty when the step has none); request it once per step.

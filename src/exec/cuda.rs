@@ -63,6 +63,8 @@ pub struct CudaExecutor {
     /// Host copies of the inputs, one micro-batch after another, uploaded at the start of
     /// every micro-step.
     bound: Vec<(BufferId, Vec<u8>)>,
+    /// The parameters stored quantized, and the error of what was written to them.
+    quantized: super::quantized::QuantizedParams,
     /// Device memory just before and just after the arena was allocated.
     pub memory: (MemInfo, MemInfo),
     /// While profiling, the events recorded around each step's work.
@@ -181,6 +183,7 @@ impl CudaExecutor {
             None => Vec::new(),
         };
         Ok(CudaExecutor {
+            quantized: super::quantized::QuantizedParams::of(&plan),
             plan,
             stream,
             arena,
@@ -225,10 +228,30 @@ impl CudaExecutor {
     }
 
     /// Writes `values` into a buffer in its element type (16-bit floats rounded to nearest
-    /// even, i32 ids as their bit patterns), exactly as the CPU executor stores them.
+    /// even, i32 ids as their bit patterns; a quantized weight packed, its error recorded),
+    /// exactly as the CPU executor stores them.
     pub fn write_values(&mut self, b: BufferId, values: &[f32]) -> Result<(), ExecError> {
+        if let Some(q) = self.quantized.packing(b) {
+            let bytes = self.quantized.pack(b, &q, values)?;
+            return self.write(b, &bytes);
+        }
         let dtype = self.plan.buffers[b.index()].ty.dtype;
         self.write(b, &super::lowp::to_bytes(dtype, values))
+    }
+
+    /// A buffer's values as f32 (a quantized weight dequantized), as the CPU executor reads them.
+    pub fn read_values(&self, b: BufferId) -> Result<Vec<f32>, ExecError> {
+        let bytes = self.read(b)?;
+        Ok(match self.quantized.packing(b) {
+            Some(q) => crate::ops::quant::pack::unpack(&q, &bytes),
+            None => super::lowp::from_bytes(self.plan.buffers[b.index()].ty.dtype, &bytes),
+        })
+    }
+
+    /// How far the quantized weights written so far lie from the values written (None when
+    /// the plan quantizes none or none was written).
+    pub fn quantization(&self) -> Option<crate::ops::quant::pack::ErrorSums> {
+        self.quantized.errors()
     }
 
     /// Sets the run's seed, which keys its dropout masks (0 until set).

@@ -26,12 +26,13 @@ pub fn encode(dtype: DType, x: f32) -> u16 {
 pub fn round(dtype: DType, x: f32) -> f32 {
     match dtype {
         DType::F16 | DType::BF16 => decode(dtype, encode(dtype, x)),
-        DType::F32 | DType::I32 => x,
+        DType::F32 | DType::I32 | DType::U8 => x,
     }
 }
 
 /// `values` stored as `dtype`, little-endian: 16-bit floats rounded to nearest even; f32 as
-/// is, and i32 ids (which arrive as their bit patterns) likewise.
+/// is, and i32 ids (which arrive as their bit patterns) likewise; u8 bytes as their values
+/// (saturating).
 pub fn to_bytes(dtype: DType, values: &[f32]) -> Vec<u8> {
     match dtype {
         DType::F16 | DType::BF16 => values
@@ -39,6 +40,7 @@ pub fn to_bytes(dtype: DType, values: &[f32]) -> Vec<u8> {
             .flat_map(|&v| encode(dtype, v).to_le_bytes())
             .collect(),
         DType::F32 | DType::I32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::U8 => values.iter().map(|&v| v as u8).collect(),
     }
 }
 
@@ -53,6 +55,7 @@ pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Vec<f32> {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),
+        DType::U8 => bytes.iter().map(|&b| f32::from(b)).collect(),
     }
 }
 

@@ -6,6 +6,7 @@ pub mod cuda;
 pub mod io;
 pub mod kernels;
 pub mod lowp;
+pub mod quantized;
 pub mod state;
 
 use std::fmt;

@@ -27,9 +27,12 @@ const SEED: &str = "memc.seed";
 const FINGERPRINT: &str = "memc.persistent_buffers";
 
 /// The persistent buffers of `plan` (name, buffer): parameters by name, then optimizer
-/// state in plan order.
+/// state in plan order. Quantized weights are left out: they are frozen, so they never
+/// change from what the seed or `--params` gave them.
 fn persistent(plan: &Plan) -> Vec<(String, BufferId)> {
-    let params = plan.params.iter().map(|p| (p.name.clone(), p.buffer));
+    let params = (plan.params.iter())
+        .filter(|p| p.quant.is_none())
+        .map(|p| (p.name.clone(), p.buffer));
     let state = (plan.optim_state.iter().enumerate())
         .map(|(k, s)| (format!("optimizer_state.{k}"), s.buffer));
     params.chain(state).collect()

@@ -4,7 +4,8 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// The element type of a tensor. Floating types hold activations and parameters; `I32` holds
-/// integer inputs (token ids, class targets) and never carries a gradient.
+/// integer inputs (token ids, class targets) and never carries a gradient; `U8` holds raw
+/// bytes (a quantized weight's packed buffer, `crate::ops::quant::pack`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
@@ -12,6 +13,7 @@ pub enum DType {
     F16,
     BF16,
     I32,
+    U8,
 }
 
 impl DType {
@@ -20,21 +22,23 @@ impl DType {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
+            DType::U8 => 1,
         }
     }
 
     /// True for the floating types (the ones autodiff differentiates).
     pub fn is_float(self) -> bool {
-        !matches!(self, DType::I32)
+        !matches!(self, DType::I32 | DType::U8)
     }
 
-    /// Parses the surface spelling (`f32`, `f16`, `bf16`, `i32`).
+    /// Parses the surface spelling (`f32`, `f16`, `bf16`, `i32`, `u8`).
     pub fn parse(text: &str) -> Option<DType> {
         match text {
             "f32" => Some(DType::F32),
             "f16" => Some(DType::F16),
             "bf16" => Some(DType::BF16),
             "i32" => Some(DType::I32),
+            "u8" => Some(DType::U8),
             _ => None,
         }
     }
@@ -47,6 +51,7 @@ impl fmt::Display for DType {
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::I32 => "i32",
+            DType::U8 => "u8",
         })
     }
 }

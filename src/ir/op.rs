@@ -11,6 +11,7 @@ pub use crate::ops::norm::NormKind;
 pub use crate::ops::optimizer::{AdamWParams, SgdParams};
 pub use crate::ops::pointwise::{BinaryFn, UnaryFn};
 pub use crate::ops::pool::PoolParams;
+pub use crate::ops::quant::{Quantized, Scheme};
 
 /// How a parameter is initialised (PyTorch conventions; `normal` has mean 0).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -146,6 +147,9 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         f32_out: bool,
     },
+    /// `packed: u8[bytes] -> w[shape]` in `to`: a quantized frozen weight's packed buffer
+    /// dequantized to the precision its matmuls read (`crate::ops::quant`).
+    Dequantize { quant: Quantized, to: DType },
     /// `(x[N, C, H, W], w[O, C/g, KH, KW]) -> y[N, O, H', W']`.
     Conv2d(ConvParams),
     /// `(dy, w) -> dx`; `input` is the spatial size of x.
@@ -287,6 +291,7 @@ impl Op {
             PadSlice { .. } => "pad_slice",
             Concat { .. } => "concat",
             MatMul { .. } => "matmul",
+            Dequantize { .. } => "dequantize",
             Conv2d(_) => "conv2d",
             Conv2dBackwardInput { .. } => "conv2d_backward_input",
             Conv2dBackwardWeight { .. } => "conv2d_backward_weight",

@@ -21,6 +21,7 @@ pub mod norm;
 pub mod optimizer;
 pub mod pointwise;
 pub mod pool;
+pub mod quant;
 pub mod random;
 pub mod reduce;
 pub mod softmax;
@@ -72,6 +73,7 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::PadSlice { .. }
         | Op::Concat { .. } => &movement::Family,
         Op::MatMul { .. } => &matmul::Family,
+        Op::Dequantize { .. } => &quant::Family,
         Op::Conv2d(_) | Op::Conv2dBackwardInput { .. } | Op::Conv2dBackwardWeight { .. } => {
             &conv::Family
         }

@@ -8,6 +8,7 @@ pub mod liveness;
 pub mod lora;
 pub mod optimizer;
 pub mod precision;
+pub mod quantize;
 pub mod saves;
 pub mod schedule;
 pub mod widen;

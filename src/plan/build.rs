@@ -224,6 +224,7 @@ impl Buffers {
                     buffer,
                     init: *init,
                     grad,
+                    quant: crate::passes::quantize::packing(graph, p),
                 })
             })
             .collect()
@@ -488,7 +489,7 @@ fn report(
             .filter(|&&p| {
                 !trained_only || matches!(graph.node(p).op, Op::Param { frozen: false, .. })
             })
-            .map(|&p| graph.node(p).ty.numel())
+            .map(|&p| crate::passes::quantize::weights(graph, p))
             .sum()
     };
     Report {
@@ -529,5 +530,6 @@ fn report(
         estimate: None,
         largest_at_peak: Vec::new(),
         device: None,
+        quantized: crate::passes::quantize::summary(graph),
     }
 }

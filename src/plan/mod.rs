@@ -16,7 +16,7 @@ pub use memory_summary::render_memory_summary;
 pub use peak::{largest_at_peak, PeakTensor};
 pub use report::{
     grouped, human_bytes, live_bytes, render_text, Bytes, CheckpointSummary, DeviceBytes,
-    PhasePeak, PrecisionSummary, RecomputedGroup, Report, SavedKind,
+    PhasePeak, PrecisionSummary, QuantSummary, RecomputedGroup, Report, SavedKind,
 };
 pub use target::Target;
 pub use verify::{verify, PlanError, VerifiedPlan};
@@ -37,6 +37,15 @@ impl BufferId {
 }
 
 impl Plan {
+    /// The shape of the values parameter `p` holds: its weight's shape when it is stored
+    /// quantized, else its buffer's.
+    pub fn param_shape(&self, p: &ParamBinding) -> Vec<usize> {
+        match &p.quant {
+            Some(q) => q.shape.to_vec(),
+            None => self.buffers[p.buffer.index()].ty.shape.clone(),
+        }
+    }
+
     /// Whether `step` launches a kernel: false for a step whose output is a view of its
     /// input's bytes (a reshape), which computes nothing.
     pub fn launches(&self, step: &Step) -> bool {
@@ -175,13 +184,17 @@ pub struct Step {
     pub scope: String,
 }
 
-/// A parameter: its buffer, initializer and (when trained) its gradient buffer.
+/// A parameter: its buffer, initializer, (when trained) its gradient buffer and (when a
+/// frozen weight is stored quantized) its packing: its buffer then holds the packed bytes,
+/// and executors quantize the values written to it and dequantize the values read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ParamBinding {
     pub name: String,
     pub buffer: BufferId,
     pub init: Init,
     pub grad: Option<BufferId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quant: Option<crate::ir::Quantized>,
 }
 
 /// Persistent state that is not trained (optimizer moments, the loss scale) and the value

@@ -141,6 +141,24 @@ pub struct Report {
     /// (absent for the CPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceBytes>,
+    /// The frozen weights stored quantized (`--quantize-frozen`), when there are any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantized: Option<QuantSummary>,
+}
+
+/// The frozen weights a plan stores quantized: how many, their packed bytes and the bytes
+/// they would take unpacked in the precision their matmuls read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuantSummary {
+    pub scheme: crate::ir::Scheme,
+    /// Quantized weight tensors.
+    pub tensors: u64,
+    /// Their elements.
+    pub weights: u64,
+    /// Their packed bytes (part of the parameters' bytes).
+    pub packed_bytes: u64,
+    /// Their bytes unpacked, in the precision their matmuls read.
+    pub unpacked_bytes: u64,
 }
 
 /// The device bytes of a plan for a GPU: what the plan guarantees (its arena) and what the
@@ -369,6 +387,20 @@ pub fn render_text(plan: &Plan) -> String {
     super::peak::render(&mut out, &r.largest_at_peak);
     if let Some(p) = &r.precision {
         render_precision(&mut out, p);
+    }
+    if let Some(q) = &r.quantized {
+        let _ = writeln!(
+            out,
+            "  quantized: {} frozen weights ({} values) in {} as {} ({:.3} bytes per weight) \
+             instead of {}: {} saved",
+            q.tensors,
+            grouped(q.weights),
+            q.scheme,
+            grouped(q.packed_bytes),
+            q.packed_bytes as f64 / q.weights.max(1) as f64,
+            grouped(q.unpacked_bytes),
+            grouped(q.unpacked_bytes.saturating_sub(q.packed_bytes))
+        );
     }
     if let Some(c) = &r.checkpoint {
         render_checkpoint(&mut out, c, r.flops);

@@ -4,6 +4,7 @@
 mod attention;
 mod ignore;
 mod multi_block;
+pub mod quant;
 
 use memc::codegen::{kernel_for, Kernel};
 use memc::ir::infer::infer;

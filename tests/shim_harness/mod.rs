@@ -192,7 +192,7 @@ pub fn round_to(dtype: DType, v: f32) -> f32 {
     }
 }
 
-/// Stores `values` (ids as their integer values) at byte `off` as `dtype`.
+/// Stores `values` (ids and bytes as their integer values) at byte `off` as `dtype`.
 pub fn put(arena: &mut [u8], off: u64, dtype: DType, values: &[f32]) {
     let size = dtype.size() as usize;
     for (i, &v) in values.iter().enumerate() {
@@ -203,6 +203,7 @@ pub fn put(arena: &mut [u8], off: u64, dtype: DType, values: &[f32]) {
             DType::F16 => dst.copy_from_slice(&f16::from_f32(v).to_le_bytes()),
             DType::BF16 => dst.copy_from_slice(&bf16::from_f32(v).to_le_bytes()),
             DType::I32 => dst.copy_from_slice(&(v as i32).to_le_bytes()),
+            DType::U8 => dst.copy_from_slice(&[v as u8]),
         }
     }
 }
@@ -219,6 +220,7 @@ pub fn get(arena: &[u8], off: u64, dtype: DType, n: usize) -> Vec<f32> {
                 DType::F16 => f16::from_le_bytes([b[0], b[1]]).to_f32(),
                 DType::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
                 DType::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32,
+                DType::U8 => f32::from(b[0]),
             }
         })
         .collect()
