@@ -19,7 +19,8 @@ use std::collections::BTreeMap;
 
 fn all_kernels() -> BTreeMap<String, (String, Kernel)> {
     let mut ks = BTreeMap::new();
-    for KernelCase { label, kernel, .. } in kernel_cases() {
+    for KernelCase { label, kernel, .. } in kernel_cases().into_iter().chain(bitwise_kernel_cases())
+    {
         ks.insert(kernel.name.clone(), (label, kernel));
     }
     let floats = [DType::F32, DType::F16, DType::BF16];

@@ -85,6 +85,7 @@ pub fn ctype(dtype: DType) -> &'static str {
         DType::F16 => "__half",
         DType::BF16 => "__nv_bfloat16",
         DType::I32 => "int",
+        DType::U8 => "unsigned char",
     }
 }
 

@@ -50,7 +50,7 @@ fn data_type(d: DType) -> Result<sys::cudaDataType, ExecError> {
         DType::F32 => Ok(sys::cudaDataType::CUDA_R_32F),
         DType::F16 => Ok(sys::cudaDataType::CUDA_R_16F),
         DType::BF16 => Ok(sys::cudaDataType::CUDA_R_16BF),
-        DType::I32 => Err(ExecError::Unsupported("matmul of i32 operands".to_string())),
+        DType::I32 | DType::U8 => Err(ExecError::Unsupported(format!("matmul of {d} operands"))),
     }
 }
 

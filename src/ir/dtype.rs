@@ -12,6 +12,8 @@ pub enum DType {
     F16,
     BF16,
     I32,
+    /// One unsigned byte: 8-bit codes (AdamW's quantized moments), not a number to compute on.
+    U8,
 }
 
 impl DType {
@@ -20,12 +22,13 @@ impl DType {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
+            DType::U8 => 1,
         }
     }
 
     /// True for the floating types (the ones autodiff differentiates).
     pub fn is_float(self) -> bool {
-        !matches!(self, DType::I32)
+        !matches!(self, DType::I32 | DType::U8)
     }
 
     /// Parses the surface spelling (`f32`, `f16`, `bf16`, `i32`).
@@ -47,6 +50,7 @@ impl fmt::Display for DType {
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::I32 => "i32",
+            DType::U8 => "u8",
         })
     }
 }
