@@ -156,7 +156,7 @@ fn quantized_and_stochastic_updates_match_the_cpu_backend_bit_for_bit() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
-    let cases = bitwise_kernel_cases();
+    let cases = updates::bitwise_kernel_cases();
     let results = par_map(&cases, |case| -> Result<(), String> {
         let exe = compile(&case.kernel, dir.path())?;
         let data = case_data(&case.op, &case.inputs, 11);
