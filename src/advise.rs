@@ -115,6 +115,19 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
             budget,
             "all gradients coexist",
         ),
+        row(
+            source,
+            (
+                "8-bit AdamW state",
+                flags(&["--checkpoint", "none", "--optimizer-state", "int8"]),
+            ),
+            Options {
+                optimizer_state: Some(crate::ops::optimizer::StateFormat::Int8),
+                ..keep_all.clone()
+            },
+            budget,
+            "block-wise 8-bit moments: 2 bytes a parameter",
+        ),
     ];
     for (mode, option, policy, note) in [
         (

@@ -46,6 +46,8 @@ pub struct Options {
     pub master_weights: Option<bool>,
     /// Overrides `accumulate` of `train { }` (micro-batches per step).
     pub accumulate: Option<u32>,
+    /// Overrides AdamW's `state` (how its moments are stored).
+    pub optimizer_state: Option<ops::optimizer::StateFormat>,
     /// The backend the plan is built for (its workspace and alignment).
     pub target: plan::Target,
     /// The GPU `--gpu` names: the report then carries the estimated step time on it, and
@@ -79,6 +81,7 @@ impl Default for Options {
             precision: None,
             master_weights: None,
             accumulate: None,
+            optimizer_state: None,
             target: plan::Target::Cpu,
             gpu: None,
             fuse_loss: true,
@@ -151,8 +154,9 @@ fn verified(graph: &ir::Graph, pass: &str) -> Result<(), CompileError> {
     })
 }
 
-/// Applies the command line's budget, precision, master-weights and accumulation settings
-/// to `train { }`; pure fp16 (no master weights) is refused.
+/// Applies the command line's budget, precision, master-weights, accumulation and optimizer
+/// state settings to `train { }`; pure fp16 (no master weights), 8-bit state for SGD and
+/// stochastic rounding with master weights (nothing to round) are refused.
 fn apply_train_options(
     t: &mut front::train::TrainSpec,
     options: &Options,
@@ -172,7 +176,29 @@ fn apply_train_options(
             "use `precision = bf16` (fp16 weights without fp32 masters lose small updates and overflow)",
         ));
     }
-    Ok(())
+    if let Some(state) = options.optimizer_state {
+        match &mut t.settings.optimizer {
+            settings::Optimizer::AdamW(p) => p.state = state,
+            settings::Optimizer::Sgd(_) if state.is_fp32() => {}
+            settings::Optimizer::Sgd(_) => return Err(UserError::at(
+                t.span,
+                "--optimizer-state int8 quantizes AdamW's moments, and this step trains with SGD",
+                "SGD here",
+                "use `optimizer = adamw(...)`, or drop --optimizer-state",
+            )),
+        }
+    }
+    let pure_bf16 = !t.settings.master_weights && t.settings.precision == settings::Precision::Bf16;
+    match t.stochastic_rounding_span {
+        Some(span) if !pure_bf16 => Err(UserError::at(
+            span,
+            "stochastic_rounding rounds bf16 parameters, and this step keeps fp32 parameters",
+            "nothing to round",
+            "use `precision = bf16` with `master_weights = off` (or --master-weights off); \
+             fp32 master weights keep every update exactly",
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Whether each update runs as soon as its gradient is complete: `requested`, by default
@@ -266,6 +292,7 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
                 clip_grad_norm: t.clip_grad_norm,
                 loss_scale: mixed.loss_scale,
                 accumulate: t.accumulate,
+                stochastic_rounding: t.stochastic_rounding,
             };
             let g = passes::optimizer::run(&diff, &opts)?;
             verified(&g, "optimizer")?;

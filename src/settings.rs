@@ -41,6 +41,10 @@ pub struct TrainSummary {
     pub budget: Option<u64>,
     /// Global-norm clipping threshold, if set.
     pub clip_grad_norm: Option<f32>,
+    /// Whether updates round bf16 parameters (pure bf16) stochastically instead of to
+    /// nearest, so that updates below half a bf16 ulp still move them on average.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stochastic_rounding: bool,
 }
 
 fn yes() -> bool {

@@ -24,7 +24,7 @@ fn rows_are_compiled_plans_sorted_best_first() {
         .arena_bytes;
     let budget = keep * 9 / 10;
     let rows = advise(&src, &options, budget);
-    assert_eq!(rows.len(), 17);
+    assert_eq!(rows.len(), 18);
     for r in &rows {
         if let Some(a) = r.arena_bytes {
             assert_eq!(r.fits, a <= budget, "{r:?}");

@@ -251,6 +251,7 @@ fn training_graph(
         clip_grad_norm: train.clip_grad_norm,
         loss_scale: mixed.loss_scale,
         accumulate: train.accumulate,
+        stochastic_rounding: train.stochastic_rounding,
     };
     let graph = memc::passes::optimizer::run(&diff, &options).unwrap();
     (graph, train)

@@ -20,7 +20,10 @@ use std::collections::BTreeMap;
 
 fn all_kernels() -> BTreeMap<String, (String, Kernel)> {
     let mut ks = BTreeMap::new();
-    for KernelCase { label, kernel, .. } in kernel_cases() {
+    for KernelCase { label, kernel, .. } in kernel_cases()
+        .into_iter()
+        .chain(updates::bitwise_kernel_cases())
+    {
         ks.insert(kernel.name.clone(), (label, kernel));
     }
     for QuantCase { label, kernel, .. } in quant_cases() {

@@ -147,6 +147,63 @@ fn every_kernel_family_matches_the_cpu_backend_through_the_shim() {
 
 /// Inputs for the cast kernels: ties, overflow to infinity, subnormals, signed zero, NaN and
 /// infinities, then normals over many magnitudes.
+/// The update kernels that must equal the CPU kernel bit for bit (8-bit AdamW, stochastic
+/// rounding) on the same inputs in their own dtypes, blocks and threads in either order.
+#[test]
+fn quantized_and_stochastic_updates_match_the_cpu_backend_bit_for_bit() {
+    if let Some(why) = gxx_missing() {
+        println!("SKIP: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cases = updates::bitwise_kernel_cases();
+    let results = par_map(&cases, |case| -> Result<(), String> {
+        let exe = compile(&case.kernel, dir.path())?;
+        let data = case_data(&case.op, &case.inputs, 11);
+        let want = cpu_reference(&case.op, &case.inputs, &data, CASE_STEP);
+        let arena = dir.path().join(format!("{}.arena", case.kernel.name));
+        for reverse in [false, true] {
+            let got = shim_run(
+                &exe,
+                &case.kernel,
+                (&case.inputs, &case.output),
+                &data,
+                case.op.mutated_inputs(),
+                &arena,
+                reverse,
+                workspace(case),
+            )?;
+            let differ = got
+                .bits()
+                .iter()
+                .zip(want.bits())
+                .filter(|(g, w)| **g != *w)
+                .count();
+            if differ > 0 || got.bits().len() != want.bits().len() {
+                return Err(format!("{differ} values differ (reverse order: {reverse})"));
+            }
+        }
+        // The step moved every parameter off its input somewhere.
+        let (i, moved) = &got_params(&want);
+        if data[*i] == *moved {
+            return Err("the update left the parameters as they were".to_string());
+        }
+        Ok(())
+    });
+    let failures: Vec<String> = cases
+        .iter()
+        .zip(&results)
+        .filter_map(|(c, r)| r.as_ref().err().map(|e| format!("{}: {e}", c.label)))
+        .collect();
+    println!("{} update kernels bit-exact", cases.len() - failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The updated parameters (input 0) of an update's results.
+fn got_params(r: &Results) -> (usize, Vec<f32>) {
+    r.updated[0].clone()
+}
+
 fn cast_inputs(n: usize) -> Vec<f32> {
     let ulp16 = 2f32.powi(-11);
     let mut xs = vec![

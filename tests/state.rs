@@ -1,5 +1,6 @@
 //! `memc run --save-state` / `--load-state`: a run stopped and resumed continues bitwise as
-//! an uninterrupted one (parameters, AdamW moments and step count, the fp16 loss scale,
+//! an uninterrupted one (parameters, AdamW moments (fp32 or 8-bit) and step count, the fp16
+//! loss scale, stochastic rounding's random bits,
 //! dropout masks keyed by the step number), and a state is refused for another plan or seed.
 #![allow(clippy::panic, clippy::unwrap_used)]
 
@@ -36,9 +37,28 @@ fn run(model: &Path, args: &[&str]) -> Vec<String> {
 
 #[test]
 fn a_resumed_run_equals_an_uninterrupted_one_bitwise() {
-    let dir = scratch("resume");
+    resumes_bitwise("resume", MODEL);
+}
+
+/// The same with AdamW's 8-bit moments (u8 codes and f32 absmaxes saved as f32 values) and
+/// pure bf16 updates rounded stochastically (random bits keyed by the step number).
+#[test]
+fn a_resumed_run_with_int8_state_and_stochastic_rounding_equals_an_uninterrupted_one() {
+    let model = MODEL.replace(
+        "adamw(lr = 1e-2) precision = fp16",
+        "adamw(lr = 1e-2, state = int8) precision = bf16 master_weights = off \
+         stochastic_rounding = true",
+    );
+    assert_ne!(model, MODEL);
+    resumes_bitwise("resume-int8", &model);
+}
+
+/// Five steps in one run equal two, saved with --save-state, then three resumed with
+/// --load-state: the same losses and bitwise the same parameters.
+fn resumes_bitwise(name: &str, src: &str) {
+    let dir = scratch(name);
     let model = dir.join("m.mdl");
-    std::fs::write(&model, MODEL).unwrap();
+    std::fs::write(&model, src).unwrap();
     let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
     let whole = run(
         &model,

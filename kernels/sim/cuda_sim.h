@@ -58,9 +58,12 @@ inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
 inline float __fdividef(float a, float b) { return a / b; }
-// Separately rounded product and sum (the shim is built without FMA contraction).
-inline float __fmul_rn(float a, float b) { return a * b; }
+// Round-to-nearest arithmetic that NVCC never fuses; x86-64 SSE rounds each operation alike.
 inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return sqrtf(a); }
 
 // ---- 16-bit floats: storage types with round-to-nearest-even conversions -------------------
 struct __half {

@@ -78,6 +78,10 @@ pub struct CompileArgs {
     /// without N searches the micro-batch instead.
     #[arg(long, value_name = "N", num_args = 0..=1, value_parser = clap::value_parser!(u32).range(1..))]
     accumulate: Option<Option<u32>>,
+    /// How AdamW stores its moments, overriding `adamw(state = ...)`: fp32 (8 bytes a
+    /// parameter) or int8 (block-wise 8-bit, 2 bytes a parameter and 8 per 2048).
+    #[arg(long, value_name = "fp32|int8", value_parser = ["fp32", "int8"])]
+    optimizer_state: Option<String>,
     /// Backend the plan is built for: cpu (reference) or cuda (sm_80 or newer), which decides
     /// each step's scratch buffer. `memc run` also executes on it.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
@@ -127,6 +131,7 @@ impl CompileArgs {
             ("--precision", self.precision.is_some()),
             ("--master-weights", self.master_weights.is_some()),
             ("--accumulate", self.accumulate.is_some()),
+            ("--optimizer-state", self.optimizer_state.is_some()),
             ("--gpu", self.gpu.is_some()),
             ("--context-reserve", self.context_reserve.is_some()),
             ("--fuse-loss", self.fuse_loss.is_some()),
@@ -374,6 +379,10 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
         }),
         master_weights,
         accumulate: args.accumulate.flatten(),
+        optimizer_state: args
+            .optimizer_state
+            .as_deref()
+            .and_then(memc::ops::optimizer::StateFormat::parse),
         target: if args.device == "cuda" {
             memc::plan::Target::CUDA_MIN
         } else {

@@ -157,6 +157,7 @@ const MAX_GRID_X: u64 = 1 << 20;
 pub(crate) struct Gen {
     family: &'static str,
     files: Vec<&'static str>,
+    globals: Vec<String>,
     cfgs: Vec<(String, Vec<String>)>,
     body: Vec<String>,
     params: Vec<KernelParam>,
@@ -229,6 +230,7 @@ impl Gen {
         Gen {
             family,
             files: files.to_vec(),
+            globals: Vec::new(),
             cfgs: Vec::new(),
             body: Vec::new(),
             params: vec![KernelParam::Arena],
@@ -237,6 +239,12 @@ impl Gen {
             finish_grid: None,
             table: None,
         }
+    }
+
+    /// Adds a generated namespace-scope declaration (e.g. a `__device__` table) before the
+    /// constants.
+    pub(crate) fn global(&mut self, text: String) {
+        self.globals.push(text);
     }
 
     /// Adds a `struct NAME { lines };` of constants.
@@ -291,6 +299,9 @@ impl Gen {
             src.push_str(f);
         }
         src.push_str(GENERATED);
+        for g in &self.globals {
+            src.push_str(g);
+        }
         for (name, lines) in &self.cfgs {
             src.push_str(&format!("struct {name} {{\n"));
             for l in lines {

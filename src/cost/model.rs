@@ -208,6 +208,7 @@ mod tests {
             lr: 0.1,
             momentum: 0.9,
             weight_decay: 0.0,
+            rounding: crate::ops::optimizer::Rounding::Nearest,
         });
         let p = t(DType::F32, &[256]);
         let w = Work::new(&op, 0, &[&p, &p, &p], None, 64);

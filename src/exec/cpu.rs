@@ -79,15 +79,14 @@ impl CpuExecutor {
     pub fn read(&self, b: BufferId) -> Cow<'_, [f32]> {
         let buf = self.buffer(b);
         if let Some(q) = self.quantized.packing(b) {
-            let (s, e) = self.range(b);
-            let bytes: Vec<u8> = (self.arena[s..e].iter())
-                .flat_map(|w| w.to_bits().to_le_bytes())
-                .collect();
-            Cow::Owned(crate::ops::quant::pack::unpack(&q, &bytes))
-        } else if is_half(buf.ty.dtype) {
-            let dtype = buf.ty.dtype;
-            let words = half_words(&self.arena, buf.offset, buf.ty.numel() as usize);
-            Cow::Owned(words.iter().map(|&w| lowp::decode(dtype, w)).collect())
+            let bytes = narrow_bytes(&self.arena, buf.offset, DType::U8, buf.ty.numel() as usize);
+            Cow::Owned(crate::ops::quant::pack::unpack(&q, bytes))
+        } else if is_narrow(buf.ty.dtype) {
+            let (dtype, n) = (buf.ty.dtype, buf.ty.numel() as usize);
+            Cow::Owned(lowp::from_bytes(
+                dtype,
+                narrow_bytes(&self.arena, buf.offset, dtype, n),
+            ))
         } else {
             let (s, e) = self.range(b);
             Cow::Borrowed(&self.arena[s..e])
@@ -100,10 +99,9 @@ impl CpuExecutor {
     pub fn write(&mut self, b: BufferId, data: &[f32]) -> Result<(), ExecError> {
         if let Some(q) = self.quantized.packing(b) {
             let bytes = self.quantized.pack(b, &q, data)?;
-            let (s, e) = self.range(b);
-            for (w, c) in self.arena[s..e].iter_mut().zip(bytes.chunks_exact(4)) {
-                *w = f32::from_bits(u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-            }
+            let offset = self.buffer(b).offset;
+            narrow_bytes_mut(&mut self.arena, offset, DType::U8, bytes.len())
+                .copy_from_slice(&bytes);
             return Ok(());
         }
         let buf = self.buffer(b);
@@ -115,9 +113,10 @@ impl CpuExecutor {
                 data.len()
             )));
         }
-        if is_half(buf.ty.dtype) {
+        if is_narrow(buf.ty.dtype) {
             let (dtype, offset) = (buf.ty.dtype, buf.offset);
-            encode_into(half_words_mut(&mut self.arena, offset, n), dtype, data);
+            narrow_bytes_mut(&mut self.arena, offset, dtype, n)
+                .copy_from_slice(&lowp::to_bytes(dtype, data));
         } else {
             let (s, e) = self.range(b);
             self.arena[s..e].copy_from_slice(data);
@@ -265,21 +264,14 @@ impl CpuExecutor {
         let base = self.arena.as_mut_ptr();
         let mut staged = Vec::new();
         let mut slot = |buf: &Buffer| {
-            let len = match buf.ty.dtype {
-                // Bytes are viewed in place as the words that hold them.
-                DType::U8 => buf.ty.numel().div_ceil(4) as usize,
-                _ => buf.ty.numel() as usize,
-            };
-            if !is_half(buf.ty.dtype) {
+            let len = buf.ty.numel() as usize;
+            if !is_narrow(buf.ty.dtype) {
                 // SAFETY: the plan verifier checked every buffer ends within `arena_bytes`,
                 // and the arena holds that many bytes.
                 return (unsafe { base.add((buf.offset / 4) as usize) }, len);
             }
-            let words = half_words(&self.arena, buf.offset, len);
-            let mut copy: Vec<f32> = words
-                .iter()
-                .map(|&w| lowp::decode(buf.ty.dtype, w))
-                .collect();
+            let bytes = narrow_bytes(&self.arena, buf.offset, buf.ty.dtype, len);
+            let mut copy = lowp::from_bytes(buf.ty.dtype, bytes);
             let ptr = copy.as_mut_ptr();
             staged.push(copy);
             (ptr, len)
@@ -300,12 +292,11 @@ impl CpuExecutor {
             .map(|&i| (step.inputs[i], inputs[i]))
             .chain(step.output.zip(output));
         let write_back = written
-            .filter(|(b, _)| is_half(buffers[b.index()].ty.dtype))
+            .filter(|(b, _)| is_narrow(buffers[b.index()].ty.dtype))
             .map(|(b, slot)| {
                 let buf = &buffers[b.index()];
-                // SAFETY: as above; 16-bit buffers are 2-byte aligned (every offset is a
-                // multiple of the plan's alignment).
-                let ptr = unsafe { base.cast::<u8>().add(buf.offset as usize).cast::<u16>() };
+                // SAFETY: as above: the buffer's bytes lie inside the arena.
+                let ptr = unsafe { base.cast::<u8>().add(buf.offset as usize) };
                 (ptr, buf.ty.dtype, slot)
             })
             .collect();
@@ -328,18 +319,19 @@ impl CpuExecutor {
     }
 }
 
-/// Views of one step's buffers in the arena (16-bit ones through f32 staging copies): each
-/// slot is `(pointer, elements)` into the arena or into a staging copy of a 16-bit tensor.
+/// Views of one step's buffers in the arena (narrow ones, 16-bit floats and u8 codes, through
+/// f32 staging copies): each slot is `(pointer, elements)` into the arena or into a staging
+/// copy of a narrow tensor.
 struct Views {
     inputs: Vec<(*mut f32, usize)>,
     output: Option<(*mut f32, usize)>,
     workspace: Option<(*mut f32, usize)>,
-    /// Decoded copies of the 16-bit tensors; the slots above point into them (their heap
+    /// Decoded copies of the narrow tensors; the slots above point into them (their heap
     /// storage does not move while `Views` lives).
     _staged: Vec<Vec<f32>>,
-    /// Where the staging copies of 16-bit buffers the kernel writes (its output, in-place
+    /// Where the staging copies of narrow buffers the kernel writes (its output, in-place
     /// updates) are encoded back after it runs.
-    write_back: Vec<(*mut u16, DType, (*mut f32, usize))>,
+    write_back: Vec<(*mut u8, DType, (*mut f32, usize))>,
 }
 
 impl Views {
@@ -386,13 +378,14 @@ impl Views {
         )
     }
 
-    /// Encodes the staging copies of written 16-bit buffers into their arena words.
+    /// Encodes the staging copies of written narrow buffers into their arena bytes.
     fn write_back(self) {
         for &(dst, dtype, (src, len)) in &self.write_back {
-            // SAFETY: `dst` addresses the buffer's `len` 16-bit words inside the arena,
-            // which no other live view aliases.
-            let words = unsafe { std::slice::from_raw_parts_mut(dst, len) };
-            encode_into(words, dtype, self.slice((src, len)));
+            let encoded = lowp::to_bytes(dtype, self.slice((src, len)));
+            // SAFETY: `dst` addresses the buffer's bytes (`len` elements of `dtype`) inside
+            // the arena, which no other live view aliases.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(dst, encoded.len()) };
+            bytes.copy_from_slice(&encoded);
         }
     }
 }
@@ -450,13 +443,10 @@ impl<'a> CpuStep<'a> {
         self.views.ids(i)
     }
 
-    /// Input `i` as the bytes of a `u8` buffer (a quantized weight's packed bytes).
-    pub fn bytes(&self, i: usize) -> &'a [u8] {
-        let n = self.exec.buffer(self.step.inputs[i]).ty.numel() as usize;
-        let (ptr, words) = self.views.inputs[i];
-        // SAFETY: a u8 buffer is viewed in place as the `words` 4-byte words that hold its
-        // `n <= 4 * words` bytes (its offset is 4-aligned), inside the arena.
-        unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), n.min(4 * words)) }
+    /// Input `i` as the bytes of a `u8` buffer (a quantized weight's packed bytes; the
+    /// step's view stages each byte as its value).
+    pub fn bytes(&self, i: usize) -> Vec<u8> {
+        self.views.input(i).iter().map(|&v| v as u8).collect()
     }
 
     /// The output, writable (empty when the step has none); request it once per step.
@@ -487,42 +477,37 @@ impl<'a> CpuStep<'a> {
     }
 }
 
-fn is_half(dtype: DType) -> bool {
-    dtype.size() == 2
+/// Whether buffers of `dtype` are staged through f32 copies (16-bit floats, u8 codes).
+fn is_narrow(dtype: DType) -> bool {
+    dtype.size() < 4
 }
 
-/// The `len` 16-bit words at byte `offset` of the arena.
-fn half_words(arena: &[f32], offset: u64, len: usize) -> &[u16] {
-    assert_in_arena(arena, offset, len);
-    // SAFETY: the range lies inside the arena (checked above) and is 2-byte aligned (every
-    // buffer offset is a multiple of the plan's alignment).
+/// The bytes of `len` elements of narrow `dtype` at byte `offset` of the arena.
+fn narrow_bytes(arena: &[f32], offset: u64, dtype: DType, len: usize) -> &[u8] {
+    let end = assert_in_arena(arena, offset, dtype, len);
+    // SAFETY: the range lies inside the arena (checked above); bytes need no alignment.
     unsafe {
-        std::slice::from_raw_parts(arena.as_ptr().cast::<u8>().add(offset as usize).cast(), len)
+        &std::slice::from_raw_parts(arena.as_ptr().cast::<u8>(), 4 * arena.len())
+            [offset as usize..end]
     }
 }
 
-/// The `len` 16-bit words at byte `offset` of the arena, writable.
-fn half_words_mut(arena: &mut [f32], offset: u64, len: usize) -> &mut [u16] {
-    assert_in_arena(arena, offset, len);
-    // SAFETY: as in `half_words`, and the slice borrows the arena mutably.
+/// The bytes of `len` elements of narrow `dtype` at byte `offset` of the arena, writable.
+fn narrow_bytes_mut(arena: &mut [f32], offset: u64, dtype: DType, len: usize) -> &mut [u8] {
+    let end = assert_in_arena(arena, offset, dtype, len);
+    // SAFETY: as in `narrow_bytes`, and the slice borrows the arena mutably.
     unsafe {
-        std::slice::from_raw_parts_mut(
-            arena.as_mut_ptr().cast::<u8>().add(offset as usize).cast(),
-            len,
-        )
+        &mut std::slice::from_raw_parts_mut(arena.as_mut_ptr().cast::<u8>(), 4 * arena.len())
+            [offset as usize..end]
     }
 }
 
-fn assert_in_arena(arena: &[f32], offset: u64, len: usize) {
-    let end = offset as usize + 2 * len;
+/// The end byte of `len` elements of `dtype` at `offset`, checked to lie inside the arena.
+fn assert_in_arena(arena: &[f32], offset: u64, dtype: DType, len: usize) -> usize {
+    let end = offset as usize + dtype.size() as usize * len;
     assert!(
-        offset.is_multiple_of(2) && end <= 4 * arena.len(),
-        "16-bit view {offset}..{end} outside the arena (the plan verifier admits no such plan)"
+        offset.is_multiple_of(dtype.size()) && end <= 4 * arena.len(),
+        "narrow view {offset}..{end} outside the arena (the plan verifier admits no such plan)"
     );
-}
-
-fn encode_into(words: &mut [u16], dtype: DType, values: &[f32]) {
-    for (w, &x) in words.iter_mut().zip(values) {
-        *w = lowp::encode(dtype, x);
-    }
+    end
 }

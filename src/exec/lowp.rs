@@ -1,7 +1,8 @@
 //! fp16/bf16 storage for the CPU backend: the executor keeps 16-bit tensors at their planned
 //! offsets as raw 16-bit words and computes in fp32. Decoding is exact; encoding rounds to
 //! nearest even (NaN stays NaN, overflow becomes inf), as the CUDA kernels' stores do
-//! (`__float2half_rn`, `__float2bfloat16_rn`), so CPU results predict GPU ones.
+//! (`__float2half_rn`, `__float2bfloat16_rn`), so CPU results predict GPU ones. u8 codes are
+//! staged as their integer values in f32, which holds each exactly.
 
 use crate::ir::DType;
 use half::{bf16, f16};
@@ -26,27 +27,33 @@ pub fn encode(dtype: DType, x: f32) -> u16 {
 pub fn round(dtype: DType, x: f32) -> f32 {
     match dtype {
         DType::F16 | DType::BF16 => decode(dtype, encode(dtype, x)),
-        DType::F32 | DType::I32 | DType::U8 => x,
+        DType::U8 => f32::from(code(x)),
+        DType::F32 | DType::I32 => x,
     }
 }
 
+/// The u8 code an f32-staged value stands for: its integer part, saturated to 0..=255 (NaN 0).
+fn code(x: f32) -> u8 {
+    x as u8
+}
+
 /// `values` stored as `dtype`, little-endian: 16-bit floats rounded to nearest even; f32 as
-/// is, and i32 ids (which arrive as their bit patterns) likewise; u8 bytes as their values
-/// (saturating).
+/// is, and i32 ids (which arrive as their bit patterns) likewise; u8 codes one byte each.
 pub fn to_bytes(dtype: DType, values: &[f32]) -> Vec<u8> {
     match dtype {
+        DType::U8 => values.iter().map(|&v| code(v)).collect(),
         DType::F16 | DType::BF16 => values
             .iter()
             .flat_map(|&v| encode(dtype, v).to_le_bytes())
             .collect(),
         DType::F32 | DType::I32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DType::U8 => values.iter().map(|&v| v as u8).collect(),
     }
 }
 
 /// The f32 values of little-endian `bytes` stored as `dtype` (the inverse of [`to_bytes`]).
 pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Vec<f32> {
     match dtype {
+        DType::U8 => bytes.iter().map(|&b| f32::from(b)).collect(),
         DType::F16 | DType::BF16 => bytes
             .chunks_exact(2)
             .map(|c| decode(dtype, u16::from_le_bytes([c[0], c[1]])))
@@ -55,7 +62,6 @@ pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Vec<f32> {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),
-        DType::U8 => bytes.iter().map(|&b| f32::from(b)).collect(),
     }
 }
 
@@ -83,6 +89,9 @@ mod tests {
             assert_eq!(bytes.len() as u64, values.len() as u64 * dtype.size());
             assert_eq!(from_bytes(dtype, &bytes), values.map(|v| round(dtype, v)));
         }
+        let codes = [0.0f32, 7.0, 255.0];
+        assert_eq!(from_bytes(DType::U8, &to_bytes(DType::U8, &codes)), codes);
+        assert_eq!(to_bytes(DType::U8, &[-1.0, 300.0, f32::NAN]), [0, 255, 0]);
         let id = f32::from_bits(7);
         assert_eq!(
             from_bytes(DType::I32, &to_bytes(DType::I32, &[id]))[0].to_bits(),

@@ -1,9 +1,10 @@
 //! A training run's resumable state as one safetensors file: every parameter under its name
 //! and every optimizer-state buffer (moments, the fp16 loss scale) as `optimizer_state.K`, in
-//! f32 (exact for bf16 and f16 buffers), with the number of the next step, the seed and a
-//! fingerprint of the plan's persistent buffers in its metadata. Restoring it into a fresh
-//! executor of the same plan continues the run bitwise: the step number keys AdamW's bias
-//! correction and the dropout masks, the seed the synthetic inputs.
+//! f32 (exact for bf16 and f16 buffers and for 8-bit AdamW's u8 codes), with the number of
+//! the next step, the seed and a fingerprint of the plan's persistent buffers in its
+//! metadata. Restoring it into a fresh executor of the same plan continues the run bitwise:
+//! the step number keys AdamW's bias correction, the dropout masks and stochastic rounding,
+//! the seed the synthetic inputs.
 
 use super::io::write_safetensors;
 use crate::codegen::build::fnv1a;

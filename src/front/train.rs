@@ -3,6 +3,7 @@
 use super::ast::{Expr, ExprKind, Ident};
 use crate::diagnostic::UserError;
 use crate::ir::{AdamWParams, SgdParams, Span};
+use crate::ops::optimizer::{Rounding, StateFormat};
 use crate::settings::TrainSummary;
 pub use crate::settings::{Optimizer, Precision};
 use serde::{Deserialize, Serialize};
@@ -17,6 +18,17 @@ pub struct TrainSpec {
     pub span: Span,
     /// Where `precision` was set (the section when it was not).
     pub precision_span: Span,
+    /// Where `stochastic_rounding = true` was set, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stochastic_rounding_span: Option<Span>,
+}
+
+/// `name` of a path expression of one identifier, if `e` is one.
+fn word(e: &Expr) -> Option<&str> {
+    match &e.kind {
+        ExprKind::Path(p) if p.len() == 1 => Some(p[0].name.as_str()),
+        _ => None,
+    }
 }
 
 fn number(e: &Expr) -> Option<f64> {
@@ -76,18 +88,23 @@ fn optimizer(e: &Expr) -> Result<Optimizer, UserError> {
     };
     match call.name.name.as_str() {
         "adamw" => {
-            let mut p = AdamWParams {
-                lr: 1e-3,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 0.01,
-            };
-            for (k, v) in kwargs(call, &["lr", "betas", "eps", "weight_decay"])? {
+            let mut p = AdamWParams::default();
+            for (k, v) in kwargs(call, &["lr", "betas", "eps", "weight_decay", "state"])? {
                 match k {
                     "lr" => p.lr = expect_number(v, k)?,
                     "eps" => p.eps = expect_number(v, k)?,
                     "weight_decay" => p.weight_decay = expect_number(v, k)?,
+                    "state" => {
+                        p.state = word(v).and_then(StateFormat::parse).ok_or_else(|| {
+                            UserError::at(
+                            v.span,
+                            "unknown optimizer state format",
+                            "not a state format",
+                            "use `state = fp32` (two f32 moments, the default) or `state = int8` \
+                                 (block-wise 8-bit moments: 2 bytes a parameter)",
+                        )
+                        })?
+                    }
                     _ => match &v.kind {
                         ExprKind::Tuple(items) if items.len() == 2 => {
                             p.beta1 = expect_number(&items[0], "betas")?;
@@ -111,6 +128,7 @@ fn optimizer(e: &Expr) -> Result<Optimizer, UserError> {
                 lr: 1e-2,
                 momentum: 0.0,
                 weight_decay: 0.0,
+                rounding: Rounding::Nearest,
             };
             for (k, v) in kwargs(call, &["lr", "momentum", "weight_decay"])? {
                 let x = expect_number(v, k)?;
@@ -135,21 +153,17 @@ fn optimizer(e: &Expr) -> Result<Optimizer, UserError> {
 pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, UserError> {
     let mut spec = TrainSpec {
         settings: TrainSummary {
-            optimizer: Optimizer::AdamW(AdamWParams {
-                lr: 1e-3,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 0.01,
-            }),
+            optimizer: Optimizer::AdamW(AdamWParams::default()),
             precision: Precision::Fp32,
             master_weights: true,
             accumulate: 1,
             budget: None,
             clip_grad_norm: None,
+            stochastic_rounding: false,
         },
         span,
         precision_span: span,
+        stochastic_rounding_span: None,
     };
     for (name, value) in settings {
         match name.name.as_str() {
@@ -183,6 +197,22 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
                         ))
                     }
                 }
+            }
+            "stochastic_rounding" => {
+                spec.settings.stochastic_rounding = match word(value) {
+                    Some("true") => true,
+                    Some("false") => false,
+                    _ => {
+                        return Err(UserError::at(
+                            value.span,
+                            "`stochastic_rounding` is `true` or `false`",
+                            "not true/false",
+                            "write `stochastic_rounding = true` to round pure-bf16 updates stochastically",
+                        ))
+                    }
+                };
+                spec.stochastic_rounding_span =
+                    spec.settings.stochastic_rounding.then_some(value.span);
             }
             "accumulate" => {
                 let n = number(value).unwrap_or(0.0);
@@ -224,7 +254,7 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
                     name.span,
                     format!("unknown train option `{other}`"),
                     "unknown option",
-                    "accepted: optimizer, precision, master_weights, accumulate, budget, clip_grad_norm",
+                    "accepted: optimizer, precision, master_weights, stochastic_rounding, accumulate, budget, clip_grad_norm",
                 ))
             }
         }

@@ -13,6 +13,8 @@ pub enum DType {
     F16,
     BF16,
     I32,
+    /// One unsigned byte: 8-bit codes (AdamW's quantized moments, a quantized weight's packed
+    /// bytes), not a number to compute on.
     U8,
 }
 

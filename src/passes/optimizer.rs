@@ -1,6 +1,8 @@
 //! Appends the optimizer as graph ops: for each parameter with a gradient, its persistent
-//! state (AdamW: two fp32 moments; SGD with momentum: one buffer) and an in-place update
-//! node; with global-norm clipping, one clip coefficient computed from all gradients. With a
+//! state (AdamW: two fp32 moments, or two u8 code tensors and two f32 absmax tensors with
+//! `state = int8`; SGD with momentum: one buffer) and an in-place update node, which rounds
+//! a bf16 parameter stochastically under `stochastic_rounding`, keyed by the parameter's
+//! position; with global-norm clipping, one clip coefficient computed from all gradients. With a
 //! loss scale (fp16), one fused check unscales the gradients and flags overflow, every update
 //! is skipped on overflow, and the scale is updated as `torch.amp.GradScaler` does. With
 //! gradient accumulation, each gradient is added to a persistent fp32 accumulator as soon as
@@ -9,6 +11,8 @@
 use super::autodiff::Differentiated;
 use super::StageError;
 use crate::ir::*;
+use crate::ops::optimizer::quantize::{blocks, signed_map, unsigned_map, zero_code};
+use crate::ops::optimizer::{Rounding, StateFormat};
 use crate::settings::Optimizer;
 
 /// Training settings the optimizer pass needs.
@@ -20,6 +24,8 @@ pub struct OptimizerOptions {
     pub loss_scale: Option<ValueId>,
     /// Micro-batches per step (1: no accumulation).
     pub accumulate: u32,
+    /// Round bf16 parameters stochastically after their update (pure bf16 only).
+    pub stochastic_rounding: bool,
 }
 
 /// `torch.amp.GradScaler`'s default growth interval: clean steps before the scale doubles.
@@ -64,28 +70,36 @@ fn accumulators(
 }
 
 /// Adds the optimizer state of `param` and its in-place update from `grad`, scaled by
-/// `multiplier` (the clip coefficient or the loss-scale unscale) when there is one.
+/// `multiplier` (the clip coefficient or the loss-scale unscale) when there is one, storing
+/// the parameter with `rounding` if it is bf16 (to nearest otherwise).
 fn update(
     graph: &mut Graph,
     (param, grad): (ValueId, ValueId),
-    optimizer: Optimizer,
+    (optimizer, rounding): (Optimizer, Rounding),
     multiplier: Option<ValueId>,
     origin: &mut Origin,
 ) -> Result<(), StageError> {
-    let (name, ty) = match &graph.node(param).op {
-        Op::Param { name, ty, .. } => (name.clone(), ty.with_dtype(DType::F32)),
+    let (name, ty, rounding) = match &graph.node(param).op {
+        Op::Param { name, ty, .. } => {
+            let rounding = if ty.dtype == DType::BF16 {
+                rounding
+            } else {
+                Rounding::Nearest
+            };
+            (name.clone(), ty.with_dtype(DType::F32), rounding)
+        }
         _ => return Err(not_a_parameter(param)),
     };
     origin.span = graph.node(param).span;
     origin.scope = graph.node(param).scope.clone();
     let origin = &*origin;
-    let state = |graph: &mut Graph, suffix: &str| {
+    let state = |graph: &mut Graph, suffix: &str, ty: &TensorType, init: u8| {
         graph
             .add(
                 Op::OptimState {
                     name: format!("{name}.{suffix}"),
                     ty: ty.clone(),
-                    init: 0.0,
+                    init: f32::from(init),
                 },
                 vec![],
                 origin,
@@ -93,13 +107,29 @@ fn update(
             .map_err(internal)
     };
     let (op, mut inputs) = match optimizer {
-        Optimizer::AdamW(p) => {
-            let m = state(graph, "exp_avg")?;
-            let v = state(graph, "exp_avg_sq")?;
-            (Op::AdamW(p), vec![param, grad, m, v])
+        Optimizer::AdamW(mut p) => {
+            p.rounding = rounding;
+            let mut inputs = vec![param, grad];
+            match p.state {
+                StateFormat::Fp32 => {
+                    inputs.push(state(graph, "exp_avg", &ty, 0)?);
+                    inputs.push(state(graph, "exp_avg_sq", &ty, 0)?);
+                }
+                StateFormat::Int8 => {
+                    let codes = ty.with_dtype(DType::U8);
+                    let absmax = TensorType::new(DType::F32, vec![blocks(ty.numel()) as usize]);
+                    let (signed, unsigned) = (zero_code(signed_map()), zero_code(unsigned_map()));
+                    inputs.push(state(graph, "exp_avg", &codes, signed)?);
+                    inputs.push(state(graph, "exp_avg_sq", &codes, unsigned)?);
+                    inputs.push(state(graph, "exp_avg.absmax", &absmax, 0)?);
+                    inputs.push(state(graph, "exp_avg_sq.absmax", &absmax, 0)?);
+                }
+            }
+            (Op::AdamW(p), inputs)
         }
-        Optimizer::Sgd(p) => {
-            let b = state(graph, "momentum_buffer")?;
+        Optimizer::Sgd(mut p) => {
+            p.rounding = rounding;
+            let b = state(graph, "momentum_buffer", &ty, 0)?;
             (Op::Sgd(p), vec![param, grad, b])
         }
     };
@@ -178,11 +208,16 @@ pub fn run(diff: &Differentiated, options: &OptimizerOptions) -> Result<Graph, S
         }
         _ => None,
     };
-    for &pair in &pairs {
+    for (k, &pair) in pairs.iter().enumerate() {
+        let rounding = if options.stochastic_rounding {
+            Rounding::Stochastic { key: k as u64 }
+        } else {
+            Rounding::Nearest
+        };
         update(
             &mut graph,
             pair,
-            options.optimizer,
+            (options.optimizer, rounding),
             clip.or(unscale),
             &mut origin,
         )?;

@@ -5,10 +5,14 @@ mod attention;
 mod ignore;
 mod multi_block;
 pub mod quant;
+pub mod updates;
+
+use updates::{adamw8, adamw8_inputs};
 
 use memc::codegen::{kernel_for, Kernel};
 use memc::ir::infer::infer;
 use memc::ir::*;
+use memc::ops::optimizer::{Rounding, StateFormat};
 
 /// A tensor type.
 pub fn t(dtype: DType, shape: &[usize]) -> TensorType {
@@ -23,6 +27,7 @@ pub fn adamw(weight_decay: f32) -> AdamWParams {
         beta2: 0.999,
         eps: 1e-8,
         weight_decay,
+        ..AdamWParams::default()
     }
 }
 
@@ -77,6 +82,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         lr: 0.1,
         momentum: 0.9,
         weight_decay: 0.0,
+        rounding: Rounding::Nearest,
     };
     let mut cases = vec![
         (
@@ -474,6 +480,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             Op::AdamW(adam),
             vec![f(&[10]), f(&[10]), f(&[10]), f(&[10]), f(&[])],
         ),
+        ("adamw8", Op::AdamW(adamw8(0.01)), adamw8_inputs(2048 + 900)),
         ("sgd", Op::Sgd(sgd), vec![f(&[10]), f(&[10]), f(&[10])]),
         (
             "sgd_clip",
@@ -488,8 +495,9 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
 }
 
 /// `inputs` with every floating tensor switched to `dtype`, but for scalars (clip and unscale
-/// multipliers, the loss scale) and gradient accumulators, which the optimizer pass always
-/// makes f32, and the fused loss head's per-row losses and their gradient, always f32.
+/// multipliers, the loss scale), gradient accumulators and 8-bit AdamW's absmaxes, which the
+/// optimizer pass always makes f32, and the fused loss head's per-row losses and their
+/// gradient, always f32.
 pub fn with_dtype(op: &Op, inputs: &[TensorType], dtype: DType) -> (Op, Vec<TensorType>) {
     let conv = |x: &TensorType| {
         if x.dtype.is_float() && !x.shape.is_empty() {
@@ -508,6 +516,7 @@ pub fn with_dtype(op: &Op, inputs: &[TensorType], dtype: DType) -> (Op, Vec<Tens
     let accumulator = |i: usize| match op {
         Op::AccumulateGrad { .. } => i == 0,
         Op::LinearCrossEntropyBackward { .. } => i >= 3,
+        Op::AdamW(p) => p.state == StateFormat::Int8 && i >= 4,
         _ => false,
     };
     let inputs = inputs

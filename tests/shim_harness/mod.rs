@@ -203,7 +203,7 @@ pub fn put(arena: &mut [u8], off: u64, dtype: DType, values: &[f32]) {
             DType::F16 => dst.copy_from_slice(&f16::from_f32(v).to_le_bytes()),
             DType::BF16 => dst.copy_from_slice(&bf16::from_f32(v).to_le_bytes()),
             DType::I32 => dst.copy_from_slice(&(v as i32).to_le_bytes()),
-            DType::U8 => dst.copy_from_slice(&[v as u8]),
+            DType::U8 => dst[0] = v as u8,
         }
     }
 }
@@ -239,13 +239,17 @@ fn ce_of(op: &Op) -> Option<CeParams> {
 /// representable in them: ids below the op's limit (every third the id a cross-entropy
 /// ignores, if any), floats standard normal except where the op needs otherwise (positive
 /// second moments and divisors, y = max_to(x), the fused loss head's row losses from its
-/// forward, a cross-entropy's count of kept rows).
+/// forward, a cross-entropy's count of kept rows, u8 codes uniform over 0..=255).
 pub fn case_data(op: &Op, inputs: &[TensorType], seed: u64) -> Vec<Vec<f32>> {
     let mut data: Vec<Vec<f32>> = Vec::new();
     for (i, ty) in inputs.iter().enumerate() {
         let n = ty.numel() as usize;
         let key = seed.wrapping_mul(31).wrapping_add(i as u64);
-        let values: Vec<f32> = if ty.dtype == DType::I32 {
+        let values: Vec<f32> = if ty.dtype == DType::U8 {
+            (0..n)
+                .map(|j| (rng::uniform01(key, 0, j as u64) * 256.0).floor())
+                .collect()
+        } else if ty.dtype == DType::I32 {
             let limit = match op {
                 Op::Embedding { .. } => inputs[0].shape[0],
                 Op::EmbeddingBackward { rows, .. } => *rows,
@@ -284,7 +288,7 @@ pub fn case_data(op: &Op, inputs: &[TensorType], seed: u64) -> Vec<Vec<f32>> {
         } else {
             let positive = matches!(
                 (op, i),
-                (Op::AdamW(_), 3 | 4) | (Op::Sgd(_), 3) | (Op::Binary(_), 1)
+                (Op::AdamW(_), 3..=5) | (Op::Sgd(_), 3) | (Op::Binary(_), 1)
             );
             (0..n)
                 .map(|j| {

@@ -25,6 +25,12 @@ pub fn uniform01(seed: u64, step: u64, index: u64) -> f32 {
     unit(hash(seed, step, index, 0))
 }
 
+/// 32 random bits determined purely by (seed, step, index), from a stream independent of
+/// [`uniform01`] and [`normal01`] (`memc_bits` in `rng.cu` is the same function).
+pub fn bits(seed: u64, step: u64, index: u64) -> u32 {
+    (hash(seed, step, index, 3) >> 32) as u32
+}
+
 /// Standard normal value determined purely by (seed, step, index): Box-Muller of two uniforms
 /// drawn from streams independent of [`uniform01`].
 pub fn normal01(seed: u64, step: u64, index: u64) -> f32 {

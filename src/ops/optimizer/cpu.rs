@@ -1,12 +1,14 @@
 //! CPU reference kernels of the optimizer ops: gradient clipping and accumulation, dynamic
-//! loss scaling, and the in-place AdamW and SGD updates.
+//! loss scaling, and the in-place AdamW (fp32 or 8-bit moments) and SGD updates.
 
 mod kernels;
+mod quantized;
 
 use crate::exec::cpu::CpuStep;
 use crate::exec::ExecError;
 use crate::ir::{Op, TensorType};
 use crate::ops::cpu::{foreign_op, CpuKernel};
+use crate::ops::optimizer::StateFormat;
 
 impl CpuKernel for super::Family {
     fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
@@ -36,22 +38,41 @@ impl CpuKernel for super::Family {
                 *growth_interval,
             ),
             // The grad-scale multiplier, when given, follows the state inputs.
-            Op::AdamW(p) => kernels::adamw_update(
-                step.input_mut(0),
-                x(1),
-                step.input_mut(2),
-                step.input_mut(3),
-                p,
-                step.step_number(),
-                if n > 4 { x(4)[0] } else { 1.0 },
-            ),
+            Op::AdamW(p) => {
+                let states = super::adamw_states(p.state);
+                let scale = if n > 2 + states {
+                    x(2 + states)[0]
+                } else {
+                    1.0
+                };
+                let t = kernels::AdamWStep::new(p, step.step_number(), scale);
+                let store = kernels::Store::new(p.rounding, step.dropout_stream());
+                match p.state {
+                    StateFormat::Fp32 => kernels::adamw_update(
+                        step.input_mut(0),
+                        x(1),
+                        step.input_mut(2),
+                        step.input_mut(3),
+                        &t,
+                        store,
+                    ),
+                    StateFormat::Int8 => {
+                        let moment = |codes, absmax| quantized::Quantized {
+                            codes: step.input_mut(codes),
+                            absmax: step.input_mut(absmax),
+                        };
+                        let moments = (moment(2, 4), moment(3, 5));
+                        quantized::adamw8_update(step.input_mut(0), x(1), moments, &t, store)
+                    }
+                }
+            }
             Op::Sgd(p) => kernels::sgd_update(
                 step.input_mut(0),
                 x(1),
                 step.input_mut(2),
                 p,
-                step.step_number(),
-                if n > 3 { x(3)[0] } else { 1.0 },
+                (step.step_number(), if n > 3 { x(3)[0] } else { 1.0 }),
+                kernels::Store::new(p.rounding, step.dropout_stream()),
             ),
             op => return Err(foreign_op(op, "optimizer")),
         }

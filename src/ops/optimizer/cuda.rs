@@ -1,57 +1,102 @@
-//! CUDA lowering of the optimizer ops onto `optim.cu`: AdamW and SGD updating in place, the
+//! CUDA lowering of the optimizer ops onto `optim.cu`: AdamW (fp32 or 8-bit moments) and SGD
+//! updating in place (bf16 parameters optionally rounded stochastically), the
 //! global-norm clip coefficient, the fused unscale-and-overflow check, the loss-scale update
 //! and gradient accumulation. The clip coefficient and the overflow check read their
 //! gradients through a tensor table in their workspace (their arguments do not grow with the
 //! model) and reduce them in two stages over up to [`PARTIAL_BLOCKS`] blocks.
 
-use crate::codegen::build::{c_bool, c_f32, c_u64, Gen};
+use super::quantize;
+use super::{adamw_states, Rounding, StateFormat};
+use crate::codegen::build::{c_bool, c_f32, c_int, c_u64, Gen};
 use crate::codegen::geometry::{split, PARTIAL_BLOCKS};
 use crate::codegen::launch::{in_names, single, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{ctype, CodegenError, Kernel, KernelParam, TensorTable};
 use crate::ir::{Op, TensorType};
 use crate::ops::cuda::CudaLowering;
-use KernelParam::{Input as In, MicroStep, Output as Out, Step};
+use crate::ops::random::RNG_CU;
+use KernelParam::{Input as In, MicroStep, Output as Out, Step, Stream};
 
-/// `optim.cu`: the optimizer, clipping and loss-scaling templates.
-const TEMPLATE: &str = include_str!("optim.cu");
+/// The optimizer family's templates: `rng.cu` (the random bits of stochastic rounding) and
+/// `optim.cu` (the optimizer, clipping and loss-scaling templates).
+const TEMPLATE: [&str; 2] = [RNG_CU, include_str!("optim.cu")];
+
+/// Threads of a block of the 8-bit AdamW kernel; each takes `BLOCK / THREADS` elements of
+/// its quantization block.
+const THREADS: u32 = 256;
 
 /// An optimizer step updating `p` in place from `g` and `states` state tensors, with the
-/// clip coefficient as an optional last input; `hyper` are its constants after `N`.
+/// clip coefficient as an optional last input and the parameter stored with `rounding`;
+/// `hyper` are its constants after `N`, `types` its template's type arguments. 8-bit AdamW
+/// (`eight_bit`) runs one block per quantization block with the maps as `__device__` tables;
+/// the others are elementwise.
 fn optimizer(
     a: &Args,
-    family: &'static str,
-    states: usize,
-    hyper: Vec<String>,
-    types: [&str; 3],
+    (family, states, eight_bit): (&'static str, usize, bool),
+    mut hyper: Vec<String>,
+    types: &[&str],
+    rounding: Rounding,
 ) -> Result<Kernel, CodegenError> {
     let n = a.at(0)?.numel();
     let n_in = 2 + states;
     let clip = a.inputs.len() == n_in + 1;
     let mut lines = vec![c_u64("N", n)];
-    lines.extend(hyper);
+    lines.append(&mut hyper);
     lines.push(c_bool("HAS_CLIP", clip));
+    let stochastic = match rounding {
+        Rounding::Nearest => None,
+        Rounding::Stochastic { key } => Some(key),
+    };
+    lines.push(c_bool("SR", stochastic.is_some()));
+    lines.push(c_u64("SR_KEY", stochastic.unwrap_or(0)));
     let mut args = in_names(n_in);
     args.push(if clip {
         format!("in{n_in}")
     } else {
         "0ull".to_string()
     });
-    let call = format!(
-        "{family}_kernel<{}, Cfg>(arena, {}, step)",
-        types.join(", "),
-        args.join(", ")
+    args.push("step".to_string());
+    args.push(
+        if stochastic.is_some() {
+            "stream"
+        } else {
+            "0ull"
+        }
+        .to_string(),
     );
     let mut params: Vec<KernelParam> = (0..n_in + usize::from(clip)).map(In).collect();
     params.push(Step);
-    Ok(single(
-        family,
-        &[TEMPLATE],
-        lines,
-        call,
-        &params,
-        Launch::Elementwise(n),
-    ))
+    params.extend(stochastic.map(|_| Stream));
+    let mut k = Gen::new(family, &TEMPLATE);
+    if eight_bit {
+        let blocks = quantize::blocks(n);
+        lines.extend([
+            c_u64("BLOCK", quantize::BLOCK),
+            c_u64("BLOCKS", blocks),
+            c_int("PER", (quantize::BLOCK / u64::from(THREADS)) as i64),
+            "static __device__ __forceinline__ float qmap_signed(unsigned k) { return MEMC_QMAP_SIGNED[k]; }".to_string(),
+            "static __device__ __forceinline__ float qmap_unsigned(unsigned k) { return MEMC_QMAP_UNSIGNED[k]; }".to_string(),
+        ]);
+        k.global(quantize::map_literal(
+            "MEMC_QMAP_SIGNED",
+            quantize::signed_map(),
+        ));
+        k.global(quantize::map_literal(
+            "MEMC_QMAP_UNSIGNED",
+            quantize::unsigned_map(),
+        ));
+        k.per_block(blocks, THREADS);
+    } else {
+        k.elementwise(n);
+    }
+    k.cfg("Cfg", lines);
+    k.call(format!(
+        "{family}_kernel<{}, Cfg>(arena, {})",
+        types.join(", "),
+        args.join(", ")
+    ));
+    k.params(&params);
+    Ok(k.finish())
 }
 
 /// Elements a block of the gradient reductions takes at least: 16 per thread of a
@@ -108,7 +153,7 @@ fn gradient_reduction(
         c_u64("PARTS", blocks),
         c_u64("TABLE_BYTES", table.len_bytes()),
     ]);
-    let mut k = Gen::new(family, &[TEMPLATE]);
+    let mut k = Gen::new(family, &TEMPLATE);
     k.cfg("Cfg", lines);
     let scalar_arg = match scalar {
         Some(i) => {
@@ -157,7 +202,7 @@ impl CudaLowering for super::Family {
             )),
             Op::LossScaleUpdate { growth_interval } => Ok(single(
                 "loss_scale_update",
-                &[TEMPLATE],
+                &TEMPLATE,
                 vec![c_u64("GROWTH", u64::from(*growth_interval))],
                 "loss_scale_update_kernel<Cfg>(arena, in0, in1, in2)".to_string(),
                 &[In(0), In(1), In(2)],
@@ -167,7 +212,7 @@ impl CudaLowering for super::Family {
                 let g = a.at(1)?;
                 Ok(single(
                     "accumulate_grad",
-                    &[TEMPLATE],
+                    &TEMPLATE,
                     vec![
                         c_u64("N", g.numel()),
                         c_f32("SCALE", 1.0 / *micro_steps as f32),
@@ -181,7 +226,6 @@ impl CudaLowering for super::Family {
                 ))
             }
             Op::AdamW(h) => {
-                let tm = a.ty(2)?;
                 let hyper = vec![
                     c_f32("LR", h.lr),
                     c_f32("B1", h.beta1),
@@ -189,7 +233,17 @@ impl CudaLowering for super::Family {
                     c_f32("EPS", h.eps),
                     c_f32("WD", h.weight_decay),
                 ];
-                optimizer(a, "adamw", 2, hyper, [a.ty(0)?, a.ty(1)?, tm])
+                let states = adamw_states(h.state);
+                match h.state {
+                    StateFormat::Fp32 => {
+                        let types = [a.ty(0)?, a.ty(1)?, a.ty(2)?];
+                        optimizer(a, ("adamw", states, false), hyper, &types, h.rounding)
+                    }
+                    StateFormat::Int8 => {
+                        let types = [a.ty(0)?, a.ty(1)?];
+                        optimizer(a, ("adamw8", states, true), hyper, &types, h.rounding)
+                    }
+                }
             }
             Op::Sgd(h) => {
                 let hyper = vec![
@@ -197,7 +251,8 @@ impl CudaLowering for super::Family {
                     c_f32("MOMENTUM", h.momentum),
                     c_f32("WD", h.weight_decay),
                 ];
-                optimizer(a, "sgd", 1, hyper, [a.ty(0)?, a.ty(1)?, a.ty(2)?])
+                let types = [a.ty(0)?, a.ty(1)?, a.ty(2)?];
+                optimizer(a, ("sgd", 1, false), hyper, &types, h.rounding)
             }
             _ => Err(a.foreign("optimizer")),
         }

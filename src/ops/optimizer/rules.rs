@@ -2,6 +2,8 @@
 //! reductions they need (clipping, loss scaling, gradient accumulation). Every operand is
 //! floating; the updates write their state in place and output an empty tensor.
 
+use super::quantize::blocks;
+use super::{adamw_states, AdamWParams, Rounding, StateFormat};
 use crate::ir::{DType, Op, OpClass, TensorType};
 use crate::ops::rules::{
     arity, elementwise_flops, fail, first_numel, float, foreign, same_dtype, same_shape,
@@ -27,20 +29,55 @@ fn accumulate(op: &Op, inputs: &[&TensorType], micro_steps: u32) -> Result<()> {
     Ok(())
 }
 
-/// `(param, grad, state..[, multiplier])` with `state` tensors before the multiplier, all of
-/// the parameter's shape; AdamW's moments share a dtype.
-fn update(op: &Op, inputs: &[&TensorType], state: usize) -> Result<()> {
+/// `(param, grad, state..[, multiplier])` with `state` inputs (param and grad included)
+/// before the multiplier, all of the parameter's shape but 8-bit AdamW's absmaxes; AdamW's
+/// fp32 moments share a dtype, its 8-bit ones are u8 codes and f32 absmaxes, one per block.
+/// Only a bf16 parameter is rounded stochastically.
+fn update(op: &Op, inputs: &[&TensorType], state: usize, rounding: Rounding) -> Result<()> {
     arity(op, inputs, state, state + 1)?;
-    for t in &inputs[1..state] {
+    for t in &inputs[1..state.min(4)] {
         same_shape(inputs[0], t, op.name())?;
     }
-    if let Op::AdamW(_) = op {
-        same_dtype(inputs[2], inputs[3])?;
+    match op {
+        Op::AdamW(AdamWParams {
+            state: StateFormat::Int8,
+            ..
+        }) => {
+            let absmax = TensorType::new(DType::F32, vec![blocks(inputs[0].numel()) as usize]);
+            for (k, t) in inputs[2..6].iter().enumerate() {
+                let want = if k < 2 { DType::U8 } else { DType::F32 };
+                if t.dtype != want || (k >= 2 && **t != absmax) {
+                    return fail(
+                        format!("8-bit AdamW state {t} is not u8 codes of the parameter's shape or {absmax} absmaxes"),
+                        "the optimizer pass makes u8 codes and one f32 absmax per block",
+                    );
+                }
+            }
+        }
+        Op::AdamW(_) => same_dtype(inputs[2], inputs[3])?,
+        _ => {}
+    }
+    if rounding != Rounding::Nearest && inputs[0].dtype != DType::BF16 {
+        return fail(
+            format!("stochastic rounding of a {} parameter", inputs[0]),
+            "only bf16 parameters (master_weights = off) are rounded stochastically",
+        );
     }
     match inputs.get(state) {
         Some(m) => scalar_f32(m, "the update's multiplier"),
         None => Ok(()),
     }
+}
+
+/// Whether `op` is AdamW on 8-bit moments.
+fn eight_bit(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::AdamW(AdamWParams {
+            state: StateFormat::Int8,
+            ..
+        })
+    )
 }
 
 /// The type rule without the dtype check every optimizer op shares.
@@ -70,8 +107,8 @@ fn shape_rule(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
             }
             Ok(empty)
         }
-        Op::AdamW(_) => update(op, inputs, 4).map(|()| empty),
-        Op::Sgd(_) => update(op, inputs, 3).map(|()| empty),
+        Op::AdamW(p) => update(op, inputs, 2 + adamw_states(p.state), p.rounding).map(|()| empty),
+        Op::Sgd(p) => update(op, inputs, 3, p.rounding).map(|()| empty),
         _ => foreign(op, "optimizer"),
     }
 }
@@ -79,7 +116,11 @@ fn shape_rule(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
 impl Rules for super::Family {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         let out = shape_rule(op, inputs)?;
-        for t in inputs {
+        // 8-bit AdamW's codes (checked by the shape rule) are the only non-float operands.
+        for t in inputs
+            .iter()
+            .filter(|t| t.dtype != DType::U8 || !eight_bit(op))
+        {
             float(t, &format!("an operand of `{}`", op.name()))?;
         }
         Ok(out)
@@ -100,6 +141,7 @@ impl Rules for super::Family {
 
     fn behaviour(&self, op: &Op) -> Behaviour {
         let mutated_inputs: &'static [usize] = match op {
+            Op::AdamW(_) if eight_bit(op) => &[0, 2, 3, 4, 5],
             Op::AdamW(_) => &[0, 2, 3],
             Op::Sgd(_) => &[0, 2],
             Op::LossScaleUpdate { .. } => &[0, 1],

@@ -10,7 +10,7 @@ impl CpuKernel for super::Family {
     fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
         match step.op() {
             Op::Dequantize { quant, .. } => {
-                super::pack::unpack_into(quant, step.bytes(0), step.output());
+                super::pack::unpack_into(quant, &step.bytes(0), step.output());
                 Ok(())
             }
             op => Err(foreign_op(op, "quant")),

@@ -8,8 +8,7 @@ use crate::codegen::{CodegenError, Kernel, KernelParam};
 use crate::ir::Op;
 use crate::ops::cuda::CudaLowering;
 
-/// `rng.cu`: the splitmix64 counter RNG and the inverted-dropout template.
-const TEMPLATE: &str = include_str!("rng.cu");
+use super::RNG_CU as TEMPLATE;
 
 impl CudaLowering for super::Family {
     /// No kernel of this family reads a workspace.

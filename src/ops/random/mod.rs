@@ -9,3 +9,8 @@ mod rules;
 pub struct Family;
 
 impl super::OpFamily for Family {}
+
+/// `rng.cu`: the splitmix64 counter RNG (`memc_hash`, `memc_uniform01`, `memc_bits`, equal
+/// bit for bit to [`crate::exec::kernels::rng`]) and the inverted-dropout template; other
+/// families' kernels that draw random bits include it.
+pub(crate) const RNG_CU: &str = include_str!("rng.cu");

@@ -15,6 +15,11 @@ __device__ __forceinline__ float memc_uniform01(u64 seed, u64 step, u64 index) {
     return (float)(memc_hash(seed, step, index, 0) >> 40) * (1.0f / 16777216.0f);
 }
 
+// 32 random bits, exactly as the CPU `bits`.
+__device__ __forceinline__ unsigned memc_bits(u64 seed, u64 step, u64 index) {
+    return (unsigned)(memc_hash(seed, step, index, 3) >> 32);
+}
+
 // out[i] = x[i] / (1 - P) if uniform01(SEED, step, i) >= P, else 0.
 template <typename T, typename C> __device__ void dropout_kernel(char* arena, u64 o_x, u64 o_out, u64 step) {
     const T* x = tensor_at<T>(arena, o_x);

@@ -1,47 +1,110 @@
 //! Optimizer updates applied in place (AdamW, SGD with momentum), the global-norm clip
 //! coefficient, and dynamic loss scaling (overflow check and scale update).
 
-use crate::ops::optimizer::{AdamWParams, SgdParams};
+use crate::exec::kernels::rng;
+use crate::ops::optimizer::quantize::round_bf16_stochastic;
+use crate::ops::optimizer::{AdamWParams, Rounding, SgdParams};
 use rayon::prelude::*;
 
 /// Elements per parallel task.
 const CHUNK: usize = 4096;
 
-/// One torch.optim.AdamW step `t` (1-based), in place, with `g` first multiplied by
-/// `grad_scale` (0 skips the step: an overflowed loss-scaled step): `m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr*wd*p;
-/// p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)`.
+/// The constants of one torch.optim.AdamW step `t` (1-based) on gradients multiplied by
+/// `grad_scale`, and its arithmetic on one element. `optim.cu`'s `adamw_element` performs the
+/// same f32 operations in the same order with round-to-nearest intrinsics (never fused), and
+/// both take the bias corrections from the same f64 `pow`, so the CPU and CUDA updates agree
+/// bit for bit.
+#[derive(Debug, Clone, Copy)]
+pub struct AdamWStep {
+    params: AdamWParams,
+    bc1: f32,
+    bc2: f32,
+    /// The gradient multiplier (the clip coefficient or loss-scale unscale; 1 without).
+    pub grad_scale: f32,
+}
+
+impl AdamWStep {
+    /// Step `t` of `params` (bias corrections `1 - beta^t` in f64, `t` capped at 2^31 - 1).
+    pub fn new(params: &AdamWParams, t: u64, grad_scale: f32) -> AdamWStep {
+        let t = t.min(0x7fff_ffff) as f64;
+        AdamWStep {
+            params: *params,
+            bc1: (1.0 - f64::from(params.beta1).powf(t)) as f32,
+            bc2: (1.0 - f64::from(params.beta2).powf(t)) as f32,
+            grad_scale,
+        }
+    }
+
+    /// `(p, m, v)` after the step on one element with raw gradient `g`: `g *= grad_scale;
+    /// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr*wd*p; p -= lr * (m/(1-b1^t)) /
+    /// (sqrt(v/(1-b2^t)) + eps)`.
+    pub fn apply(&self, p: f32, g: f32, m: f32, v: f32) -> (f32, f32, f32) {
+        let AdamWParams {
+            lr,
+            beta1: b1,
+            beta2: b2,
+            eps,
+            weight_decay: wd,
+            ..
+        } = self.params;
+        let g = g * self.grad_scale;
+        let m = b1 * m + (1.0 - b1) * g;
+        let v = b2 * v + (1.0 - b2) * g * g;
+        let p = p - lr * wd * p;
+        let p = p - lr * (m / self.bc1) / ((v / self.bc2).sqrt() + eps);
+        (p, m, v)
+    }
+}
+
+/// How an update stores its parameter: as computed (nearest on store), or rounded to bf16
+/// stochastically with random bits keyed by the micro-step's dropout `stream`, the
+/// parameter's `key` and the element.
+#[derive(Debug, Clone, Copy)]
+pub struct Store {
+    stochastic: Option<(u64, u64)>,
+}
+
+impl Store {
+    /// The store of an update with `rounding` in a micro-step whose dropout stream is `stream`.
+    pub fn new(rounding: Rounding, stream: u64) -> Store {
+        Store {
+            stochastic: match rounding {
+                Rounding::Nearest => None,
+                Rounding::Stochastic { key } => Some((stream, key)),
+            },
+        }
+    }
+
+    /// The value to store for element `i` holding `x`.
+    pub fn value(&self, x: f32, i: usize) -> f32 {
+        match self.stochastic {
+            None => x,
+            Some((stream, key)) => round_bf16_stochastic(x, rng::bits(stream, key, i as u64)),
+        }
+    }
+}
+
+/// One AdamW step ([`AdamWStep`]) in place; a `grad_scale` of 0 (an overflowed loss-scaled
+/// step) skips it.
 pub fn adamw_update(
     p: &mut [f32],
     g: &[f32],
     m: &mut [f32],
     v: &mut [f32],
-    params: &AdamWParams,
-    t: u64,
-    grad_scale: f32,
+    step: &AdamWStep,
+    store: Store,
 ) {
-    if grad_scale == 0.0 {
+    if step.grad_scale == 0.0 {
         return;
     }
-    let AdamWParams {
-        lr,
-        beta1: b1,
-        beta2: b2,
-        eps,
-        weight_decay: wd,
-    } = *params;
-    let t = i32::try_from(t).unwrap_or(i32::MAX);
-    let bc1 = (1.0 - f64::from(b1).powi(t)) as f32;
-    let bc2 = (1.0 - f64::from(b2).powi(t)) as f32;
     p.par_chunks_mut(CHUNK)
         .zip(g.par_chunks(CHUNK))
         .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
-        .for_each(|((p, g), (m, v))| {
-            for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
-                let g = g * grad_scale;
-                *m = b1 * *m + (1.0 - b1) * g;
-                *v = b2 * *v + (1.0 - b2) * g * g;
-                *p -= lr * wd * *p;
-                *p -= lr * (*m / bc1) / ((*v / bc2).sqrt() + eps);
+        .enumerate()
+        .for_each(|(c, ((p, g), (m, v)))| {
+            for (j, (((p, &g), m), v)) in p.iter_mut().zip(g).zip(m).zip(v).enumerate() {
+                let (pn, mn, vn) = step.apply(*p, g, *m, *v);
+                (*p, *m, *v) = (store.value(pn, c * CHUNK + j), mn, vn);
             }
         });
 }
@@ -54,8 +117,8 @@ pub fn sgd_update(
     g: &[f32],
     buf: &mut [f32],
     params: &SgdParams,
-    t: u64,
-    grad_scale: f32,
+    (t, grad_scale): (u64, f32),
+    store: Store,
 ) {
     if grad_scale == 0.0 {
         return;
@@ -64,15 +127,17 @@ pub fn sgd_update(
         lr,
         momentum,
         weight_decay: wd,
+        ..
     } = *params;
     let fresh = t <= 1 || momentum == 0.0;
     p.par_chunks_mut(CHUNK)
         .zip(g.par_chunks(CHUNK).zip(buf.par_chunks_mut(CHUNK)))
-        .for_each(|(p, (g, buf))| {
-            for ((p, &g), b) in p.iter_mut().zip(g).zip(buf) {
+        .enumerate()
+        .for_each(|(c, (p, (g, buf)))| {
+            for (j, ((p, &g), b)) in p.iter_mut().zip(g).zip(buf).enumerate() {
                 let g = g * grad_scale + wd * *p;
                 *b = if fresh { g } else { momentum * *b + g };
-                *p -= lr * *b;
+                *p = store.value(*p - lr * *b, c * CHUNK + j);
             }
         });
 }
@@ -136,6 +201,8 @@ pub fn loss_scale_update(scale: &mut f32, clean: &mut f32, multiplier: f32, grow
 mod tests {
     use super::*;
 
+    const NEAREST: Store = Store { stochastic: None };
+
     /// AdamW at lr 0.1, beta1 0.9 and eps 1e-8.
     fn adamw(beta2: f32, weight_decay: f32) -> AdamWParams {
         AdamWParams {
@@ -152,6 +219,7 @@ mod tests {
             lr: 0.1,
             momentum: 0.9,
             weight_decay,
+            rounding: Rounding::Nearest,
         }
     }
 
@@ -165,15 +233,8 @@ mod tests {
         let grads = [[0.2f32, -0.4, 1.0], [-0.6, 0.1, 0.8], [0.3, 0.3, -2.0]];
         let want: [[f64; 3]; 3] = ADAM_REF;
         for (t, g) in grads.iter().enumerate() {
-            adamw_update(
-                &mut p,
-                g,
-                &mut m,
-                &mut v,
-                &adamw(0.999, 0.01),
-                t as u64 + 1,
-                0.5,
-            );
+            let step = AdamWStep::new(&adamw(0.999, 0.01), t as u64 + 1, 0.5);
+            adamw_update(&mut p, g, &mut m, &mut v, &step, NEAREST);
             for (a, b) in p.iter().zip(&want[t]) {
                 assert!(
                     (f64::from(*a) - b).abs() < 1e-5,
@@ -196,10 +257,10 @@ mod tests {
         let mut buf = [f32::NAN; 2];
         let g = [0.5f32, 0.25];
         // t = 1: g' = g*2 + 0.1*p = [1.1, 0.3]; buf = g'; p = [0.89, -2.03].
-        sgd_update(&mut p, &g, &mut buf, &sgd(0.1), 1, 2.0);
+        sgd_update(&mut p, &g, &mut buf, &sgd(0.1), (1, 2.0), NEAREST);
         assert!((p[0] - 0.89).abs() < 1e-6 && (p[1] + 2.03).abs() < 1e-6);
         // t = 2: g' = [1.089, 0.297]; buf = 0.9*[1.1, 0.3] + g' = [2.079, 0.567].
-        sgd_update(&mut p, &g, &mut buf, &sgd(0.1), 2, 2.0);
+        sgd_update(&mut p, &g, &mut buf, &sgd(0.1), (2, 2.0), NEAREST);
         assert!((buf[0] - 2.079).abs() < 1e-6 && (buf[1] - 0.567).abs() < 1e-6);
         assert!((p[0] - (0.89 - 0.2079)).abs() < 1e-6 && (p[1] - (-2.03 - 0.0567)).abs() < 1e-6);
     }
@@ -215,18 +276,11 @@ mod tests {
     #[test]
     fn zero_multiplier_skips_the_update() {
         let (mut p, mut m, mut v) = ([1.0f32, 2.0], [0.5f32; 2], [0.25f32; 2]);
-        adamw_update(
-            &mut p,
-            &[1.0, 1.0],
-            &mut m,
-            &mut v,
-            &adamw(0.99, 0.1),
-            3,
-            0.0,
-        );
+        let step = AdamWStep::new(&adamw(0.99, 0.1), 3, 0.0);
+        adamw_update(&mut p, &[1.0, 1.0], &mut m, &mut v, &step, NEAREST);
         assert_eq!((p, m, v), ([1.0, 2.0], [0.5; 2], [0.25; 2]));
         let (mut p, mut buf) = ([1.0f32], [0.5f32]);
-        sgd_update(&mut p, &[1.0], &mut buf, &sgd(0.0), 2, 0.0);
+        sgd_update(&mut p, &[1.0], &mut buf, &sgd(0.0), (2, 0.0), NEAREST);
         assert_eq!((p, buf), ([1.0], [0.5]));
     }
 
