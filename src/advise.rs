@@ -202,7 +202,30 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
     rows.push(row(
         source,
         ("LoRA r=16 + checkpointing to fit", selects),
-        adapted,
+        adapted.clone(),
+        budget,
+        note,
+    ));
+    let qlora = Options {
+        precision: Some(Precision::Bf16),
+        quantize_frozen: Some(crate::ir::Scheme::Nf4),
+        ..adapted
+    };
+    let selects = flags(&[
+        "--lora",
+        "r=16",
+        "--quantize-frozen",
+        "nf4",
+        "--precision",
+        "bf16",
+        "--budget",
+        &budget_flag,
+    ]);
+    let note = "QLoRA: the frozen base in 4-bit NormalFloat";
+    rows.push(row(
+        source,
+        ("QLoRA r=16 (nf4 base, bf16) + checkpointing to fit", selects),
+        qlora,
         budget,
         note,
     ));

@@ -24,7 +24,12 @@ fn rows_are_compiled_plans_sorted_best_first() {
         .arena_bytes;
     let budget = keep * 9 / 10;
     let rows = advise(&src, &options, budget);
-    assert_eq!(rows.len(), 18);
+    assert_eq!(rows.len(), 19);
+    let arena = |option: &str| {
+        let row = rows.iter().find(|r| r.option.starts_with(option)).unwrap();
+        row.arena_bytes.unwrap()
+    };
+    assert!(arena("QLoRA r=16") < arena("LoRA r=16"), "{rows:?}");
     for r in &rows {
         if let Some(a) = r.arena_bytes {
             assert_eq!(r.fits, a <= budget, "{r:?}");

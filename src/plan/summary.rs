@@ -51,7 +51,16 @@ fn hint(plan: &Plan, class: BufferClass) -> &'static str {
         .buffers
         .iter()
         .any(|b| b.class == BufferClass::Param && b.ty.dtype == crate::ir::DType::F32);
+    // Frozen weights stored unquantized, against all parameter bytes.
+    let unquantized_frozen: u64 = (plan.params.iter())
+        .filter(|p| p.grad.is_none() && p.quant.is_none())
+        .map(|p| plan.buffers[p.buffer.index()].ty.bytes())
+        .sum();
+    let frozen_dominate = training && 2 * unquantized_frozen > plan.report.bytes.params;
     match class {
+        BufferClass::Param if frozen_dominate => {
+            "--quantize-frozen nf4 stores the frozen weights in about 4.1 bits each (QLoRA; int8: 8)"
+        }
         BufferClass::Activation if training && !low_precision => {
             "--precision bf16 halves activations; --checkpoint block or first=K (or a --budget) recomputes them instead of keeping them for backward"
         }
