@@ -38,7 +38,8 @@ pub fn persistent(plan: &Plan, seed: u64) -> impl Iterator<Item = (BufferId, Vec
 }
 
 /// Seeded synthetic data for input `k` of `plan`, every micro-batch of a step one after
-/// another: ids (as their i32 bit patterns) uniform below the input's id limit, floats
+/// another: ids (as their i32 bit patterns) uniform below the input's id limit, except that
+/// an input read only as attention key masks is all ones (every key a real token), floats
 /// standard normal.
 pub fn synthetic_input(plan: &Plan, k: usize, seed: u64) -> Vec<f32> {
     let Some(input) = plan.inputs.get(k) else {
@@ -48,6 +49,7 @@ pub fn synthetic_input(plan: &Plan, k: usize, seed: u64) -> Vec<f32> {
     let n = u64::from(plan.micro_steps()) * ty.numel();
     let key = seed ^ (0x5151_0000 + k as u64);
     match ty.dtype {
+        DType::I32 if input.key_mask => vec![f32::from_bits(1); n as usize],
         DType::I32 => {
             let limit = input.id_limit.unwrap_or(2) as f32;
             (0..n)

@@ -180,8 +180,11 @@ fn write_bf16(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
     safetensors::serialize_to_file(views, &None, path).unwrap();
 }
 
+/// Tensors by name: name, shape, values.
+type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
+
 /// Every parameter of the tiny LLaMA as its checkpoint names it, with values exact in bf16.
-fn tiny_checkpoint(mdl: &str) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+fn tiny_checkpoint(mdl: &str) -> Tensors {
     let c = compiled_with(mdl, &Options::default());
     let plan = c.plan.plan();
     plan.params
@@ -198,7 +201,7 @@ fn tiny_checkpoint(mdl: &str) -> Vec<(String, Vec<usize>, Vec<f32>)> {
 
 /// A scratch directory `name` holding the tiny LLaMA's `.mdl`, its path, and a checkpoint
 /// of it as [`tiny_checkpoint`] makes it.
-fn tiny_model(name: &str) -> (PathBuf, PathBuf, Vec<(String, Vec<usize>, Vec<f32>)>) {
+fn tiny_model(name: &str) -> (PathBuf, PathBuf, Tensors) {
     let dir = scratch(name);
     let mdl = import_config(TINY_LLAMA).unwrap().mdl;
     let model = dir.join("tiny.mdl");
