@@ -89,6 +89,28 @@ mod tests {
         crate::compile(&src, &options).expect("compiles").plan
     }
 
+    /// An input read only as a key mask starts as all ones (no padding); ids stay below
+    /// their limit.
+    #[test]
+    fn synthetic_key_masks_are_ones() {
+        let src = "model m {\n  dim B = 2, T = 5, D = 8, V = 11\n  input ids: i32[B, T]\n  \
+                   input attention_mask: i32[B, T]\n  param e: [V, D] = normal(1.0)\n  \
+                   let x = embed(e, ids)\n  \
+                   loss = mean(attention(x, x, x, heads = 2, key_mask = attention_mask))\n  \
+                   train { optimizer = sgd(lr = 0.1) }\n}\n";
+        let plan = crate::compile(src, &crate::Options::default())
+            .expect("compiles")
+            .plan;
+        let plan = plan.plan();
+        let input = |name| plan.inputs.iter().position(|i| i.name == name).expect(name);
+        let mask = synthetic_input(plan, input("attention_mask"), 3);
+        assert_eq!(mask.len(), 10);
+        assert!(mask.iter().all(|v| v.to_bits() == 1), "{mask:?}");
+        let ids = synthetic_input(plan, input("ids"), 3);
+        assert!(ids.iter().all(|v| v.to_bits() < 11));
+        assert!(ids.iter().any(|v| v.to_bits() > 1));
+    }
+
     /// The bytes each buffer starts from are those the CPU executor's arena holds after its
     /// own initialization, for every dtype a buffer can have.
     #[test]
