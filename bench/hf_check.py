@@ -6,7 +6,11 @@ random weights and saved with `save_pretrained`; memc imports the same config.js
 that checkpoint by name (`--params DIR`) and runs one step on the same batch with `--dump`.
 The check compares the loss and the gradient of every parameter with PyTorch's (the loss as
 memc's model defines it: cross-entropy of every position against `targets`, mean over
-the positions whose target is not -100), and prints the largest relative differences.
+the positions whose target is not -100), and prints the largest relative differences. The
+models that take an `attention_mask` (BERT and the LLaMA line) get a batch whose second row
+is padded, masked in both and with labels -100 there: at its end for BERT, at its start for
+the causal decoders (left padding, as batched generation pads; padding at the end would
+change nothing that a causal model's loss sees).
 
 Exit status 1 when a loss or a gradient differs by more than `--rtol` (relative to the
 gradient's largest magnitude).
@@ -57,6 +61,9 @@ CONFIGS = {
 }
 CLASSES = {"gpt2": "GPT2LMHeadModel", "bert": "BertForMaskedLM",
            "vit": "ViTForImageClassification"}
+# The models memc imports with an `attention_mask` input, and how many tokens of row 1 pad it.
+MASKED = {"bert", "llama", "qwen2", "mistral", "gemma", "phi3"}
+PADDING = 3
 
 
 def batch(name, config, rng):
@@ -76,6 +83,13 @@ def batch(name, config, rng):
     targets[1, : T // 2] = -100  # no loss there (a prompt, padding, unmasked tokens)
     inputs = {"tokens": tokens, "targets": targets}
     kwargs = {"input_ids": torch.from_numpy(tokens).long()}
+    if name in MASKED:
+        mask = np.ones((B, T), dtype=np.int32)
+        padding = slice(-PADDING, None) if name == "bert" else slice(0, PADDING)
+        mask[1, padding] = 0
+        targets[1, padding] = -100
+        inputs["attention_mask"] = mask
+        kwargs["attention_mask"] = torch.from_numpy(mask).long()
     if name == "bert":
         types = rng.integers(0, 2, size=(B, T)).astype(np.int32)
         inputs["token_type_ids"] = types

@@ -224,7 +224,10 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
     let note = "QLoRA: the frozen base in 4-bit NormalFloat";
     rows.push(row(
         source,
-        ("QLoRA r=16 (nf4 base, bf16) + checkpointing to fit", selects),
+        (
+            "QLoRA r=16 (nf4 base, bf16) + checkpointing to fit",
+            selects,
+        ),
         qlora,
         budget,
         note,

@@ -38,7 +38,8 @@ pub fn persistent(plan: &Plan, seed: u64) -> impl Iterator<Item = (BufferId, Vec
 }
 
 /// Seeded synthetic data for input `k` of `plan`, every micro-batch of a step one after
-/// another: ids (as their i32 bit patterns) uniform below the input's id limit, floats
+/// another: ids (as their i32 bit patterns) uniform below the input's id limit, except that
+/// an input read only as attention key masks is all ones (every key a real token), floats
 /// standard normal.
 pub fn synthetic_input(plan: &Plan, k: usize, seed: u64) -> Vec<f32> {
     let Some(input) = plan.inputs.get(k) else {
@@ -48,6 +49,7 @@ pub fn synthetic_input(plan: &Plan, k: usize, seed: u64) -> Vec<f32> {
     let n = u64::from(plan.micro_steps()) * ty.numel();
     let key = seed ^ (0x5151_0000 + k as u64);
     match ty.dtype {
+        DType::I32 if input.key_mask => vec![f32::from_bits(1); n as usize],
         DType::I32 => {
             let limit = input.id_limit.unwrap_or(2) as f32;
             (0..n)
@@ -85,6 +87,28 @@ mod tests {
             ..Options::default()
         };
         crate::compile(&src, &options).expect("compiles").plan
+    }
+
+    /// An input read only as a key mask starts as all ones (no padding); ids stay below
+    /// their limit.
+    #[test]
+    fn synthetic_key_masks_are_ones() {
+        let src = "model m {\n  dim B = 2, T = 5, D = 8, V = 11\n  input ids: i32[B, T]\n  \
+                   input attention_mask: i32[B, T]\n  param e: [V, D] = normal(1.0)\n  \
+                   let x = embed(e, ids)\n  \
+                   loss = mean(attention(x, x, x, heads = 2, key_mask = attention_mask))\n  \
+                   train { optimizer = sgd(lr = 0.1) }\n}\n";
+        let plan = crate::compile(src, &crate::Options::default())
+            .expect("compiles")
+            .plan;
+        let plan = plan.plan();
+        let input = |name| plan.inputs.iter().position(|i| i.name == name).expect(name);
+        let mask = synthetic_input(plan, input("attention_mask"), 3);
+        assert_eq!(mask.len(), 10);
+        assert!(mask.iter().all(|v| v.to_bits() == 1), "{mask:?}");
+        let ids = synthetic_input(plan, input("ids"), 3);
+        assert!(ids.iter().all(|v| v.to_bits() < 11));
+        assert!(ids.iter().any(|v| v.to_bits() > 1));
     }
 
     /// The bytes each buffer starts from are those the CPU executor's arena holds after its

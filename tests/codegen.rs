@@ -63,6 +63,7 @@ fn attention_backward_units_cover_every_head_once() {
         causal: true,
         scale: 0.35,
         window: None,
+        key_mask: false,
     };
     for which in [AttnInput::Q, AttnInput::K, AttnInput::V] {
         let op = Op::AttentionBackward { attn, which };
@@ -105,6 +106,7 @@ fn windowed_attention_backward_scores_only_the_window() {
             causal: true,
             scale: 0.25,
             window,
+            key_mask: false,
         };
         let op = Op::AttentionBackward { attn, which };
         let k = kernel_for(&op, &vec![q.clone(); 4], &q).unwrap().unwrap();

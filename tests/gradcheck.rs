@@ -213,3 +213,24 @@ fn linear_cross_entropy() {
         assert!(err < 1e-2, "{logits}{ignore}: relative error {err:.2e}");
     }
 }
+
+/// Attention with a key mask, plain, causal and windowed, grouped-query: padding at the end of
+/// item 0 and at the start of item 1 (whose first queries, under a causal mask, see only
+/// padding), and an item all padding (zeros out, zero gradients).
+#[test]
+fn attention_key_mask() {
+    let padded: &[i32] = &[1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 1];
+    let item_padding: &[i32] = &[1, 0, 1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0];
+    let cases = [
+        ("", padded),
+        (", causal = true", padded),
+        (", causal = true, window = 3", padded),
+        ("", item_padding),
+        (", causal = true", item_padding),
+    ];
+    for (mask, m) in cases {
+        let src = format!("model attn {{\n  dim B = 2, T = 7, D = 8\n  param q: [B, T, D] = normal(1.0)\n  param k: [B, T, 4] = normal(1.0)\n  param v: [B, T, 4] = normal(1.0)\n  input pad: i32[B, T]\n  param w: [B, T, D] = normal(1.0)\n  let y = attention(q, k, v, heads = 4, kv_heads = 2{mask}, key_mask = pad)\n  loss = sum(y * w)\n  train {{ optimizer = sgd(lr = 0.0) }}\n}}\n");
+        let err = check_with(&src, 1e-2, &[("pad", m)]);
+        assert!(err < 1e-2, "{mask} {m:?}: relative error {err:.2e}");
+    }
+}

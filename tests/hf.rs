@@ -394,10 +394,17 @@ fn checkpoint_mismatches_name_the_tensor() {
 fn sliding_windows_follow_the_config() {
     // Mistral's window applies; Qwen2's only with use_sliding_window; Phi-3's its 2047.
     let mdl = |config: &str| import_config(config).unwrap().mdl;
-    assert!(mdl(MISTRAL_7B).contains("causal = true, window = 4096)"));
-    assert!(mdl(PHI3_MINI).contains("causal = true, window = 2047)"));
+    let masked = "key_mask = attention_mask)";
+    assert!(mdl(MISTRAL_7B).contains(&format!("causal = true, window = 4096, {masked}")));
+    assert!(mdl(PHI3_MINI).contains(&format!("causal = true, window = 2047, {masked}")));
     assert!(!mdl(QWEN2_7B).contains("window"));
     assert!(!mdl(LLAMA3_8B).contains("window"));
+    // Every decoder reads Hugging Face's attention_mask as its attention's key mask.
+    for config in [MISTRAL_7B, PHI3_MINI, QWEN2_7B, LLAMA3_8B] {
+        let mdl = mdl(config);
+        assert!(mdl.contains("input  attention_mask: i32[B, T]"), "{mdl}");
+        assert!(mdl.contains(&format!("causal = true, {masked}")) || mdl.contains("window"));
+    }
     // Phi-3 pads with token 32000, whose embedding row gets no gradient.
     assert!(mdl(PHI3_MINI).contains("padding_idx = 32000"));
 }

@@ -79,7 +79,7 @@ fn kernels_compile_with_nvrtc_and_assemble_with_ptxas() {
 }
 
 /// Every kernel of every example's plan in every precision (fp32, bf16, fp16, pure bf16), and
-/// of the Llama example with a sliding window.
+/// of the Llama example with a sliding window and with a key mask (padding).
 #[test]
 fn every_example_plan_kernel_compiles() {
     if !nvrtc_ready() {
@@ -104,6 +104,22 @@ fn every_example_plan_kernel_compiles() {
             let windowed = src.replace("causal = true)", "causal = true, window = 5)");
             assert_ne!(windowed, src, "llama7b's attention line changed");
             sources.push((format!("{} window = 5", path.display()), windowed));
+            // A padded batch: Hugging Face's attention_mask as the key mask.
+            let masked = src
+                .replace(
+                    "input  targets: i32[B, T]",
+                    "input  targets: i32[B, T]\n  input  attention_mask: i32[B, T]",
+                )
+                .replace(
+                    "causal = true)",
+                    "causal = true, key_mask = attention_mask)",
+                );
+            assert_eq!(
+                masked.matches("attention_mask").count(),
+                2,
+                "llama7b changed"
+            );
+            sources.push((format!("{} key_mask", path.display()), masked));
         }
         sources.push((path.display().to_string(), src));
     }
@@ -141,6 +157,12 @@ fn every_example_plan_kernel_compiles() {
             .values()
             .any(|(_, k)| k.source.contains("WINDOW = 5ull")),
         "the windowed plan's attention kernels are among them"
+    );
+    assert!(
+        kernels
+            .values()
+            .any(|(_, k)| k.source.contains("KEY_MASK = true")),
+        "the masked plan's attention kernels are among them"
     );
     check(&kernels.into_values().collect::<Vec<_>>(), "example plans");
 }

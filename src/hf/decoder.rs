@@ -128,9 +128,12 @@ pub fn write(c: &Config, model_type: &str) -> Result<Written, UserError> {
          # (or the shards' model.safetensors.index.json) loads one as downloaded.\n\
          # targets: the token that follows each position (the labels shifted by one); -100 where\n\
          # no loss is taken (padding, prompt tokens), as transformers reads labels.\n\
+         # attention_mask: 1 at real tokens, 0 at padding, which no query attends (the model's\n\
+         # attention_mask); a query with only padding to see outputs zeros.\n\
          model {name} {{\n  \
            dim B = 1, T = {t}, D = {d}, H = {h}, KV = {kv}, HD = {hd}, F = {f}, V = {vocab}, L = {layers}\n  \
            input  tokens:  i32[B, T]\n  \
+           input  attention_mask: i32[B, T]\n  \
            input  targets: i32[B, T]\n  \
            param  model.embed_tokens: embedding(V, D, std = {init})\n\n  \
            block layer(x: [B, T, D]) {{\n    \
@@ -175,7 +178,7 @@ pub fn write(c: &Config, model_type: &str) -> Result<Written, UserError> {
         s += "    let v = linear(h, self_attn.v_proj)\n";
     }
     s += &format!(
-        "    x = x + linear(attention(q, k, v, heads = H, kv_heads = KV, causal = true{window}), self_attn.o_proj)\n"
+        "    x = x + linear(attention(q, k, v, heads = H, kv_heads = KV, causal = true{window}, key_mask = attention_mask), self_attn.o_proj)\n"
     );
     s += &format!("    let m = {}\n", norm("x", "post_attention_layernorm"));
     if v.fused {

@@ -52,8 +52,15 @@ fn gelu(c: &Config, key: &str, default: &str) -> Result<(&'static str, &'static 
 }
 
 /// The block both BERT and ViT use: attention (`attention.self.*` in BERT,
-/// `attention.attention.*` in ViT) and an MLP, post-norm (BERT) or pre-norm (ViT).
-fn block(s: &Sizes, attn: &str, pre_norm: bool, act: (&str, &str), rows: &str) -> String {
+/// `attention.attention.*` in ViT) and an MLP, post-norm (BERT) or pre-norm (ViT); the
+/// attention's arguments end with `extra` (BERT's key mask).
+fn block(
+    s: &Sizes,
+    attn: &str,
+    pre_norm: bool,
+    act: (&str, &str),
+    (rows, extra): (&str, &str),
+) -> String {
     let Sizes { eps, lin, .. } = s;
     let mut b = format!("  block layer(x: [B, {rows}, D]) {{\n");
     if pre_norm {
@@ -82,7 +89,7 @@ fn block(s: &Sizes, attn: &str, pre_norm: bool, act: (&str, &str), rows: &str) -
         "x"
     };
     b += &format!(
-        "    let a = attention(linear({h}, {attn}.query), linear({h}, {attn}.key), linear({h}, {attn}.value), heads = H)\n"
+        "    let a = attention(linear({h}, {attn}.query), linear({h}, {attn}.key), linear({h}, {attn}.value), heads = H{extra})\n"
     );
     if pre_norm {
         b += "    x = x + linear(a, attention.output.dense)\n";
@@ -126,11 +133,13 @@ pub fn bert(c: &Config) -> Result<Written, UserError> {
         "# BertForMaskedLM from a Hugging Face config (model_type \"bert\"). Parameters are named and\n\
          # laid out as its checkpoints store them: `memc run --params model.safetensors` loads one.\n\
          # targets: the original token at each masked position, -100 elsewhere (no loss there, as\n\
-         # transformers reads labels). Dropout is not modelled.\n\
+         # transformers reads labels). attention_mask: 1 at real tokens, 0 at padding, which no\n\
+         # query attends (BertModel's attention_mask). Dropout is not modelled.\n\
          model bert {{\n  \
            dim B = 1, T = {positions}, P = {positions}, D = {d}, H = {h}, F = {f}, V = {vocab}, L = {l}, TT = {types}\n  \
            input  tokens:         i32[B, T]\n  \
            input  token_type_ids: i32[B, T]\n  \
+           input  attention_mask: i32[B, T]\n  \
            input  targets:        i32[B, T]\n  \
            param  {e}.word_embeddings: embedding(V, D, {lin})\n  \
            param  {e}.position_embeddings: embedding(P, D, {lin})\n  \
@@ -141,7 +150,8 @@ pub fn bert(c: &Config) -> Result<Written, UserError> {
         f = s.f,
         l = s.layers,
     );
-    m += &block(&s, "attention.self", false, act, "T");
+    let mask = ", key_mask = attention_mask";
+    m += &block(&s, "attention.self", false, act, ("T", mask));
     let (f, exact) = act;
     m += &format!(
         "  param cls.predictions.transform.dense: linear(D, D, layout = out_in, {lin})\n  \
@@ -217,7 +227,7 @@ pub fn vit(c: &Config) -> Result<Written, UserError> {
         f = s.f,
         l = s.layers,
     );
-    m += &block(&s, "attention.attention", true, act, "N + 1");
+    m += &block(&s, "attention.attention", true, act, ("N + 1", ""));
     m += &format!(
         "  param vit.layernorm: layernorm(D)\n  \
          param classifier: linear(D, K, layout = out_in, {lin})\n  \

@@ -240,6 +240,7 @@ impl Buffers {
                     buffer,
                     id_limit: id_limit(graph, v),
                     id_ignored: id_ignored(graph, v),
+                    key_mask: only_key_mask(graph, v),
                 }),
                 _ => None,
             })
@@ -412,10 +413,23 @@ fn id_limit(graph: &Graph, v: ValueId) -> Option<u64> {
                     let w = &graph.node(node.inputs[1]).ty.shape;
                     Some(w[usize::from(!lce.transposed)] as u64)
                 }
+                // A key mask holds 0 (padding) or 1.
+                Op::Attention(a) if a.key_mask && node.inputs.get(3) == Some(&v) => Some(2),
                 _ => None,
             }
         })
         .min()
+}
+
+/// Whether every reader of input `v` reads it as an attention's key mask (the only integer
+/// operand of attention and of its backward).
+fn only_key_mask(graph: &Graph, v: ValueId) -> bool {
+    let users = graph.users(v);
+    !users.is_empty()
+        && users.into_iter().all(|u| match graph.node(u).op {
+            Op::Attention(a) | Op::AttentionBackward { attn: a, .. } => a.key_mask,
+            _ => false,
+        })
 }
 
 /// The id every reader that bounds integer input `v` ignores (a cross-entropy's

@@ -205,9 +205,10 @@ pub struct StateBinding {
     pub init: f32,
 }
 
-/// An input: its buffer, and for integer inputs the exclusive upper bound of valid ids and
-/// the one id outside `0..id_limit` that every reader ignores (a cross-entropy's
-/// `ignore_index`), which the input may also hold.
+/// An input: its buffer, and for integer inputs the exclusive upper bound of valid ids, the
+/// one id outside `0..id_limit` that every reader ignores (a cross-entropy's
+/// `ignore_index`), which the input may also hold, and whether attention reads it only as a
+/// key mask (its synthetic data is then all ones: no padding).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InputBinding {
     pub name: String,
@@ -215,6 +216,8 @@ pub struct InputBinding {
     pub id_limit: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id_ignored: Option<i32>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub key_mask: bool,
 }
 
 /// A compiled step. Built by [`build`]; reaches a backend only through [`verify`].

@@ -1,6 +1,8 @@
 //! Attention's op cases: the forward and the three gradients, grouped-query and causal, a
-//! head dim of 256, and sliding windows shorter than a key tile and spanning several tiles
-//! and several backward units of rows.
+//! head dim of 256, sliding windows shorter than a key tile and spanning several tiles and
+//! several backward units of rows, and key masks (`case_data` pads the end of batch item 0,
+//! the start of item 1 and all of item 2) with causal and windowed masks and over a key tile
+//! boundary.
 
 use super::t;
 use memc::ir::*;
@@ -14,6 +16,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         causal: true,
         scale: 0.125,
         window: None,
+        key_mask: false,
     };
     let attn_bwd = |which| Op::AttentionBackward { attn, which };
     let attn_bwd_in = vec![
@@ -45,7 +48,94 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         f(&[1, 80, 16]),
         f(&[1, 80, 32]),
     ];
-    vec![
+    let masked = |attn: AttnParams| AttnParams {
+        key_mask: true,
+        ..attn
+    };
+    let mask = |b, tk| t(DType::I32, &[b, tk]);
+    let with_mask = |mut inputs: Vec<TensorType>, b, tk| {
+        inputs.push(mask(b, tk));
+        inputs
+    };
+    let mask_bwd = |attn, which| Op::AttentionBackward {
+        attn: masked(attn),
+        which,
+    };
+    let mask_bwd_in = with_mask(
+        vec![
+            f(&[3, 10, 64]),
+            f(&[3, 12, 32]),
+            f(&[3, 12, 32]),
+            f(&[3, 10, 64]),
+        ],
+        3,
+        12,
+    );
+    // Head dim 64: key tiles of 64, so 80 keys of item 0 pad exactly the second tile.
+    let tiles = AttnParams {
+        heads: 2,
+        kv_heads: 1,
+        causal: false,
+        scale: 0.125,
+        window: None,
+        key_mask: true,
+    };
+    let tiles_in = with_mask(
+        vec![f(&[3, 80, 128]), f(&[3, 80, 64]), f(&[3, 80, 64])],
+        3,
+        80,
+    );
+    let mut tiles_bwd_in = tiles_in.clone();
+    tiles_bwd_in.insert(3, f(&[3, 80, 128]));
+    let masked_cases = vec![
+        (
+            "attention_mask",
+            Op::Attention(masked(attn)),
+            with_mask(
+                vec![f(&[3, 10, 64]), f(&[3, 12, 32]), f(&[3, 12, 32])],
+                3,
+                12,
+            ),
+        ),
+        (
+            "attention_mask_bwd_q",
+            mask_bwd(attn, AttnInput::Q),
+            mask_bwd_in.clone(),
+        ),
+        (
+            "attention_mask_bwd_k",
+            mask_bwd(attn, AttnInput::K),
+            mask_bwd_in.clone(),
+        ),
+        (
+            "attention_mask_bwd_v",
+            mask_bwd(attn, AttnInput::V),
+            mask_bwd_in.clone(),
+        ),
+        (
+            "attention_mask_window_bwd_k",
+            mask_bwd(window(attn, 3), AttnInput::K),
+            mask_bwd_in.clone(),
+        ),
+        ("attention_mask_tiles", Op::Attention(tiles), tiles_in),
+        (
+            "attention_mask_tiles_bwd_q",
+            Op::AttentionBackward {
+                attn: tiles,
+                which: AttnInput::Q,
+            },
+            tiles_bwd_in.clone(),
+        ),
+        (
+            "attention_mask_tiles_bwd_v",
+            Op::AttentionBackward {
+                attn: tiles,
+                which: AttnInput::V,
+            },
+            tiles_bwd_in,
+        ),
+    ];
+    let mut cases = vec![
         (
             "attention",
             Op::Attention(attn),
@@ -74,6 +164,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
                 causal: false,
                 scale: 0.088,
                 window: None,
+                key_mask: false,
             }),
             vec![f(&[1, 33, 256]), f(&[1, 33, 256]), f(&[1, 33, 256])],
         ),
@@ -107,6 +198,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
                 causal: true,
                 scale: 0.088,
                 window: Some(40),
+                key_mask: false,
             }),
             vec![f(&[1, 80, 256]), f(&[1, 80, 128]), f(&[1, 80, 128])],
         ),
@@ -125,5 +217,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             attn_units_bwd(AttnInput::V),
             attn_units_in.clone(),
         ),
-    ]
+    ];
+    cases.extend(masked_cases);
+    cases
 }

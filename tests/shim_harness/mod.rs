@@ -226,6 +226,33 @@ pub fn get(arena: &[u8], off: u64, dtype: DType, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Whether `op` is an attention op reading a key mask (its one integer input).
+fn reads_key_mask(op: &Op) -> bool {
+    matches!(op, Op::Attention(a) | Op::AttentionBackward { attn: a, .. } if a.key_mask)
+}
+
+/// A key mask `[b, t_k]` of 0/1 by batch item, in threes: padding from key `4 t_k / 5` on
+/// (at 80 keys a whole key tile of 64 from a tile boundary), padding in the first three keys
+/// and at every seventh (a causal query among the first sees only padding), all padding.
+pub fn key_mask(shape: &[usize]) -> Vec<f32> {
+    let tk = shape.get(1).copied().unwrap_or(1).max(1);
+    (0..shape.iter().product::<usize>())
+        .map(|i| {
+            let (b, j) = (i / tk, i % tk);
+            let padding = match b % 3 {
+                0 => j >= tk * 4 / 5,
+                1 => j < 3 || j % 7 == 6,
+                _ => true,
+            };
+            if padding {
+                0.0
+            } else {
+                1.0
+            }
+        })
+        .collect()
+}
+
 /// Which rows a cross-entropy op takes.
 fn ce_of(op: &Op) -> Option<CeParams> {
     match op {
@@ -237,7 +264,7 @@ fn ce_of(op: &Op) -> Option<CeParams> {
 
 /// Seeded input data for `op` at the given (possibly 16-bit) input types, exactly
 /// representable in them: ids below the op's limit (every third the id a cross-entropy
-/// ignores, if any), floats standard normal except where the op needs otherwise (positive
+/// ignores, if any), an attention's key mask as [`key_mask`] lays it out, floats standard normal except where the op needs otherwise (positive
 /// second moments and divisors, y = max_to(x), the fused loss head's row losses from its
 /// forward, a cross-entropy's count of kept rows, u8 codes uniform over 0..=255).
 pub fn case_data(op: &Op, inputs: &[TensorType], seed: u64) -> Vec<Vec<f32>> {
@@ -245,7 +272,9 @@ pub fn case_data(op: &Op, inputs: &[TensorType], seed: u64) -> Vec<Vec<f32>> {
     for (i, ty) in inputs.iter().enumerate() {
         let n = ty.numel() as usize;
         let key = seed.wrapping_mul(31).wrapping_add(i as u64);
-        let values: Vec<f32> = if ty.dtype == DType::U8 {
+        let values: Vec<f32> = if ty.dtype == DType::I32 && reads_key_mask(op) {
+            key_mask(&ty.shape)
+        } else if ty.dtype == DType::U8 {
             (0..n)
                 .map(|j| (rng::uniform01(key, 0, j as u64) * 256.0).floor())
                 .collect()

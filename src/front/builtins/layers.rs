@@ -251,11 +251,20 @@ impl Lowerer<'_> {
         self.op(Op::Dropout { p, seed }, vec![x], span)
     }
 
-    /// `attention(q, k, v, heads = H, kv_heads, causal, scale, window)`.
+    /// `attention(q, k, v, heads = H, kv_heads, causal, scale, window, key_mask)`; a key mask
+    /// of the wrong shape or dtype is an error at the argument.
     pub(super) fn attention(&mut self, args: &mut Args, span: Span) -> R<Val> {
         let q = self.t(args, "q")?;
         let k = self.t(args, "k")?;
         let v = self.t(args, "v")?;
+        let mut inputs = vec![q, k, v];
+        if let Some(m) = args.optional("key_mask") {
+            let mask = self.tensor(&m, "the key_mask argument of `attention`")?;
+            let (q, k, mask_ty) = (self.ty(q), self.ty(k), self.ty(mask));
+            crate::ops::attention::key_mask(q, k, mask_ty)
+                .map_err(|e| UserError::at(m.span, e.message, "this key mask", e.help))?;
+            inputs.push(mask);
+        }
         let heads = self.heads(args, "attention(q, k, v, heads = H)")?;
         let kv_heads = self.dim_or(args, "kv_heads", heads)?;
         let causal = boolean(args.optional("causal"), false)?;
@@ -270,8 +279,9 @@ impl Lowerer<'_> {
                 causal,
                 scale,
                 window,
+                key_mask: inputs.len() == 4,
             }),
-            vec![q, k, v],
+            inputs,
             span,
         )
     }

@@ -4,8 +4,10 @@
 //! q/out/dq: [B, TQ, H*DH]; k/v/dk/dv: [B, TK, KVH*DH]; query head h reads kv head
 //! h / (H / KVH). Query i sees keys [attn_kfirst(i), attn_kend(i)), AttnParams::visible_keys's
 //! rule: causal, keys j <= i + TK - TQ; with a window (C::WINDOW > 0) also j > i + TK - TQ -
-//! WINDOW. A query with no visible key outputs zeros. C::BT threads per block, C::BC keys per
-//! shared tile; a block loads only the tiles its queries see.
+//! WINDOW. With a key mask (C::KEY_MASK; i32 [B, TK]) a query also skips key j of its batch
+//! item b when mask[b * TK + j] == 0 (`attn_key_kept`). A query with no visible key outputs
+//! zeros. C::BT threads per block, C::BC keys per shared tile (with the tile's mask entries); a
+//! block loads only the tiles its queries see.
 
 template <typename C> __device__ __forceinline__ u64 attn_kend(u64 i) {
     if (!C::CAUSAL) return C::TK;
@@ -16,17 +18,22 @@ template <typename C> __device__ __forceinline__ u64 attn_kfirst(u64 i) {
     const u64 end = attn_kend<C>(i);
     return (C::WINDOW == 0 || end < C::WINDOW) ? 0 : end - C::WINDOW;
 }
+// Whether the key mask at `o_mask` (none unless C::KEY_MASK) lets batch item b attend key j.
+template <typename C> __device__ __forceinline__ bool attn_key_kept(char* arena, u64 o_mask, u64 b, u64 j) {
+    return !C::KEY_MASK || tensor_at<int>(arena, o_mask)[b * C::TK + j] != 0;
+}
 template <typename C> __device__ __forceinline__ u64 attn_q(u64 b, u64 i, u64 h) { return (b * C::TQ + i) * (C::H * C::DH) + h * C::DH; }
 template <typename C> __device__ __forceinline__ u64 attn_kv(u64 b, u64 j, u64 kh) { return (b * C::TK + j) * (C::KVH * C::DH) + kh * C::DH; }
 
-// Grid: (ceil(TQ / BT), H, B); one thread per query row.
-template <typename T, typename C> __device__ void attention_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_out) {
+// Grid: (ceil(TQ / BT), H, B); one thread per query row. `o_mask` is read only with C::KEY_MASK.
+template <typename T, typename C> __device__ void attention_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_mask, u64 o_out) {
     const T* q = tensor_at<T>(arena, o_q);
     const T* k = tensor_at<T>(arena, o_k);
     const T* v = tensor_at<T>(arena, o_v);
     T* out = tensor_at<T>(arena, o_out);
     __shared__ float Ks[C::BC][C::DH];
     __shared__ float Vs[C::BC][C::DH];
+    __shared__ bool Ms[C::BC];
     const u64 b = blockIdx.z, h = blockIdx.y, kh = h / (C::H / C::KVH);
     const u64 i0 = (u64)blockIdx.x * C::BT, i = i0 + threadIdx.x;
     const bool active = i < C::TQ;
@@ -46,10 +53,11 @@ template <typename T, typename C> __device__ void attention_kernel(char* arena, 
             Ks[jj][d] = j < C::TK ? ld(k, attn_kv<C>(b, j, kh) + d) : 0.0f;
             Vs[jj][d] = j < C::TK ? ld(v, attn_kv<C>(b, j, kh) + d) : 0.0f;
         }
+        for (u64 jj = threadIdx.x; jj < C::BC; jj += blockDim.x) Ms[jj] = j0 + jj < C::TK && attn_key_kept<C>(arena, o_mask, b, j0 + jj);
         __syncthreads();
         for (u64 jj = 0; jj < C::BC; ++jj) {
             if (j0 + jj >= nk) break;
-            if (j0 + jj < k0) continue;
+            if (j0 + jj < k0 || !Ms[jj]) continue;
             float s = 0.0f;
 #pragma unroll
             for (int d = 0; d < (int)C::DH; ++d) s = fmaf(qr[d], Ks[jj][d], s);
@@ -67,4 +75,9 @@ template <typename T, typename C> __device__ void attention_kernel(char* arena, 
 #pragma unroll
         for (int d = 0; d < (int)C::DH; ++d) st(out, attn_q<C>(b, i, h) + d, o[d] * inv);
     }
+}
+
+// Without a key mask: the entry takes no mask offset.
+template <typename T, typename C> __device__ void attention_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_out) {
+    attention_kernel<T, C>(arena, o_q, o_k, o_v, 0, o_out);
 }

@@ -7,7 +7,8 @@
 // into ds = SCALE * p (dp - D), D = sum_j p dp, in T at byte C::DSOFF. The key gradients sum over row chunks (and a group's query heads)
 // in an fp32 accumulator at byte C::ACCOFF ([C::HC, TK, DH]) that the last stage stores.
 // A unit is named by `chunk` = (b * H + h0) * TQ + r0. Query i sees the keys
-// [attn_kfirst(i), attn_kend(i)) of attention.cu; a query with no visible key has p = 0.
+// [attn_kfirst(i), attn_kend(i)) of attention.cu that its batch item's key mask keeps (with
+// C::KEY_MASK, `attn_key_kept`); a query with no such key has p = 0, so ds = 0.
 // Without a window a unit's score rows hold all TK keys; with one (C::WINDOW > 0) only the
 // kn keys from k0 that its rows see (`attb_keys`), and the GEMMs span just those.
 
@@ -33,23 +34,27 @@ template <typename C> __device__ __forceinline__ void attb_keys(u64 r0, u64 rows
 }
 
 // p = softmax over the visible keys of each row of s, in place and in T: one block per row.
-template <typename T, typename C> __device__ void attb_probs(char* ws, u64 chunk) {
+template <typename T, typename C> __device__ void attb_probs(char* arena, u64 o_mask, char* ws, u64 chunk) {
     u64 r0, h0, rows, heads, k0, kn;
     attb_unit<C>(chunk, &r0, &h0, &rows, &heads);
     attb_keys<C>(r0, rows, &k0, &kn);
+    const u64 b = chunk / (C::TQ * C::H);
     float* s = (float*)ws;
     T* p = (T*)(ws + C::POFF);
     for (u64 item = blockIdx.x; item < rows * heads; item += gridDim.x) {
         const u64 row = (item / rows) * C::RC * C::TKLD + (item % rows) * C::TKLD;
         const u64 a = attn_kfirst<C>(r0 + item % rows) - k0, n = attn_kend<C>(r0 + item % rows) - k0;
         float m = MEMC_NEG_INF;
-        for (u64 j = a + threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, s[row + j]);
+        for (u64 j = a + threadIdx.x; j < n; j += blockDim.x)
+            if (attn_key_kept<C>(arena, o_mask, b, k0 + j)) m = fmaxf(m, s[row + j]);
         m = block_max(m);
         float l = 0.0f;
-        for (u64 j = a + threadIdx.x; j < n; j += blockDim.x) l += expf(s[row + j] - m);
+        for (u64 j = a + threadIdx.x; j < n; j += blockDim.x)
+            if (attn_key_kept<C>(arena, o_mask, b, k0 + j)) l += expf(s[row + j] - m);
         l = block_sum(l);
         for (u64 j = threadIdx.x; j < kn; j += blockDim.x) {
-            const float v = j >= a && j < n ? expf(s[row + j] - m) / l : 0.0f;
+            const bool seen = j >= a && j < n && attn_key_kept<C>(arena, o_mask, b, k0 + j);
+            const float v = seen ? expf(s[row + j] - m) / l : 0.0f;
             s[row + j] = v;
             st(p, row + j, v);
         }
@@ -99,12 +104,18 @@ template <typename T, typename C> __device__ void attb_store(char* ws, T* out, u
 }
 
 // Phase 0: probabilities; 1: score gradients; 2: store the accumulated key gradients; 3: zero
-// the accumulator.
+// the accumulator. `o_mask` is read only with C::KEY_MASK.
 template <typename T, typename C>
-__device__ void attention_backward_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_out, u64 o_ws, u64 phase, u64 chunk) {
+__device__ void attention_backward_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_mask, u64 o_out, u64 o_ws, u64 phase, u64 chunk) {
     char* ws = arena + o_ws;
-    if (phase == 0) attb_probs<T, C>(ws, chunk);
+    if (phase == 0) attb_probs<T, C>(arena, o_mask, ws, chunk);
     else if (phase == 1) attb_dscores<T, C>(ws, chunk);
     else if (phase == 2) attb_store<T, C>(ws, tensor_at<T>(arena, o_out), chunk);
     else attb_zero<C>(ws, chunk);
+}
+
+// Without a key mask: the entry takes no mask offset.
+template <typename T, typename C>
+__device__ void attention_backward_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_out, u64 o_ws, u64 phase, u64 chunk) {
+    attention_backward_kernel<T, C>(arena, o_q, o_k, o_v, o_dout, 0, o_out, o_ws, phase, chunk);
 }

@@ -10,15 +10,15 @@ impl Backward for super::Family {
         let (x, dy) = (cx.x, cx.dy);
         match op {
             Op::Attention(attn) => {
+                // q, k, v, dout, then the key mask (which takes no gradient) if any.
+                let mut inputs = vec![x[0], x[1], x[2], dy];
+                inputs.extend(x.get(3));
                 for (i, which) in [AttnInput::Q, AttnInput::K, AttnInput::V]
                     .into_iter()
                     .enumerate()
                 {
                     cx.set(i, |rw| {
-                        rw.add(
-                            Op::AttentionBackward { attn: *attn, which },
-                            vec![x[0], x[1], x[2], dy],
-                        )
+                        rw.add(Op::AttentionBackward { attn: *attn, which }, inputs.clone())
                     })?;
                 }
                 Ok(())

@@ -8,7 +8,8 @@
 //! fp32 in the workspace and are stored once. With a sliding window, units are chunks of
 //! about a window of rows, and each unit's GEMMs span only the keys its rows see
 //! ([`AttnParams::visible_keys`]), so the work and the scores grow as T x W, not T x T; the
-//! accumulator is zeroed first, since no unit covers every key.
+//! accumulator is zeroed first, since no unit covers every key. A key mask zeroes the
+//! probabilities of the keys it hides in the softmax stage; the GEMMs still span them.
 
 use crate::codegen::build::{c_bool, c_f32, c_u64};
 use crate::codegen::gemm::{Addr, Call, Gemm};
@@ -150,7 +151,7 @@ pub(crate) fn attention_backward(
     let refs: Vec<&TensorType> = a.inputs.iter().collect();
     let g = Geometry::of(&refs, p, which).ok_or_else(|| a.err("attention backward shapes"))?;
     let [p_at, dp_at, ds_at, acc_at, scratch_at] = g.regions;
-    let lines = vec![
+    let mut lines = vec![
         c_u64("TQ", g.tq),
         c_u64("TK", g.tk),
         c_u64("TKLD", g.tk_ld),
@@ -159,7 +160,6 @@ pub(crate) fn attention_backward(
         c_u64("DH", g.dh),
         c_bool("CAUSAL", p.causal),
         c_f32("SCALE", p.scale),
-        super::cuda::window(p),
         c_u64("HC", g.hc),
         c_u64("RC", g.rc),
         c_u64("POFF", p_at),
@@ -167,11 +167,12 @@ pub(crate) fn attention_backward(
         c_u64("DSOFF", ds_at),
         c_u64("ACCOFF", acc_at),
     ];
+    lines.extend(super::cuda::masks(p));
     let kernel = staged(
         "attention_backward",
         &[super::cuda::ATTENTION, TEMPLATE],
         lines,
-        ("attention_backward_kernel", a.ty(0)?, 4),
+        ("attention_backward_kernel", a.ty(0)?, p.inputs() + 1),
         BLOCK,
     );
     Ok(kernel.with_library(calls(&g, p, which), scratch_at))

@@ -8,7 +8,7 @@ use crate::exec::cpu::CpuStep;
 use crate::exec::ExecError;
 use crate::ir::{AttnParams, Op, TensorType};
 use crate::ops::cpu::{foreign_op, CpuKernel};
-use kernels::AttnGeom;
+use kernels::{AttnGeom, Operands};
 
 /// Geometry of an attention from its params and q and k shapes (`[b, t, width]`).
 fn attn_geom(a: &AttnParams, q: &[usize], k: &[usize], operand: crate::ir::DType) -> AttnGeom {
@@ -22,22 +22,28 @@ fn attn_geom(a: &AttnParams, q: &[usize], k: &[usize], operand: crate::ir::DType
     }
 }
 
+/// q, k, v (the step's first inputs) and the key mask, input `mask_at`, when `a` reads one.
+fn operands<'a>(step: &CpuStep<'a>, a: &AttnParams, mask_at: usize) -> Operands<'a> {
+    Operands {
+        q: step.input(0),
+        k: step.input(1),
+        v: step.input(2),
+        mask: a.key_mask.then(|| step.ids(mask_at)),
+    }
+}
+
 impl CpuKernel for super::Family {
     fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
         let (x, s, out) = (|i| step.input(i), |i| step.shape(i), step.output());
         match step.op() {
             Op::Attention(a) => kernels::attention_forward(
                 &attn_geom(a, s(0), s(1), step.dtype(0)),
-                x(0),
-                x(1),
-                x(2),
+                operands(step, a, 3),
                 out,
             ),
             Op::AttentionBackward { attn, which } => kernels::attention_backward(
                 &attn_geom(attn, s(0), s(1), step.dtype(0)),
-                x(0),
-                x(1),
-                x(2),
+                operands(step, attn, 4),
                 x(3),
                 *which,
                 out,

@@ -14,9 +14,13 @@ pub(super) const ATTENTION: &str = include_str!("attention.cu");
 /// `rope.cu`: the rotary embedding template (INVERSE is its backward).
 const ROPE: &str = include_str!("rope.cu");
 
-/// `WINDOW`: the sliding window of a causal mask, 0 for none (both templates read it).
-pub(super) fn window(p: &AttnParams) -> String {
-    c_u64("WINDOW", p.window.map_or(0, u))
+/// `WINDOW`, the sliding window of a causal mask (0 for none), and `KEY_MASK`, whether a key
+/// mask is read: the lines of both templates' masks.
+pub(super) fn masks(p: &AttnParams) -> [String; 2] {
+    [
+        c_u64("WINDOW", p.window.map_or(0, u)),
+        c_bool("KEY_MASK", p.key_mask),
+    ]
 }
 
 /// The attention forward.
@@ -34,7 +38,7 @@ fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
     // Shared tiles stay within 32 KiB: BT query/key rows, BC keys per K/V tile.
     let bt = (4096 / dh).clamp(16, 64);
     let bc = (4096 / dh).clamp(1, 64);
-    let lines = vec![
+    let mut lines = vec![
         c_u64("TQ", tq),
         c_u64("TK", tk),
         c_u64("H", h),
@@ -42,16 +46,16 @@ fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
         c_u64("DH", dh),
         c_bool("CAUSAL", p.causal),
         c_f32("SCALE", p.scale),
-        window(p),
         c_u64("BT", bt),
         c_u64("BC", bc),
     ];
+    lines.extend(masks(p));
     let launch = Launch::Grid([tq.div_ceil(bt), h, b], u32::try_from(bt).unwrap_or(64));
     Ok(templated(
         "attention",
         &[ATTENTION],
         lines,
-        ("attention_kernel", &[a.ty(0)?], 3),
+        ("attention_kernel", &[a.ty(0)?], p.inputs()),
         launch,
     ))
 }

@@ -6,6 +6,7 @@ mod cpu;
 mod cuda;
 mod rules;
 
+pub(crate) use rules::key_mask;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
@@ -23,7 +24,8 @@ pub enum AttnInput {
 }
 
 /// Attention configuration: heads of q, heads of k/v (grouped-query when fewer), causal mask,
-/// the factor applied to q.k, and the sliding window of a causal mask.
+/// the factor applied to q.k, the sliding window of a causal mask, and whether a key mask is
+/// read.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct AttnParams {
     pub heads: usize,
@@ -34,6 +36,13 @@ pub struct AttnParams {
     /// Phi-3's and Qwen2's sliding window. At least 1; `None` sees every earlier key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<usize>,
+    /// Whether the op takes a fourth input, the key mask `[B, Tk]` (i32; Hugging Face's
+    /// `attention_mask`): query rows of batch item `b` attend only keys `j` with
+    /// `mask[b, j] != 0`, among those [`AttnParams::visible_keys`] gives. A query whose keys
+    /// are all masked outputs zeros and passes no gradient. The backward ops read the mask
+    /// as their fifth input, after `dout`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub key_mask: bool,
 }
 
 impl AttnParams {
@@ -51,6 +60,12 @@ impl AttnParams {
         let end = (i + t_k + 1).saturating_sub(t_q).min(t_k);
         let start = self.window.map_or(0, |w| end.saturating_sub(w));
         start..end
+    }
+
+    /// How many inputs the forward op takes: q, k, v, and the key mask when there is one.
+    /// Its backward ops take `dout` after these three and the key mask last.
+    pub fn inputs(&self) -> usize {
+        3 + usize::from(self.key_mask)
     }
 
     /// The number of visible (query, key) pairs of one head of one batch item: the sum of

@@ -2,11 +2,32 @@
 //! position embedding.
 
 use super::{AttnInput, AttnParams};
-use crate::ir::{Op, TensorType};
+use crate::ir::{DType, Op, TensorType};
 use crate::ops::rules::{
     arity, elementwise_flops, fail, float, foreign, rank_exactly, same_shape, Behaviour,
     PrecisionClass, Result, Rules,
 };
+
+/// Checks a key mask for queries `q[B, Tq, ..]` over keys `k[B, Tk, ..]`: i32 of shape
+/// `[B, Tk]`. The front end calls it to point at the mask argument.
+pub(crate) fn key_mask(q: &TensorType, k: &TensorType, mask: &TensorType) -> Result<()> {
+    let want = [q.shape.first().copied(), k.shape.get(1).copied()];
+    if mask.shape.len() != 2 || want != [Some(mask.shape[0]), Some(mask.shape[1])] {
+        let [b, tk] = want.map(|d| d.map_or("?".to_string(), |d| d.to_string()));
+        return fail(
+            format!("attention key_mask {mask} must have shape [{b}, {tk}] (batch, keys)"),
+            "pass one row per batch item with one entry per key, as `attention_mask`: \
+             `input attention_mask: i32[B, T]`",
+        );
+    }
+    if mask.dtype != DType::I32 {
+        return fail(
+            format!("attention key_mask must be i32, found {mask}"),
+            "declare it as `input attention_mask: i32[B, T]` (1 attends, 0 is padding)",
+        );
+    }
+    Ok(())
+}
 
 /// Checks attention's `q[B, T, H*dh]`, `k`, `v` `[B, S, KV*dh]` and returns the head dim.
 fn attention(q: &TensorType, k: &TensorType, v: &TensorType, a: &AttnParams) -> Result<usize> {
@@ -45,14 +66,25 @@ fn attention(q: &TensorType, k: &TensorType, v: &TensorType, a: &AttnParams) -> 
     Ok(dh)
 }
 
-/// `(q, k, v, dout) -> d(which)`: the forward's operands, and `dout` of q's type.
+/// Checks the forward's inputs `q, k, v[, mask]` (as many as `a` takes, the caller checked).
+fn forward(inputs: &[&TensorType], a: &AttnParams) -> Result<usize> {
+    let dh = attention(inputs[0], inputs[1], inputs[2], a)?;
+    if a.key_mask {
+        key_mask(inputs[0], inputs[1], inputs[3])?;
+    }
+    Ok(dh)
+}
+
+/// `(q, k, v, dout[, mask]) -> d(which)`: the forward's operands, and `dout` of q's type.
 fn attention_backward(
     inputs: &[&TensorType],
     a: &AttnParams,
     which: AttnInput,
 ) -> Result<TensorType> {
     let (q, k, v, dout) = (inputs[0], inputs[1], inputs[2], inputs[3]);
-    attention(q, k, v, a)?;
+    let mut operands = vec![q, k, v];
+    operands.extend(inputs.get(4));
+    forward(&operands, a)?;
     if dout != q {
         return fail(
             format!("attention gradient {dout} does not match q {q}"),
@@ -83,12 +115,12 @@ impl Rules for super::Family {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         match op {
             Op::Attention(a) => {
-                arity(op, inputs, 3, 3)?;
-                attention(inputs[0], inputs[1], inputs[2], a)?;
+                arity(op, inputs, a.inputs(), a.inputs())?;
+                forward(inputs, a)?;
                 Ok(inputs[0].clone())
             }
             Op::AttentionBackward { attn, which } => {
-                arity(op, inputs, 4, 4)?;
+                arity(op, inputs, attn.inputs() + 1, attn.inputs() + 1)?;
                 attention_backward(inputs, attn, *which)
             }
             Op::Rope { heads, .. } => {
@@ -104,7 +136,8 @@ impl Rules for super::Family {
             return elementwise_flops(inputs, out);
         };
         let (q, k) = (inputs[0], inputs[1]);
-        // Two products of q.k and p.v per visible pair, per head dim of each head.
+        // Two products of q.k and p.v per visible pair, per head dim of each head. A key mask
+        // is data: the pairs it hides are counted, as the kernels still visit them.
         let pairs = q.shape[0] as u64 * a.visible_pairs(q.shape[1], k.shape[1]);
         let fwd = 4 * pairs * q.shape[2] as u64;
         if matches!(op, Op::Attention(_)) {

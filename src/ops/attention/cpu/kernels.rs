@@ -1,5 +1,5 @@
-//! Multi-head scaled dot-product attention (grouped-query, optionally causal): the forward and
-//! the q, k and v backwards. Work is split only over independent rows and every sum runs in a
+//! Multi-head scaled dot-product attention (grouped-query, optionally causal, optionally with
+//! a key mask): the forward and the q, k and v backwards. Work is split only over independent rows and every sum runs in a
 //! fixed order, so results are bitwise identical from run to run.
 
 use crate::exec::lowp::round;
@@ -11,7 +11,8 @@ use std::ops::Range;
 /// Multi-head scaled dot-product attention geometry. q: `[b, t_q, heads*head_dim]`, k and v:
 /// `[b, t_k, kv_heads*head_dim]` (grouped-query: head h uses kv head `h / (heads/kv_heads)`),
 /// out: `[b, t_q, heads*head_dim]`. `scale` multiplies q.k. Query i attends the keys
-/// [`AttnParams::visible_keys`] gives; a query with no visible key outputs zeros.
+/// [`AttnParams::visible_keys`] gives that the key mask (if any) keeps; a query with no such
+/// key outputs zeros and takes and passes no gradient.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttnGeom {
     /// Batch size.
@@ -74,6 +75,16 @@ impl AttnGeom {
     }
 }
 
+/// The operands of an attention: q, k and v (as [`AttnGeom`] lays them out) and the key mask
+/// `[b, t_k]` when there is one (key `j` of batch item `bi` is attended when nonzero).
+#[derive(Debug, Clone, Copy)]
+pub struct Operands<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub mask: Option<&'a [i32]>,
+}
+
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
@@ -87,18 +98,29 @@ struct RowCtx<'a> {
     g: &'a AttnGeom,
     k: &'a [f32],
     v: &'a [f32],
+    mask: Option<&'a [i32]>,
     dout: &'a [f32],
 }
 
 impl RowCtx<'_> {
     /// Writes the softmax probabilities of query row `qh` (batch `bi`, kv head `kvh`) over its
-    /// visible `keys` into `p` (`keys.len()` long).
+    /// visible `keys` into `p` (`keys.len()` long): 0 for masked keys, and all 0 when every
+    /// key is masked.
     fn probs(&self, bi: usize, kvh: usize, qh: &[f32], keys: &Range<usize>, p: &mut [f32]) {
         let (_, kvw) = self.g.widths();
+        let row = bi * self.g.t_k;
         for (j, pj) in keys.clone().zip(p.iter_mut()) {
-            *pj = self.g.attn.scale * dot(qh, self.g.head(self.k, bi * self.g.t_k + j, kvw, kvh));
+            *pj = if self.mask.is_some_and(|m| m[row + j] == 0) {
+                f32::NEG_INFINITY
+            } else {
+                self.g.attn.scale * dot(qh, self.g.head(self.k, row + j, kvw, kvh))
+            };
         }
         let max = p.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+        if max == f32::NEG_INFINITY {
+            p.fill(0.0);
+            return;
+        }
         let mut sum = 0.0f32;
         for pj in p.iter_mut() {
             *pj = (*pj - max).exp();
@@ -134,9 +156,16 @@ impl RowCtx<'_> {
 /// Scaled dot-product attention forward: `out_i = sum_j softmax_j(scale q_i.k_j) v_j` per head,
 /// over the visible keys. Computed one query row at a time (one row of scores per thread, no
 /// `t x t` matrix); `out` is fully overwritten.
-pub fn attention_forward(g: &AttnGeom, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
+pub fn attention_forward(g: &AttnGeom, x: Operands, out: &mut [f32]) {
     let (qw, kvw) = g.widths();
-    let ctx = RowCtx { g, k, v, dout: &[] };
+    let Operands { q, k, v, mask } = x;
+    let ctx = RowCtx {
+        g,
+        k,
+        v,
+        mask,
+        dout: &[],
+    };
     g.par_query_rows(out, g.t_k, |p, row, o| {
         let (bi, i) = (row / g.t_q, row % g.t_q);
         let keys = g.keys(i);
@@ -160,15 +189,20 @@ pub fn attention_forward(g: &AttnGeom, q: &[f32], k: &[f32], v: &[f32], out: &mu
 /// order.
 pub fn attention_backward(
     g: &AttnGeom,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    x: Operands,
     dout: &[f32],
     which: AttnInput,
     dst: &mut [f32],
 ) {
     let (qw, kvw) = g.widths();
-    let ctx = RowCtx { g, k, v, dout };
+    let Operands { q, k, v, mask } = x;
+    let ctx = RowCtx {
+        g,
+        k,
+        v,
+        mask,
+        dout,
+    };
     match which {
         AttnInput::Q => attention_backward_q(&ctx, q, dst),
         AttnInput::K | AttnInput::V => {
@@ -266,222 +300,4 @@ impl SharedOut {
 }
 
 #[cfg(test)]
-mod tests {
-    //! Forward kernels are checked against naive references; backward kernels against central
-    //! finite differences of `sum(forward(x) * r)` (f64 loss accumulation, eps 1e-2), with
-    //! relative L2 error below 1e-2.
-    use super::*;
-    use crate::exec::kernels::testing::{assert_close, central_diff, dot, Rng};
-
-    fn naive_attention(g: &AttnGeom, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
-        let (qw, kvw, hd) = (
-            g.attn.heads * g.head_dim,
-            g.attn.kv_heads * g.head_dim,
-            g.head_dim,
-        );
-        let mut out = vec![0.0; g.b * g.t_q * qw];
-        for b in 0..g.b {
-            for h in 0..g.attn.heads {
-                let kvh = h / (g.attn.heads / g.attn.kv_heads);
-                // The full t_q x t_k score matrix.
-                let s: Vec<Vec<f64>> = (0..g.t_q)
-                    .map(|i| {
-                        (0..g.t_k)
-                            .map(|j| {
-                                // Hugging Face's mask: a later key, or one `window` or more
-                                // positions back, with queries aligned to the last keys.
-                                let at = i as isize + g.t_k as isize - g.t_q as isize;
-                                let back = at - j as isize;
-                                let far = g.attn.window.is_some_and(|w| back >= w as isize);
-                                if g.attn.causal && (back < 0 || far) {
-                                    return f64::NEG_INFINITY;
-                                }
-                                let qo = (b * g.t_q + i) * qw + h * hd;
-                                let ko = (b * g.t_k + j) * kvw + kvh * hd;
-                                (0..hd)
-                                    .map(|d| q[qo + d] as f64 * k[ko + d] as f64)
-                                    .sum::<f64>()
-                                    * g.attn.scale as f64
-                            })
-                            .collect()
-                    })
-                    .collect();
-                for (i, row) in s.iter().enumerate() {
-                    let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let e: Vec<f64> = row.iter().map(|x| (x - max).exp()).collect();
-                    let z: f64 = e.iter().sum();
-                    for d in 0..hd {
-                        let acc: f64 = (0..g.t_k)
-                            .map(|j| e[j] / z * v[(b * g.t_k + j) * kvw + kvh * hd + d] as f64)
-                            .sum();
-                        out[(b * g.t_q + i) * qw + h * hd + d] = acc as f32;
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    fn attn_geoms() -> Vec<AttnGeom> {
-        let attn = AttnParams {
-            heads: 4,
-            kv_heads: 2,
-            causal: false,
-            scale: 0.7,
-            window: None,
-        };
-        let causal = AttnParams {
-            causal: true,
-            ..attn
-        };
-        let base = AttnGeom {
-            b: 2,
-            t_q: 5,
-            t_k: 5,
-            attn,
-            head_dim: 3,
-            operand: crate::ir::DType::F32,
-        };
-        vec![
-            base,
-            AttnGeom {
-                attn: causal,
-                ..base
-            },
-            AttnGeom {
-                attn: causal,
-                t_q: 3,
-                t_k: 6,
-                ..base
-            },
-            AttnGeom {
-                attn: AttnParams {
-                    kv_heads: 4,
-                    ..attn
-                },
-                t_q: 4,
-                t_k: 6,
-                ..base
-            },
-            // Sliding windows shorter than the sequence, with grouped and with fewer queries
-            // than keys.
-            AttnGeom {
-                attn: AttnParams {
-                    window: Some(2),
-                    ..causal
-                },
-                t_q: 7,
-                t_k: 7,
-                ..base
-            },
-            AttnGeom {
-                attn: AttnParams {
-                    window: Some(3),
-                    ..causal
-                },
-                t_q: 4,
-                t_k: 7,
-                ..base
-            },
-            AttnGeom {
-                attn: AttnParams {
-                    window: Some(1),
-                    ..causal
-                },
-                ..base
-            },
-        ]
-    }
-
-    fn attn_inputs(g: &AttnGeom, rng: &mut Rng) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-        let (qw, kvw) = (g.attn.heads * g.head_dim, g.attn.kv_heads * g.head_dim);
-        (
-            rng.vec(g.b * g.t_q * qw),
-            rng.vec(g.b * g.t_k * kvw),
-            rng.vec(g.b * g.t_k * kvw),
-        )
-    }
-
-    fn attn_fwd(g: &AttnGeom, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
-        let mut out = vec![f32::NAN; q.len()];
-        attention_forward(g, q, k, v, &mut out);
-        out
-    }
-
-    #[test]
-    fn attention_forward_matches_naive() {
-        let mut rng = Rng(3);
-        for g in attn_geoms() {
-            let (q, k, v) = attn_inputs(&g, &mut rng);
-            assert_close(
-                &attn_fwd(&g, &q, &k, &v),
-                &naive_attention(&g, &q, &k, &v),
-                1e-5,
-                &format!("{g:?}"),
-            );
-        }
-    }
-
-    #[test]
-    fn a_window_as_long_as_the_keys_is_plain_causal() {
-        let mut rng = Rng(5);
-        let g = attn_geoms()[1];
-        let (q, k, v) = attn_inputs(&g, &mut rng);
-        for w in [g.t_k, g.t_k + 3] {
-            let windowed = AttnGeom {
-                attn: AttnParams {
-                    window: Some(w),
-                    ..g.attn
-                },
-                ..g
-            };
-            assert_eq!(attn_fwd(&windowed, &q, &k, &v), attn_fwd(&g, &q, &k, &v));
-        }
-    }
-
-    #[test]
-    fn attention_backward_matches_finite_differences() {
-        let mut rng = Rng(13);
-        for g in attn_geoms() {
-            let (q, k, v) = attn_inputs(&g, &mut rng);
-            let r = rng.vec(q.len());
-            let grad = |which, len| {
-                let mut d = vec![f32::NAN; len];
-                attention_backward(&g, &q, &k, &v, &r, which, &mut d);
-                d
-            };
-            let want_q = central_diff(&q, 1e-2, |x| dot(&attn_fwd(&g, x, &k, &v), &r));
-            let want_k = central_diff(&k, 1e-2, |x| dot(&attn_fwd(&g, &q, x, &v), &r));
-            let want_v = central_diff(&v, 1e-2, |x| dot(&attn_fwd(&g, &q, &k, x), &r));
-            assert_close(&grad(AttnInput::Q, q.len()), &want_q, 1e-2, "dq");
-            assert_close(&grad(AttnInput::K, k.len()), &want_k, 1e-2, "dk");
-            assert_close(&grad(AttnInput::V, v.len()), &want_v, 1e-2, "dv");
-        }
-    }
-
-    #[test]
-    fn attention_is_deterministic() {
-        let g = AttnGeom {
-            b: 3,
-            t_q: 33,
-            t_k: 33,
-            attn: AttnParams {
-                heads: 4,
-                kv_heads: 1,
-                causal: true,
-                scale: 0.35,
-                window: None,
-            },
-            head_dim: 8,
-            operand: crate::ir::DType::F32,
-        };
-        let (q, k, v) = attn_inputs(&g, &mut Rng(21));
-        let dk = || {
-            let mut d = vec![0.0; k.len()];
-            attention_backward(&g, &q, &k, &v, &q, AttnInput::K, &mut d);
-            d
-        };
-        assert_eq!(dk(), dk());
-        assert_eq!(attn_fwd(&g, &q, &k, &v), attn_fwd(&g, &q, &k, &v));
-    }
-}
+mod tests;
