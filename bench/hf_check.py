@@ -7,7 +7,7 @@ that checkpoint by name (`--params DIR`) and runs one step on the same batch wit
 The check compares the loss and the gradient of every parameter with PyTorch's (the loss as
 memc's model defines it: cross-entropy of every position against `targets`, mean over
 the positions whose target is not -100), and prints the largest relative differences. The
-models that take an `attention_mask` (BERT and the LLaMA line) get a batch whose second row
+models that take an `attention_mask` (BERT, GPT-2 and the LLaMA line) get a batch whose second row
 is padded, masked in both and with labels -100 there: at its end for BERT, at its start for
 the causal decoders (left padding, as batched generation pads; padding at the end would
 change nothing that a causal model's loss sees).
@@ -62,7 +62,7 @@ CONFIGS = {
 CLASSES = {"gpt2": "GPT2LMHeadModel", "bert": "BertForMaskedLM",
            "vit": "ViTForImageClassification"}
 # The models memc imports with an `attention_mask` input, and how many tokens of row 1 pad it.
-MASKED = {"bert", "llama", "qwen2", "mistral", "gemma", "phi3"}
+MASKED = {"bert", "gpt2", "llama", "qwen2", "mistral", "gemma", "phi3"}
 PADDING = 3
 
 

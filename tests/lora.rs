@@ -77,41 +77,7 @@ fn adapter_gradients_match_finite_differences() {
     let src = "model t {\n  dim B = 3, D = 6\n  input x: [B, D]\n  param w: [D, D] = normal(0.5)\n  let h = tanh(x @ w)\n  loss = mean(h * h)\n  train { optimizer = sgd(lr = 0.0) }\n}\n";
     let c = compiled_with(src, &lora("r=2,alpha=4,targets=w", vec![]));
     let mut ex = executor(&c, 4);
-    let plan = ex.plan().clone();
-    let buffer = |name: &str| plan.params.iter().find(|p| p.name == name).unwrap().buffer;
-    // B starts at zero, where A's gradient vanishes: give B values first.
-    let b: Vec<f32> = (0..12).map(|i| 0.3 * ((i as f32) * 0.7).sin()).collect();
-    ex.write(buffer("w.lora_b"), &b).unwrap();
-    let mut grads = std::collections::HashMap::new();
-    ex.run_step(Some(&mut |name: &str, g: &[f32]| {
-        grads.insert(name.to_string(), g.to_vec());
-    }))
-    .unwrap();
-    assert_eq!(
-        grads.len(),
-        2,
-        "only the adapters train: {:?}",
-        grads.keys()
-    );
-    let eps = 1e-2f32;
-    for name in ["w.lora_a", "w.lora_b"] {
-        let base = ex.read(buffer(name)).to_vec();
-        let (mut num, mut den) = (0f64, 0f64);
-        for j in 0..base.len() {
-            let mut at = |delta: f32| {
-                let mut p = base.clone();
-                p[j] += delta;
-                ex.write(buffer(name), &p).unwrap();
-                f64::from(loss(&mut ex))
-            };
-            let fd = (at(eps) - at(-eps)) / (2.0 * f64::from(eps));
-            ex.write(buffer(name), &base).unwrap();
-            num += (f64::from(grads[name][j]) - fd).powi(2);
-            den += fd.powi(2);
-        }
-        let err = (num / den.max(1e-30)).sqrt();
-        assert!(den > 0.0 && err < 1e-2, "{name}: relative error {err:.2e}");
-    }
+    common::check_adapter_gradients(&mut ex, 1, "LoRA");
 }
 
 /// A model without linear layers in blocks gets a diagnostic, not a step that trains nothing.

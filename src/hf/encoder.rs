@@ -270,11 +270,13 @@ pub fn gpt2(c: &Config) -> Result<Written, UserError> {
     let mut m = format!(
         "# GPT2LMHeadModel from a Hugging Face config (model_type \"gpt2\"). Parameters are named and\n\
          # laid out as its checkpoints store them: `memc run --params model.safetensors` loads one.\n\
-         # targets: the token that follows each position, -100 where no loss is taken. Dropout is\n\
-         # not modelled.\n\
+         # targets: the token that follows each position, -100 where no loss is taken.\n\
+         # attention_mask: 1 at real tokens, 0 at padding, which no query attends (the model's\n\
+         # attention_mask); a query with only padding to see outputs zeros. Dropout is not modelled.\n\
          model gpt2 {{\n  \
            dim B = 1, T = {positions}, P = {positions}, D = {d}, H = {h}, F = {ff}, V = {vocab}, L = {l}\n  \
            input  tokens:  i32[B, T]\n  \
+           input  attention_mask: i32[B, T]\n  \
            input  targets: i32[B, T]\n  \
            param  transformer.wte: embedding(V, D, {lin})\n  \
            param  transformer.wpe: embedding(P, D, std = 0.01)\n\n  \
@@ -286,7 +288,7 @@ pub fn gpt2(c: &Config) -> Result<Written, UserError> {
              param mlp.c_fc: linear(D, F, {lin})\n    \
              param mlp.c_proj: linear(F, D, {lin})\n\n    \
              let q, k, v = split(linear(layernorm(x, ln_1, eps = {eps}), attn.c_attn), 3)\n    \
-             x = x + linear(attention(q, k, v, heads = H, causal = true), attn.c_proj)\n    \
+             x = x + linear(attention(q, k, v, heads = H, causal = true, key_mask = attention_mask), attn.c_proj)\n    \
              x = x + linear({f}(linear(layernorm(x, ln_2, eps = {eps}), mlp.c_fc){exact}), mlp.c_proj)\n    \
              return x\n  \
            }}\n\n  \

@@ -122,3 +122,48 @@ pub fn refused(plan: memc::plan::Plan, needle: &str) -> Vec<String> {
     );
     errors
 }
+
+/// Checks LoRA's adapters `w.lora_a` and `w.lora_b` of a model whose only weight `w` is
+/// adapted against central finite differences of the step's loss (every `stride`-th
+/// element), after giving `w.lora_b` nonzero values (at zero, A's gradient vanishes).
+/// Fails naming the adapter whose relative error reaches 1e-2; `label` names the case.
+pub fn check_adapter_gradients(ex: &mut CpuExecutor, stride: usize, label: &str) {
+    let plan = ex.plan().clone();
+    let buffer = |name: &str| plan.params.iter().find(|p| p.name == name).unwrap().buffer;
+    let n = plan.buffers[buffer("w.lora_b").index()].ty.numel() as usize;
+    let b: Vec<f32> = (0..n).map(|i| 0.3 * ((i as f32) * 0.7).sin()).collect();
+    ex.write(buffer("w.lora_b"), &b).unwrap();
+    let mut grads = std::collections::HashMap::new();
+    ex.run_step(Some(&mut |name: &str, g: &[f32]| {
+        grads.insert(name.to_string(), g.to_vec());
+    }))
+    .unwrap();
+    assert_eq!(
+        grads.len(),
+        2,
+        "{label}: only the adapters train: {:?}",
+        grads.keys()
+    );
+    let eps = 1e-2f32;
+    for name in ["w.lora_a", "w.lora_b"] {
+        let base = ex.read(buffer(name)).to_vec();
+        let (mut num, mut den) = (0f64, 0f64);
+        for j in (0..base.len()).step_by(stride) {
+            let mut at = |delta: f32| {
+                let mut p = base.clone();
+                p[j] += delta;
+                ex.write(buffer(name), &p).unwrap();
+                f64::from(loss(ex))
+            };
+            let fd = (at(eps) - at(-eps)) / (2.0 * f64::from(eps));
+            ex.write(buffer(name), &base).unwrap();
+            num += (f64::from(grads[name][j]) - fd).powi(2);
+            den += fd.powi(2);
+        }
+        let err = (num / den.max(1e-30)).sqrt();
+        assert!(
+            den > 0.0 && err < 1e-2,
+            "{label} {name}: relative error {err:.2e}"
+        );
+    }
+}
