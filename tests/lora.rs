@@ -185,3 +185,15 @@ fn merged_adapters_give_the_adapted_step_and_peft_names() {
         }
     }
 }
+
+#[test]
+fn saving_adapters_without_lora_is_refused_before_any_step() {
+    let out = common::memc(&["run", common::MLP, "--save-adapters", "never-written"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("run the .mdl with --lora"), "{stderr}");
+    assert!(out.stdout.is_empty(), "a step ran first");
+    assert!(!std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("never-written")
+        .exists());
+}

@@ -512,6 +512,12 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
             "no CUDA driver found; use --device cpu".into(),
         ));
     }
+    if (args.save_adapters.is_some() || args.merge_adapters) && args.compile.lora.is_none() {
+        return Err(Failure::Plain(
+            "--save-adapters and --merge-adapters save what --lora trains: run the .mdl with --lora"
+                .into(),
+        ));
+    }
     let plan = load_plan(&args)?;
     if plan.plan().train.is_none() && args.steps > 1 {
         return Err(Failure::Plain(
