@@ -124,13 +124,14 @@ impl From<passes::quantize::QuantizeError> for CompileError {
     }
 }
 
-/// `graph` with its frozen weights quantized when `--quantize-frozen` asks, verified, and
-/// where each of its values went (None: nowhere, the graph is unchanged).
+/// `graph` with its frozen weights quantized by `scheme` (`--quantize-frozen`, `train {
+/// quantize_frozen }`), verified, and where each of its values went (None: nowhere, the
+/// graph is unchanged).
 fn quantized(
     graph: ir::Graph,
-    options: &Options,
+    scheme: Option<ir::Scheme>,
 ) -> Result<(ir::Graph, Option<Vec<ir::ValueId>>), CompileError> {
-    let Some(scheme) = options.quantize_frozen else {
+    let Some(scheme) = scheme else {
         return Ok((graph, None));
     };
     let out = passes::quantize::run(&graph, scheme)?;
@@ -154,8 +155,8 @@ fn verified(graph: &ir::Graph, pass: &str) -> Result<(), CompileError> {
     })
 }
 
-/// Applies the command line's budget, precision, master-weights, accumulation and optimizer
-/// state settings to `train { }`; pure fp16 (no master weights), 8-bit state for SGD and
+/// Applies the command line's budget, precision, master-weights, accumulation, optimizer
+/// state, LoRA and frozen-weight quantization settings to `train { }`; pure fp16 (no master weights), 8-bit state for SGD and
 /// stochastic rounding with master weights (nothing to round) are refused.
 fn apply_train_options(
     t: &mut front::train::TrainSpec,
@@ -165,6 +166,8 @@ fn apply_train_options(
     t.settings.precision = options.precision.unwrap_or(t.settings.precision);
     t.settings.master_weights = options.master_weights.unwrap_or(t.settings.master_weights);
     t.settings.accumulate = options.accumulate.unwrap_or(t.settings.accumulate);
+    t.settings.lora = options.lora.clone().or(t.settings.lora.take());
+    t.settings.quantize_frozen = options.quantize_frozen.or(t.settings.quantize_frozen);
     if !t.settings.master_weights && t.settings.precision != settings::Precision::Bf16 {
         return Err(UserError::at(
             t.precision_span,
@@ -240,19 +243,19 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
     let mut module = front::lower(&ast, &options.overrides)?;
     passes::freeze::run(&mut module.graph, &options.freeze)?;
     verified(&module.graph, "lower")?;
-    if let Some(spec) = &options.lora {
-        if module.train.is_none() {
-            return Err(diagnostic::UserError::general(
-                "--lora adapts a model for training, and this one has no `train { }`",
-                "add a train block, or compile without --lora",
-            )
-            .into());
-        }
-        module.graph = passes::lora::run(&module.graph, spec)?;
-        verified(&module.graph, "lora")?;
+    if options.lora.is_some() && module.train.is_none() {
+        return Err(diagnostic::UserError::general(
+            "--lora adapts a model for training, and this one has no `train { }`",
+            "add a train block, or compile without --lora",
+        )
+        .into());
     }
     if let Some(t) = module.train.as_mut() {
         apply_train_options(t, options)?;
+    }
+    if let Some(spec) = module.train.as_ref().and_then(|t| t.settings.lora.clone()) {
+        module.graph = passes::lora::run(&module.graph, &spec)?;
+        verified(&module.graph, "lora")?;
     }
     if options.fuse_loss {
         let hidden = module
@@ -275,7 +278,7 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
             let mut mixed =
                 passes::precision::run(&module.graph, loss, t.precision, t.master_weights)?;
             verified(&mixed.graph, "precision")?;
-            let (graph, map) = quantized(mixed.graph, options)?;
+            let (graph, map) = quantized(mixed.graph, t.quantize_frozen)?;
             mixed.graph = graph;
             if let Some(map) = map {
                 mixed.objective = map[mixed.objective.index()];
@@ -303,7 +306,10 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
             )?;
             (g, in_backward)
         }
-        None => (quantized(module.graph.clone(), options)?.0, false),
+        None => (
+            quantized(module.graph.clone(), options.quantize_frozen)?.0,
+            false,
+        ),
     };
     let build = BuildOptions {
         optimizer_in_backward: in_backward,

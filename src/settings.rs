@@ -45,6 +45,14 @@ pub struct TrainSummary {
     /// nearest, so that updates below half a bf16 ulp still move them on average.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stochastic_rounding: bool,
+    /// LoRA adapters on the model's weights, the model itself frozen (`lora = lora(...)`
+    /// or `--lora`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<crate::passes::lora::LoraSpec>,
+    /// How frozen matmul weights are stored (`quantize_frozen = nf4` or
+    /// `--quantize-frozen`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantize_frozen: Option<crate::ops::quant::Scheme>,
 }
 
 fn yes() -> bool {

@@ -191,9 +191,45 @@ fn saving_adapters_without_lora_is_refused_before_any_step() {
     let out = common::memc(&["run", common::MLP, "--save-adapters", "never-written"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("run the .mdl with --lora"), "{stderr}");
+    assert!(stderr.contains("this plan has no adapters"), "{stderr}");
     assert!(out.stdout.is_empty(), "a step ran first");
     assert!(!std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("never-written")
         .exists());
+}
+
+#[test]
+fn lora_and_quantization_in_the_train_section_equal_the_flags() {
+    let config = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+      "vocab_size": 64, "max_position_embeddings": 16}"#;
+    let mdl = memc::hf::import_config(config).unwrap().mdl;
+    let in_section = mdl.replace(
+        "    precision = fp32\n",
+        "    precision = fp32\n    lora = lora(r = 4, alpha = 8, targets = (q_proj, v_proj))\n    quantize_frozen = nf4\n",
+    );
+    assert_ne!(in_section, mdl, "the import's train section changed shape");
+    let by_flags = Options {
+        lora: Some(LoraSpec::parse("r=4,alpha=8,targets=q_proj+v_proj").unwrap()),
+        quantize_frozen: Some(memc::ir::Scheme::Nf4),
+        ..Options::default()
+    };
+    let a = compiled_with(&in_section, &Options::default());
+    let b = compiled_with(&mdl, &by_flags);
+    let (ra, rb) = (&a.plan.plan().report, &b.plan.plan().report);
+    // 2 layers x (q: 64x4 + 4x64, v: 64x4 + 4x32).
+    assert_eq!(ra.trainable_param_count, 2 * (512 + 384));
+    assert_eq!(ra.trainable_param_count, rb.trainable_param_count);
+    assert_eq!(ra.bytes, rb.bytes);
+    assert_eq!(a.plan.plan().train, b.plan.plan().train);
+    // The command line wins over the section.
+    let rank8 = Options {
+        lora: Some(LoraSpec::parse("r=8,targets=q_proj").unwrap()),
+        ..Options::default()
+    };
+    let c = compiled_with(&in_section, &rank8);
+    assert_eq!(
+        c.plan.plan().report.trainable_param_count,
+        2 * (64 * 8 + 8 * 64)
+    );
 }

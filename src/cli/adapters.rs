@@ -1,31 +1,25 @@
 //! `memc run --save-adapters DIR` and `--merge-adapters`: what `--lora` trained, written for
 //! use elsewhere (see [`memc::exec::adapters`]).
 
-use super::{output::write_atomic, CompileArgs, Failure};
+use super::{output::write_atomic, Failure};
 use memc::exec::adapters::{self, adapted, Adapted};
 use memc::exec::io::write_safetensors;
-use memc::passes::lora::LoraSpec;
 use memc::plan::{BufferId, Plan};
 use std::path::Path;
 
 /// Named tensors as safetensors writes them: name, shape, values.
 pub type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
 
-/// The adapted weights of `plan` and LoRA's alpha, from the `--lora` the run compiled with;
-/// an error saying what is missing otherwise.
-fn lora(compile: &CompileArgs, plan: &Plan, flag: &str) -> Result<(Vec<Adapted>, f32), Failure> {
-    let spec = compile
-        .lora
-        .as_deref()
-        .map(LoraSpec::parse)
-        .transpose()
-        .map_err(|e| Failure::Plain(format!("--lora: {e}")))?;
-    let Some(spec) = spec else {
-        return Err(Failure::Plain(format!(
-            "{flag} saves what --lora trains: run the .mdl with --lora"
-        )));
-    };
-    Ok((adapted(plan), spec.alpha))
+/// The adapted weights of `plan` and LoRA's alpha, from the `--lora` or `lora = lora(...)`
+/// it was compiled with; an error naming `flag` otherwise.
+pub fn lora(plan: &Plan, flag: &str) -> Result<(Vec<Adapted>, f32), Failure> {
+    match plan.train.as_ref().and_then(|t| t.lora.as_ref()) {
+        Some(spec) => Ok((adapted(plan), spec.alpha)),
+        None => Err(Failure::Plain(format!(
+            "{flag} saves what LoRA trains, and this plan has no adapters: compile with --lora \
+             or `train {{ lora = lora(r = 16) }}`"
+        ))),
+    }
 }
 
 /// Writes DIR/adapter_model.safetensors and DIR/adapter_config.json: the adapters as PEFT
@@ -33,11 +27,10 @@ fn lora(compile: &CompileArgs, plan: &Plan, flag: &str) -> Result<(Vec<Adapted>,
 /// [out, r]`), read through `read`.
 pub fn save(
     dir: &Path,
-    compile: &CompileArgs,
     plan: &Plan,
     read: impl Fn(BufferId) -> Result<Vec<f32>, Failure>,
 ) -> Result<(), Failure> {
-    let (list, alpha) = lora(compile, plan, "--save-adapters")?;
+    let (list, alpha) = lora(plan, "--save-adapters")?;
     let mut tensors: Tensors = Vec::new();
     for ad in &list {
         let (a, b) = (read(ad.a)?, read(ad.b)?);
@@ -60,11 +53,10 @@ pub fn save(
 /// Every parameter of `plan` but the adapters, each adapted weight merged with its
 /// adapters (`W + alpha/r · A·B`): what the model without `--lora` loads with `--params`.
 pub fn merged_params(
-    compile: &CompileArgs,
     plan: &Plan,
     read: impl Fn(BufferId) -> Result<Vec<f32>, Failure>,
 ) -> Result<Tensors, Failure> {
-    let (list, alpha) = lora(compile, plan, "--merge-adapters")?;
+    let (list, alpha) = lora(plan, "--merge-adapters")?;
     let mut out = Tensors::new();
     for p in plan
         .params

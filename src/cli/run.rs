@@ -360,13 +360,13 @@ fn save_after(
     }
     let read = |b: BufferId| read(b).map_err(Failure::Plain);
     if let Some(dir) = &args.save_adapters {
-        adapters::save(dir, &args.compile, plan, read)?;
+        adapters::save(dir, plan, read)?;
     }
     let Some(path) = &args.save_params else {
         return Ok(());
     };
     let tensors = if args.merge_adapters {
-        adapters::merged_params(&args.compile, plan, read)?
+        adapters::merged_params(plan, read)?
     } else {
         plan.params
             .iter()
@@ -512,13 +512,15 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
             "no CUDA driver found; use --device cpu".into(),
         ));
     }
-    if (args.save_adapters.is_some() || args.merge_adapters) && args.compile.lora.is_none() {
-        return Err(Failure::Plain(
-            "--save-adapters and --merge-adapters save what --lora trains: run the .mdl with --lora"
-                .into(),
-        ));
-    }
     let plan = load_plan(&args)?;
+    for (asked, flag) in [
+        (args.save_adapters.is_some(), "--save-adapters"),
+        (args.merge_adapters, "--merge-adapters"),
+    ] {
+        if asked {
+            adapters::lora(plan.plan(), flag)?;
+        }
+    }
     if plan.plan().train.is_none() && args.steps > 1 {
         return Err(Failure::Plain(
             "an inference plan runs one step; drop --steps".into(),

@@ -6,6 +6,7 @@ mod eval;
 mod lower;
 mod parse;
 pub mod train;
+mod train_lora;
 mod value;
 
 pub use lower::{lower, Module};

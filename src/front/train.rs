@@ -160,6 +160,8 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
             budget: None,
             clip_grad_norm: None,
             stochastic_rounding: false,
+            lora: None,
+            quantize_frozen: None,
         },
         span,
         precision_span: span,
@@ -249,12 +251,16 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
                 }
                 spec.settings.clip_grad_norm = Some(v);
             }
+            "lora" => spec.settings.lora = Some(super::train_lora::lora(value)?),
+            "quantize_frozen" => {
+                spec.settings.quantize_frozen = Some(super::train_lora::scheme(value)?)
+            }
             other => {
                 return Err(UserError::at(
                     name.span,
                     format!("unknown train option `{other}`"),
                     "unknown option",
-                    "accepted: optimizer, precision, master_weights, stochastic_rounding, accumulate, budget, clip_grad_norm",
+                    "accepted: optimizer, precision, master_weights, stochastic_rounding, accumulate, budget, clip_grad_norm, lora, quantize_frozen",
                 ))
             }
         }

@@ -10,7 +10,7 @@ use crate::ir::*;
 use std::collections::HashMap;
 
 /// The adapters to add: rank, scale numerator and which weights.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LoraSpec {
     /// The adapters' rank r (at least 1).
     pub rank: usize,
