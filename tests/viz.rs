@@ -5,7 +5,7 @@
 mod common;
 
 use common::assert_success;
-use memc::plan::Plan;
+use memc::plan::{BufferClass, Plan};
 use memc::{compile, Options};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -115,6 +115,41 @@ fn live_bytes_peak_matches_the_report() {
     let live = plan.live_per_step();
     assert_eq!(live.len(), plan.steps.len());
     assert_eq!(live.iter().copied().max(), Some(plan.report.bytes.peak));
+}
+
+#[test]
+fn the_stacked_view_splits_the_live_total_by_kind() {
+    let plan = plan_of(
+        &example("gpt2.mdl"),
+        &[("L", 2), ("D", 64), ("T", 32), ("V", 256), ("H", 4)],
+    );
+    let live = plan.live_per_step();
+    let kinds: Vec<Vec<u64>> = [
+        BufferClass::Param,
+        BufferClass::OptimState,
+        BufferClass::Input,
+        BufferClass::Activation,
+        BufferClass::Gradient,
+        BufferClass::Temporary,
+        BufferClass::Workspace,
+    ]
+    .iter()
+    .map(|&c| plan.live_per_step_of(|b| b.class == c))
+    .collect();
+    for (step, &total) in live.iter().enumerate() {
+        let sum: u64 = kinds.iter().map(|k| k[step]).sum();
+        assert_eq!(sum, total, "step {step}");
+    }
+    let html = memc::viz::render_html(&plan);
+    assert!(html.contains(r#"<svg id="stacked""#));
+    let present = kinds.iter().filter(|k| k.iter().any(|&v| v > 0)).count();
+    assert_eq!(html.matches(r#"<polygon class="area "#).count(), present);
+    for label in ["parameters", "optimizer state", "activations", "gradients"] {
+        assert!(
+            html.contains(&format!("<title>{label}: up to ")),
+            "no {label} area"
+        );
+    }
 }
 
 fn scratch() -> tempfile::TempDir {

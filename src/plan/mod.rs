@@ -58,12 +58,18 @@ impl Plan {
     /// their root's bytes and count nothing; lifetimes are clamped to the steps, so a loaded
     /// plan cannot index past them).
     pub fn live_per_step(&self) -> Vec<u64> {
+        self.live_per_step_of(|_| true)
+    }
+
+    /// Live bytes at each step of the buffers `keep` selects (views never count: their
+    /// bytes are their root's).
+    pub fn live_per_step_of(&self, keep: impl Fn(&Buffer) -> bool) -> Vec<u64> {
         let n = self.steps.len().max(1);
         live_bytes(
             n,
             self.buffers
                 .iter()
-                .filter(|b| b.view_of.is_none())
+                .filter(|b| b.view_of.is_none() && keep(b))
                 .map(|b| {
                     let first = b.first.min(n - 1);
                     (b.bytes, first, b.last.min(n - 1).max(first))

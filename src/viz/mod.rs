@@ -2,6 +2,8 @@
 //! JS; no network): every buffer a rectangle from its first to its last step and over its
 //! bytes, coloured by class, with the peak and arena marked and per-phase tables.
 
+mod stacked;
+
 use crate::ir::Phase;
 use crate::plan::{grouped, human_bytes, Buffer, BufferClass, Plan};
 use std::fmt::Write;
@@ -103,6 +105,7 @@ fn phase_runs(plan: &Plan) -> Vec<(Phase, usize, usize)> {
 
 struct Scale {
     steps: f64,
+    /// The bytes at the top of the plot.
     arena: f64,
 }
 
@@ -443,7 +446,9 @@ const CSS: &str = r#"
 body { font: 13px/1.4 system-ui, sans-serif; margin: 16px; color: #222; background: #fff; }
 h1 { font-size: 18px; margin: 0 0 4px; }
 #summary { margin: 0 0 8px; color: #444; }
-#plot { width: 100%; height: auto; display: block; border: 1px solid #ddd; }
+#plot, #stacked { width: 100%; height: auto; display: block; border: 1px solid #ddd; }
+#stacked { margin-top: 12px; } .area { stroke: rgba(0,0,0,0.35); stroke-width: 0.3; }
+.area:hover { stroke: #000; stroke-width: 1; } h2 { font-size: 15px; margin: 16px 0 4px; }
 .buf { stroke: rgba(0,0,0,0.25); stroke-width: 0.15; shape-rendering: crispEdges; }
 .buf:hover, .buf.hot { stroke: #000; stroke-width: 1; }
 .param { fill: #4e79a7; } .optim { fill: #b07aa1; } .input { fill: #9d9d9d; }
@@ -550,6 +555,7 @@ pub fn render_html(plan: &Plan) -> String {
     );
     legend(&mut out, plan);
     svg(&mut out, plan, &live);
+    stacked::svg(&mut out, plan, &live);
     tables(&mut out, plan);
     let _ = writeln!(
         out,
