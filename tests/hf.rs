@@ -408,3 +408,19 @@ fn sliding_windows_follow_the_config() {
     // Phi-3 pads with token 32000, whose embedding row gets no gradient.
     assert!(mdl(PHI3_MINI).contains("padding_idx = 32000"));
 }
+
+#[test]
+fn a_model_folder_imports_from_its_config() {
+    let dir = scratch("folder");
+    std::fs::write(dir.join("config.json"), TINY_LLAMA).unwrap();
+    let out = dir.join("model.mdl");
+    let run = memc(&["import", dir.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_success(&run);
+    let written = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(written, import_config(TINY_LLAMA).unwrap().mdl);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains(&format!("--params {}", dir.display())),
+        "{stderr}"
+    );
+}

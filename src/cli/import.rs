@@ -8,7 +8,8 @@ use std::path::PathBuf;
 /// Arguments of `memc import`.
 #[derive(clap::Args)]
 pub struct ImportArgs {
-    /// The .onnx file, or a Hugging Face transformers config.json.
+    /// The .onnx file, or a Hugging Face transformers config.json (or the model's folder
+    /// holding it).
     file: PathBuf,
     /// The .mdl to write.
     #[arg(short, long)]
@@ -20,7 +21,10 @@ pub struct ImportArgs {
 }
 
 /// Runs the command: both files are written atomically, the weights first.
-pub fn import(args: ImportArgs) -> Result<(), Failure> {
+pub fn import(mut args: ImportArgs) -> Result<(), Failure> {
+    if args.file.is_dir() {
+        args.file = args.file.join("config.json");
+    }
     let bytes = std::fs::read(&args.file)
         .map_err(|e| Failure::Plain(format!("cannot read {}: {e}", args.file.display())))?;
     if args.file.extension().is_some_and(|e| e == "json") {
@@ -68,11 +72,13 @@ fn import_config(args: &ImportArgs, bytes: &[u8]) -> Result<(), Failure> {
     }
     let written = memc::hf::import_config(&text).map_err(|e| Failure::user(e, &name, &text))?;
     write_atomic(&args.output, written.mdl.as_bytes())?;
+    let folder = args.file.parent().filter(|d| !d.as_os_str().is_empty());
     eprintln!(
-        "wrote {} ({}); load its checkpoint with `memc run {} --params model.safetensors`",
+        "wrote {} ({}); load its checkpoint with `memc run {} --params {}`",
         args.output.display(),
         written.class,
-        args.output.display()
+        args.output.display(),
+        folder.map_or("model.safetensors".into(), |d| d.display().to_string())
     );
     Ok(())
 }
