@@ -43,6 +43,12 @@ CONFIGS = {
     "mistral": dict(DECODER, model_type="mistral", hidden_act="silu", sliding_window=5),
     "gemma": dict(DECODER, model_type="gemma", head_dim=16, hidden_act="gelu_pytorch_tanh",
                   hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True),
+    # Three layers: local (window 5 of 12 positions), global, local; weights large enough
+    # (initializer_range) that both soft caps bend the scores and the logits.
+    "gemma2": dict(DECODER, model_type="gemma2", head_dim=16, num_hidden_layers=3,
+                   hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                   query_pre_attn_scalar=24, sliding_window=5, attn_logit_softcapping=5.0,
+                   final_logit_softcapping=3.0, initializer_range=0.3),
     "phi3": dict(DECODER, model_type="phi3", hidden_act="silu", sliding_window=7,
                  pad_token_id=0, embd_pdrop=0.0, resid_pdrop=0.0),
     "gpt2": dict(model_type="gpt2", n_embd=48, n_head=6, n_layer=2, n_positions=T,
@@ -62,7 +68,7 @@ CONFIGS = {
 CLASSES = {"gpt2": "GPT2LMHeadModel", "bert": "BertForMaskedLM",
            "vit": "ViTForImageClassification"}
 # The models memc imports with an `attention_mask` input, and how many tokens of row 1 pad it.
-MASKED = {"bert", "gpt2", "llama", "qwen2", "mistral", "gemma", "phi3"}
+MASKED = {"bert", "gpt2", "llama", "qwen2", "mistral", "gemma", "gemma2", "phi3"}
 PADDING = 3
 
 

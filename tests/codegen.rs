@@ -63,6 +63,7 @@ fn attention_backward_units_cover_every_head_once() {
         causal: true,
         scale: 0.35,
         window: None,
+        softcap: None,
         key_mask: false,
     };
     for which in [AttnInput::Q, AttnInput::K, AttnInput::V] {
@@ -106,6 +107,7 @@ fn windowed_attention_backward_scores_only_the_window() {
             causal: true,
             scale: 0.25,
             window,
+            softcap: None,
             key_mask: false,
         };
         let op = Op::AttentionBackward { attn, which };

@@ -55,6 +55,24 @@ const GEMMA_2B: &str = r#"{"architectures": ["GemmaForCausalLM"], "model_type": 
   "max_position_embeddings": 8192, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
   "hidden_act": "gelu", "hidden_activation": null, "torch_dtype": "bfloat16"}"#;
 
+/// google/gemma-2-2b's config.json (the fields memc reads).
+const GEMMA2_2B: &str = r#"{"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+  "hidden_size": 2304, "intermediate_size": 9216, "num_attention_heads": 8,
+  "num_key_value_heads": 4, "head_dim": 256, "num_hidden_layers": 26, "vocab_size": 256000,
+  "max_position_embeddings": 8192, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+  "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+  "query_pre_attn_scalar": 256, "sliding_window": 4096, "attn_logit_softcapping": 50.0,
+  "final_logit_softcapping": 30.0, "pad_token_id": 0, "torch_dtype": "float32"}"#;
+
+/// google/gemma-2-9b's config.json (the fields memc reads).
+const GEMMA2_9B: &str = r#"{"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+  "hidden_size": 3584, "intermediate_size": 14336, "num_attention_heads": 16,
+  "num_key_value_heads": 8, "head_dim": 256, "num_hidden_layers": 42, "vocab_size": 256000,
+  "max_position_embeddings": 8192, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+  "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
+  "sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+  "torch_dtype": "float32"}"#;
+
 /// openai-community/gpt2's config.json.
 const GPT2: &str = r#"{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
   "n_embd": 768, "n_head": 12, "n_layer": 12, "n_ctx": 1024, "n_positions": 1024,
@@ -100,12 +118,14 @@ fn counts(config: &str, options: &Options) -> (u64, u64) {
 
 #[test]
 fn published_configs_give_published_parameter_counts() {
-    let cases: [(&str, String, u64); 8] = [
+    let cases: [(&str, String, u64); 10] = [
         ("Llama-3-8B", LLAMA3_8B.into(), 8_030_261_248),
         ("Mistral-7B-v0.1", MISTRAL_7B.into(), 7_241_732_096),
         ("Phi-3-mini", PHI3_MINI.into(), 3_821_079_552),
         ("Qwen2-7B", QWEN2_7B.into(), 7_615_616_512),
         ("gemma-2b", GEMMA_2B.into(), 2_506_172_416),
+        ("gemma-2-2b", GEMMA2_2B.into(), 2_614_341_888),
+        ("gemma-2-9b", GEMMA2_9B.into(), 9_241_705_984),
         ("gpt2", GPT2.into(), 124_439_808),
         (
             "bert-base-uncased (masked LM)",
@@ -129,6 +149,7 @@ fn imports_name_their_classes() {
         (PHI3_MINI, "Phi3ForCausalLM"),
         (QWEN2_7B, "Qwen2ForCausalLM"),
         (GEMMA_2B, "GemmaForCausalLM"),
+        (GEMMA2_2B, "Gemma2ForCausalLM"),
         (GPT2, "GPT2LMHeadModel"),
         (BERT_BASE, "BertForMaskedLM"),
     ] {
@@ -407,6 +428,38 @@ fn sliding_windows_follow_the_config() {
     }
     // Phi-3 pads with token 32000, whose embedding row gets no gradient.
     assert!(mdl(PHI3_MINI).contains("padding_idx = 32000"));
+}
+
+#[test]
+fn gemma2_alternates_windowed_and_global_layers_with_soft_caps() {
+    let mdl = import_config(GEMMA2_2B).unwrap().mdl;
+    // Layer i is local (windowed) when i is even: the cycle starts with `local`.
+    assert!(
+        mdl.contains("x = repeat L (local, global)(x) as model.layers"),
+        "{mdl}"
+    );
+    let attention = |w: &str| {
+        format!("causal = true{w}, scale = 0.0625, softcap = 50, key_mask = attention_mask")
+    };
+    assert!(mdl.contains(&attention(", window = 4096")), "{mdl}");
+    assert!(mdl.contains(&attention("")), "{mdl}");
+    assert!(mdl.contains("tanh(logits / 30) * 30"), "{mdl}");
+    for norm in ["pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+        assert!(mdl.contains(&format!("param {norm}: rmsnorm(D)")), "{mdl}");
+    }
+    // Null turns a cap and the window off.
+    let plain = GEMMA2_2B
+        .replace("\"sliding_window\": 4096", "\"sliding_window\": null")
+        .replace(
+            "\"final_logit_softcapping\": 30.0",
+            "\"final_logit_softcapping\": null",
+        );
+    let mdl = import_config(&plain).unwrap().mdl;
+    assert!(
+        mdl.contains("x = repeat L layer(x) as model.layers"),
+        "{mdl}"
+    );
+    assert!(!mdl.contains("window") && !mdl.contains("tanh"), "{mdl}");
 }
 
 #[test]

@@ -79,7 +79,8 @@ fn kernels_compile_with_nvrtc_and_assemble_with_ptxas() {
 }
 
 /// Every kernel of every example's plan in every precision (fp32, bf16, fp16, pure bf16), and
-/// of the Llama example with a sliding window and with a key mask (padding).
+/// of the Llama example with a sliding window, with soft-capped scores and with a key mask
+/// (padding).
 #[test]
 fn every_example_plan_kernel_compiles() {
     if !nvrtc_ready() {
@@ -104,6 +105,12 @@ fn every_example_plan_kernel_compiles() {
             let windowed = src.replace("causal = true)", "causal = true, window = 5)");
             assert_ne!(windowed, src, "llama7b's attention line changed");
             sources.push((format!("{} window = 5", path.display()), windowed));
+            // Gemma 2's soft-capped scores, with a window.
+            let capped = src.replace(
+                "causal = true)",
+                "causal = true, window = 5, softcap = 50.0)",
+            );
+            sources.push((format!("{} softcap = 50", path.display()), capped));
             // A padded batch: Hugging Face's attention_mask as the key mask.
             let masked = src
                 .replace(
@@ -157,6 +164,12 @@ fn every_example_plan_kernel_compiles() {
             .values()
             .any(|(_, k)| k.source.contains("WINDOW = 5ull")),
         "the windowed plan's attention kernels are among them"
+    );
+    assert!(
+        kernels
+            .values()
+            .any(|(_, k)| k.source.contains("SOFTCAP = 5") && k.source.contains("SLOPES = true")),
+        "the soft-capped plan's attention kernels are among them"
     );
     assert!(
         kernels

@@ -109,7 +109,9 @@ pub enum ExprKind {
     Call(Call),
     Repeat {
         count: Box<Expr>,
-        block: Ident,
+        /// The block each copy expands: copy `i` expands `blocks[i % blocks.len()]` (one block,
+        /// or the cycle of `repeat N (a, b)(x)`).
+        blocks: Vec<Ident>,
         args: Vec<Arg>,
         /// `as P`: the copies name their parameters `P.0.<name>`, `P.1.<name>`, ...
         named_as: Option<Ident>,

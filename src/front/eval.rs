@@ -5,7 +5,7 @@ use super::ast::*;
 use super::lower::{unknown_name, Env, Lowerer, R};
 use super::value::{Group, Spanned, Val};
 use crate::diagnostic::UserError;
-use crate::ir::{Op, Span};
+use crate::ir::{DType, Op, Span};
 
 impl Lowerer<'_> {
     /// Evaluates an expression in `env`.
@@ -55,10 +55,10 @@ impl Lowerer<'_> {
             ExprKind::Call(call) => return self.call(call, env),
             ExprKind::Repeat {
                 count,
-                block,
+                blocks,
                 args,
                 named_as,
-            } => return self.repeat(count, block, args, named_as.as_ref(), env, e.span),
+            } => return self.repeat(count, blocks, args, named_as.as_ref(), env, e.span),
         };
         Ok(Spanned { val, span: e.span })
     }
@@ -191,7 +191,7 @@ impl Lowerer<'_> {
     fn repeat(
         &mut self,
         count: &Expr,
-        block: &Ident,
+        blocks: &[Ident],
         args: &[Arg],
         named_as: Option<&Ident>,
         env: &Env,
@@ -199,14 +199,23 @@ impl Lowerer<'_> {
     ) -> R<Spanned> {
         let n = self.eval(count, env)?;
         let n = self.dim(&n, "a repeat count")?;
-        let Some(def) = self.block(&block.name) else {
-            return Err(UserError::at(
-                block.span,
-                format!("unknown block `{}`", block.name),
-                "not a block",
-                "define it with `block name(x) { ... }`",
-            ));
-        };
+        let mut defs = Vec::new();
+        for block in blocks {
+            let Some(def) = self.block(&block.name) else {
+                return Err(UserError::at(
+                    block.span,
+                    format!("unknown block `{}`", block.name),
+                    "not a block",
+                    "define it with `block name(x) { ... }`",
+                ));
+            };
+            defs.push(def);
+        }
+        if let Some(&first) = defs.first() {
+            for (block, &def) in blocks.iter().zip(&defs).skip(1) {
+                self.same_signature(first, def, block.span)?;
+            }
+        }
         let mut vals = Vec::new();
         for a in args {
             if let Some(name) = &a.name {
@@ -227,10 +236,55 @@ impl Lowerer<'_> {
                 "write `repeat L layer(x)`",
             ));
         }
-        for _ in 0..n {
+        for def in defs.iter().cycle().take(n) {
             let out = self.instantiate(def, vals.clone(), named_as, span)?;
             vals[0] = Spanned { val: out.val, span };
         }
         Ok(vals.swap_remove(0))
+    }
+
+    /// Checks that block `def`, written at `at` in a `repeat` cycle, takes the arguments
+    /// `first` takes: as many, each untyped in both or of the same declared type.
+    fn same_signature(&mut self, first: &BlockDef, def: &BlockDef, at: Span) -> R<()> {
+        let mismatch = |what: String| {
+            UserError::at(
+                at,
+                format!(
+                    "the blocks a `repeat` cycles through must take the same arguments: `{}` {what}",
+                    def.name.name
+                ),
+                "different signature",
+                format!(
+                    "give `{}` the arguments of `{}`, in the same order and of the same types",
+                    def.name.name, first.name.name
+                ),
+            )
+        };
+        if def.args.len() != first.args.len() {
+            return Err(mismatch(format!(
+                "takes {} argument(s), `{}` {}",
+                def.args.len(),
+                first.name.name,
+                first.args.len()
+            )));
+        }
+        let globals = self.globals.clone();
+        for ((name, a), (_, b)) in def.args.iter().zip(&first.args) {
+            let same = match (a, b) {
+                (None, None) => true,
+                (Some(a), Some(b)) => {
+                    self.tensor_type(a, &globals, DType::F32)?
+                        == self.tensor_type(b, &globals, DType::F32)?
+                }
+                _ => false,
+            };
+            if !same {
+                return Err(mismatch(format!(
+                    "types argument `{}` differently from `{}`",
+                    name.name, first.name.name
+                )));
+            }
+        }
+        Ok(())
     }
 }

@@ -23,7 +23,7 @@ pub(super) type Env = HashMap<String, Spanned>;
 /// The lowering state: the graph under construction and the name environments.
 pub(super) struct Lowerer<'a> {
     pub(super) graph: Graph,
-    globals: Env,
+    pub(super) globals: Env,
     blocks: HashMap<String, &'a BlockDef>,
     instances: HashMap<String, usize>,
     /// Dotted scope of the block instance being expanded (`layer.3`, the block's name and
@@ -353,7 +353,7 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    fn tensor_type(&mut self, t: &TypeExpr, env: &Env, default: DType) -> R<TensorType> {
+    pub(super) fn tensor_type(&mut self, t: &TypeExpr, env: &Env, default: DType) -> R<TensorType> {
         let mut shape = Vec::new();
         for d in &t.dims {
             let v = self.eval(d, env)?;

@@ -321,12 +321,17 @@ impl Builder {
                     kind: ExprKind::Tuple(vec![]),
                     span,
                 });
-                let block = it.next().map(ident).unwrap_or_else(missing_ident);
+                let blocks = match it.next() {
+                    Some(c) if c.as_rule() == Rule::repeat_cycle => {
+                        c.into_inner().map(ident).collect()
+                    }
+                    b => vec![b.map(ident).unwrap_or_else(missing_ident)],
+                };
                 let (named, args): (Vec<_>, Vec<_>) =
                     it.partition(|a| a.as_rule() == Rule::repeat_as);
                 ExprKind::Repeat {
                     count: Box::new(count),
-                    block,
+                    blocks,
                     args: args.into_iter().map(|a| self.arg(a)).collect(),
                     named_as: named
                         .into_iter()

@@ -142,6 +142,23 @@ impl<'a> Config<'a> {
         }
     }
 
+    /// An optional positive number that a config may turn off with null: `default` when the
+    /// key is absent, `None` when it is null, the number when it is a positive one.
+    pub fn positive_or_null(&self, key: &str, default: Option<f64>) -> R<Option<f64>> {
+        match self.json.get(key) {
+            None => Ok(default),
+            Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_f64().filter(|x| x.is_finite() && *x > 0.0) {
+                Some(x) => Ok(Some(x)),
+                None => Err(self.error(
+                    key,
+                    format!("`{key}` must be a positive number or null, got {v}"),
+                    format!("write `{key}` as a positive JSON number, or null for none"),
+                )),
+            },
+        }
+    }
+
     /// An optional boolean with its default.
     pub fn flag_or(&self, key: &str, default: bool) -> R<bool> {
         match self.get(key) {
@@ -167,6 +184,23 @@ impl<'a> Config<'a> {
                 format!("write `{key}` as a JSON string, as transformers saves it"),
             )),
         }
+    }
+
+    /// An optional list of strings (Gemma 2's `layer_types`), `None` when absent or null.
+    pub fn texts(&self, key: &str) -> R<Option<Vec<&str>>> {
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        v.as_array()
+            .and_then(|a| a.iter().map(Value::as_str).collect::<Option<Vec<_>>>())
+            .map(Some)
+            .ok_or_else(|| {
+                self.error(
+                    key,
+                    format!("`{key}` must be a list of strings, got {v}"),
+                    format!("write `{key}` as a JSON list of strings, as transformers saves it"),
+                )
+            })
     }
 
     /// The number of entries of the object `key` (`id2label`), when it is one.

@@ -1,6 +1,6 @@
 //! Decoder-only language models of the LLaMA line (`llama`, `mistral`, `qwen2`, `gemma`,
-//! `phi3`): RMSNorm, rotary positions, grouped-query attention and a gated MLP, named and
-//! laid out (`[out, in]` linear weights) as their checkpoints store them.
+//! `gemma2`, `phi3`): RMSNorm, rotary positions, grouped-query attention and a gated MLP,
+//! named and laid out (`[out, in]` linear weights) as their checkpoints store them.
 
 use super::config::Config;
 use super::{num, Written};
@@ -15,6 +15,10 @@ struct Variant {
     fused: bool,
     /// Embeddings scaled by sqrt(D), norms scale by `1 + weight`, head tied (Gemma).
     gemma: bool,
+    /// Gemma 2 beyond Gemma: norms after attention and around the MLP, soft-capped attention
+    /// scores and logits, `query_pre_attn_scalar`, and sliding-window layers alternating with
+    /// global ones.
+    gemma2: bool,
     /// The config key of the sliding window, when the architecture has one.
     window_key: Option<&'static str>,
     /// The config class's `pad_token_id` when a config leaves it out.
@@ -27,6 +31,7 @@ fn variant(model_type: &str) -> Option<Variant> {
         qkv_bias: false,
         fused: false,
         gemma: false,
+        gemma2: false,
         window_key: None,
         pad_default: None,
     };
@@ -49,6 +54,13 @@ fn variant(model_type: &str) -> Option<Variant> {
             pad_default: Some(0),
             ..base
         },
+        "gemma2" => Variant {
+            class: "Gemma2ForCausalLM",
+            gemma: true,
+            gemma2: true,
+            pad_default: Some(0),
+            ..base
+        },
         "phi3" => Variant {
             class: "Phi3ForCausalLM",
             fused: true,
@@ -61,7 +73,7 @@ fn variant(model_type: &str) -> Option<Variant> {
 }
 
 /// The model types this module writes.
-pub const MODEL_TYPES: [&str; 5] = ["llama", "mistral", "qwen2", "gemma", "phi3"];
+pub const MODEL_TYPES: [&str; 6] = ["llama", "mistral", "qwen2", "gemma", "gemma2", "phi3"];
 
 /// The `.mdl` text of the decoder `model_type` described by `c`.
 pub fn write(c: &Config, model_type: &str) -> Result<Written, UserError> {
@@ -69,7 +81,7 @@ pub fn write(c: &Config, model_type: &str) -> Result<Written, UserError> {
         return Err(c.error(
             "model_type",
             format!("`{model_type}` is not a LLaMA-line decoder"),
-            "use llama, mistral, qwen2, gemma or phi3",
+            "use llama, mistral, qwen2, gemma, gemma2 or phi3",
         ));
     };
     c.refuse(
@@ -80,8 +92,13 @@ pub fn write(c: &Config, model_type: &str) -> Result<Written, UserError> {
         "quantization_config",
         "a checkpoint stored quantized (load the unquantized weights)",
     )?;
-    c.refuse("attn_logit_softcapping", "soft-capped attention logits")?;
-    c.refuse("final_logit_softcapping", "soft-capped output logits")?;
+    let g2 = if v.gemma2 {
+        Some(Gemma2::read(c)?)
+    } else {
+        c.refuse("attn_logit_softcapping", "soft-capped attention logits")?;
+        c.refuse("final_logit_softcapping", "soft-capped output logits")?;
+        None
+    };
     c.refuse("mlp_bias", "biases in the MLP")?;
     let d = c.count("hidden_size")?;
     let h = c.count("num_attention_heads")?;
@@ -112,9 +129,17 @@ pub fn write(c: &Config, model_type: &str) -> Result<Written, UserError> {
         }
         _ => None,
     };
+    let window = g2.as_ref().map_or(window, |g| g.window);
     let window = window
         .map(|w| format!(", window = {w}"))
         .unwrap_or_default();
+    // Gemma 2's attention scale and soft cap, written after the window.
+    let extra = g2.as_ref().map_or(String::new(), |g| {
+        let cap = g
+            .attn_cap
+            .map_or(String::new(), |c| format!(", softcap = {}", num(c)));
+        format!(", scale = {}{cap}", num(g.scale))
+    });
     let (lin, b) = (
         format!("layout = out_in, std = {}", num(init)),
         if bias { "true" } else { "false" },
@@ -135,61 +160,95 @@ pub fn write(c: &Config, model_type: &str) -> Result<Written, UserError> {
            input  tokens:  i32[B, T]\n  \
            input  attention_mask: i32[B, T]\n  \
            input  targets: i32[B, T]\n  \
-           param  model.embed_tokens: embedding(V, D, std = {init})\n\n  \
-           block layer(x: [B, T, D]) {{\n    \
-             param input_layernorm: rmsnorm(D)\n",
+           param  model.embed_tokens: embedding(V, D, std = {init})\n\n",
         class = v.class,
         name = model_type,
         init = num(init),
     );
-    if v.fused {
-        s += &format!(
-            "    param self_attn.qkv_proj: linear(D, (H + 2 * KV) * HD, bias = {b}, {lin})\n"
-        );
-    } else {
-        for (p, heads) in [("q_proj", "H"), ("k_proj", "KV"), ("v_proj", "KV")] {
-            s += &format!("    param self_attn.{p}: linear(D, {heads} * HD, bias = {b}, {lin})\n");
+    // The layer block: one, or Gemma 2's sliding-window `local` and full `global` in turn.
+    let block = |name: &str, window: &str| {
+        let mut s =
+            format!("  block {name}(x: [B, T, D]) {{\n    param input_layernorm: rmsnorm(D)\n");
+        if v.fused {
+            s += &format!(
+                "    param self_attn.qkv_proj: linear(D, (H + 2 * KV) * HD, bias = {b}, {lin})\n"
+            );
+        } else {
+            for (p, heads) in [("q_proj", "H"), ("k_proj", "KV"), ("v_proj", "KV")] {
+                s += &format!(
+                    "    param self_attn.{p}: linear(D, {heads} * HD, bias = {b}, {lin})\n"
+                );
+            }
         }
-    }
-    s += &format!("    param self_attn.o_proj: linear(H * HD, D, bias = false, {lin})\n");
-    s += "    param post_attention_layernorm: rmsnorm(D)\n";
-    if v.fused {
-        s += &format!("    param mlp.gate_up_proj: linear(D, 2 * F, bias = false, {lin})\n");
-    } else {
-        s += &format!("    param mlp.gate_proj: linear(D, F, bias = false, {lin})\n");
-        s += &format!("    param mlp.up_proj: linear(D, F, bias = false, {lin})\n");
-    }
-    s += &format!("    param mlp.down_proj: linear(F, D, bias = false, {lin})\n\n");
-    s += &format!("    let h = {}\n", norm("x", "input_layernorm"));
-    if v.fused {
-        s += "    let qkv = linear(h, self_attn.qkv_proj)\n";
-        s += &format!("    let q = {}\n", rope("slice(qkv, 0, H * HD)", "H"));
-        s += &format!(
-            "    let k = {}\n",
-            rope("slice(qkv, H * HD, (H + KV) * HD)", "KV")
+        s += &format!("    param self_attn.o_proj: linear(H * HD, D, bias = false, {lin})\n");
+        s += "    param post_attention_layernorm: rmsnorm(D)\n";
+        if v.gemma2 {
+            s += "    param pre_feedforward_layernorm: rmsnorm(D)\n";
+            s += "    param post_feedforward_layernorm: rmsnorm(D)\n";
+        }
+        if v.fused {
+            s += &format!("    param mlp.gate_up_proj: linear(D, 2 * F, bias = false, {lin})\n");
+        } else {
+            s += &format!("    param mlp.gate_proj: linear(D, F, bias = false, {lin})\n");
+            s += &format!("    param mlp.up_proj: linear(D, F, bias = false, {lin})\n");
+        }
+        s += &format!("    param mlp.down_proj: linear(F, D, bias = false, {lin})\n\n");
+        s += &format!("    let h = {}\n", norm("x", "input_layernorm"));
+        if v.fused {
+            s += "    let qkv = linear(h, self_attn.qkv_proj)\n";
+            s += &format!("    let q = {}\n", rope("slice(qkv, 0, H * HD)", "H"));
+            s += &format!(
+                "    let k = {}\n",
+                rope("slice(qkv, H * HD, (H + KV) * HD)", "KV")
+            );
+            s += "    let v = slice(qkv, (H + KV) * HD, (H + 2 * KV) * HD)\n";
+        } else {
+            s += &format!("    let q = {}\n", rope("linear(h, self_attn.q_proj)", "H"));
+            s += &format!(
+                "    let k = {}\n",
+                rope("linear(h, self_attn.k_proj)", "KV")
+            );
+            s += "    let v = linear(h, self_attn.v_proj)\n";
+        }
+        let attn = format!(
+            "linear(attention(q, k, v, heads = H, kv_heads = KV, causal = true{window}{extra}, key_mask = attention_mask), self_attn.o_proj)"
         );
-        s += "    let v = slice(qkv, (H + KV) * HD, (H + 2 * KV) * HD)\n";
+        let (split, mlp) = if v.fused {
+            (
+                "    let gate, up = split(linear(m, mlp.gate_up_proj), 2)\n",
+                format!("linear({act}(gate) * up, mlp.down_proj)"),
+            )
+        } else {
+            (
+                "",
+                format!("linear({act}(linear(m, mlp.gate_proj)) * linear(m, mlp.up_proj), mlp.down_proj)"),
+            )
+        };
+        // Gemma 2 norms the attention's and the MLP's outputs before the residual adds.
+        let (attn, pre_mlp, mlp) = if v.gemma2 {
+            (
+                norm(&attn, "post_attention_layernorm"),
+                "pre_feedforward_layernorm",
+                norm(&mlp, "post_feedforward_layernorm"),
+            )
+        } else {
+            (attn, "post_attention_layernorm", mlp)
+        };
+        s += &format!("    x = x + {attn}\n");
+        s += &format!("    let m = {}\n{split}", norm("x", pre_mlp));
+        s += &format!("    x = x + {mlp}\n");
+        s + "    return x\n  }\n\n"
+    };
+    let alternating = g2.as_ref().is_some_and(|g| g.window.is_some());
+    let cycle = if alternating {
+        s += &block("local", &window);
+        s += &block("global", "");
+        "(local, global)"
     } else {
-        s += &format!("    let q = {}\n", rope("linear(h, self_attn.q_proj)", "H"));
-        s += &format!(
-            "    let k = {}\n",
-            rope("linear(h, self_attn.k_proj)", "KV")
-        );
-        s += "    let v = linear(h, self_attn.v_proj)\n";
-    }
-    s += &format!(
-        "    x = x + linear(attention(q, k, v, heads = H, kv_heads = KV, causal = true{window}, key_mask = attention_mask), self_attn.o_proj)\n"
-    );
-    s += &format!("    let m = {}\n", norm("x", "post_attention_layernorm"));
-    if v.fused {
-        s += "    let gate, up = split(linear(m, mlp.gate_up_proj), 2)\n";
-        s += &format!("    x = x + linear({act}(gate) * up, mlp.down_proj)\n");
-    } else {
-        s += &format!(
-            "    x = x + linear({act}(linear(m, mlp.gate_proj)) * linear(m, mlp.up_proj), mlp.down_proj)\n"
-        );
-    }
-    s += "    return x\n  }\n\n  param model.norm: rmsnorm(D)\n";
+        s += &block("layer", &window);
+        "layer"
+    };
+    s += "  param model.norm: rmsnorm(D)\n";
     if !tied {
         s += &format!("  param lm_head: linear(D, V, bias = false, {lin})\n");
     }
@@ -199,18 +258,90 @@ pub fn write(c: &Config, model_type: &str) -> Result<Written, UserError> {
         String::new()
     };
     s += &format!("  let x = embed(model.embed_tokens, tokens{padding}){scale}\n");
-    s += "  x = repeat L layer(x) as model.layers\n";
+    s += &format!("  x = repeat L {cycle}(x) as model.layers\n");
     let last = norm("x", "model.norm");
-    s += &if tied {
-        format!("  loss = cross_entropy({last} @ transpose(model.embed_tokens.weight), targets, ignore_index = -100)\n")
+    let logits = if tied {
+        format!("{last} @ transpose(model.embed_tokens.weight)")
     } else {
-        format!("  loss = cross_entropy(linear({last}, lm_head), targets, ignore_index = -100)\n")
+        format!("linear({last}, lm_head)")
     };
+    let logits = match g2.and_then(|g| g.final_cap) {
+        Some(cap) => {
+            s += &format!("  let logits = {logits}\n");
+            format!("tanh(logits / {c}) * {c}", c = num(cap))
+        }
+        None => logits,
+    };
+    s += &format!("  loss = cross_entropy({logits}, targets, ignore_index = -100)\n");
     s += &super::train_section(c)?;
     Ok(Written {
         mdl: s,
         class: v.class,
     })
+}
+
+/// What Gemma 2's config adds to Gemma's, as transformers' `Gemma2Config` defaults it.
+struct Gemma2 {
+    /// `query_pre_attn_scalar ** -0.5`, the attention's factor on q.k.
+    scale: f64,
+    /// `attn_logit_softcapping`: the soft cap of the attention scores.
+    attn_cap: Option<f64>,
+    /// `final_logit_softcapping`: the soft cap of the logits.
+    final_cap: Option<f64>,
+    /// `sliding_window` of the local layers (the even ones); `None` makes every layer global.
+    window: Option<usize>,
+}
+
+impl Gemma2 {
+    fn read(c: &Config) -> Result<Gemma2, UserError> {
+        c.refuse(
+            "use_bidirectional_attention",
+            "bidirectional attention (memc writes Gemma 2 causal)",
+        )?;
+        let layers = c.count("num_hidden_layers")?;
+        if let Some(types) = c.texts("layer_types")? {
+            let alternating = types.len() == layers
+                && types.iter().enumerate().all(|(i, t)| {
+                    *t == if i % 2 == 0 {
+                        "sliding_attention"
+                    } else {
+                        "full_attention"
+                    }
+                });
+            if !alternating {
+                return Err(c.error(
+                    "layer_types",
+                    "memc writes Gemma 2's layers alternating, sliding_attention first",
+                    "remove `layer_types` (or write the default alternation) to plan the model",
+                ));
+            }
+        }
+        let window = match c.positive_or_null("sliding_window", Some(4096.0))? {
+            Some(w) if w.fract() == 0.0 => Some(c.count_or("sliding_window", 4096)?),
+            Some(w) => {
+                return Err(c.error(
+                    "sliding_window",
+                    format!("`sliding_window` must be a whole number of keys, got {w}"),
+                    "write the window as a JSON integer, or null for global layers only",
+                ))
+            }
+            None => None,
+        };
+        let scalar = c.number_or("query_pre_attn_scalar", 256.0)?;
+        if scalar <= 0.0 {
+            return Err(c.error(
+                "query_pre_attn_scalar",
+                format!("`query_pre_attn_scalar` must be positive, got {scalar}"),
+                "the attention scales q.k by query_pre_attn_scalar ** -0.5",
+            ));
+        }
+        Ok(Gemma2 {
+            scale: scalar.powf(-0.5),
+            attn_cap: c.positive_or_null("attn_logit_softcapping", Some(50.0))?,
+            final_cap: c.positive_or_null("final_logit_softcapping", Some(30.0))?,
+            window,
+        })
+    }
 }
 
 /// The `.mdl` function of the config's `hidden_activation` (or `hidden_act`); Gemma's `gelu`

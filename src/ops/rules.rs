@@ -267,6 +267,7 @@ mod tests {
             causal: true,
             scale: 0.5,
             window: None,
+            softcap: None,
             key_mask: false,
         };
         let q = t(f, &[1, 4, 8]);

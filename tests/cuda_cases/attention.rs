@@ -2,7 +2,7 @@
 //! head dim of 256, sliding windows shorter than a key tile and spanning several tiles and
 //! several backward units of rows, and key masks (`case_data` pads the end of batch item 0,
 //! the start of item 1 and all of item 2) with causal and windowed masks and over a key tile
-//! boundary.
+//! boundary, and soft-capped scores (grouped-query, causal and windowed with a key mask).
 
 use super::t;
 use memc::ir::*;
@@ -16,6 +16,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         causal: true,
         scale: 0.125,
         window: None,
+        softcap: None,
         key_mask: false,
     };
     let attn_bwd = |which| Op::AttentionBackward { attn, which };
@@ -27,6 +28,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
     ];
     let window = |attn: AttnParams, w| AttnParams {
         window: Some(w),
+        softcap: None,
         ..attn
     };
     let attn_window_bwd = |w, which| Op::AttentionBackward {
@@ -78,6 +80,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         causal: false,
         scale: 0.125,
         window: None,
+        softcap: None,
         key_mask: true,
     };
     let tiles_in = with_mask(
@@ -164,6 +167,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
                 causal: false,
                 scale: 0.088,
                 window: None,
+                softcap: None,
                 key_mask: false,
             }),
             vec![f(&[1, 33, 256]), f(&[1, 33, 256]), f(&[1, 33, 256])],
@@ -198,6 +202,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
                 causal: true,
                 scale: 0.088,
                 window: Some(40),
+                softcap: None,
                 key_mask: false,
             }),
             vec![f(&[1, 80, 256]), f(&[1, 80, 128]), f(&[1, 80, 128])],
@@ -219,5 +224,46 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ),
     ];
     cases.extend(masked_cases);
+    // Soft-capped scores, grouped-query: causal, and windowed with a key mask.
+    let capped = AttnParams {
+        softcap: Some(0.3),
+        ..attn
+    };
+    let capped_window = masked(window(capped, 3));
+    cases.push((
+        "attention_softcap",
+        Op::Attention(capped),
+        vec![f(&[2, 10, 64]), f(&[2, 12, 32]), f(&[2, 12, 32])],
+    ));
+    cases.push((
+        "attention_softcap_window",
+        Op::Attention(capped_window),
+        with_mask(
+            vec![f(&[3, 10, 64]), f(&[3, 12, 32]), f(&[3, 12, 32])],
+            3,
+            12,
+        ),
+    ));
+    for (which, name, wname) in [
+        (
+            AttnInput::Q,
+            "attention_softcap_bwd_q",
+            "attention_softcap_window_bwd_q",
+        ),
+        (
+            AttnInput::K,
+            "attention_softcap_bwd_k",
+            "attention_softcap_window_bwd_k",
+        ),
+        (
+            AttnInput::V,
+            "attention_softcap_bwd_v",
+            "attention_softcap_window_bwd_v",
+        ),
+    ] {
+        let bwd = |attn| Op::AttentionBackward { attn, which };
+        cases.push((name, bwd(capped), attn_bwd_in.clone()));
+        cases.push((wname, bwd(capped_window), mask_bwd_in.clone()));
+    }
     cases
 }

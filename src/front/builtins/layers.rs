@@ -51,6 +51,21 @@ fn window(v: Option<Spanned>, causal: bool) -> R<Option<usize>> {
     Ok(Some(w))
 }
 
+/// The `softcap = C` of an attention: a positive number.
+fn softcap(lw: &Lowerer, v: Option<Spanned>) -> R<Option<f32>> {
+    let Some(v) = v else { return Ok(None) };
+    let c = lw.float(&v, "attention softcap")?;
+    if c > 0.0 && c.is_finite() {
+        return Ok(Some(c as f32));
+    }
+    Err(UserError::at(
+        v.span,
+        format!("attention softcap must be a positive number, got {c}"),
+        "not positive",
+        "write the cap of the scores, each becoming C tanh(s / C): `softcap = 50.0`",
+    ))
+}
+
 impl Lowerer<'_> {
     /// `f(x)`; `gelu(x, exact = true)` is the erf form.
     pub(super) fn unary(&mut self, mut f: UnaryFn, args: &mut Args, span: Span) -> R<Val> {
@@ -251,8 +266,9 @@ impl Lowerer<'_> {
         self.op(Op::Dropout { p, seed }, vec![x], span)
     }
 
-    /// `attention(q, k, v, heads = H, kv_heads, causal, scale, window, key_mask)`; a key mask
-    /// of the wrong shape or dtype is an error at the argument.
+    /// `attention(q, k, v, heads = H, kv_heads, causal, scale, window, softcap, key_mask)`; a
+    /// key mask of the wrong shape or dtype, or a softcap not positive, is an error at the
+    /// argument.
     pub(super) fn attention(&mut self, args: &mut Args, span: Span) -> R<Val> {
         let q = self.t(args, "q")?;
         let k = self.t(args, "k")?;
@@ -272,6 +288,7 @@ impl Lowerer<'_> {
         let width = self.ty(q).shape.last().copied().unwrap_or(1);
         let default_scale = 1.0 / ((width / heads.max(1)).max(1) as f32).sqrt();
         let scale = self.float_or(args, "scale", default_scale)?;
+        let softcap = softcap(self, args.optional("softcap"))?;
         self.op(
             Op::Attention(AttnParams {
                 heads,
@@ -279,6 +296,7 @@ impl Lowerer<'_> {
                 causal,
                 scale,
                 window,
+                softcap,
                 key_mask: inputs.len() == 4,
             }),
             inputs,

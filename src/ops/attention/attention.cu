@@ -5,7 +5,8 @@
 //! h / (H / KVH). Query i sees keys [attn_kfirst(i), attn_kend(i)), AttnParams::visible_keys's
 //! rule: causal, keys j <= i + TK - TQ; with a window (C::WINDOW > 0) also j > i + TK - TQ -
 //! WINDOW. With a key mask (C::KEY_MASK; i32 [B, TK]) a query also skips key j of its batch
-//! item b when mask[b * TK + j] == 0 (`attn_key_kept`). A query with no visible key outputs
+//! item b when mask[b * TK + j] == 0 (`attn_key_kept`). With C::SOFTCAP > 0 each scaled score
+//! s becomes SOFTCAP tanh(s / SOFTCAP) (`attn_cap`). A query with no visible key outputs
 //! zeros. C::BT threads per block, C::BC keys per shared tile (with the tile's mask entries); a
 //! block loads only the tiles its queries see.
 
@@ -17,6 +18,10 @@ template <typename C> __device__ __forceinline__ u64 attn_kend(u64 i) {
 template <typename C> __device__ __forceinline__ u64 attn_kfirst(u64 i) {
     const u64 end = attn_kend<C>(i);
     return (C::WINDOW == 0 || end < C::WINDOW) ? 0 : end - C::WINDOW;
+}
+// The scaled score s after the soft cap C::SOFTCAP (none when 0): C tanh(s / C).
+template <typename C> __device__ __forceinline__ float attn_cap(float s) {
+    return C::SOFTCAP > 0.0f ? C::SOFTCAP * tanhf(s / C::SOFTCAP) : s;
 }
 // Whether the key mask at `o_mask` (none unless C::KEY_MASK) lets batch item b attend key j.
 template <typename C> __device__ __forceinline__ bool attn_key_kept(char* arena, u64 o_mask, u64 b, u64 j) {
@@ -61,6 +66,7 @@ template <typename T, typename C> __device__ void attention_kernel(char* arena, 
             float s = 0.0f;
 #pragma unroll
             for (int d = 0; d < (int)C::DH; ++d) s = fmaf(qr[d], Ks[jj][d], s);
+            s = attn_cap<C>(s);
             const float mn = fmaxf(m, s);
             const float corr = expf(m - mn), p = expf(s - mn);
             l = l * corr + p;

@@ -8,7 +8,9 @@
 // in an fp32 accumulator at byte C::ACCOFF ([C::HC, TK, DH]) that the last stage stores.
 // A unit is named by `chunk` = (b * H + h0) * TQ + r0. Query i sees the keys
 // [attn_kfirst(i), attn_kend(i)) of attention.cu that its batch item's key mask keeps (with
-// C::KEY_MASK, `attn_key_kept`); a query with no such key has p = 0, so ds = 0.
+// C::KEY_MASK, `attn_key_kept`); a query with no such key has p = 0, so ds = 0. With a soft
+// cap (C::SOFTCAP > 0) the softmax reads attn_cap(s), and with C::SLOPES keeps the cap's slope
+// 1 - tanh(s / SOFTCAP)^2 in fp32 at byte C::SLOPEOFF (laid out as s), by which ds is multiplied.
 // Without a window a unit's score rows hold all TK keys; with one (C::WINDOW > 0) only the
 // kn keys from k0 that its rows see (`attb_keys`), and the GEMMs span just those.
 
@@ -40,28 +42,35 @@ template <typename T, typename C> __device__ void attb_probs(char* arena, u64 o_
     attb_keys<C>(r0, rows, &k0, &kn);
     const u64 b = chunk / (C::TQ * C::H);
     float* s = (float*)ws;
+    float* slope = (float*)(ws + C::SLOPEOFF);
     T* p = (T*)(ws + C::POFF);
     for (u64 item = blockIdx.x; item < rows * heads; item += gridDim.x) {
         const u64 row = (item / rows) * C::RC * C::TKLD + (item % rows) * C::TKLD;
         const u64 a = attn_kfirst<C>(r0 + item % rows) - k0, n = attn_kend<C>(r0 + item % rows) - k0;
         float m = MEMC_NEG_INF;
         for (u64 j = a + threadIdx.x; j < n; j += blockDim.x)
-            if (attn_key_kept<C>(arena, o_mask, b, k0 + j)) m = fmaxf(m, s[row + j]);
+            if (attn_key_kept<C>(arena, o_mask, b, k0 + j)) m = fmaxf(m, attn_cap<C>(s[row + j]));
         m = block_max(m);
         float l = 0.0f;
         for (u64 j = a + threadIdx.x; j < n; j += blockDim.x)
-            if (attn_key_kept<C>(arena, o_mask, b, k0 + j)) l += expf(s[row + j] - m);
+            if (attn_key_kept<C>(arena, o_mask, b, k0 + j)) l += expf(attn_cap<C>(s[row + j]) - m);
         l = block_sum(l);
         for (u64 j = threadIdx.x; j < kn; j += blockDim.x) {
             const bool seen = j >= a && j < n && attn_key_kept<C>(arena, o_mask, b, k0 + j);
-            const float v = seen ? expf(s[row + j] - m) / l : 0.0f;
+            const float sc = attn_cap<C>(s[row + j]);
+            const float v = seen ? expf(sc - m) / l : 0.0f;
+            if (C::SLOPES) {
+                const float t = sc / C::SOFTCAP;
+                slope[row + j] = 1.0f - t * t;
+            }
             s[row + j] = v;
             st(p, row + j, v);
         }
     }
 }
 
-// ds = SCALE * p (dp - D), D = sum_j p dp over the row, in T: one block per row.
+// ds = SCALE * p (dp - D), D = sum_j p dp over the row (times the cap's slope with C::SLOPES),
+// in T: one block per row.
 template <typename T, typename C> __device__ void attb_dscores(char* ws, u64 chunk) {
     u64 r0, h0, rows, heads, k0, kn;
     attb_unit<C>(chunk, &r0, &h0, &rows, &heads);
@@ -69,12 +78,14 @@ template <typename T, typename C> __device__ void attb_dscores(char* ws, u64 chu
     const float* p = (const float*)ws;
     const float* dp = (const float*)(ws + C::DPOFF);
     T* ds = (T*)(ws + C::DSOFF);
+    const float* slope = (const float*)(ws + C::SLOPEOFF);
     for (u64 item = blockIdx.x; item < rows * heads; item += gridDim.x) {
         const u64 row = (item / rows) * C::RC * C::TKLD + (item % rows) * C::TKLD;
         float d = 0.0f;
         for (u64 j = threadIdx.x; j < kn; j += blockDim.x) d += p[row + j] * dp[row + j];
         d = block_sum(d);
-        for (u64 j = threadIdx.x; j < kn; j += blockDim.x) st(ds, row + j, C::SCALE * p[row + j] * (dp[row + j] - d));
+        for (u64 j = threadIdx.x; j < kn; j += blockDim.x)
+            st(ds, row + j, C::SCALE * p[row + j] * (dp[row + j] - d) * (C::SLOPES ? slope[row + j] : 1.0f));
     }
 }
 

@@ -9,7 +9,9 @@
 //! about a window of rows, and each unit's GEMMs span only the keys its rows see
 //! ([`AttnParams::visible_keys`]), so the work and the scores grow as T x W, not T x T; the
 //! accumulator is zeroed first, since no unit covers every key. A key mask zeroes the
-//! probabilities of the keys it hides in the softmax stage; the GEMMs still span them.
+//! probabilities of the keys it hides in the softmax stage; the GEMMs still span them. A soft
+//! cap is applied to `s` in the softmax stage, which for dq and dk also keeps its slope
+//! `1 - tanh²(s / C)` in the workspace for `ds` to multiply by.
 
 use crate::codegen::build::{c_bool, c_f32, c_u64};
 use crate::codegen::gemm::{Addr, Call, Gemm};
@@ -49,8 +51,9 @@ struct Geometry {
     /// Query heads and query rows per unit.
     hc: u64,
     rc: u64,
-    /// Byte offsets of p (in T), dp (fp32), ds (in T), the accumulator, and cuBLASLt's scratch.
-    regions: [u64; 5],
+    /// Byte offsets of p (in T), dp (fp32), ds (in T), the soft cap's slopes (fp32, empty
+    /// unless dq or dk has a cap), the accumulator, and cuBLASLt's scratch.
+    regions: [u64; 6],
 }
 
 impl Geometry {
@@ -61,10 +64,11 @@ impl Geometry {
         let dh = u(q.shape[2]).checked_div(h)?;
         let e = q.dtype.size();
         // Bytes per score: s/p in fp32 and p in T; for dq and dk also dp (fp32) and ds (T).
+        let slopes = p.softcap.is_some() && which != AttnInput::V;
         let per = if which == AttnInput::V {
             4 + e
         } else {
-            2 * (4 + e)
+            2 * (4 + e) + if slopes { 4 } else { 0 }
         };
         // Rows per unit and the keys they see: all of them, or with a window W, chunks of
         // rows that see at most rows + W - 1 keys.
@@ -91,11 +95,12 @@ impl Geometry {
         } else {
             dp_at + region(scores * 4)
         };
-        let acc_at = if which == AttnInput::V {
+        let slope_at = if which == AttnInput::V {
             dp_at
         } else {
             ds_at + region(scores * e)
         };
+        let acc_at = slope_at + if slopes { region(scores * 4) } else { 0 };
         let accumulates = which != AttnInput::Q && (h != kvh || rc < tq || p.window.is_some());
         let scratch_at = acc_at
             + if accumulates {
@@ -115,7 +120,7 @@ impl Geometry {
             dtype: q.dtype,
             hc,
             rc,
-            regions: [p_at, dp_at, ds_at, acc_at, scratch_at],
+            regions: [p_at, dp_at, ds_at, slope_at, acc_at, scratch_at],
         })
     }
 
@@ -150,7 +155,7 @@ pub(crate) fn attention_backward(
 ) -> Result<Kernel, CodegenError> {
     let refs: Vec<&TensorType> = a.inputs.iter().collect();
     let g = Geometry::of(&refs, p, which).ok_or_else(|| a.err("attention backward shapes"))?;
-    let [p_at, dp_at, ds_at, acc_at, scratch_at] = g.regions;
+    let [p_at, dp_at, ds_at, slope_at, acc_at, scratch_at] = g.regions;
     let mut lines = vec![
         c_u64("TQ", g.tq),
         c_u64("TK", g.tk),
@@ -165,6 +170,8 @@ pub(crate) fn attention_backward(
         c_u64("POFF", p_at),
         c_u64("DPOFF", dp_at),
         c_u64("DSOFF", ds_at),
+        c_u64("SLOPEOFF", slope_at),
+        c_bool("SLOPES", p.softcap.is_some() && which != AttnInput::V),
         c_u64("ACCOFF", acc_at),
     ];
     lines.extend(super::cuda::masks(p));
@@ -180,7 +187,7 @@ pub(crate) fn attention_backward(
 
 /// The GEMMs and launches of every unit in order.
 fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
-    let [p_at, dp_at, ds_at, acc_at, _] = g.regions;
+    let [p_at, dp_at, ds_at, _, acc_at, _] = g.regions;
     let t = g.dtype;
     let group = g.h / g.kvh.max(1);
     let (q_row, kv_row) = (g.h * g.dh, g.kvh * g.dh);
@@ -299,5 +306,5 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
 
 /// Workspace bytes of an attention backward op on CUDA: its regions and cuBLASLt's scratch.
 pub(crate) fn workspace_bytes(inputs: &[&TensorType], p: &AttnParams, which: AttnInput) -> u64 {
-    Geometry::of(inputs, p, which).map_or(0, |g| g.regions[4] + GEMM_WORKSPACE)
+    Geometry::of(inputs, p, which).map_or(0, |g| g.regions[5] + GEMM_WORKSPACE)
 }

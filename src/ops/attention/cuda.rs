@@ -14,12 +14,14 @@ pub(super) const ATTENTION: &str = include_str!("attention.cu");
 /// `rope.cu`: the rotary embedding template (INVERSE is its backward).
 const ROPE: &str = include_str!("rope.cu");
 
-/// `WINDOW`, the sliding window of a causal mask (0 for none), and `KEY_MASK`, whether a key
-/// mask is read: the lines of both templates' masks.
-pub(super) fn masks(p: &AttnParams) -> [String; 2] {
+/// `WINDOW`, the sliding window of a causal mask (0 for none), `KEY_MASK`, whether a key
+/// mask is read, and `SOFTCAP`, the scores' soft cap (0 for none): the lines both templates
+/// share beyond the shapes.
+pub(super) fn masks(p: &AttnParams) -> [String; 3] {
     [
         c_u64("WINDOW", p.window.map_or(0, u)),
         c_bool("KEY_MASK", p.key_mask),
+        c_f32("SOFTCAP", p.softcap.unwrap_or(0.0)),
     ]
 }
 

@@ -24,8 +24,8 @@ pub enum AttnInput {
 }
 
 /// Attention configuration: heads of q, heads of k/v (grouped-query when fewer), causal mask,
-/// the factor applied to q.k, the sliding window of a causal mask, and whether a key mask is
-/// read.
+/// the factor applied to q.k, the sliding window of a causal mask, the soft cap of the scores,
+/// and whether a key mask is read.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct AttnParams {
     pub heads: usize,
@@ -36,6 +36,10 @@ pub struct AttnParams {
     /// Phi-3's and Qwen2's sliding window. At least 1; `None` sees every earlier key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<usize>,
+    /// Gemma 2's attention-logit soft-capping `C` (positive): each scaled score `s` becomes
+    /// `C tanh(s / C)` before the mask and the softmax. `None` leaves scores as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub softcap: Option<f32>,
     /// Whether the op takes a fourth input, the key mask `[B, Tk]` (i32; Hugging Face's
     /// `attention_mask`): query rows of batch item `b` attend only keys `j` with
     /// `mask[b, j] != 0`, among those [`AttnParams::visible_keys`] gives. A query whose keys
@@ -60,6 +64,20 @@ impl AttnParams {
         let end = (i + t_k + 1).saturating_sub(t_q).min(t_k);
         let start = self.window.map_or(0, |w| end.saturating_sub(w));
         start..end
+    }
+
+    /// The score `s` (q.k already scaled) after the soft cap, if any: `C tanh(s / C)`.
+    pub fn cap(&self, s: f32) -> f32 {
+        self.softcap.map_or(s, |c| c * (s / c).tanh())
+    }
+
+    /// The derivative of [`AttnParams::cap`] at the scaled score `s`: `1 - tanh²(s / C)`, or
+    /// 1 without a cap.
+    pub fn cap_slope(&self, s: f32) -> f32 {
+        self.softcap.map_or(1.0, |c| {
+            let t = (s / c).tanh();
+            1.0 - t * t
+        })
     }
 
     /// How many inputs the forward op takes: q, k, v, and the key mask when there is one.

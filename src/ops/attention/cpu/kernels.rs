@@ -103,17 +103,23 @@ struct RowCtx<'a> {
 }
 
 impl RowCtx<'_> {
+    /// The scaled score `scale q.k_j` of query row `qh` against key `j` of batch `bi`, kv head
+    /// `kvh`, before any soft cap.
+    fn score(&self, bi: usize, kvh: usize, qh: &[f32], j: usize) -> f32 {
+        let kvw = self.g.widths().1;
+        self.g.attn.scale * dot(qh, self.g.head(self.k, bi * self.g.t_k + j, kvw, kvh))
+    }
+
     /// Writes the softmax probabilities of query row `qh` (batch `bi`, kv head `kvh`) over its
     /// visible `keys` into `p` (`keys.len()` long): 0 for masked keys, and all 0 when every
     /// key is masked.
     fn probs(&self, bi: usize, kvh: usize, qh: &[f32], keys: &Range<usize>, p: &mut [f32]) {
-        let (_, kvw) = self.g.widths();
         let row = bi * self.g.t_k;
         for (j, pj) in keys.clone().zip(p.iter_mut()) {
             *pj = if self.mask.is_some_and(|m| m[row + j] == 0) {
                 f32::NEG_INFINITY
             } else {
-                self.g.attn.scale * dot(qh, self.g.head(self.k, row + j, kvw, kvh))
+                self.g.attn.cap(self.score(bi, kvh, qh, j))
             };
         }
         let max = p.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
@@ -130,13 +136,15 @@ impl RowCtx<'_> {
         p.iter_mut().for_each(|pj| *pj *= inv);
     }
 
-    /// Turns probabilities `p` over `keys` into score gradients
-    /// `ds_j = p_j (dout.v_j - sum_l p_l dout.v_l)` in place, using `dp` as scratch of the same
-    /// length.
+    /// Turns probabilities `p` of query row `qh` over `keys` into the gradients of the scaled
+    /// scores `ds_j = p_j (dout.v_j - sum_l p_l dout.v_l)`, times the soft cap's slope, in
+    /// place, using `dp` as scratch of the same length.
+    #[allow(clippy::too_many_arguments)]
     fn score_grads(
         &self,
         bi: usize,
         kvh: usize,
+        qh: &[f32],
         dout_h: &[f32],
         keys: &Range<usize>,
         p: &mut [f32],
@@ -150,11 +158,16 @@ impl RowCtx<'_> {
         p.iter_mut()
             .zip(dp.iter())
             .for_each(|(pj, dpj)| *pj *= dpj - d);
+        if self.g.attn.softcap.is_some() {
+            for (j, pj) in keys.clone().zip(p.iter_mut()) {
+                *pj *= self.g.attn.cap_slope(self.score(bi, kvh, qh, j));
+            }
+        }
     }
 }
 
-/// Scaled dot-product attention forward: `out_i = sum_j softmax_j(scale q_i.k_j) v_j` per head,
-/// over the visible keys. Computed one query row at a time (one row of scores per thread, no
+/// Scaled dot-product attention forward: `out_i = sum_j softmax_j(cap(scale q_i.k_j)) v_j` per
+/// head, over the visible keys (`cap` is [`AttnParams::cap`]). Computed one query row at a time (one row of scores per thread, no
 /// `t x t` matrix); `out` is fully overwritten.
 pub fn attention_forward(g: &AttnGeom, x: Operands, out: &mut [f32]) {
     let (qw, kvw) = g.widths();
@@ -229,7 +242,7 @@ pub fn attention_backward(
                             let p = &mut p[..keys.len()];
                             ctx.probs(bi, kvh, qh, &keys, p);
                             let (src, alpha) = if which == AttnInput::K {
-                                ctx.score_grads(bi, kvh, doh, &keys, p, &mut dp[..keys.len()]);
+                                ctx.score_grads(bi, kvh, qh, doh, &keys, p, &mut dp[..keys.len()]);
                                 (qh, g.attn.scale)
                             } else {
                                 (doh, 1.0)
@@ -261,8 +274,9 @@ fn attention_backward_q(ctx: &RowCtx, q: &[f32], dst: &mut [f32]) {
         let (p, dp) = (&mut p[..keys.len()], &mut dp[..keys.len()]);
         for h in 0..g.attn.heads {
             let kvh = g.kv_of(h);
-            ctx.probs(bi, kvh, g.head(q, row, qw, h), &keys, p);
-            ctx.score_grads(bi, kvh, g.head(ctx.dout, row, qw, h), &keys, p, dp);
+            let qh = g.head(q, row, qw, h);
+            ctx.probs(bi, kvh, qh, &keys, p);
+            ctx.score_grads(bi, kvh, qh, g.head(ctx.dout, row, qw, h), &keys, p, dp);
             let dh = &mut d[h * g.head_dim..(h + 1) * g.head_dim];
             dh.fill(0.0);
             for (j, &ds) in keys.clone().zip(p.iter()) {

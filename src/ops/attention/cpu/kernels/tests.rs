@@ -1,5 +1,5 @@
 //! Forward kernels are checked against naive references (a masked softmax over the full score
-//! matrix); backward kernels against central finite differences of `sum(forward(x) * r)` (f64
+//! matrix, soft-capped where the geometry says); backward kernels against central finite differences of `sum(forward(x) * r)` (f64
 //! loss accumulation, eps 1e-2), with relative L2 error below 1e-2; each without and with a
 //! key mask, fully masked query rows included.
 use super::*;
@@ -32,10 +32,14 @@ fn naive_attention(g: &AttnGeom, x: Operands) -> Vec<f32> {
                             }
                             let qo = (b * g.t_q + i) * qw + h * hd;
                             let ko = (b * g.t_k + j) * kvw + kvh * hd;
-                            (0..hd)
+                            let s = (0..hd)
                                 .map(|d| q[qo + d] as f64 * k[ko + d] as f64)
                                 .sum::<f64>()
-                                * g.attn.scale as f64
+                                * g.attn.scale as f64;
+                            // Gemma 2's soft cap, after the scale and before the mask.
+                            g.attn
+                                .softcap
+                                .map_or(s, |c| c as f64 * (s / c as f64).tanh())
                         })
                         .collect()
                 })
@@ -67,6 +71,7 @@ fn attn_geoms() -> Vec<AttnGeom> {
         causal: false,
         scale: 0.7,
         window: None,
+        softcap: None,
         key_mask: false,
     };
     let causal = AttnParams {
@@ -107,6 +112,7 @@ fn attn_geoms() -> Vec<AttnGeom> {
         AttnGeom {
             attn: AttnParams {
                 window: Some(2),
+                softcap: None,
                 ..causal
             },
             t_q: 7,
@@ -116,6 +122,7 @@ fn attn_geoms() -> Vec<AttnGeom> {
         AttnGeom {
             attn: AttnParams {
                 window: Some(3),
+                softcap: None,
                 ..causal
             },
             t_q: 4,
@@ -125,8 +132,27 @@ fn attn_geoms() -> Vec<AttnGeom> {
         AttnGeom {
             attn: AttnParams {
                 window: Some(1),
+                softcap: None,
                 ..causal
             },
+            ..base
+        },
+        // Soft-capped scores, grouped and causal, and with a window.
+        AttnGeom {
+            attn: AttnParams {
+                softcap: Some(0.5),
+                ..causal
+            },
+            ..base
+        },
+        AttnGeom {
+            attn: AttnParams {
+                window: Some(3),
+                softcap: Some(0.8),
+                ..causal
+            },
+            t_q: 4,
+            t_k: 7,
             ..base
         },
     ]
@@ -205,6 +231,7 @@ fn a_window_as_long_as_the_keys_is_plain_causal() {
         let windowed = AttnGeom {
             attn: AttnParams {
                 window: Some(w),
+                softcap: None,
                 ..g.attn
             },
             ..g
@@ -302,6 +329,7 @@ fn attention_is_deterministic() {
             causal: true,
             scale: 0.35,
             window: None,
+            softcap: None,
             key_mask: false,
         },
         head_dim: 8,
