@@ -145,6 +145,7 @@ gradcheck! {
     upsample: ("N = 1, C = 2, H = 3", "  param x: [N, C, H, H] = normal(1.0)", "upsample(x, 2)", "[N, C, 6, 6]", 1e-2, 1e-2);
     attention_causal_gqa: ("B = 2, T = 5, D = 8", "  param q: [B, T, D] = normal(1.0)\n  param k: [B, T, 4] = normal(1.0)\n  param v: [B, T, 4] = normal(1.0)", "attention(q, k, v, heads = 4, kv_heads = 2, causal = true)", "[B, T, D]", 1e-2, 1e-2);
     attention_window_gqa: ("B = 2, T = 7, D = 8", "  param q: [B, T, D] = normal(1.0)\n  param k: [B, T, 4] = normal(1.0)\n  param v: [B, T, 4] = normal(1.0)", "attention(q, k, v, heads = 4, kv_heads = 2, causal = true, window = 3)", "[B, T, D]", 1e-2, 1e-2);
+    attention_softcap_window_gqa: ("B = 2, T = 7, D = 8", "  param q: [B, T, D] = normal(1.0)\n  param k: [B, T, 4] = normal(1.0)\n  param v: [B, T, 4] = normal(1.0)", "attention(q, k, v, heads = 4, kv_heads = 2, causal = true, window = 3, softcap = 0.5)", "[B, T, D]", 1e-2, 1e-2);
     rope: ("B = 2, T = 5, D = 8", "  param x: [B, T, D] = normal(1.0)", "rope(x, heads = 2)", "[B, T, D]", 1e-2, 1e-2);
     dropout: ("A = 4, B = 8", X, "dropout(x, p = 0.3)", "[A, B]", 1e-2, 1e-2);
     embedding_tied: ("V = 7, D = 4, N = 6", "  param t: [V, D] = normal(1.0)\n  input ids: i32[N]", "embed(t, ids) @ transpose(t)", "[N, V]", 1e-2, 1e-2);
