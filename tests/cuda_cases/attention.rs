@@ -224,9 +224,11 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ),
     ];
     cases.extend(masked_cases);
-    // Soft-capped scores, grouped-query: causal, and windowed with a key mask.
+    // Soft-capped scores, grouped-query: causal, and windowed with a key mask; scaled so that
+    // the scores reach well past the cap and the probabilities stay far from uniform.
     let capped = AttnParams {
-        softcap: Some(0.3),
+        scale: 0.5,
+        softcap: Some(1.0),
         ..attn
     };
     let capped_window = masked(window(capped, 3));
