@@ -124,18 +124,10 @@ fn the_stacked_view_splits_the_live_total_by_kind() {
         &[("L", 2), ("D", 64), ("T", 32), ("V", 256), ("H", 4)],
     );
     let live = plan.live_per_step();
-    let kinds: Vec<Vec<u64>> = [
-        BufferClass::Param,
-        BufferClass::OptimState,
-        BufferClass::Input,
-        BufferClass::Activation,
-        BufferClass::Gradient,
-        BufferClass::Temporary,
-        BufferClass::Workspace,
-    ]
-    .iter()
-    .map(|&c| plan.live_per_step_of(|b| b.class == c))
-    .collect();
+    let kinds: Vec<Vec<u64>> = BufferClass::ALL
+        .iter()
+        .map(|&c| plan.live_per_step_of(|b| b.class == c))
+        .collect();
     for (step, &total) in live.iter().enumerate() {
         let sum: u64 = kinds.iter().map(|k| k[step]).sum();
         assert_eq!(sum, total, "step {step}");

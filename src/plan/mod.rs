@@ -119,6 +119,18 @@ pub enum BufferClass {
 }
 
 impl BufferClass {
+    /// Every class, in the order the viz's legend and stacked view list them (persistent
+    /// bytes first, then what a step allocates).
+    pub const ALL: [BufferClass; 7] = [
+        BufferClass::Param,
+        BufferClass::OptimState,
+        BufferClass::Input,
+        BufferClass::Activation,
+        BufferClass::Gradient,
+        BufferClass::Temporary,
+        BufferClass::Workspace,
+    ];
+
     /// The class in a person's words, plural ("parameters", "optimizer state", ...), as the
     /// report, its summary and the viz name it.
     pub fn label(self) -> &'static str {

@@ -18,17 +18,6 @@ const BOTTOM: f64 = 44.0;
 /// Rectangles thinner than this (in user units) are drawn this thick so they stay visible.
 const MIN_H: f64 = 0.4;
 
-/// Every class in legend order.
-const CLASSES: [BufferClass; 7] = [
-    BufferClass::Param,
-    BufferClass::OptimState,
-    BufferClass::Input,
-    BufferClass::Activation,
-    BufferClass::Gradient,
-    BufferClass::Temporary,
-    BufferClass::Workspace,
-];
-
 /// The CSS class and legend label of a buffer class.
 fn class_name(c: BufferClass) -> (&'static str, &'static str) {
     let css = match c {
@@ -220,6 +209,11 @@ fn svg(out: &mut String, plan: &Plan, live: &[u64]) {
         pts.trim_end()
     );
     marks(out, plan, live, &sc);
+    close_plot(out);
+}
+
+/// The frame around the plot area, and the end of the `<svg>`.
+fn close_plot(out: &mut String) {
     let _ = writeln!(
         out,
         r#"<rect class="frame" x="{LEFT}" y="{TOP}" width="{:.2}" height="{:.2}"/>"#,
@@ -329,7 +323,7 @@ fn marks(out: &mut String, plan: &Plan, live: &[u64], sc: &Scale) {
 
 fn legend(out: &mut String, plan: &Plan) {
     let _ = writeln!(out, r#"<div id="legend" class="legend">"#);
-    for c in CLASSES {
+    for c in BufferClass::ALL {
         let (css, label) = class_name(c);
         let (count, bytes) = plan
             .buffers

@@ -3,10 +3,8 @@
 //! from zero up to the live total, so that what takes the memory at the peak, and when each
 //! kind grows, reads off one chart. Each area's title says its largest and its peak bytes.
 
-use super::{
-    axes, class_name, esc, phase_bands, Scale, BOTTOM, CLASSES, LEFT, PLOT_H, PLOT_W, RIGHT, TOP,
-};
-use crate::plan::{human_bytes, Plan};
+use super::{axes, class_name, close_plot, esc, phase_bands, Scale, PLOT_H, PLOT_W};
+use crate::plan::{human_bytes, BufferClass, Plan};
 use std::fmt::Write;
 
 /// Writes the heading and the `<svg id="stacked">` chart: one `<polygon class="area CLASS">`
@@ -30,7 +28,7 @@ pub(super) fn svg(out: &mut String, plan: &Plan, live: &[u64]) {
     phase_bands(out, plan, &sc);
     axes(out, &sc, n, top);
     let mut below = vec![0u64; n];
-    for class in CLASSES {
+    for class in BufferClass::ALL {
         let own = plan.live_per_step_of(|b| b.class == class);
         let most = own.iter().copied().max().unwrap_or(0);
         if most == 0 {
@@ -66,11 +64,5 @@ pub(super) fn svg(out: &mut String, plan: &Plan, live: &[u64]) {
             *b += o;
         }
     }
-    let _ = writeln!(
-        out,
-        r#"<rect class="frame" x="{LEFT}" y="{TOP}" width="{:.2}" height="{:.2}"/>"#,
-        PLOT_W - LEFT - RIGHT,
-        PLOT_H - TOP - BOTTOM
-    );
-    let _ = writeln!(out, "</svg>");
+    close_plot(out);
 }
