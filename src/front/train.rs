@@ -50,18 +50,21 @@ fn expect_number(e: &Expr, what: &str) -> Result<f32, UserError> {
     })
 }
 
-fn kwargs<'a>(
+/// The keyword arguments of a settings call (`adamw(...)`, `lora(...)`): each named, each
+/// among `allowed`; `what` names the settings and `example` shows the form in the errors.
+pub(super) fn kwargs<'a>(
     call: &'a super::ast::Call,
     allowed: &[&str],
+    (what, example): (&str, &str),
 ) -> Result<Vec<(&'a str, &'a Expr)>, UserError> {
     let mut out = Vec::new();
     for arg in &call.args {
         let Some(name) = &arg.name else {
             return Err(UserError::at(
                 arg.value.span,
-                "optimizer settings are keyword arguments",
+                format!("{what} settings are keyword arguments"),
                 "unnamed",
-                format!("use `{}(lr = 3e-4)`", call.name.name),
+                example,
             ));
         };
         if !allowed.contains(&name.name.as_str()) {
@@ -89,7 +92,8 @@ fn optimizer(e: &Expr) -> Result<Optimizer, UserError> {
     match call.name.name.as_str() {
         "adamw" => {
             let mut p = AdamWParams::default();
-            for (k, v) in kwargs(call, &["lr", "betas", "eps", "weight_decay", "state"])? {
+            let allowed = ["lr", "betas", "eps", "weight_decay", "state"];
+            for (k, v) in kwargs(call, &allowed, ("optimizer", "use `adamw(lr = 3e-4)`"))? {
                 match k {
                     "lr" => p.lr = expect_number(v, k)?,
                     "eps" => p.eps = expect_number(v, k)?,
@@ -130,7 +134,8 @@ fn optimizer(e: &Expr) -> Result<Optimizer, UserError> {
                 weight_decay: 0.0,
                 rounding: Rounding::Nearest,
             };
-            for (k, v) in kwargs(call, &["lr", "momentum", "weight_decay"])? {
+            let allowed = ["lr", "momentum", "weight_decay"];
+            for (k, v) in kwargs(call, &allowed, ("optimizer", "use `sgd(lr = 3e-4)`"))? {
                 let x = expect_number(v, k)?;
                 match k {
                     "lr" => p.lr = x,

@@ -26,28 +26,13 @@ pub(super) fn lora(e: &Expr) -> Result<LoraSpec, UserError> {
         }
     };
     let (mut rank, mut alpha, mut targets) = (None, None, Vec::new());
-    for arg in &call.args {
-        let Some(name) = &arg.name else {
-            return Err(UserError::at(
-                arg.value.span,
-                "lora settings are keyword arguments",
-                "unnamed",
-                LORA_FORM,
-            ));
-        };
-        let value = &arg.value;
-        match name.name.as_str() {
+    let allowed = ["r", "alpha", "targets"];
+    for (name, value) in super::train::kwargs(call, &allowed, ("lora", LORA_FORM))? {
+        match name {
             "r" => rank = Some(positive(value, "r", true)? as usize),
             "alpha" => alpha = Some(positive(value, "alpha", false)? as f32),
-            "targets" => targets = names(value)?,
-            other => {
-                return Err(UserError::at(
-                    name.span,
-                    format!("unknown lora setting `{other}`"),
-                    "unknown",
-                    "accepted: r, alpha, targets",
-                ))
-            }
+            // `targets`, the one setting left in `allowed`.
+            _ => targets = names(value)?,
         }
     }
     let Some(rank) = rank else {
