@@ -12,10 +12,9 @@ use std::collections::BTreeSet;
 pub struct Adapted {
     /// The weight's parameter name (`model.layers.0.self_attn.q_proj.weight`).
     pub name: String,
-    /// Its buffer and shape as stored.
-    pub weight: (BufferId, Vec<usize>),
-    /// `lora_a: [fan_in, r]` and `lora_b: [r, fan_out]`.
+    /// `lora_a: [fan_in, r]`.
     pub a: BufferId,
+    /// `lora_b: [r, fan_out]`.
     pub b: BufferId,
     /// The rank r.
     pub rank: usize,
@@ -37,7 +36,6 @@ pub fn adapted(plan: &Plan) -> Vec<Adapted> {
             let a = a.buffer;
             Some(Adapted {
                 name: w.name.clone(),
-                weight: (w.buffer, plan.param_shape(w)),
                 a,
                 b,
                 rank,
@@ -137,7 +135,6 @@ mod tests {
     fn ad(out_in: bool) -> Adapted {
         Adapted {
             name: "fc.weight".into(),
-            weight: (BufferId(0), vec![]),
             a: BufferId(1),
             b: BufferId(2),
             rank: 1,

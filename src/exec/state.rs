@@ -8,6 +8,7 @@
 
 use super::io::write_safetensors;
 use crate::codegen::build::fnv1a;
+use crate::ir::DType;
 use crate::plan::{BufferId, Plan};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
@@ -103,12 +104,7 @@ pub fn decode(plan: &Plan, bytes: &[u8]) -> Result<Resume, String> {
                     plan.buffers[b.index()].ty
                 ));
             }
-            let data = view.data().chunks_exact(4);
-            Ok((
-                b,
-                data.map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-            ))
+            Ok((b, super::lowp::from_bytes(DType::F32, view.data())))
         })
         .collect::<Result<Vec<_>, String>>()?;
     Ok(Resume {

@@ -6,7 +6,8 @@
 //! base model); checkpoint tensors no parameter takes (tied copies, cached masks) are
 //! counted, not loaded.
 
-use half::{bf16, f16};
+use crate::exec::lowp::from_bytes;
+use crate::ir::DType;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -174,18 +175,9 @@ fn shards(index: &Path) -> Result<Vec<PathBuf>, String> {
 /// Little-endian `data` of `dtype` as f32, `None` for a dtype that is not a float.
 fn to_f32(dtype: Dtype, data: &[u8]) -> Option<Vec<f32>> {
     Some(match dtype {
-        Dtype::F32 => data
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::F16 => data
-            .chunks_exact(2)
-            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::BF16 => data
-            .chunks_exact(2)
-            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
+        Dtype::F32 => from_bytes(DType::F32, data),
+        Dtype::F16 => from_bytes(DType::F16, data),
+        Dtype::BF16 => from_bytes(DType::BF16, data),
         Dtype::F64 => data
             .chunks_exact(8)
             .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
