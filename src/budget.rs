@@ -50,6 +50,9 @@ pub enum CheckpointMode {
     /// Korthikanti et al.'s selective recomputation: cheap ops inside blocks recomputed,
     /// heavy ops' outputs kept ([`Policy::Selective`]).
     Selective,
+    /// Per-block choices by knapsack saving this many bytes beyond pointwise recomputation
+    /// (`knapsack=BYTES`, [`Policy::Knapsack`]).
+    Knapsack(u64),
 }
 
 impl CheckpointMode {
@@ -57,10 +60,21 @@ impl CheckpointMode {
     pub const BLOCK: CheckpointMode = CheckpointMode::Every(NonZeroUsize::MIN);
 
     /// Parses a `--checkpoint` value: `auto`, `none`, `pointwise`, `block`, `every=K`,
-    /// `first=K` (K >= 1), `sqrt`, `mincut` or `selective`. Errors carry a span into `text`
-    /// and a help line.
+    /// `first=K` (K >= 1), `sqrt`, `mincut`, `selective` or `knapsack=BYTES`. Errors carry a
+    /// span into `text` and a help line.
     pub fn parse(text: &str) -> Result<CheckpointMode, UserError> {
-        const HELP: &str = "use auto, none, pointwise, block, every=K, first=K (K a positive integer), sqrt, mincut or selective";
+        const HELP: &str = "use auto, none, pointwise, block, every=K, first=K (K a positive integer), sqrt, mincut, selective or knapsack=BYTES";
+        if let Some(bytes) = text.strip_prefix("knapsack=") {
+            let span = Span::new(text.len() - bytes.len(), text.len());
+            return bytes.parse().map(CheckpointMode::Knapsack).map_err(|_| {
+                UserError::at(
+                    span,
+                    format!("`{bytes}` is not a byte count"),
+                    "expected a whole number of bytes",
+                    "e.g. knapsack=1073741824 recomputes blocks until 1 GiB more is saved",
+                )
+            });
+        }
         Ok(match text {
             "auto" => CheckpointMode::Auto,
             "none" => CheckpointMode::KeepAll,
@@ -86,6 +100,7 @@ impl CheckpointMode {
             },
             CheckpointMode::MinCut => Policy::MinCut { penalty: None },
             CheckpointMode::Selective => Policy::Selective,
+            CheckpointMode::Knapsack(saving) => Policy::Knapsack { saving },
         })
     }
 }
@@ -182,6 +197,11 @@ fn summary(
         Policy::Selective => {
             "selective: cheap ops inside blocks recomputed, heavy ops' outputs kept".into()
         }
+        Policy::Knapsack { saving } => format!(
+            "knapsack={saving}: per block instance, pointwise, selective or whole \
+             recomputation, chosen to save {} beyond pointwise for the fewest recomputed FLOPs",
+            human_bytes(saving)
+        ),
     };
     let mut groups: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
     let mut recompute_flops = 0;
@@ -306,6 +326,10 @@ fn infeasible(train: &TrainSpec, (arena_budget, reserve): (u64, u64), plan: &Pla
     ))
 }
 
+/// How many knapsack policies auto mode tries at most, spread over the greedy's steps up to
+/// every block instance recomputed whole.
+const KNAPSACK_STEPS: usize = 16;
+
 /// Auto mode's candidates, in stages of growing recomputation: keep-all and pointwise (the
 /// smaller plan of the two is taken, as pointwise recomputation costs memory passes only);
 /// the policies that recompute no heavy op (selective, min-cut with heavy ops kept); then
@@ -313,7 +337,8 @@ fn infeasible(train: &TrainSpec, (arena_budget, reserve): (u64, u64), plan: &Pla
 /// k block instances for k at eighths of their number (one more instance recomputed, one
 /// more instance's saves gone: the fine steps between pointwise and per-block), per-block
 /// and every k-th block for k up to max(4, sqrt(n)) (sqrt(n) among them), and min-cuts over
-/// a sweep of recomputation penalties (1e2 down to 1e-13 bytes per FLOP).
+/// a sweep of recomputation penalties (1e2 down to 1e-13 bytes per FLOP), and knapsacks
+/// of per-instance choices saving evenly spaced amounts (`checkpoint::knapsack_savings`).
 pub fn auto_candidates(graph: &Graph) -> [Vec<Policy>; 3] {
     let blocks = checkpoint::instances(graph);
     let longest = checkpoint::sqrt_segment(graph).max(4).min(blocks.max(1));
@@ -328,6 +353,11 @@ pub fn auto_candidates(graph: &Graph) -> [Vec<Policy>; 3] {
     heavy.extend((0..16).map(|i| Policy::MinCut {
         penalty: Some(10f64.powf(2.0 - i as f64)),
     }));
+    heavy.extend(
+        checkpoint::knapsack_savings(graph, KNAPSACK_STEPS)
+            .into_iter()
+            .map(|saving| Policy::Knapsack { saving }),
+    );
     [
         vec![Policy::KeepAll, Policy::Pointwise],
         vec![Policy::Selective, Policy::MinCut { penalty: None }],

@@ -23,9 +23,10 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 /// Every fixed policy that recomputes: pointwise, block, first=1, every=2, sqrt, selective,
-/// mincut.
-fn policies() -> [CheckpointMode; 7] {
+/// mincut, and the knapsack's first choice (one instance recomputed more than pointwise).
+fn policies() -> [CheckpointMode; 8] {
     [
+        CheckpointMode::Knapsack(1),
         CheckpointMode::Pointwise,
         CheckpointMode::BLOCK,
         CheckpointMode::First(NonZeroUsize::MIN),

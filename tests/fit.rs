@@ -188,3 +188,38 @@ fn cli_infeasible_exits_2_with_the_arena_at_one() {
     let out = memc(&["fit", MLP]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// An fp32 step whose precision no flag sets also gets the answer in bf16 mixed precision
+/// (the library's search with `--precision bf16`), beside the fp32 answer, not instead of it;
+/// `--precision` given on the command line turns that off.
+#[test]
+fn cli_reports_the_answer_in_bf16_beside_the_fp32_one() {
+    let args = ["fit", MLP, "--budget", "10MiB", "--layout-time", "0"];
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let out = memc(&[&args[..], &["--format", "json"], extra].concat());
+        assert_success(&out);
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let v = json(&[]);
+    let bf16 = Options {
+        precision: Some(memc::settings::Precision::Bf16),
+        ..options(&[])
+    };
+    let lib = fit_dim(&source("mlp.mdl"), &bf16, "B", 10 << 20).unwrap();
+    assert_eq!(v["with_bf16"]["value"].as_i64(), Some(lib.value));
+    assert_eq!(
+        v["with_bf16"]["arena_bytes"].as_u64(),
+        Some(lib.arena_bytes)
+    );
+    assert!(lib.value > v["value"].as_i64().unwrap(), "{v}");
+    assert!(json(&["--precision", "fp32"])["with_bf16"].is_null());
+    let out = memc(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!(
+            "with --precision bf16 (fp32 master weights and optimizer state): B={}",
+            lib.value
+        )),
+        "{text}"
+    );
+}

@@ -55,10 +55,11 @@ pub fn fit(a: FitArgs) -> Result<(), Failure> {
         })
     } else {
         fit_dim_with(&src, &opts, (&a.dim, a.multiple_of), budget, &mut on_probe).map(|r| {
+            let bf16 = in_bf16(&r, &a, (&src, &opts, budget), &mut on_probe);
             if json_format {
-                json(&r)
+                json(&r, bf16.as_ref())
             } else {
-                Ok(text(&r))
+                Ok(text(&r, bf16.as_ref()))
             }
         })
     };
@@ -104,9 +105,30 @@ fn failure(e: FitError, a: &FitArgs, src: &str) -> Failure {
     }
 }
 
-fn text(r: &FitResult) -> String {
+/// For a training step in fp32 whose precision no flag set: the same search in bf16 mixed
+/// precision (fp32 master weights and optimizer state), the knob `memc fit` tries beside
+/// checkpointing and the loss head's chunks, reported beside the answer rather than taken,
+/// since it changes the step's numerics. `None` when it does not apply or finds nothing.
+fn in_bf16(
+    r: &FitResult,
+    a: &FitArgs,
+    (src, opts, budget): (&str, &memc::Options, u64),
+    on_probe: &mut dyn FnMut(&Probe),
+) -> Option<FitResult> {
+    let train = r.plan.plan().train.as_ref()?;
+    if opts.precision.is_some() || train.precision != memc::settings::Precision::Fp32 {
+        return None;
+    }
+    let bf16 = memc::Options {
+        precision: Some(memc::settings::Precision::Bf16),
+        ..opts.clone()
+    };
+    fit_dim_with(src, &bf16, (&a.dim, a.multiple_of), budget, on_probe).ok()
+}
+
+fn text(r: &FitResult, bf16: Option<&FitResult>) -> String {
     let mut out = format!(
-        "fit {dim}: largest {dim} within {} ({} bytes) is {}\n  {dim}={}: arena {} ({} bytes), fits\n  {dim}={}: arena {} ({} bytes), does not fit{}\n  {} compiles (searched from {dim}={})\n\n",
+        "fit {dim}: largest {dim} within {} ({} bytes) is {}\n  {dim}={}: arena {} ({} bytes), fits\n  {dim}={}: arena {} ({} bytes), does not fit{}\n  {} compiles (searched from {dim}={})\n",
         human_bytes(r.budget),
         r.budget,
         r.value,
@@ -125,6 +147,16 @@ fn text(r: &FitResult) -> String {
         r.start,
         dim = r.dim,
     );
+    if let Some(b) = bf16 {
+        out.push_str(&format!(
+            "  with --precision bf16 (fp32 master weights and optimizer state): {dim}={}, arena {} ({} bytes)\n",
+            b.value,
+            human_bytes(b.arena_bytes),
+            b.arena_bytes,
+            dim = b.dim,
+        ));
+    }
+    out.push('\n');
     out.push_str(&memc::plan::render_text(r.plan.plan()));
     out
 }
@@ -185,8 +217,13 @@ fn to_json(v: serde_json::Value) -> Result<String, Failure> {
         .map_err(|e| Failure::Internal(vec![format!("cannot serialize: {e}")]))
 }
 
-fn json(r: &FitResult) -> Result<String, Failure> {
+fn json(r: &FitResult, bf16: Option<&FitResult>) -> Result<String, Failure> {
     let v = serde_json::json!({
+        "with_bf16": bf16.map(|b| serde_json::json!({
+            "flags": ["--precision", "bf16"],
+            "value": b.value,
+            "arena_bytes": b.arena_bytes,
+        })),
         "dim": r.dim,
         "value": r.value,
         "arena_bytes": r.arena_bytes,

@@ -63,7 +63,9 @@ pub struct CompileArgs {
     /// least recompute), none, pointwise, block (each block's input saved, one block
     /// recomputed at a time), every=K (every K-th block's output saved), first=K (the first K
     /// blocks recomputed, pointwise elsewhere), sqrt (K = round(sqrt(blocks))), selective
-    /// (cheap ops inside blocks recomputed, heavy ops' outputs kept) or mincut.
+    /// (cheap ops inside blocks recomputed, heavy ops' outputs kept), mincut or knapsack=BYTES
+    /// (per block pointwise, selective or whole recomputation, saving BYTES beyond pointwise
+    /// for the fewest recomputed FLOPs).
     #[arg(long, default_value = "auto", value_name = "POLICY")]
     checkpoint: String,
     /// Mixed precision, overriding `train { precision }`: matmul, conv and attention in the

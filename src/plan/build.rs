@@ -29,18 +29,22 @@ fn source_span(span: crate::ir::Span) -> Option<crate::ir::Span> {
     (span.end > span.start).then_some(span)
 }
 
-/// Values of the graph that are parameter gradients (they get class `Gradient`).
-fn gradient_values(graph: &Graph) -> Vec<ValueId> {
+/// The gradient each updated parameter's update reads, by parameter (they get class
+/// `Gradient`).
+fn gradient_values(graph: &Graph) -> BTreeMap<ValueId, ValueId> {
     graph
         .values()
         .filter_map(|v| match graph.node(v).op {
-            Op::AdamW(_) | Op::Sgd(_) => Some(graph.node(v).inputs[1]),
+            Op::AdamW(_) | Op::Sgd(_) => Some((graph.node(v).inputs[0], graph.node(v).inputs[1])),
             _ => None,
         })
         .collect()
 }
 
-fn class_of(graph: &Graph, v: ValueId, grads: &[ValueId]) -> BufferClass {
+/// The values that are parameter gradients.
+type Gradients = std::collections::BTreeSet<ValueId>;
+
+fn class_of(graph: &Graph, v: ValueId, grads: &Gradients) -> BufferClass {
     match graph.node(v).op {
         // Gradient accumulators are persistent state read by the updates.
         _ if grads.contains(&v) => BufferClass::Gradient,
@@ -73,7 +77,7 @@ fn name_of(
 
 fn peak_of(graph: &Graph, schedule: &Schedule) -> u64 {
     let mut lives = liveness::run(graph, schedule);
-    let grads = gradient_values(graph);
+    let grads: Gradients = gradient_values(graph).into_values().collect();
     let roots = views::roots(graph, |v| class_of(graph, v, &grads));
     views::extend_roots(&mut lives, &roots);
     let spans = graph.values().filter_map(|v| {
@@ -109,7 +113,7 @@ struct Buffers {
 
 impl Buffers {
     fn new(graph: &Graph, own_lives: &[Option<Interval>]) -> Buffers {
-        let grads = gradient_values(graph);
+        let grads: Gradients = gradient_values(graph).into_values().collect();
         let roots = views::roots(graph, |v| class_of(graph, v, &grads));
         let mut lives = own_lives.to_vec();
         views::extend_roots(&mut lives, &roots);
@@ -206,6 +210,7 @@ impl Buffers {
 
     /// Every parameter with its initializer and gradient buffer.
     fn params(&self, graph: &Graph) -> Vec<ParamBinding> {
+        let grads = gradient_values(graph);
         graph
             .params()
             .into_iter()
@@ -213,12 +218,7 @@ impl Buffers {
                 let Op::Param { name, init, .. } = &graph.node(p).op else {
                     return None;
                 };
-                let grad = graph.values().find_map(|u| match graph.node(u).op {
-                    Op::AdamW(_) | Op::Sgd(_) if graph.node(u).inputs[0] == p => {
-                        self.of[graph.node(u).inputs[1].index()]
-                    }
-                    _ => None,
-                });
+                let grad = grads.get(&p).and_then(|g| self.of[g.index()]);
                 self.of[p.index()].map(|buffer| ParamBinding {
                     name: name.clone(),
                     buffer,

@@ -387,13 +387,19 @@ impl<'p> Checker<'p> {
                 ));
             }
         }
+        let mut viewed = vec![false; plan.buffers.len()];
+        for root in plan.buffers.iter().filter_map(|x| x.view_of) {
+            if let Some(flag) = viewed.get_mut(root.index()) {
+                *flag = true;
+            }
+        }
+        let shared = |b: &BufferId| {
+            plan.buffers
+                .get(b.index())
+                .is_some_and(|x| x.view_of.is_some())
+                || viewed.get(b.index()).copied().unwrap_or(false)
+        };
         for (s, step) in plan.steps.iter().enumerate() {
-            let shared = |b: &BufferId| {
-                plan.buffers
-                    .get(b.index())
-                    .is_some_and(|x| x.view_of.is_some())
-                    || plan.buffers.iter().any(|x| x.view_of == Some(*b))
-            };
             if !plan.launches(step) {
                 let same = match (step.inputs.first(), step.output) {
                     (Some(&i), Some(o)) => root_of(i) == root_of(o),

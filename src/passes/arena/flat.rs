@@ -25,12 +25,23 @@ pub(super) struct Static {
 impl Static {
     /// The flat views of `p`.
     pub(super) fn new(p: &Problem) -> Static {
-        let mut sec_off = Vec::with_capacity(p.sections + 1);
-        let mut sec_items = Vec::new();
-        sec_off.push(0);
-        for list in &p.section_items {
-            sec_items.extend_from_slice(list);
-            sec_off.push(sec_items.len() as u32);
+        // Each section's items, ascending: counted, then filled in item order.
+        let mut sec_off = vec![0u32; p.sections + 1];
+        for it in &p.items {
+            for count in &mut sec_off[it.first as usize + 1..=it.last as usize] {
+                *count += 1;
+            }
+        }
+        for s in 0..p.sections {
+            sec_off[s + 1] += sec_off[s];
+        }
+        let mut fill = sec_off.clone();
+        let mut sec_items = vec![0u32; sec_off[p.sections] as usize];
+        for (i, it) in p.items.iter().enumerate() {
+            for s in it.first as usize..it.last as usize {
+                sec_items[fill[s] as usize] = i as u32;
+                fill[s] += 1;
+            }
         }
         let mut slot_base = Vec::with_capacity(p.len());
         let mut total_slots = 0u32;

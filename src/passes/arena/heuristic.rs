@@ -24,15 +24,19 @@ pub fn first_fit(requests: &[BufferRequest], alignment: u64) -> Vec<u64> {
     problem.expand(&place_in_order(&problem, &order, Fit::First))
 }
 
-/// Best-fit over several static orderings; returns the smallest layout (earliest ordering on
-/// ties), indexed like `problem.items`.
-pub(crate) fn best_of_orderings(problem: &Problem) -> Vec<u64> {
+/// Best-fit over several static orderings, tried in turn until one gives at most `enough`
+/// bytes (a proven lower bound: nothing smaller exists); returns the smallest layout
+/// (earliest ordering on ties), indexed like `problem.items`.
+pub(crate) fn best_of_orderings(problem: &Problem, enough: u64) -> Vec<u64> {
     let mut best: Option<(u64, Vec<u64>)> = None;
     for order in orderings(problem) {
         let offsets = place_in_order(problem, &order, Fit::Best);
         let size = problem.layout_size(&offsets);
         if best.as_ref().is_none_or(|(b, _)| size < *b) {
             best = Some((size, offsets));
+        }
+        if size <= enough {
+            break;
         }
     }
     best.map(|(_, o)| o).unwrap_or_default()
@@ -51,12 +55,11 @@ enum Order {
     Start,
 }
 
-/// The static orderings tried by the heuristic.
-fn orderings(problem: &Problem) -> Vec<Vec<u32>> {
+/// The static orderings tried by the heuristic, each sorted when it is reached.
+fn orderings(problem: &Problem) -> impl Iterator<Item = Vec<u32>> + '_ {
     let peak = peak_totals(problem);
-    let items = &problem.items;
-    let key = |order: Order, i: usize| -> (u128, u128) {
-        let it = items[i];
+    let key = move |order: Order, i: usize| -> (u128, u128) {
+        let it = problem.items[i];
         match order {
             Order::Size => (u128::from(it.size), u128::from(it.duration())),
             Order::Area => (area(problem, i), u128::from(it.size)),
@@ -65,17 +68,12 @@ fn orderings(problem: &Problem) -> Vec<Vec<u32>> {
         }
     };
     [Order::PeakTotal, Order::Size, Order::Area, Order::Start]
-        .iter()
-        .map(|&kind| {
+        .into_iter()
+        .map(move |kind| {
             let mut order: Vec<u32> = (0..problem.len() as u32).collect();
-            order.sort_by(|&a, &b| {
-                key(kind, b as usize)
-                    .cmp(&key(kind, a as usize))
-                    .then(a.cmp(&b))
-            });
+            order.sort_by_cached_key(|&i| std::cmp::Reverse(key(kind, i as usize)));
             order
         })
-        .collect()
 }
 
 /// Size times duration of item `i`.
@@ -84,18 +82,27 @@ pub(crate) fn area(problem: &Problem, i: usize) -> u128 {
     u128::from(it.size) * u128::from(it.duration())
 }
 
-/// For each item, the largest section total (live bytes) over the sections it spans.
+/// For each item, the largest section total (live bytes) over the sections it spans, by a
+/// sparse table of range maxima: O(s log s + n) for s sections and n items.
 pub(crate) fn peak_totals(problem: &Problem) -> Vec<u64> {
-    let totals = section_totals(problem);
+    let mut levels = vec![section_totals(problem)];
+    let mut width = 1;
+    while 2 * width <= problem.sections {
+        let below = &levels[levels.len() - 1];
+        let level = (0..below.len() - width)
+            .map(|s| below[s].max(below[s + width]))
+            .collect();
+        levels.push(level);
+        width *= 2;
+    }
     problem
         .items
         .iter()
         .map(|it| {
-            totals[it.first as usize..it.last as usize]
-                .iter()
-                .copied()
-                .max()
-                .unwrap_or(0)
+            let (first, last) = (it.first as usize, it.last as usize);
+            let level = (last - first).ilog2() as usize;
+            let table = &levels[level];
+            table[first].max(table[last - (1 << level)])
         })
         .collect()
 }

@@ -123,25 +123,30 @@ pub fn layout(requests: &[BufferRequest], options: &LayoutOptions) -> Layout {
 /// placement in time order alone, without the orderings and the search.
 pub const CONFLICT_PAIR_LIMIT: u64 = 1 << 24;
 
-/// [`layout`] of every request through the heuristic and the search, or, above
-/// [`CONFLICT_PAIR_LIMIT`], placed in time order.
+/// [`layout`] of every request: placed in time order (O(n log n)), which ends it when that
+/// reaches the lower bound or when the conflict pairs pass [`CONFLICT_PAIR_LIMIT`]; else the
+/// best of that and the heuristic's orderings, then the search.
 fn layout_all(requests: &[BufferRequest], options: &LayoutOptions) -> Layout {
     let alignment = options.alignment.max(1);
     let bound = lower_bound(requests, alignment);
-    if sweep::conflict_pairs(requests) > CONFLICT_PAIR_LIMIT {
-        let offsets = sweep::layout_in_time_order(requests, alignment);
-        let size = sweep::extent(requests, &offsets);
+    let in_time_order = sweep::layout_in_time_order(requests, alignment);
+    let time_order_size = sweep::extent(requests, &in_time_order);
+    if time_order_size <= bound || sweep::conflict_pairs(requests) > CONFLICT_PAIR_LIMIT {
         return Layout {
-            offsets,
-            size,
-            lower_bound: bound.min(size),
-            heuristic_size: size,
-            optimal: size <= bound,
+            offsets: in_time_order,
+            size: time_order_size,
+            lower_bound: bound.min(time_order_size),
+            heuristic_size: time_order_size,
+            optimal: time_order_size <= bound,
         };
     }
     let problem = Problem::new(requests, alignment);
-    let heuristic = heuristic::best_of_orderings(&problem);
-    let heuristic_size = problem.layout_size(&heuristic);
+    let mut heuristic = heuristic::best_of_orderings(&problem, bound);
+    let mut heuristic_size = problem.layout_size(&heuristic);
+    if time_order_size < heuristic_size {
+        heuristic = problem.origin.iter().map(|&i| in_time_order[i]).collect();
+        heuristic_size = time_order_size;
+    }
     let mut state = Anytime {
         best: heuristic,
         best_size: heuristic_size,

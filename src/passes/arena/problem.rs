@@ -42,8 +42,6 @@ pub(crate) struct Problem {
     pub neighbor_start: Vec<usize>,
     /// See `neighbor_start`.
     pub neighbor_list: Vec<u32>,
-    /// For each section, the items live in it, ascending.
-    pub section_items: Vec<Vec<u32>>,
 }
 
 impl Problem {
@@ -73,12 +71,6 @@ impl Problem {
             .collect();
         let (neighbor_start, neighbor_list) = conflict_lists(&items);
         let sections = times.len();
-        let mut section_items = vec![Vec::new(); sections];
-        for (i, it) in items.iter().enumerate() {
-            for list in &mut section_items[it.first as usize..it.last as usize] {
-                list.push(i as u32);
-            }
-        }
         Problem {
             alignment: alignment.max(1),
             origin: live.iter().map(|(i, _)| *i).collect(),
@@ -87,7 +79,6 @@ impl Problem {
             items,
             neighbor_start,
             neighbor_list,
-            section_items,
         }
     }
 

@@ -29,6 +29,10 @@
 //! backward reader, from the saved values, with identical kernels (and dropout keys), so
 //! results are bitwise equal.
 
+mod knapsack;
+
+pub use knapsack::savings as knapsack_savings;
+
 use super::StageError;
 use crate::ir::cost::flops;
 use crate::ir::*;
@@ -70,6 +74,10 @@ pub enum Policy {
     /// the fused attention op, whose backward reads only `q, k, v`) keep their outputs, as
     /// do boundary values and everything outside blocks.
     Selective,
+    /// Per block instance, pointwise, selective or whole recomputation, chosen by knapsack to
+    /// save at least `saving` bytes beyond what pointwise recomputation saves for the fewest
+    /// recomputed FLOPs (see `knapsack`).
+    Knapsack { saving: u64 },
 }
 
 /// A value's top-level block instance (`layer.3` of `layer.3.attn.0`), empty outside blocks.
@@ -366,6 +374,7 @@ pub fn choose(graph: &Graph, policy: Policy) -> BTreeSet<ValueId> {
             chosen
         }
         Policy::Selective => selective(graph),
+        Policy::Knapsack { saving } => knapsack::choose(graph, saving),
     };
     chosen.extend(widening_casts(graph));
     chosen.extend(weight_copies(graph));
