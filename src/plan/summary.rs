@@ -2,8 +2,8 @@
 //! the bytes live at its peak are, what shrinks the largest of them, and where to compare
 //! every option.
 
-use super::peak::live_at_peak;
-use super::{human_bytes, BufferClass, Plan};
+use super::peak::{clipped, live_at_peak};
+use super::{human_bytes, BufferClass, Plan, Role};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -34,6 +34,7 @@ pub(super) fn render(out: &mut String, plan: &Plan) {
             human_bytes(d.context_reserve)
         );
     }
+    saved_by_line(out, plan);
     if let Some(&(largest, _)) = parts.first() {
         let _ = writeln!(out, "  to need less: {}", hint(plan, largest));
     }
@@ -41,6 +42,41 @@ pub(super) fn render(out: &mut String, plan: &Plan) {
         out,
         "  compare every option as compiled plans: memc advise FILE --budget SIZE"
     );
+}
+
+/// The `.mdl` lines whose activations backward keeps the most bytes of, up to two, with
+/// their text: what to look at first when activations dominate.
+fn saved_by_line(out: &mut String, plan: &Plan) {
+    let mut by_line: BTreeMap<usize, (u64, usize)> = BTreeMap::new();
+    for b in &plan.buffers {
+        if let (Some(Role::SavedActivation), Some(line)) = (&b.role, b.line) {
+            let e = by_line.entry(line).or_default();
+            e.0 += b.bytes;
+            e.1 += 1;
+        }
+    }
+    let mut lines: Vec<(usize, (u64, usize))> = by_line.into_iter().collect();
+    lines.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(&b.0)));
+    let listed: Vec<String> = lines
+        .iter()
+        .take(2)
+        .map(|&(line, (bytes, count))| {
+            let text = plan.source_lines.get(&line).map_or("", String::as_str);
+            let s = if count == 1 { "" } else { "s" };
+            format!(
+                "line {line} ({}): {} in {count} tensor{s}",
+                clipped(text, 48),
+                human_bytes(bytes)
+            )
+        })
+        .collect();
+    if !listed.is_empty() {
+        let _ = writeln!(
+            out,
+            "  activations kept for backward, the most from {}",
+            listed.join("; ")
+        );
+    }
 }
 
 /// What shrinks the bytes of `class` in `plan`.
