@@ -178,3 +178,28 @@ impl Buffer {
         }
     }
 }
+
+impl Plan {
+    /// The bytes and the number of the buffers `keep` selects (views never count), by
+    /// `.mdl` line (None for buffers without one): most bytes first, then by line.
+    pub fn bytes_by_line(
+        &self,
+        keep: impl Fn(&Buffer) -> bool,
+    ) -> Vec<(Option<usize>, u64, usize)> {
+        let mut by_line: BTreeMap<Option<usize>, (u64, usize)> = BTreeMap::new();
+        for b in self
+            .buffers
+            .iter()
+            .filter(|b| b.view_of.is_none() && keep(b))
+        {
+            let e = by_line.entry(b.line).or_default();
+            e.0 += b.bytes;
+            e.1 += 1;
+        }
+        let mut rows: Vec<(Option<usize>, u64, usize)> = (by_line.into_iter())
+            .map(|(line, (bytes, count))| (line, bytes, count))
+            .collect();
+        rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        rows
+    }
+}

@@ -47,28 +47,20 @@ pub(super) fn render(out: &mut String, plan: &Plan) {
 /// The `.mdl` lines whose activations backward keeps the most bytes of, up to two, with
 /// their text: what to look at first when activations dominate.
 fn saved_by_line(out: &mut String, plan: &Plan) {
-    let mut by_line: BTreeMap<usize, (u64, usize)> = BTreeMap::new();
-    for b in &plan.buffers {
-        if let (Some(Role::SavedActivation), Some(line)) = (&b.role, b.line) {
-            let e = by_line.entry(line).or_default();
-            e.0 += b.bytes;
-            e.1 += 1;
-        }
-    }
-    let mut lines: Vec<(usize, (u64, usize))> = by_line.into_iter().collect();
-    lines.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(&b.0)));
-    let listed: Vec<String> = lines
-        .iter()
-        .take(2)
-        .map(|&(line, (bytes, count))| {
+    let listed: Vec<String> = plan
+        .bytes_by_line(|b| b.role == Some(Role::SavedActivation))
+        .into_iter()
+        .filter_map(|(line, bytes, count)| {
+            let line = line?;
             let text = plan.source_lines.get(&line).map_or("", String::as_str);
             let s = if count == 1 { "" } else { "s" };
-            format!(
+            Some(format!(
                 "line {line} ({}): {} in {count} tensor{s}",
                 clipped(text, 48),
                 human_bytes(bytes)
-            )
+            ))
         })
+        .take(2)
         .collect();
     if !listed.is_empty() {
         let _ = writeln!(

@@ -8,7 +8,6 @@ use super::{
     axes, class_name, close_plot, esc, phase_bands, source_ref, Scale, BOTTOM, PLOT_H, PLOT_W, TOP,
 };
 use crate::plan::{human_bytes, BufferClass, Plan};
-use std::collections::BTreeMap;
 use std::fmt::Write;
 
 /// A kind with live bytes at a step is drawn at least this thick (in user units) there, so
@@ -18,19 +17,10 @@ const MIN_BAND: f64 = 2.0;
 /// The lines of `file` holding the most bytes of `class` live at step `at`, up to three, as
 /// "FILE:LINE  text: 1.1 GiB in 12 buffers".
 fn top_lines(plan: &Plan, file: &str, class: BufferClass, at: usize) -> Vec<String> {
-    let mut by_line: BTreeMap<Option<usize>, (u64, usize)> = BTreeMap::new();
-    for b in &plan.buffers {
-        if b.class == class && b.view_of.is_none() && b.first <= at && at <= b.last {
-            let e = by_line.entry(b.line).or_default();
-            e.0 += b.bytes;
-            e.1 += 1;
-        }
-    }
-    let mut rows: Vec<(Option<usize>, (u64, usize))> = by_line.into_iter().collect();
-    rows.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(&b.0)));
-    rows.into_iter()
+    plan.bytes_by_line(|b| b.class == class && b.first <= at && at <= b.last)
+        .into_iter()
         .take(3)
-        .map(|(line, (bytes, count))| {
+        .map(|(line, bytes, count)| {
             let at = source_ref(plan, file, line).unwrap_or_else(|| "no source line".into());
             let s = if count == 1 { "" } else { "s" };
             format!("  {at}: {} in {count} buffer{s}", human_bytes(bytes))
