@@ -78,7 +78,8 @@ pub(super) fn saved_for_backward(buffers: &[Buffer], steps: &[Step]) -> Vec<bool
     saved
 }
 
-/// The parameter each optimizer-state input of an update belongs to, with the update's op.
+/// The parameter each gradient and optimizer-state input of an update belongs to, with the
+/// update's op.
 fn state_owners(graph: &Graph) -> BTreeMap<ValueId, (&Op, ValueId)> {
     let mut owners = BTreeMap::new();
     for v in graph.values() {
