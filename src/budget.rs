@@ -291,7 +291,15 @@ pub fn plan_with(
         )
     })?;
     let train = train.map(TrainSummary::from);
-    let mut plan = plan::build_for(target, model, &rewritten.graph, train.as_ref(), options)?;
+    let clones = rewritten.clones.iter().map(|&(_, c)| c).collect();
+    let mut plan = plan::build_for(
+        target,
+        model,
+        &rewritten.graph,
+        train.as_ref(),
+        options,
+        &clones,
+    )?;
     plan.report.checkpoint = summary(policy, &rewritten.graph, &rewritten.clones, &plan);
     Ok((rewritten.graph, plan))
 }

@@ -344,6 +344,7 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
         total: plan.arena_bytes.saturating_add(context_reserve),
     });
     plan.report.largest_at_peak = plan::largest_at_peak(&plan, source, 10);
+    plan::attach_lines(&mut plan, source);
     let plan = plan::verify(plan).map_err(|errs| {
         CompileError::Internal(errs.into_iter().map(|e| e.to_string()).collect())
     })?;

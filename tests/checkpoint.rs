@@ -270,8 +270,16 @@ fn plan_recomputing(
         layout_time: Duration::ZERO,
         alignment: Target::Cpu.alignment(),
     };
-    let plan =
-        memc::plan::build_for(Target::Cpu, "m", &rewritten.graph, Some(train), &options).unwrap();
+    let clones = rewritten.clones.iter().map(|&(_, c)| c).collect();
+    let plan = memc::plan::build_for(
+        Target::Cpu,
+        "m",
+        &rewritten.graph,
+        Some(train),
+        &options,
+        &clones,
+    )
+    .unwrap();
     memc::plan::verify(plan).unwrap()
 }
 

@@ -1,5 +1,5 @@
 //! The example models: a snapshot of each one's text memory report, their exact parameter
-//! counts, and the shape of the JSON report.
+//! counts, the shape of the JSON report and the origins (role, line) it gives each buffer.
 #![allow(clippy::panic)]
 
 use memc::{compile, Compiled, Options};
@@ -156,4 +156,99 @@ fn largest_tensors_at_the_peak_name_their_source_lines() {
         .code
         .as_deref()
         .is_some_and(|c| c.contains("conv2d(images, stem")));
+}
+
+/// The summary names the lines whose activations backward keeps the most of: GPT-2's loss
+/// head (line 26, its logits) when the head is not fused, the MLP (line 19) when the fused
+/// head keeps no logits; ResNet-18's stem convolution (line 38).
+#[test]
+fn summary_names_the_line_keeping_the_most_activations() {
+    let summary = |name: &str, fuse_loss: bool| {
+        let options = Options {
+            fuse_loss,
+            ..snapshot_options()
+        };
+        let text = memc::plan::render_text(compiled(&source(name), &options, name).plan.plan());
+        let line = text
+            .lines()
+            .find(|l| l.contains("activations kept for backward"));
+        line.unwrap_or_else(|| panic!("{name}: {text}")).to_string()
+    };
+    let unfused = summary("gpt2.mdl", false);
+    assert!(
+        unfused.contains("the most from line 26 (loss = cross_entropy(layernorm(x, lnf) @ tran...): 1.5 GiB in 1 tensor;"),
+        "{unfused}"
+    );
+    insta::assert_snapshot!("gpt2_unfused_summary", unfused);
+    let fused = summary("gpt2.mdl", true);
+    assert!(
+        fused.contains("the most from line 19 (x = x + mlp("),
+        "{fused}"
+    );
+    let resnet = summary("resnet18.mdl", true);
+    assert!(
+        resnet.contains("the most from line 38 (let x = relu(batchnorm(conv2d(images, stem"),
+        "{resnet}"
+    );
+}
+
+/// `memc compile --format json` gives every buffer its origin: role, span and line, and the
+/// text of each line named.
+#[test]
+fn json_report_gives_each_buffer_its_origin() {
+    let gpt2 = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/gpt2.mdl");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memc"))
+        .args(["compile", gpt2, "--format", "json", "--layout-time", "0"])
+        .args([
+            "--set", "L=2", "--set", "D=64", "--set", "T=32", "--set", "V=256", "--set", "H=4",
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("memc: {e}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let buffers = v["buffers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no buffers: {v}"));
+    let role = |b: &serde_json::Value| b["role"]["kind"].as_str().unwrap_or("").to_string();
+    for b in buffers {
+        assert!(!role(b).is_empty(), "{b}");
+        if let Some(line) = b["line"].as_u64() {
+            assert!(b["span"]["start"].is_u64(), "{b}");
+            assert!(v["source_lines"][line.to_string()].is_string(), "{b}");
+        }
+    }
+    let find = |name: &str| {
+        (buffers.iter().find(|b| b["name"] == name)).unwrap_or_else(|| panic!("no {name}"))
+    };
+    assert_eq!(
+        find("grad.wte")["role"],
+        serde_json::json!({"kind": "gradient", "of": "wte"})
+    );
+    let moment = find("wte.exp_avg");
+    assert_eq!(
+        moment["role"],
+        serde_json::json!({"kind": "adam_moment", "of": "wte"})
+    );
+    assert_eq!(moment["line"], 6);
+    assert_eq!(v["source_lines"]["6"], "param  wte: [V, D] = normal(0.02)");
+    let kinds: std::collections::BTreeSet<String> = buffers.iter().map(role).collect();
+    for kind in [
+        "parameter",
+        "input",
+        "saved_activation",
+        "recomputed",
+        "backward_temporary",
+    ] {
+        assert!(kinds.contains(kind), "no {kind} in {kinds:?}");
+    }
+    let largest = &v["report"]["largest_at_peak"][0];
+    assert!(
+        largest["role"]["kind"].is_string() && largest["line"].is_u64(),
+        "{largest}"
+    );
 }

@@ -41,12 +41,26 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The plan (or just its report) as pretty JSON.
+/// The plan (or its report, with each buffer's origin: name, class, bytes, role, `.mdl`
+/// span and line, and the text of those lines) as pretty JSON.
 pub fn json(plan: &Plan, whole: bool) -> Result<String, Failure> {
     let value = if whole {
         serde_json::to_value(plan)
     } else {
-        serde_json::to_value(serde_json::json!({ "model": plan.model, "report": plan.report }))
+        let origins: Vec<serde_json::Value> = (plan.buffers.iter())
+            .map(|b| {
+                serde_json::json!({
+                    "id": b.id, "name": b.name, "class": b.class, "bytes": b.bytes,
+                    "role": b.role, "span": b.span, "line": b.line,
+                })
+            })
+            .collect();
+        serde_json::to_value(serde_json::json!({
+            "model": plan.model,
+            "report": plan.report,
+            "buffers": origins,
+            "source_lines": plan.source_lines,
+        }))
     };
     value
         .and_then(|v| serde_json::to_string_pretty(&v))

@@ -14,11 +14,16 @@ pub struct VizArgs {
     output: PathBuf,
 }
 
-/// Compiles the file and writes [`memc::viz::render_html`] of its plan to `--output`.
+/// Compiles the file and writes [`memc::viz::render_html`] of its plan to `--output`, the
+/// `.mdl` lines named by the file's name.
 pub fn viz(a: VizArgs) -> Result<(), Failure> {
     let compiled = super::compile_file(&a.args)?;
     let plan = compiled.plan.plan();
-    output::write_atomic(&a.output, memc::viz::render_html(plan).as_bytes())?;
+    let file = a.args.file.file_name().map_or_else(
+        || a.args.file.display().to_string(),
+        |f| f.to_string_lossy().into_owned(),
+    );
+    output::write_atomic(&a.output, memc::viz::render_html(plan, &file).as_bytes())?;
     eprintln!(
         "wrote {} ({} buffers over {} steps, arena {})",
         a.output.display(),

@@ -2,15 +2,15 @@
 //! with FLOPs, and the memory report.
 
 use super::report::{live_bytes, Bytes, PhasePeak, PrecisionSummary, Report, SavedKind};
-use super::views;
 use super::*;
+use super::{origin, views};
 use crate::ir::cost::flops;
 use crate::ir::{Graph, Op, Phase, ValueId};
 use crate::passes::arena::{self, BufferRequest, LayoutOptions};
 use crate::passes::liveness::{self, Interval};
 use crate::passes::schedule::{self, Schedule, ScheduleOptions};
 use crate::passes::StageError;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 /// Choices the plan builder makes.
@@ -22,11 +22,6 @@ pub struct BuildOptions {
     pub layout_time: Duration,
     /// Alignment of every buffer offset (the target's [`Target::alignment`] for a backend).
     pub alignment: u64,
-}
-
-/// A node's span, unless it is empty (a node the compiler made with no source of its own).
-fn source_span(span: crate::ir::Span) -> Option<crate::ir::Span> {
-    (span.end > span.start).then_some(span)
 }
 
 /// The gradient each updated parameter's update reads, by parameter (they get class
@@ -92,14 +87,15 @@ fn peak_of(graph: &Graph, schedule: &Schedule) -> u64 {
         .unwrap_or(0)
 }
 
-/// Builds the plan of `graph` (forward, or forward + backward + update) for the CPU.
+/// Builds the plan of `graph` (forward, or forward + backward + update) for the CPU, with
+/// nothing recomputed.
 pub fn build(
     model: &str,
     graph: &Graph,
     train: Option<&TrainSummary>,
     options: &BuildOptions,
 ) -> Result<Plan, StageError> {
-    build_for(Target::Cpu, model, graph, train, options)
+    build_for(Target::Cpu, model, graph, train, options, &BTreeSet::new())
 }
 
 /// The buffers of a graph: one per live value with bytes, and which value each holds.
@@ -152,7 +148,9 @@ impl Buffers {
                 last,
                 class,
                 view_of: roots[v.index()].and_then(|r| out.of[r.index()]),
-                span: source_span(graph.node(v).span),
+                span: origin::nonempty(graph.node(v).span),
+                role: None,
+                line: None,
             });
         }
         out
@@ -191,7 +189,9 @@ impl Buffers {
                     last: s,
                     class: BufferClass::Workspace,
                     view_of: None,
-                    span: source_span(node.span),
+                    span: origin::nonempty(node.span),
+                    role: None,
+                    line: None,
                 });
                 id
             });
@@ -292,13 +292,15 @@ fn alt_peak(
 }
 
 /// Builds the plan of `graph` (forward, or forward + backward + update) for `target`: its
-/// workspace buffers are those the target's kernels need.
+/// workspace buffers are those the target's kernels need; every buffer has its
+/// [`Role`], the values in `recomputed` (checkpointing's clones) [`Role::Recomputed`].
 pub fn build_for(
     target: Target,
     model: &str,
     graph: &Graph,
     train: Option<&TrainSummary>,
     options: &BuildOptions,
+    recomputed: &BTreeSet<ValueId>,
 ) -> Result<Plan, StageError> {
     let sched = schedule::run(
         graph,
@@ -310,6 +312,13 @@ pub fn build_for(
     let lives = liveness::run(graph, &sched);
     let mut buffers = Buffers::new(graph, &lives);
     let steps = buffers.steps(target, graph, &sched)?;
+    origin::assign(
+        graph,
+        &mut buffers.buffers,
+        &buffers.values,
+        &steps,
+        recomputed,
+    );
     let requests: Vec<BufferRequest> = buffers.buffers.iter().map(Buffer::request).collect();
     let layout = arena::layout(
         &requests,
@@ -351,6 +360,7 @@ pub fn build_for(
         target,
         train: train.cloned(),
         report,
+        source_lines: BTreeMap::new(),
     })
 }
 
@@ -466,16 +476,7 @@ fn report(
             .sum::<u64>()
     };
     let mut saved: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
-    let mut is_saved = vec![false; buffers.len()];
-    for s in steps
-        .iter()
-        .filter(|s| s.phase != crate::ir::Phase::Forward)
-    {
-        for &b in &s.inputs {
-            let b = buffers[b.index()].view_of.unwrap_or(b);
-            is_saved[b.index()] |= buffers[b.index()].class == BufferClass::Activation;
-        }
-    }
+    let is_saved = origin::saved_for_backward(buffers, steps);
     for (&v, b) in values.iter().zip(buffers) {
         if is_saved[b.id.index()] {
             let e = saved.entry(graph.node(v).op.name()).or_default();

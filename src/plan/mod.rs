@@ -3,6 +3,7 @@
 
 mod build;
 mod memory_summary;
+mod origin;
 mod peak;
 mod report;
 mod summary;
@@ -13,6 +14,7 @@ mod views;
 pub use crate::settings::TrainSummary;
 pub use build::{build, build_for, BuildOptions};
 pub use memory_summary::render_memory_summary;
+pub use origin::{attach_lines, Role};
 pub use peak::{largest_at_peak, PeakTensor};
 pub use report::{
     grouped, human_bytes, live_bytes, render_text, Bytes, CheckpointSummary, DeviceBytes,
@@ -171,6 +173,15 @@ pub struct Buffer {
     /// the forward expression they belong to; a workspace, its step's), when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub span: Option<crate::ir::Span>,
+    /// The buffer's part in the step; a gradient's or optimizer state's names its
+    /// parameter. Set by the plan builder for every buffer; None only in a plan saved before
+    /// roles were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+    /// The 1-based `.mdl` line `span` starts on, set by [`crate::compile`] (which has the
+    /// source); its text is in [`Plan::source_lines`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<usize>,
 }
 
 impl Buffer {
@@ -255,4 +266,8 @@ pub struct Plan {
     pub outputs: Vec<(String, BufferId)>,
     pub train: Option<TrainSummary>,
     pub report: Report,
+    /// The trimmed text of every `.mdl` line a buffer's [`Buffer::line`] names, by line
+    /// number (empty when the plan was built without its source).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub source_lines: std::collections::BTreeMap<usize, String>,
 }

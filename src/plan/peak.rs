@@ -13,6 +13,9 @@ pub struct PeakTensor {
     pub name: String,
     /// What it holds.
     pub class: BufferClass,
+    /// Its part in the step (as [`Buffer::role`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<super::Role>,
     pub bytes: u64,
     /// 1-based line of the `.mdl` expression that made it (for backward and update values,
     /// the forward expression they belong to), when known.
@@ -36,6 +39,7 @@ pub fn largest_at_peak(plan: &Plan, source: &str, count: usize) -> Vec<PeakTenso
             PeakTensor {
                 name: b.name.clone(),
                 class: b.class,
+                role: b.role.clone(),
                 bytes: b.bytes,
                 line: line.map(|(n, _)| n),
                 code: line.map(|(_, text)| text.to_string()),
@@ -63,7 +67,7 @@ pub(super) fn live_at_peak(plan: &Plan) -> Vec<&Buffer> {
 
 /// The 1-based line number and trimmed text of the line where `span` starts, when `span`
 /// lies inside `source`.
-fn line_of(source: &str, span: Span) -> Option<(usize, &str)> {
+pub(super) fn line_of(source: &str, span: Span) -> Option<(usize, &str)> {
     let start = span.start;
     if start >= source.len() || !source.is_char_boundary(start) {
         return None;
@@ -95,7 +99,7 @@ pub(super) fn render(out: &mut String, tensors: &[PeakTensor]) {
 }
 
 /// `text` cut to at most `width` characters, with `...` when cut.
-fn clipped(text: &str, width: usize) -> String {
+pub(super) fn clipped(text: &str, width: usize) -> String {
     if text.chars().count() <= width {
         return text.to_string();
     }

@@ -2,8 +2,8 @@
 //! the bytes live at its peak are, what shrinks the largest of them, and where to compare
 //! every option.
 
-use super::peak::live_at_peak;
-use super::{human_bytes, BufferClass, Plan};
+use super::peak::{clipped, live_at_peak};
+use super::{human_bytes, BufferClass, Plan, Role};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -34,6 +34,7 @@ pub(super) fn render(out: &mut String, plan: &Plan) {
             human_bytes(d.context_reserve)
         );
     }
+    saved_by_line(out, plan);
     if let Some(&(largest, _)) = parts.first() {
         let _ = writeln!(out, "  to need less: {}", hint(plan, largest));
     }
@@ -41,6 +42,33 @@ pub(super) fn render(out: &mut String, plan: &Plan) {
         out,
         "  compare every option as compiled plans: memc advise FILE --budget SIZE"
     );
+}
+
+/// The `.mdl` lines whose activations backward keeps the most bytes of, up to two, with
+/// their text: what to look at first when activations dominate.
+fn saved_by_line(out: &mut String, plan: &Plan) {
+    let listed: Vec<String> = plan
+        .bytes_by_line(|b| b.role == Some(Role::SavedActivation))
+        .into_iter()
+        .filter_map(|(line, bytes, count)| {
+            let line = line?;
+            let text = plan.source_lines.get(&line).map_or("", String::as_str);
+            let s = if count == 1 { "" } else { "s" };
+            Some(format!(
+                "line {line} ({}): {} in {count} tensor{s}",
+                clipped(text, 48),
+                human_bytes(bytes)
+            ))
+        })
+        .take(2)
+        .collect();
+    if !listed.is_empty() {
+        let _ = writeln!(
+            out,
+            "  activations kept for backward, the most from {}",
+            listed.join("; ")
+        );
+    }
 }
 
 /// What shrinks the bytes of `class` in `plan`.

@@ -1,11 +1,15 @@
 //! `viz`: the arena over time as one self-contained HTML page (inline SVG, CSS and a little
 //! JS; no network): every buffer a rectangle from its first to its last step and over its
-//! bytes, coloured by class, with the peak and arena marked and per-phase tables.
+//! bytes, coloured by class, with the peak and arena marked; the live bytes stacked by kind;
+//! per-phase tables and the largest tensors at the peak. Every buffer and table row hovers
+//! to its role and its `.mdl` line.
 
+mod arena;
 mod stacked;
+mod tables;
 
 use crate::ir::Phase;
-use crate::plan::{grouped, human_bytes, Buffer, BufferClass, Plan};
+use crate::plan::{grouped, human_bytes, BufferClass, Plan};
 use std::fmt::Write;
 
 /// Plot area in SVG user units; the SVG scales to the page width through its viewBox.
@@ -17,6 +21,13 @@ const TOP: f64 = 48.0;
 const BOTTOM: f64 = 44.0;
 /// Rectangles thinner than this (in user units) are drawn this thick so they stay visible.
 const MIN_H: f64 = 0.4;
+
+/// "FILE:LINE  text" of `.mdl` line `line` of `plan`, when the plan knows it.
+fn source_ref(plan: &Plan, file: &str, line: Option<usize>) -> Option<String> {
+    let n = line?;
+    let text = plan.source_lines.get(&n).map_or("", String::as_str);
+    Some(format!("{file}:{n}  {text}"))
+}
 
 /// The CSS class and legend label of a buffer class.
 fn class_name(c: BufferClass) -> (&'static str, &'static str) {
@@ -51,30 +62,6 @@ fn esc(s: &str) -> String {
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
             _ => out.push(c),
-        }
-    }
-    out
-}
-
-/// What produced each buffer: the op of the step writing it, or its class for buffers
-/// bound from outside (params, optimizer state, inputs).
-fn producers(plan: &Plan) -> Vec<String> {
-    let mut out: Vec<String> = plan
-        .buffers
-        .iter()
-        .map(|b| class_name(b.class).1.trim_end_matches('s').to_string())
-        .collect();
-    for (i, s) in plan.steps.iter().enumerate() {
-        let scope = if s.scope.is_empty() {
-            String::new()
-        } else {
-            format!(" in {}", s.scope)
-        };
-        if let Some(o) = s.output.and_then(|o| out.get_mut(o.index())) {
-            *o = format!("{} (step {i}, {}{scope})", s.op.name(), phase_name(s.phase));
-        }
-        if let Some(w) = s.workspace.and_then(|w| out.get_mut(w.index())) {
-            *w = format!("workspace of {} (step {i}{scope})", s.op.name());
         }
     }
     out
@@ -140,78 +127,6 @@ fn byte_tick_step(max: f64, n: f64) -> f64 {
     tick_step(max / unit, n) * unit
 }
 
-fn buffer_rect(out: &mut String, b: &Buffer, producer: &str, sc: &Scale) {
-    let x = sc.x(b.first as f64);
-    let w = sc.x(b.last as f64 + 1.0) - x;
-    let y = sc.y((b.offset + b.bytes) as f64);
-    let h = sc.h(b.bytes as f64).max(MIN_H);
-    let (css, _) = class_name(b.class);
-    let _ = writeln!(
-        out,
-        r#"<rect class="buf {css}" x="{x:.2}" y="{y:.3}" width="{w:.2}" height="{h:.3}" data-i="{}"><title>{} {}
-{} · {}
-{} bytes ({})
-offset {} · {}
-steps {}..={}</title></rect>"#,
-        b.id.0,
-        b.id,
-        esc(&b.name),
-        esc(class_name(b.class).1),
-        esc(producer),
-        grouped(b.bytes),
-        human_bytes(b.bytes),
-        grouped(b.offset),
-        esc(&b.ty.to_string()),
-        b.first,
-        b.last,
-    );
-}
-
-/// The plot: phase bands, axes, one rectangle per buffer, the live-bytes line and the
-/// arena and peak marks.
-fn svg(out: &mut String, plan: &Plan, live: &[u64]) {
-    let n = plan.steps.len().max(1);
-    let arena = plan.arena_bytes.max(plan.report.bytes.peak).max(1);
-    let sc = Scale {
-        steps: n as f64,
-        arena: arena as f64,
-    };
-    let _ = writeln!(
-        out,
-        r#"<svg id="plot" viewBox="0 0 {PLOT_W} {PLOT_H}" role="img" aria-label="arena over time">"#
-    );
-    phase_bands(out, plan, &sc);
-    axes(out, &sc, n, arena);
-    // Buffers.
-    let prod = producers(plan);
-    let _ = writeln!(out, r#"<g id="buffers">"#);
-    for (b, p) in plan.buffers.iter().zip(&prod) {
-        if b.view_of.is_some() {
-            continue;
-        }
-        buffer_rect(out, b, p, &sc);
-    }
-    let _ = writeln!(out, "</g>");
-    // Live bytes over time as a step line.
-    let mut pts = String::new();
-    for (i, &v) in live.iter().enumerate() {
-        let y = sc.y(v as f64);
-        let _ = write!(
-            pts,
-            "{:.2},{y:.2} {:.2},{y:.2} ",
-            sc.x(i as f64),
-            sc.x(i as f64 + 1.0)
-        );
-    }
-    let _ = writeln!(
-        out,
-        r#"<polyline class="live" points="{}"><title>live bytes per step</title></polyline>"#,
-        pts.trim_end()
-    );
-    marks(out, plan, live, &sc);
-    close_plot(out);
-}
-
 /// The frame around the plot area, and the end of the `<svg>`.
 fn close_plot(out: &mut String) {
     let _ = writeln!(
@@ -223,11 +138,18 @@ fn close_plot(out: &mut String) {
     let _ = writeln!(out, "</svg>");
 }
 
+/// Width of `text` at the labels' 11-unit font, with room to spare (digits and letters
+/// average under 0.62 of the font size).
+fn label_width(text: &str) -> f64 {
+    text.chars().count() as f64 * 11.0 * 0.62
+}
+
 /// Phase bands behind everything; each phase labelled once, at its first run, where the
-/// label has room (updates interleave with backward when the optimizer runs in it).
+/// label clears the one before it (updates interleave with backward when the optimizer
+/// runs in it).
 fn phase_bands(out: &mut String, plan: &Plan, sc: &Scale) {
     let mut labelled: Vec<Phase> = Vec::new();
-    let mut last_label = f64::NEG_INFINITY;
+    let mut last_end = f64::NEG_INFINITY;
     for (phase, first, last) in phase_runs(plan) {
         let x = sc.x(first as f64);
         let w = sc.x(last as f64 + 1.0) - x;
@@ -237,12 +159,13 @@ fn phase_bands(out: &mut String, plan: &Plan, sc: &Scale) {
             r#"<rect class="band {name}" x="{x:.2}" y="{TOP}" width="{w:.2}" height="{:.2}"><title>{name}: steps {first}..={last}</title></rect>"#,
             PLOT_H - TOP - BOTTOM,
         );
-        if !labelled.contains(&phase) && x >= last_label + 70.0 {
+        let label = format!("{name} ▸");
+        if !labelled.contains(&phase) && x >= last_end + 8.0 {
             labelled.push(phase);
-            last_label = x;
+            last_end = x + 2.0 + label_width(&label);
             let _ = write!(
                 out,
-                r#"<text class="bandlabel" x="{:.2}" y="{:.2}">{name} ▸</text>"#,
+                r#"<text class="bandlabel" x="{:.2}" y="{:.2}">{label}</text>"#,
                 x + 2.0,
                 TOP - 26.0
             );
@@ -289,153 +212,6 @@ fn axes(out: &mut String, sc: &Scale, n: usize, arena: u64) {
     );
 }
 
-/// The arena and peak lines with their labels.
-fn marks(out: &mut String, plan: &Plan, live: &[u64], sc: &Scale) {
-    let peak = plan.report.bytes.peak;
-    let peak_step = live
-        .iter()
-        .enumerate()
-        .max_by_key(|&(i, &v)| (v, std::cmp::Reverse(i)))
-        .map_or(0, |(i, _)| i);
-    let py = sc.y(peak as f64);
-    let ay = sc.y(plan.arena_bytes as f64);
-    let px = sc.x(peak_step as f64 + 0.5);
-    let _ = writeln!(
-        out,
-        r#"<line id="arena-line" class="mark arena" x1="{LEFT}" x2="{:.2}" y1="{ay:.2}" y2="{ay:.2}"><title>arena {} bytes</title></line>
-<text class="marklabel" x="{:.2}" y="{:.2}">arena {}</text>
-<line id="peak-line" class="mark peak" x1="{LEFT}" x2="{:.2}" y1="{py:.2}" y2="{py:.2}"><title>peak live {} bytes at step {peak_step}</title></line>
-<line class="mark peak" x1="{px:.2}" x2="{px:.2}" y1="{TOP}" y2="{:.2}"/>
-<text class="marklabel peaklabel" x="{:.2}" y="{:.2}">peak {} (step {peak_step})</text>"#,
-        PLOT_W - RIGHT,
-        grouped(plan.arena_bytes),
-        PLOT_W - RIGHT - 4.0,
-        ay - 4.0,
-        human_bytes(plan.arena_bytes),
-        PLOT_W - RIGHT,
-        grouped(peak),
-        PLOT_H - BOTTOM,
-        PLOT_W - RIGHT - 4.0,
-        py + 14.0,
-        human_bytes(peak),
-    );
-}
-
-fn legend(out: &mut String, plan: &Plan) {
-    let _ = writeln!(out, r#"<div id="legend" class="legend">"#);
-    for c in BufferClass::ALL {
-        let (css, label) = class_name(c);
-        let (count, bytes) = plan
-            .buffers
-            .iter()
-            .filter(|b| b.view_of.is_none())
-            .filter(|b| b.class == c)
-            .fold((0u64, 0u64), |(n, s), b| (n + 1, s + b.bytes));
-        if count == 0 {
-            continue;
-        }
-        let _ = writeln!(
-            out,
-            r#"<span class="item"><svg class="swatch" viewBox="0 0 12 12"><rect class="key {css}" width="12" height="12"/></svg>{label} <small>({count} buffers, {})</small></span>"#,
-            human_bytes(bytes)
-        );
-    }
-    for p in [Phase::Forward, Phase::Backward, Phase::Update] {
-        if plan.steps.iter().any(|s| s.phase == p) {
-            let name = phase_name(p);
-            let _ = writeln!(
-                out,
-                r#"<span class="item"><svg class="swatch" viewBox="0 0 12 12"><rect class="key band {name}" width="12" height="12"/></svg>{name} steps</span>"#
-            );
-        }
-    }
-    let _ = writeln!(
-        out,
-        r#"<span class="item"><span class="line live"></span>live bytes</span><span class="item"><span class="line peak"></span>peak</span><span class="item"><span class="line arena"></span>arena</span>"#
-    );
-    let _ = writeln!(out, "</div>");
-}
-
-fn tables(out: &mut String, plan: &Plan) {
-    let r = &plan.report;
-    let runs = phase_runs(plan);
-    let _ = writeln!(
-        out,
-        r#"<div class="tables"><table id="phases"><caption>peak per phase</caption><tr><th>phase</th><th>steps</th><th>peak</th><th>bytes</th></tr>"#
-    );
-    for p in &r.phases {
-        let steps: usize = runs
-            .iter()
-            .filter(|run| run.0 == p.phase)
-            .map(|run| run.2 - run.1 + 1)
-            .sum();
-        let _ = writeln!(
-            out,
-            "<tr><td>{}</td><td>{steps}</td><td>{}</td><td>{}</td></tr>",
-            phase_name(p.phase),
-            human_bytes(p.peak),
-            grouped(p.peak)
-        );
-    }
-    let _ = writeln!(out, "</table>");
-    let b = &r.bytes;
-    let mut rows: Vec<(&str, u64)> = vec![("params", b.params)];
-    if plan.train.is_some() {
-        rows.push(("grads", b.grads));
-        rows.push(("optimizer state", b.optimizer));
-        rows.push(("saved activations", b.activations));
-    }
-    rows.extend([
-        ("inputs", b.inputs),
-        ("workspace", b.workspace),
-        ("peak live", b.peak),
-        ("lower bound", b.lower_bound),
-        ("arena", b.arena),
-        ("no reuse", b.no_reuse),
-    ]);
-    let _ = writeln!(
-        out,
-        r#"<table id="totals"><caption>byte totals</caption><tr><th>memory</th><th>size</th><th>bytes</th></tr>"#
-    );
-    for (name, v) in rows {
-        let _ = writeln!(
-            out,
-            "<tr><td>{name}</td><td>{}</td><td>{}</td></tr>",
-            human_bytes(v),
-            grouped(v)
-        );
-    }
-    let _ = writeln!(out, "</table>");
-    peak_table(out, &r.largest_at_peak);
-    let _ = writeln!(out, "</div>");
-}
-
-/// The largest tensors live at the peak, with the `.mdl` line each comes from.
-fn peak_table(out: &mut String, tensors: &[crate::plan::PeakTensor]) {
-    if tensors.is_empty() {
-        return;
-    }
-    let _ = writeln!(
-        out,
-        r#"<table id="largest"><caption>largest tensors live at the peak</caption><tr><th>tensor</th><th>holds</th><th>size</th><th>source</th></tr>"#
-    );
-    for t in tensors {
-        let source = match (t.line, &t.code) {
-            (Some(n), Some(code)) => format!("line {n}: {code}"),
-            _ => String::new(),
-        };
-        let _ = writeln!(
-            out,
-            r#"<tr><td>{}</td><td>{}</td><td>{}</td><td class="code">{}</td></tr>"#,
-            esc(&t.name),
-            esc(class_name(t.class).1),
-            human_bytes(t.bytes),
-            esc(&source)
-        );
-    }
-    let _ = writeln!(out, "</table>");
-}
-
 const CSS: &str = r#"
 body { font: 13px/1.4 system-ui, sans-serif; margin: 16px; color: #222; background: #fff; }
 h1 { font-size: 18px; margin: 0 0 4px; }
@@ -451,7 +227,7 @@ h1 { font-size: 18px; margin: 0 0 4px; }
 .key.band { stroke: #bbb; stroke-width: 1; }
 .bandlabel, .ytick, .xtick, .axislabel, .marklabel { font-size: 11px; fill: #555; }
 .ytick { text-anchor: end; } .xtick, .axislabel { text-anchor: middle; }
-.marklabel { text-anchor: end; font-weight: 600; }
+.marklabel { font-weight: 600; fill: #a00; }
 .grid { stroke: #e4e4e4; stroke-width: 0.5; } .axis { stroke: #999; stroke-width: 0.6; }
 .frame { fill: none; stroke: #999; stroke-width: 0.6; }
 .live { fill: none; stroke: #222; stroke-width: 0.8; pointer-events: none; }
@@ -473,22 +249,29 @@ td.code { font: 12px ui-monospace, monospace; }
   box-shadow: 0 1px 4px rgba(0,0,0,0.2); z-index: 10; }
 "#;
 
-/// Moves each buffer's <title> into a tooltip that follows the mouse (the titles still work
-/// without script).
+/// Shows the hover text of a buffer, a stacked area or a row of the largest tensors (their
+/// `<title>` or `title`, which still work without script) in a tooltip that follows the mouse.
 const JS: &str = r#"
 (function () {
   var tip = document.getElementById('tip');
   var plot = document.getElementById('plot');
   if (!tip || !plot) { return; }
-  plot.addEventListener('mouseover', function (e) {
-    var t = e.target;
-    if (!t.classList || !t.classList.contains('buf')) { return; }
-    var title = t.querySelector('title');
-    if (title) { t.setAttribute('data-tip', title.textContent); title.remove(); }
-    tip.textContent = t.getAttribute('data-tip') || '';
+  var hovered = 'rect.buf, polygon.area, #largest tr[title], #largest tr[data-tip]';
+  function text(t) {
+    if (!t.hasAttribute('data-tip')) {
+      var title = t.querySelector('title');
+      if (title) { t.setAttribute('data-tip', title.textContent); title.remove(); }
+      else { t.setAttribute('data-tip', t.getAttribute('title') || ''); t.removeAttribute('title'); }
+    }
+    return t.getAttribute('data-tip');
+  }
+  document.addEventListener('mouseover', function (e) {
+    var t = e.target.closest ? e.target.closest(hovered) : null;
+    if (!t) { tip.style.display = 'none'; return; }
+    tip.textContent = text(t);
     tip.style.display = 'block';
   });
-  plot.addEventListener('mousemove', function (e) {
+  document.addEventListener('mousemove', function (e) {
     if (tip.style.display !== 'block') { return; }
     var x = e.clientX + 14, y = e.clientY + 14;
     var r = tip.getBoundingClientRect();
@@ -497,18 +280,17 @@ const JS: &str = r#"
     tip.style.left = x + 'px';
     tip.style.top = y + 'px';
   });
-  plot.addEventListener('mouseout', function (e) {
-    if (e.target.classList && e.target.classList.contains('buf')) { tip.style.display = 'none'; }
-  });
   document.body.setAttribute('data-ready', String(plot.querySelectorAll('rect.buf').length));
 })();
 "#;
 
-/// The page: a title and summary line, the SVG plot (one `<rect class="buf ...">` per
-/// buffer, x over `[first, last + 1)` steps and y over `[offset, offset + bytes)` on a linear
-/// byte scale from 0 to the arena), the legend, the per-phase peak table and the byte totals.
-/// No external resources: the page works offline.
-pub fn render_html(plan: &Plan) -> String {
+/// The page: a title and summary line, the legend, the SVG plot (one `<rect class="buf ...">`
+/// per buffer, x over `[first, last + 1)` steps and y over `[offset, offset + bytes)` on a
+/// linear byte scale from 0 to the arena), the live bytes stacked by kind, the per-phase
+/// peak table, the byte totals and the largest tensors at the peak. Each buffer's hover
+/// text names its role and its `.mdl` line as `FILE:LINE` with the line's text, `file`
+/// being the name given. No external resources: the page works offline.
+pub fn render_html(plan: &Plan, file: &str) -> String {
     let live = plan.live_per_step();
     let r = &plan.report;
     let kind = if plan.train.is_some() {
@@ -547,10 +329,10 @@ pub fn render_html(plan: &Plan) -> String {
             ""
         }
     );
-    legend(&mut out, plan);
-    svg(&mut out, plan, &live);
-    stacked::svg(&mut out, plan, &live);
-    tables(&mut out, plan);
+    tables::legend(&mut out, plan);
+    arena::svg(&mut out, plan, file, &live);
+    stacked::svg(&mut out, plan, file, &live);
+    tables::tables(&mut out, plan, file);
     let _ = writeln!(
         out,
         r#"<div id="tip"></div>
