@@ -119,10 +119,13 @@ fn in_bf16(
     if opts.precision.is_some() || train.precision != memc::settings::Precision::Fp32 {
         return None;
     }
-    let bf16 = memc::Options {
+    // The search starts from the fp32 answer, near where the bf16 one lies.
+    let mut bf16 = memc::Options {
         precision: Some(memc::settings::Precision::Bf16),
         ..opts.clone()
     };
+    bf16.overrides.retain(|(name, _)| *name != a.dim);
+    bf16.overrides.push((a.dim.clone(), r.value));
     fit_dim_with(src, &bf16, (&a.dim, a.multiple_of), budget, on_probe).ok()
 }
 
