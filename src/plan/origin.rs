@@ -171,12 +171,24 @@ impl Buffer {
     /// ("gradient of `wte`", "activation saved for the backward of line 19"), a parameter
     /// or input with its name ("parameter `wte`"), the class label when no role is recorded.
     pub fn describe(&self) -> String {
-        match &self.role {
-            Some(Role::Parameter) => format!("parameter `{}`", self.name),
-            Some(Role::Input) => format!("input `{}`", self.name),
-            Some(r) => r.describe(self.line),
-            None => self.class.label().to_string(),
-        }
+        holding(self.role.as_ref(), &self.name, self.class, self.line)
+    }
+}
+
+/// What a buffer named `name` of `class` holds, in a person's words: its role described with
+/// `line` where the role refers to it, a parameter or input with its name, the class label
+/// when no role is recorded.
+pub(super) fn holding(
+    role: Option<&Role>,
+    name: &str,
+    class: BufferClass,
+    line: Option<usize>,
+) -> String {
+    match role {
+        Some(Role::Parameter) => format!("parameter `{name}`"),
+        Some(Role::Input) => format!("input `{name}`"),
+        Some(r) => r.describe(line),
+        None => class.label().to_string(),
     }
 }
 

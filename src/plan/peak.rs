@@ -1,7 +1,7 @@
 //! The largest tensors live at the step's peak, each with the `.mdl` line that made it: what
 //! a person reads first to see what takes the memory.
 
-use super::{human_bytes, Buffer, BufferClass, Plan};
+use super::{human_bytes, Buffer, BufferClass, Plan, Role};
 use crate::ir::Span;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
@@ -88,11 +88,18 @@ pub(super) fn render(out: &mut String, tensors: &[PeakTensor]) {
             (Some(n), Some(code)) => format!("line {n}: {}", clipped(code, 60)),
             _ => String::new(),
         };
+        // The line follows on the row; a value made inside a block names its instance.
+        let mut what = super::origin::holding(t.role.as_ref(), &t.name, t.class, None);
+        if let (Some((instance, _)), false) = (
+            t.name.split_once('/'),
+            matches!(t.role, Some(Role::Parameter | Role::Input)),
+        ) {
+            what = format!("{what} in {instance}");
+        }
         let _ = writeln!(
             out,
-            "    {:<32} {:<15} {:>12}  {origin}",
-            clipped(&t.name, 32),
-            t.class.label(),
+            "    {:<48} {:>12}  {origin}",
+            clipped(&what, 48),
             human_bytes(t.bytes)
         );
     }
