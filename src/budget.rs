@@ -51,7 +51,7 @@ pub enum CheckpointMode {
     /// heavy ops' outputs kept ([`Policy::Selective`]).
     Selective,
     /// Per-block choices by knapsack saving this many bytes beyond pointwise recomputation
-    /// (`knapsack=BYTES`, [`Policy::Knapsack`]).
+    /// (`knapsack=SIZE`, e.g. `knapsack=1GiB` or in bytes, [`Policy::Knapsack`]).
     Knapsack(u64),
 }
 
@@ -60,20 +60,22 @@ impl CheckpointMode {
     pub const BLOCK: CheckpointMode = CheckpointMode::Every(NonZeroUsize::MIN);
 
     /// Parses a `--checkpoint` value: `auto`, `none`, `pointwise`, `block`, `every=K`,
-    /// `first=K` (K >= 1), `sqrt`, `mincut`, `selective` or `knapsack=BYTES`. Errors carry a
+    /// `first=K` (K >= 1), `sqrt`, `mincut`, `selective` or `knapsack=SIZE`. Errors carry a
     /// span into `text` and a help line.
     pub fn parse(text: &str) -> Result<CheckpointMode, UserError> {
-        const HELP: &str = "use auto, none, pointwise, block, every=K, first=K (K a positive integer), sqrt, mincut, selective or knapsack=BYTES";
+        const HELP: &str = "use auto, none, pointwise, block, every=K, first=K (K a positive integer), sqrt, mincut, selective or knapsack=SIZE";
         if let Some(bytes) = text.strip_prefix("knapsack=") {
             let span = Span::new(text.len() - bytes.len(), text.len());
-            return bytes.parse().map(CheckpointMode::Knapsack).map_err(|_| {
-                UserError::at(
-                    span,
-                    format!("`{bytes}` is not a byte count"),
-                    "expected a whole number of bytes",
-                    "e.g. knapsack=1073741824 recomputes blocks until 1 GiB more is saved",
-                )
-            });
+            return parse_size(bytes)
+                .map(CheckpointMode::Knapsack)
+                .map_err(|why| {
+                    UserError::at(
+                        span,
+                        why,
+                        "expected a size",
+                        "e.g. knapsack=1GiB recomputes blocks until 1 GiB more than pointwise is saved",
+                    )
+                });
         }
         Ok(match text {
             "auto" => CheckpointMode::Auto,
@@ -103,6 +105,39 @@ impl CheckpointMode {
             CheckpointMode::Knapsack(saving) => Policy::Knapsack { saving },
         })
     }
+}
+
+/// Parses a byte size: a positive number with an optional unit (`16GiB`, `512MiB`, `1.5GB`,
+/// `4096`); the error says what is wrong in words.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .trim()
+        .parse()
+        .ok()
+        .filter(|n: &f64| n.is_finite())
+        .ok_or_else(|| format!("`{text}` is not a size (e.g. 16GiB)"))?;
+    let mult = match unit {
+        "" | "B" => 1u64,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        _ => {
+            return Err(format!(
+                "unknown size unit `{unit}` (use B, KiB, MiB, GiB, KB, MB, GB)"
+            ))
+        }
+    };
+    if n <= 0.0 {
+        return Err(format!("size `{text}` must be positive"));
+    }
+    Ok((n * mult as f64) as u64)
 }
 
 /// Parses `every=K` or `first=K` (K >= 1); `help` is the list of policies.

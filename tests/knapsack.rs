@@ -2,7 +2,7 @@
 //! recomputation, chosen for the fewest recomputed FLOPs per byte saved. As the saving asked
 //! for grows, the bytes kept for backward never rise and the recomputation never falls; the
 //! largest saving recomputes every instance; the policy is selectable with
-//! `--checkpoint knapsack=BYTES` and a bad byte count is a diagnostic.
+//! `--checkpoint knapsack=SIZE` and a bad size is a diagnostic.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -79,14 +79,15 @@ fn the_summary_names_the_saving_that_selects_the_plan() {
 }
 
 #[test]
-fn a_bad_byte_count_is_a_diagnostic() {
-    for text in ["knapsack=", "knapsack=1.5GiB", "knapsack=-3"] {
+fn a_bad_size_is_a_diagnostic() {
+    for (text, why) in [
+        ("knapsack=", "is not a size"),
+        ("knapsack=1.5Gb", "unknown size unit `Gb`"),
+        ("knapsack=-3", "must be positive"),
+        ("knapsack=0", "must be positive"),
+    ] {
         let err = CheckpointMode::parse(text).unwrap_err();
-        assert!(
-            err.message.contains("is not a byte count"),
-            "{text}: {}",
-            err.message
-        );
+        assert!(err.message.contains(why), "{text}: {}", err.message);
         let span = err.span.unwrap();
         assert_eq!(
             (span.start, span.end),
@@ -97,5 +98,9 @@ fn a_bad_byte_count_is_a_diagnostic() {
     assert_eq!(
         CheckpointMode::parse("knapsack=4096").unwrap(),
         CheckpointMode::Knapsack(4096)
+    );
+    assert_eq!(
+        CheckpointMode::parse("knapsack=1.5GiB").unwrap(),
+        CheckpointMode::Knapsack(3 << 29)
     );
 }

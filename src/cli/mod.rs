@@ -63,9 +63,9 @@ pub struct CompileArgs {
     /// least recompute), none, pointwise, block (each block's input saved, one block
     /// recomputed at a time), every=K (every K-th block's output saved), first=K (the first K
     /// blocks recomputed, pointwise elsewhere), sqrt (K = round(sqrt(blocks))), selective
-    /// (cheap ops inside blocks recomputed, heavy ops' outputs kept), mincut or knapsack=BYTES
-    /// (per block pointwise, selective or whole recomputation, saving BYTES beyond pointwise
-    /// for the fewest recomputed FLOPs).
+    /// (cheap ops inside blocks recomputed, heavy ops' outputs kept), mincut or knapsack=SIZE
+    /// (per block pointwise, selective or whole recomputation, saving SIZE, e.g. 1GiB, beyond
+    /// pointwise for the fewest recomputed FLOPs).
     #[arg(long, default_value = "auto", value_name = "POLICY")]
     checkpoint: String,
     /// Mixed precision, overriding `train { precision }`: matmul, conv and attention in the
@@ -296,32 +296,7 @@ pub fn read_source(path: &Path) -> Result<String, Failure> {
 }
 
 fn parse_size(text: &str) -> Result<u64, Failure> {
-    let t = text.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| Failure::Plain(format!("`{text}` is not a size (e.g. 16GiB)")))?;
-    let mult = match unit {
-        "" | "B" => 1u64,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "TiB" => 1 << 40,
-        "KB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        _ => {
-            return Err(Failure::Plain(format!(
-                "unknown size unit `{unit}` (use B, KiB, MiB, GiB, KB, MB, GB)"
-            )))
-        }
-    };
-    if n <= 0.0 {
-        return Err(Failure::Plain(format!("size `{text}` must be positive")));
-    }
-    Ok((n * mult as f64) as u64)
+    memc::budget::parse_size(text).map_err(Failure::Plain)
 }
 
 fn options(args: &CompileArgs) -> Result<Options, Failure> {
