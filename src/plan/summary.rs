@@ -68,7 +68,7 @@ fn hint(plan: &Plan, class: BufferClass) -> &'static str {
             "--checkpoint block or first=K (or a --budget) recomputes activations instead of keeping them for backward"
         }
         BufferClass::OptimState => {
-            "AdamW keeps 8 bytes per parameter in fp32, about 2 with --optimizer-state int8 (8-bit moments); SGD with momentum 4, without none (train { optimizer = sgd(...) })"
+            "AdamW keeps 8 bytes per parameter in fp32, about 2 with --optimizer-state int8 (8-bit moments); SGD with momentum 4, without none (train { optimizer = sgd(...) }); --offload optimizer keeps it in host memory"
         }
         BufferClass::Param if training && fp32_weights => {
             "--precision bf16 --master-weights off stores parameters in bf16 (2 bytes each)"

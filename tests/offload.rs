@@ -1,0 +1,236 @@
+//! The host tier (`--offload optimizer`): the optimizer state leaves the device arena for a
+//! host arena of its own, exact bytes; the update runs on host copies, and the offloaded
+//! plan trains bit for bit as the plain one does on the CPU.
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout
+)]
+
+mod common;
+
+use common::{compiled_with, example, executor, loss, overrides, SMALL_GPT};
+use memc::plan::{BufferClass, Tier};
+use memc::settings::{Offload, Precision};
+use memc::Options;
+
+/// A LLaMA small enough to train in tests: 2 layers, D=32, T=16, V=64, 2 heads, F=48, B=2.
+const SMALL_LLAMA: &[(&str, i64)] = &[
+    ("B", 2),
+    ("T", 16),
+    ("D", 32),
+    ("H", 2),
+    ("V", 64),
+    ("L", 2),
+    ("F", 48),
+];
+
+fn offloaded(options: &Options) -> Options {
+    Options {
+        offload: Some(Offload::Optimizer),
+        ..options.clone()
+    }
+}
+
+/// Losses of `steps` steps from seed 5 and every parameter's values after them.
+fn trained(src: &str, options: &Options, steps: usize) -> (Vec<u32>, Vec<Vec<u32>>) {
+    let c = compiled_with(src, options);
+    let mut ex = executor(&c, 5);
+    let losses = (0..steps).map(|_| loss(&mut ex).to_bits()).collect();
+    let plan = c.plan.plan();
+    let params = plan
+        .params
+        .iter()
+        .map(|p| ex.read(p.buffer).iter().map(|v| v.to_bits()).collect())
+        .collect();
+    (losses, params)
+}
+
+#[test]
+fn offloaded_plans_train_bitwise_like_plain_ones_on_gpt_and_llama() {
+    let settings = [
+        ("fp32", Options::default()),
+        (
+            "bf16",
+            Options {
+                precision: Some(Precision::Bf16),
+                ..Options::default()
+            },
+        ),
+        (
+            "updates after backward",
+            Options {
+                optimizer_in_backward: Some(false),
+                ..Options::default()
+            },
+        ),
+        (
+            "int8 state",
+            Options {
+                optimizer_state: Some(memc::ops::optimizer::StateFormat::Int8),
+                ..Options::default()
+            },
+        ),
+    ];
+    for (model, dims) in [("gpt2", SMALL_GPT), ("llama7b", SMALL_LLAMA)] {
+        let src = example(model);
+        for (label, options) in &settings {
+            let options = Options {
+                overrides: overrides(dims),
+                ..options.clone()
+            };
+            let plain = trained(&src, &options, 3);
+            let off = trained(&src, &offloaded(&options), 3);
+            let host = compiled_with(&src, &offloaded(&options)).plan.plan().host_bytes;
+            assert!(host > 0, "{model} {label}: no host arena");
+            assert_eq!(plain.0, off.0, "{model} {label}: losses");
+            assert!(plain.1 == off.1, "{model} {label}: parameters differ");
+        }
+    }
+}
+
+/// Clipping (and fp16's loss scale) multiply every update by a device scalar: the
+/// offloaded plan copies it to the host once and still trains bit for bit as the plain one.
+#[test]
+fn offloaded_updates_read_the_clip_coefficient_and_loss_scale_from_the_host() {
+    let src = example("gpt2").replace(
+        "weight_decay = 0.1)",
+        "weight_decay = 0.1)\n    clip_grad_norm = 0.5",
+    );
+    assert!(src.contains("clip_grad_norm = 0.5"), "clipping added");
+    for precision in [Precision::Fp32, Precision::Fp16] {
+        let options = Options {
+            overrides: overrides(SMALL_GPT),
+            precision: Some(precision),
+            ..Options::default()
+        };
+        let plain = trained(&src, &options, 3);
+        let off = trained(&src, &offloaded(&options), 3);
+        assert_eq!(plain.0, off.0, "{precision:?}: losses");
+        assert!(plain.1 == off.1, "{precision:?}: parameters differ");
+    }
+}
+
+/// LLaMA-7B in bf16 with fp32 master weights: the device arena shrinks by exactly the
+/// AdamW moments (8 bytes a parameter), which the host arena holds beside one parameter's
+/// and one gradient's host copy at a time; each step copies every gradient and parameter
+/// to the host (4 + 4 bytes a parameter) and every parameter back (4 bytes).
+#[test]
+fn llama7b_bf16_offload_moves_exactly_the_optimizer_state_to_the_host() {
+    let src = example("llama7b");
+    let bf16 = Options {
+        precision: Some(Precision::Bf16),
+        ..Options::default()
+    };
+    let plain = compiled_with(&src, &bf16);
+    let off = compiled_with(&src, &offloaded(&bf16));
+    let (p, o) = (plain.plan.plan(), off.plan.plan());
+    let params = 6_738_415_616u64;
+    assert_eq!(p.report.trainable_param_count, params);
+    let state = 53_907_324_928u64;
+    assert_eq!(p.report.bytes.optimizer, state);
+    assert_eq!(o.report.bytes.optimizer, 0);
+    assert_eq!(p.arena_bytes - o.arena_bytes, state);
+    let host = o.report.host.expect("a host arena");
+    assert_eq!(host.optimizer, state);
+    assert_eq!(o.host_bytes, host.arena);
+    let transfers = o.report.transfers.expect("transfers");
+    assert_eq!(
+        (transfers.to_host, transfers.to_device),
+        (8 * params, 4 * params)
+    );
+    assert!(o
+        .buffers
+        .iter()
+        .filter(|b| b.class == BufferClass::OptimState)
+        .all(|b| b.tier == Tier::Host));
+    println!(
+        "llama7b bf16: device arena {} plain, {} offloaded; host arena {}; to host {}, to device {}",
+        p.arena_bytes, o.arena_bytes, host.arena, transfers.to_host, transfers.to_device
+    );
+}
+
+/// Bad `--offload` input is a diagnostic with exit 2, never a panic: an unknown word, a
+/// model without training, and a plan the CUDA backend does not run yet (`memc emit`, and
+/// `memc run --device cuda` through the same check once a driver is found).
+#[test]
+fn offload_refusals_are_diagnostics() {
+    let out = common::memc(&["compile", common::MLP, "--offload", "activations"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown offload `activations`"), "{err}");
+    let dir = common::scratch("offload_inference");
+    let inference = dir.join("infer.mdl");
+    std::fs::write(
+        &inference,
+        "model m {\n  dim N = 4\n  input x: [N, N]\n  param w: [N, N]\n  output y = x @ w\n}\n",
+    )
+    .unwrap();
+    let out = common::memc(&[
+        "compile",
+        inference.to_str().unwrap(),
+        "--offload",
+        "optimizer",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--offload applies to training"), "{err}");
+    let emitted = dir.join("emit");
+    let out = common::memc(&[
+        "emit",
+        common::MLP,
+        "--offload",
+        "optimizer",
+        "-o",
+        emitted.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not run offloaded plans yet"), "{err}");
+}
+
+/// `memc compile --offload optimizer` reports the host arena and the transfers, in the
+/// text report, the `--summary` table and the JSON; `train { offload = optimizer }` says
+/// the same as the flag.
+#[test]
+fn the_report_and_summary_state_the_host_arena_and_transfers() {
+    let text = common::memc(&["compile", common::MLP, "--offload", "optimizer"]);
+    common::assert_success(&text);
+    let text = String::from_utf8_lossy(&text.stdout).to_string();
+    assert!(
+        text.contains("host arena: 3.1 MiB (3,234,088 bytes; optimizer state 1,628,240 bytes"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "transfers per step: 1.6 MiB device->host, 795.0 KiB host->device (12 copies)"
+        ),
+        "{text}"
+    );
+    let summary = common::memc(&[
+        "compile",
+        common::MLP,
+        "--offload",
+        "optimizer",
+        "--summary",
+    ]);
+    assert!(String::from_utf8_lossy(&summary.stdout).contains("host arena: 3.1 MiB"));
+    let json = common::memc(&[
+        "compile",
+        common::MLP,
+        "--offload",
+        "optimizer",
+        "--format",
+        "json",
+    ]);
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["report"]["host"]["optimizer"], 1_628_240);
+    assert_eq!(report["report"]["transfers"]["to_device"], 814_120);
+    let src = std::fs::read_to_string(common::MLP).unwrap();
+    let in_file = src.replace("train {", "train {\n    offload = optimizer");
+    assert_ne!(src, in_file);
+    let flag = compiled_with(&src, &offloaded(&Options::default()));
+    let section = compiled_with(&in_file, &Options::default());
+    assert_eq!(flag.plan.plan().report, section.plan.plan().report);
+}
