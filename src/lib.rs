@@ -348,6 +348,13 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
         budget::FitError::Internal(e) => e.into(),
     })?;
     plan.report.estimate = options.gpu.map(|gpu| cost::estimate(&plan, gpu));
+    if plan.report.transfers.is_some() {
+        let time = (plan.report.estimate.as_ref())
+            .map_or_else(|| cost::estimate(&plan, gpu).offload, |e| e.offload.clone());
+        if let Some(t) = plan.report.transfers.as_mut() {
+            t.time = time;
+        }
+    }
     plan.report.device = reserve.map(|context_reserve| plan::DeviceBytes {
         arena: plan.arena_bytes,
         context_reserve,

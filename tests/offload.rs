@@ -82,7 +82,10 @@ fn offloaded_plans_train_bitwise_like_plain_ones_on_gpt_and_llama() {
             };
             let plain = trained(&src, &options, 3);
             let off = trained(&src, &offloaded(&options), 3);
-            let host = compiled_with(&src, &offloaded(&options)).plan.plan().host_bytes;
+            let host = compiled_with(&src, &offloaded(&options))
+                .plan
+                .plan()
+                .host_bytes;
             assert!(host > 0, "{model} {label}: no host arena");
             assert_eq!(plain.0, off.0, "{model} {label}: losses");
             assert!(plain.1 == off.1, "{model} {label}: parameters differ");
@@ -135,7 +138,7 @@ fn llama7b_bf16_offload_moves_exactly_the_optimizer_state_to_the_host() {
     let host = o.report.host.expect("a host arena");
     assert_eq!(host.optimizer, state);
     assert_eq!(o.host_bytes, host.arena);
-    let transfers = o.report.transfers.expect("transfers");
+    let transfers = o.report.transfers.clone().expect("transfers");
     assert_eq!(
         (transfers.to_host, transfers.to_device),
         (8 * params, 4 * params)
@@ -233,4 +236,51 @@ fn the_report_and_summary_state_the_host_arena_and_transfers() {
     let flag = compiled_with(&src, &offloaded(&Options::default()));
     let section = compiled_with(&in_file, &Options::default());
     assert_eq!(flag.plan.plan().report, section.plan.plan().report);
+}
+
+/// The extra time of an offloaded step is its copies at the GPU's host link (PCIe 5 on the
+/// H100, PCIe 4 on the A100, NVLink-C2C on the GH200) plus its host updates at the stated
+/// host bandwidth, less the backward it overlaps; the step's estimate includes it.
+#[test]
+fn the_cost_model_prices_copies_by_the_host_link_and_updates_by_host_bandwidth() {
+    use memc::cost::{estimate, Gpu, HOST_UPDATE_BANDWIDTH, NVLINK_C2C, PCIE4, PCIE5};
+    let c = compiled_with(
+        &std::fs::read_to_string(common::MLP).unwrap(),
+        &offloaded(&Options::default()),
+    );
+    let plan = c.plan.plan();
+    let t = plan.report.transfers.clone().unwrap();
+    // AdamW on the host reads parameter, gradient and two moments and writes back three:
+    // 28 bytes a parameter.
+    let updated = 28 * plan.report.trainable_param_count;
+    for (gpu, link) in [
+        (Gpu::H100, PCIE5),
+        (Gpu::A100, PCIE4),
+        (Gpu::Gh200, NVLINK_C2C),
+    ] {
+        assert_eq!(gpu.spec().host_link, link);
+        let e = estimate(plan, gpu);
+        let o = e.offload.clone().unwrap();
+        let copied = (t.to_host + t.to_device) as f64;
+        assert_eq!(o.transfer_seconds, copied / link.bandwidth);
+        assert_eq!(
+            o.host_update_seconds,
+            updated as f64 / HOST_UPDATE_BANDWIDTH
+        );
+        assert_eq!(
+            o.extra_seconds,
+            (o.transfer_seconds + o.host_update_seconds - o.overlapped_seconds).max(0.0)
+        );
+        let device = e.compute_bound_seconds + e.memory_bound_seconds + e.launch_seconds;
+        assert_eq!(e.seconds, device + o.extra_seconds);
+        assert!(e
+            .steps
+            .iter()
+            .all(|s| !matches!(s.op.as_str(), "copy_to_host" | "copy_to_device" | "adamw")));
+    }
+    assert_eq!(
+        t.time.unwrap().gpu,
+        Gpu::H100,
+        "the report prices it on the H100 without --gpu"
+    );
 }

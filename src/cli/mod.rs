@@ -86,7 +86,7 @@ pub struct CompileArgs {
     /// each step's scratch buffer. `memc run` also executes on it.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     device: String,
-    /// Estimate the step time on this GPU (a100, h100, h200, rtx4090): the report gains
+    /// Estimate the step time on this GPU (a100, h100, h200, gh200, rtx4090): the report gains
     /// the estimate, and checkpointing ranks its candidates by time on it (h100 without).
     #[arg(long, value_name = "NAME")]
     gpu: Option<String>,

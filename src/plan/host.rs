@@ -5,6 +5,7 @@ use super::{grouped, human_bytes, Buffer, BufferClass, Step, Tier};
 use crate::ir::Op;
 use crate::passes::arena::Layout;
 use serde::{Deserialize, Serialize};
+
 use std::fmt::Write;
 
 /// The host arena of an offloaded plan, exact.
@@ -20,7 +21,7 @@ pub struct HostBytes {
 
 /// Bytes copied between the device and the host in one step (once per step with gradient
 /// accumulation: the copies belong to the update).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Transfers {
     /// Device to host (gradients and parameters for a host update).
     pub to_host: u64,
@@ -28,6 +29,10 @@ pub struct Transfers {
     pub to_device: u64,
     /// Copy steps.
     pub copies: u64,
+    /// What the copies and the host updates add to the step on the `--gpu` (the H100
+    /// without one), filled by [`crate::compile`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<crate::cost::OffloadTime>,
 }
 
 /// The host arena's account and the step's transfers, from the plan's buffers and steps and
@@ -45,6 +50,7 @@ pub fn report(
         to_host: 0,
         to_device: 0,
         copies: 0,
+        time: None,
     };
     for step in steps {
         match step.op {
@@ -87,4 +93,19 @@ pub fn render(out: &mut String, report: &super::Report) {
         human_bytes(t.to_device),
         t.copies
     );
+    if let Some(o) = &t.time {
+        let ms = crate::cost::ms;
+        let _ = writeln!(
+            out,
+            "  estimated extra step time on {}: copies {} over {} ({:.0} GB/s assumed) + host updates {} ({:.0} GB/s assumed) - {} overlapped with backward = {} (an estimate, not a measurement)",
+            o.gpu.spec().name,
+            ms(o.transfer_seconds),
+            o.link,
+            o.link_bandwidth / 1e9,
+            ms(o.host_update_seconds),
+            crate::cost::HOST_UPDATE_BANDWIDTH / 1e9,
+            ms(o.overlapped_seconds.min(o.transfer_seconds + o.host_update_seconds)),
+            ms(o.extra_seconds)
+        );
+    }
 }
