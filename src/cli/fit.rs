@@ -125,7 +125,13 @@ fn text(r: &FitResult) -> String {
         r.start,
         dim = r.dim,
     );
-    out.push_str(&memc::plan::render_text(r.plan.plan()));
+    let plan = r.plan.plan();
+    if plan.train.as_ref().is_some_and(|t| t.offload.is_some()) {
+        out.push_str(
+            "  with --offload optimizer: nothing fits with the optimizer state on the device\n\n",
+        );
+    }
+    out.push_str(&memc::plan::render_text(plan));
     out
 }
 

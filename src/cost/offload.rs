@@ -2,13 +2,14 @@
 //! link and its updates on the host's CPU, less what hides behind the device's backward.
 //!
 //! Assumptions, stated: copies run one at a time at the link's one-direction bandwidth
-//! ([`super::HostLink`], no duplex overlap); the host updates stream every byte they touch
+//! ([`super::HostLink`], no duplex overlap), each paying [`LAUNCH_OVERHEAD_S`] as the
+//! `cudaMemcpyAsync` that issues it; the host updates stream every byte they touch
 //! at [`HOST_UPDATE_BANDWIDTH`]; with the optimizer in backward, copies and host updates
 //! overlap the device's backward steps that run after the first copy (ZeRO-Offload's
 //! overlap), and otherwise nothing overlaps (the next forward needs the updated
 //! parameters). So the extra time is `max(0, copies + host updates - overlappable)`.
 
-use super::{Gpu, StepTime, Work};
+use super::{Gpu, StepTime, Work, LAUNCH_OVERHEAD_S};
 use crate::ir::{Op, Phase};
 use crate::plan::{Plan, Step, Tier};
 use serde::{Deserialize, Serialize};
@@ -29,7 +30,7 @@ pub struct OffloadTime {
     pub link: String,
     /// The link's assumed bandwidth in bytes/s, one direction.
     pub link_bandwidth: f64,
-    /// The copies' time: their bytes at the link's bandwidth.
+    /// The copies' time: their bytes at the link's bandwidth, plus the issue overhead of each.
     pub transfer_seconds: f64,
     /// The host updates' time: the bytes they touch at [`HOST_UPDATE_BANDWIDTH`].
     pub host_update_seconds: f64,
@@ -55,7 +56,7 @@ pub fn off_device(plan: &Plan, step: &Step) -> bool {
 pub fn offload_time(plan: &Plan, gpu: Gpu, device: &[StepTime]) -> Option<OffloadTime> {
     let link = gpu.spec().host_link;
     let ty = |b: &crate::plan::BufferId| plan.buffers.get(b.index()).map(|b| &b.ty);
-    let (mut copied, mut updated, mut first_copy) = (0u64, 0u64, None);
+    let (mut copied, mut updated, mut first_copy, mut copies) = (0u64, 0u64, None, 0u32);
     for (s, step) in plan.steps.iter().enumerate() {
         if !off_device(plan, step) {
             continue;
@@ -67,8 +68,12 @@ pub fn offload_time(plan: &Plan, gpu: Gpu, device: &[StepTime]) -> Option<Offloa
                 first_copy.get_or_insert(s);
             }
             Op::CopyToDevice => copied += inputs.first().map_or(0, |t| t.bytes()),
-            _ => updated += Work::new(&step.op, step.flops, &inputs, None, 0).bytes,
+            _ => {
+                updated += Work::new(&step.op, step.flops, &inputs, None, 0).bytes;
+                continue;
+            }
         }
+        copies += 1;
     }
     let first_copy = first_copy?;
     let overlapped = if plan.report.optimizer_in_backward {
@@ -87,7 +92,7 @@ pub fn offload_time(plan: &Plan, gpu: Gpu, device: &[StepTime]) -> Option<Offloa
     } else {
         0.0
     };
-    let transfer = copied as f64 / link.bandwidth;
+    let transfer = copied as f64 / link.bandwidth + f64::from(copies) * LAUNCH_OVERHEAD_S;
     let host = updated as f64 / HOST_UPDATE_BANDWIDTH;
     Some(OffloadTime {
         gpu,
