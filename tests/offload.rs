@@ -338,3 +338,69 @@ fn advise_ranks_checkpointing_first_where_offload_costs_more() {
     assert!(seconds(checkpointing) < seconds(offload));
     assert!(rows[checkpointing].extra_compute_percent > 0.0);
 }
+
+/// The plan verifier holds each tier to its own arena and every step to one tier (copies
+/// aside): a moment moved to the device tier is refused, as is a host arena too small for
+/// its buffers, and a copy back to the device run before the update it copies.
+#[test]
+fn the_verifier_checks_tiers_and_the_copy_after_its_update() {
+    let src = std::fs::read_to_string(common::MLP).unwrap();
+    let plan = compiled_with(&src, &offloaded(&Options::default()))
+        .plan
+        .plan()
+        .clone();
+    let mut moved = plan.clone();
+    let state = moved.optim_state[0].buffer;
+    moved.buffers[state.index()].tier = Tier::Device;
+    common::refused(moved, "mixes device and host buffers");
+    let mut small = plan.clone();
+    small.host_bytes -= 256;
+    common::refused(small, "past the arena size");
+    let mut early = plan.clone();
+    let back = early
+        .steps
+        .iter()
+        .position(|s| s.op == memc::ir::Op::CopyToDevice)
+        .unwrap();
+    let update = (0..back)
+        .rev()
+        .find(|&s| early.steps[s].op.name() == "adamw")
+        .unwrap();
+    early.steps.swap(update, back);
+    common::refused(early, "overwrites");
+}
+
+/// An offloaded plan saved as JSON keeps its tiers and runs from the file as compiled.
+#[test]
+fn a_saved_offloaded_plan_runs_from_its_json() {
+    let dir = common::scratch("offload_json");
+    let path = dir.join("plan.json");
+    let out = common::memc(&[
+        "compile",
+        common::MLP,
+        "--offload",
+        "optimizer",
+        "--emit",
+        "plan",
+        "-o",
+        path.to_str().unwrap(),
+    ]);
+    common::assert_success(&out);
+    let run = |file: &str, extra: &[&str]| {
+        let mut args = vec!["run", file, "--device", "cpu", "--steps", "2"];
+        args.extend(extra);
+        let out = common::memc(&args);
+        common::assert_success(&out);
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let losses = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.contains("loss"))
+            .map(str::to_string)
+            .collect()
+    };
+    let saved = run(path.to_str().unwrap(), &[]);
+    let plain = run(common::MLP, &[]);
+    assert!(!losses(&saved).is_empty(), "{saved}");
+    assert_eq!(losses(&saved), losses(&plain));
+}
