@@ -25,22 +25,20 @@ pub fn is_step(graph: &Graph, v: ValueId) -> bool {
     graph.node(v).op.class() != OpClass::Source
 }
 
+/// Whether step `u` takes value `i` at one of the input positions `slots` gives for its op.
+fn takes_at(graph: &Graph, u: ValueId, i: ValueId, slots: fn(&Op) -> &'static [usize]) -> bool {
+    let node = graph.node(u);
+    slots(&node.op).iter().any(|&s| node.inputs[s] == i)
+}
+
 /// Whether step `w` writes value `i` in place.
 fn writes(graph: &Graph, w: ValueId, i: ValueId) -> bool {
-    let node = graph.node(w);
-    node.op
-        .mutated_inputs()
-        .iter()
-        .any(|&s| node.inputs[s] == i)
+    takes_at(graph, w, i, Op::mutated_inputs)
 }
 
 /// Whether step `u` reads value `i` only after its in-place writers ([`Op::reads_after_writers`]).
 fn reads_after_writers(graph: &Graph, u: ValueId, i: ValueId) -> bool {
-    let node = graph.node(u);
-    node.op
-        .reads_after_writers()
-        .iter()
-        .any(|&s| node.inputs[s] == i)
+    takes_at(graph, u, i, Op::reads_after_writers)
 }
 
 /// Dependencies of `v`: its inputs; for in-place steps, every other reader, in the same or an

@@ -335,7 +335,11 @@ pub fn render_text(plan: &Plan) -> String {
             "each until its update"
         };
         row(&mut out, "grads", b.grads, grads_note);
-        row(&mut out, "optimizer state", b.optimizer, "persistent");
+        let state = match r.host {
+            Some(_) => "on the host: the host arena below",
+            None => "persistent",
+        };
+        row(&mut out, "optimizer state", b.optimizer, state);
         row(
             &mut out,
             "saved activations",

@@ -20,9 +20,12 @@ pub(super) fn render(out: &mut String, plan: &Plan) {
         .take(3)
         .map(|&(class, bytes)| format!("{} {}", class.label(), human_bytes(bytes)))
         .collect();
+    let host = plan.report.host.map_or(String::new(), |h| {
+        format!(", and {} of host memory", human_bytes(h.arena))
+    });
     let _ = writeln!(
         out,
-        "  needs {} for the step (its arena); live at the peak: {}",
+        "  needs {} for the step (its arena){host}; live at the peak: {}",
         human_bytes(plan.report.bytes.arena),
         listed.join(", ")
     );

@@ -186,7 +186,8 @@ fn svg(out: &mut String, plan: &Plan, live: &[u64]) {
     let prod = producers(plan);
     let _ = writeln!(out, r#"<g id="buffers">"#);
     for (b, p) in plan.buffers.iter().zip(&prod) {
-        if b.view_of.is_some() {
+        // Views draw nothing of their own; the host arena is not the device arena drawn.
+        if b.view_of.is_some() || !b.tier.is_device() {
             continue;
         }
         buffer_rect(out, b, p, &sc);
