@@ -66,6 +66,21 @@ fn offloaded_plans_train_bitwise_like_plain_ones_on_gpt_and_llama() {
             },
         ),
         (
+            "pure bf16",
+            Options {
+                precision: Some(Precision::Bf16),
+                master_weights: Some(false),
+                ..Options::default()
+            },
+        ),
+        (
+            "LoRA",
+            Options {
+                lora: Some(memc::passes::lora::LoraSpec::parse("r=4").unwrap()),
+                ..Options::default()
+            },
+        ),
+        (
             "int8 state",
             Options {
                 optimizer_state: Some(memc::ops::optimizer::StateFormat::Int8),
@@ -94,7 +109,8 @@ fn offloaded_plans_train_bitwise_like_plain_ones_on_gpt_and_llama() {
 }
 
 /// Clipping (and fp16's loss scale) multiply every update by a device scalar: the
-/// offloaded plan copies it to the host once and still trains bit for bit as the plain one.
+/// offloaded plan copies it to the host once and still trains bit for bit as the plain one;
+/// so does SGD with momentum (and with gradient accumulation, whose copies run once a step).
 #[test]
 fn offloaded_updates_read_the_clip_coefficient_and_loss_scale_from_the_host() {
     let src = example("gpt2").replace(
@@ -102,14 +118,24 @@ fn offloaded_updates_read_the_clip_coefficient_and_loss_scale_from_the_host() {
         "weight_decay = 0.1)\n    clip_grad_norm = 0.5",
     );
     assert!(src.contains("clip_grad_norm = 0.5"), "clipping added");
-    for precision in [Precision::Fp32, Precision::Fp16] {
+    let sgd = example("gpt2").replace(
+        "adamw(lr = 3e-4, betas = (0.9, 0.95), eps = 1e-8, weight_decay = 0.1)",
+        "sgd(lr = 0.01, momentum = 0.9)\n    accumulate = 2",
+    );
+    assert!(sgd.contains("sgd("), "sgd set");
+    let runs = [
+        (&src, Precision::Fp32),
+        (&src, Precision::Fp16),
+        (&sgd, Precision::Bf16),
+    ];
+    for (src, precision) in runs {
         let options = Options {
             overrides: overrides(SMALL_GPT),
             precision: Some(precision),
             ..Options::default()
         };
-        let plain = trained(&src, &options, 3);
-        let off = trained(&src, &offloaded(&options), 3);
+        let plain = trained(src, &options, 3);
+        let off = trained(src, &offloaded(&options), 3);
         assert_eq!(plain.0, off.0, "{precision:?}: losses");
         assert!(plain.1 == off.1, "{precision:?}: parameters differ");
     }

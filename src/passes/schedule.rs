@@ -46,8 +46,8 @@ fn reads_after_writers(graph: &Graph, u: ValueId, i: ValueId) -> bool {
 /// and every in-place writer, in an earlier phase (or in the same phase, for an input `v`
 /// reads after its writers), of a value `v` reads (gradient accumulation writes its
 /// accumulator in backward, the update reads it after; an offloaded update writes the host
-/// parameter that its copy back to the device then reads). A copy of a persistent value to
-/// the host also waits for the other inputs of its readers.
+/// parameter that its copy back to the device then reads). A copy of a parameter to the
+/// host also waits for the other inputs of its readers.
 fn dependencies(graph: &Graph, users: &[Vec<ValueId>], v: ValueId) -> Vec<ValueId> {
     let node = graph.node(v);
     let mut deps: Vec<ValueId> = node.inputs.clone();
@@ -64,9 +64,11 @@ fn dependencies(graph: &Graph, users: &[Vec<ValueId>], v: ValueId) -> Vec<ValueI
             w != v && (phase < node.phase || (after && phase == node.phase)) && writes(graph, w, i)
         }));
     }
-    if matches!(node.op, Op::CopyToHost) && !is_step(graph, node.inputs[0]) {
-        // A persistent value's host copy waits for its readers' other inputs, so it lives
-        // no longer than they need it.
+    if matches!(node.op, Op::CopyToHost)
+        && matches!(graph.node(node.inputs[0]).op, Op::Param { .. })
+    {
+        // A parameter's host copy waits for its readers' other inputs (the gradient's
+        // copy), so it lives no longer than they need it.
         for &u in &users[v.index()] {
             deps.extend(graph.node(u).inputs.iter().copied().filter(|&w| w != v));
         }
