@@ -64,14 +64,22 @@ fn row(
             let extra = c.plan.plan().report.recompute_percent();
             let arena = c.plan.plan().arena_bytes;
             let gpu = options.gpu.unwrap_or_default();
+            let estimate = crate::cost::estimate(c.plan.plan(), gpu);
+            let note = match &estimate.offload {
+                Some(o) => format!(
+                    "{note}: offload adds {} to the step",
+                    crate::cost::ms(o.extra_seconds)
+                ),
+                None => note.to_string(),
+            };
             Advice {
                 option: option.to_string(),
                 arena_bytes: Some(arena),
                 fits: c.plan.plan().report.budgeted_bytes() <= budget,
                 extra_compute_percent: extra,
-                step_seconds: Some(crate::cost::estimate(c.plan.plan(), gpu).seconds),
+                step_seconds: Some(estimate.seconds),
                 keeps_batch: true,
-                note: note.to_string(),
+                note,
                 flags,
                 frontier: false,
             }
@@ -159,6 +167,7 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
         rows.push(row(source, selects, with(mode, None, None), budget, note));
     }
     let fitted = with(CheckpointMode::Auto, None, Some(budget));
+    rows.extend(offload_rows(source, (&keep_all, &fitted), budget));
     let precisions = [
         (Precision::Fp32, true, "", "the file's precision"),
         (Precision::Bf16, true, "bf16", "bf16 mixed precision"),
@@ -295,6 +304,38 @@ fn mark_frontier(rows: &mut [Advice]) {
     }
 }
 
+/// The rows with the optimizer state in host memory (`--offload optimizer`), keeping every
+/// activation (`keep_all`) and with checkpointing fitted to the budget (`fitted`): their
+/// estimated time includes the copies and the host updates, so they rank first only
+/// where they win.
+fn offload_rows(
+    source: &str,
+    (keep_all, fitted): (&Options, &Options),
+    budget: u64,
+) -> Vec<Advice> {
+    let budget_flag = budget.to_string();
+    let offload = ["--offload", "optimizer"];
+    let note = "state in host memory, updated by the CPU";
+    [
+        ("optimizer on the host", keep_all, ["--checkpoint", "none"]),
+        (
+            "optimizer on the host + checkpointing to fit",
+            fitted,
+            ["--budget", &budget_flag],
+        ),
+    ]
+    .into_iter()
+    .map(|(option, base, more)| {
+        let o = Options {
+            offload: Some(crate::settings::Offload::Optimizer),
+            ..base.clone()
+        };
+        let selects = flags(&[&offload[..], &more[..]].concat());
+        row(source, (option, selects), o, budget, note)
+    })
+    .collect()
+}
+
 /// The mixed- and low-precision rows, each on top of `base`.
 fn precision_rows(source: &str, base: &Options, budget: u64) -> Vec<Advice> {
     [
@@ -382,12 +423,18 @@ fn largest_batch_row(
     let name = format!("largest batch {label}");
     match fit_dim(source, options, "B", budget) {
         Ok(f) => {
+            // The search offloads the optimizer state when nothing fits without it.
+            let offload = f.plan.plan().train.as_ref().and_then(|t| t.offload);
             let o = Options {
                 budget: Some(budget),
+                offload: offload.or(options.offload),
                 ..options.clone()
             };
             let (batch, budget_flag) = (format!("B={}", f.value), budget.to_string());
             let mut selects = flags(changes);
+            if offload.is_some() {
+                selects.extend(flags(&["--offload", "optimizer"]));
+            }
             selects.extend(flags(&["--set", &batch, "--budget", &budget_flag]));
             let mut advice = row(
                 source,

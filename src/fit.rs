@@ -255,7 +255,33 @@ pub fn fit_dim(
 /// [`fit_dim`] over the multiples of `multiple_of` only (a dim that must stay aligned; 1
 /// searches every value; the search starts at the largest multiple at most the file's value,
 /// or at `multiple_of`), calling `on_probe` after each compile (for progress display).
+///
+/// When nothing fits and `options` leave the optimizer state on the device, the search runs
+/// again with it offloaded to the host (`--offload optimizer`), and its answer is returned
+/// if it finds one (its plan says so); offload costs step time, so it is never taken when
+/// any value fits without it.
 pub fn fit_dim_with(
+    source: &str,
+    options: &Options,
+    (dim, multiple_of): (&str, i64),
+    budget: u64,
+    on_probe: &mut dyn FnMut(&Probe),
+) -> Result<FitResult, FitError> {
+    let plain = search_dim(source, options, (dim, multiple_of), budget, on_probe);
+    match plain {
+        Err(FitError::Infeasible { .. }) if options.offload.is_none() => {
+            let offloaded = Options {
+                offload: Some(crate::settings::Offload::Optimizer),
+                ..options.clone()
+            };
+            search_dim(source, &offloaded, (dim, multiple_of), budget, on_probe).or(plain)
+        }
+        found => found,
+    }
+}
+
+/// The search of [`fit_dim_with`] under `options` as they are.
+fn search_dim(
     source: &str,
     options: &Options,
     (dim, multiple_of): (&str, i64),

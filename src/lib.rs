@@ -68,6 +68,8 @@ pub struct Options {
     /// `--context-reserve`: the device bytes of the CUDA context beside a GPU plan's arena
     /// (the GPU's stated figure, [`cost::GpuSpec::context_reserve`], without it).
     pub context_reserve: Option<u64>,
+    /// `--offload`: overrides `train { offload }` (what lives in host memory).
+    pub offload: Option<settings::Offload>,
 }
 
 impl Default for Options {
@@ -89,6 +91,7 @@ impl Default for Options {
             lora: None,
             quantize_frozen: None,
             context_reserve: None,
+            offload: None,
         }
     }
 }
@@ -168,6 +171,7 @@ fn apply_train_options(
     t.settings.accumulate = options.accumulate.unwrap_or(t.settings.accumulate);
     t.settings.lora = options.lora.clone().or(t.settings.lora.take());
     t.settings.quantize_frozen = options.quantize_frozen.or(t.settings.quantize_frozen);
+    t.settings.offload = options.offload.or(t.settings.offload);
     if !t.settings.master_weights && t.settings.precision != settings::Precision::Bf16 {
         return Err(UserError::at(
             t.precision_span,
@@ -243,12 +247,17 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
     let mut module = front::lower(&ast, &options.overrides)?;
     passes::freeze::run(&mut module.graph, &options.freeze)?;
     verified(&module.graph, "lower")?;
-    if options.lora.is_some() && module.train.is_none() {
-        return Err(diagnostic::UserError::general(
-            "--lora adapts a model for training, and this one has no `train { }`",
-            "add a train block, or compile without --lora",
-        )
-        .into());
+    for (flag, set) in [
+        ("--lora", options.lora.is_some()),
+        ("--offload", options.offload.is_some()),
+    ] {
+        if set && module.train.is_none() {
+            return Err(diagnostic::UserError::general(
+                format!("{flag} applies to training, and this model has no `train {{ }}`"),
+                format!("add a train block, or compile without {flag}"),
+            )
+            .into());
+        }
     }
     if let Some(t) = module.train.as_mut() {
         apply_train_options(t, options)?;
@@ -296,6 +305,7 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
                 loss_scale: mixed.loss_scale,
                 accumulate: t.accumulate,
                 stochastic_rounding: t.stochastic_rounding,
+                offload: t.offload == Some(settings::Offload::Optimizer),
             };
             let g = passes::optimizer::run(&diff, &opts)?;
             verified(&g, "optimizer")?;
@@ -338,6 +348,13 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
         budget::FitError::Internal(e) => e.into(),
     })?;
     plan.report.estimate = options.gpu.map(|gpu| cost::estimate(&plan, gpu));
+    if plan.report.transfers.is_some() {
+        let time = (plan.report.estimate.as_ref())
+            .map_or_else(|| cost::estimate(&plan, gpu).offload, |e| e.offload.clone());
+        if let Some(t) = plan.report.transfers.as_mut() {
+            t.time = time;
+        }
+    }
     plan.report.device = reserve.map(|context_reserve| plan::DeviceBytes {
         arena: plan.arena_bytes,
         context_reserve,

@@ -53,6 +53,34 @@ pub struct TrainSummary {
     /// `--quantize-frozen`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantize_frozen: Option<crate::ops::quant::Scheme>,
+    /// What lives in the host arena instead of the device arena (`offload = optimizer` or
+    /// `--offload`); None keeps everything on the device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload: Option<Offload>,
+}
+
+/// What a plan keeps in host memory, beside the device arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Offload {
+    /// The optimizer state, updated on the host as ZeRO-Offload does: each gradient and
+    /// parameter is copied to the host, updated there, and the parameter copied back.
+    Optimizer,
+}
+
+impl Offload {
+    /// The setting a word names (`optimizer`), as `--offload` and `train { offload }`
+    /// spell it; None for any other word.
+    pub fn parse(word: &str) -> Option<Offload> {
+        match word {
+            "optimizer" => Some(Offload::Optimizer),
+            _ => None,
+        }
+    }
+
+    /// What to write instead of a word [`Offload::parse`] refuses.
+    pub const HELP: &'static str = "use `optimizer`: the optimizer state lives in host memory \
+         and the update runs on the host (master weights and activations stay on the device)";
 }
 
 fn yes() -> bool {

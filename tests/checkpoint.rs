@@ -253,6 +253,7 @@ fn training_graph(
         loss_scale: mixed.loss_scale,
         accumulate: train.accumulate,
         stochastic_rounding: train.stochastic_rounding,
+        offload: false,
     };
     let graph = memc::passes::optimizer::run(&diff, &options).unwrap();
     (graph, train)

@@ -333,7 +333,7 @@ fn gpu_estimates_the_step_in_text_and_json_and_unknown_names_exit_2() {
     assert_eq!(bad.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("unknown GPU `v100`"), "{stderr}");
     assert!(
-        stderr.contains("use one of: a100, h100, h200, rtx4090"),
+        stderr.contains("use one of: a100, h100, h200, gh200, rtx4090"),
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");

@@ -159,8 +159,14 @@ fn text(r: &FitResult, bf16: Option<&FitResult>) -> String {
             dim = b.dim,
         ));
     }
+    let plan = r.plan.plan();
+    if plan.train.as_ref().is_some_and(|t| t.offload.is_some()) {
+        out.push_str(
+            "  with --offload optimizer: nothing fits with the optimizer state on the device\n",
+        );
+    }
     out.push('\n');
-    out.push_str(&memc::plan::render_text(r.plan.plan()));
+    out.push_str(&memc::plan::render_text(plan));
     out
 }
 

@@ -88,7 +88,7 @@ pub struct CompileArgs {
     /// each step's scratch buffer. `memc run` also executes on it.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     device: String,
-    /// Estimate the step time on this GPU (a100, h100, h200, rtx4090): the report gains
+    /// Estimate the step time on this GPU (a100, h100, h200, gh200, rtx4090): the report gains
     /// the estimate, and checkpointing ranks its candidates by time on it (h100 without).
     #[arg(long, value_name = "NAME")]
     gpu: Option<String>,
@@ -115,6 +115,11 @@ pub struct CompileArgs {
     /// qualifies. `memc run --save-params` writes such weights dequantized, as f32.
     #[arg(long, value_name = "int8|nf4")]
     quantize_frozen: Option<String>,
+    /// Keep the optimizer state in host memory, overriding `train { offload }`: the update
+    /// runs on the host, each gradient and parameter copied there and the parameter back
+    /// (`optimizer`).
+    #[arg(long, value_name = "optimizer")]
+    offload: Option<String>,
 }
 
 impl CompileArgs {
@@ -140,6 +145,7 @@ impl CompileArgs {
             ("--freeze", !self.freeze.is_empty()),
             ("--lora", self.lora.is_some()),
             ("--quantize-frozen", self.quantize_frozen.is_some()),
+            ("--offload", self.offload.is_some()),
         ];
         given
             .into_iter()
@@ -299,6 +305,28 @@ fn parse_size(text: &str) -> Result<u64, Failure> {
     memc::budget::parse_size(text).map_err(Failure::Plain)
 }
 
+/// The value of a flag that takes one of a few words, parsed by `parse`; a word it refuses
+/// is a diagnostic pointing at the word, saying it is an unknown `what`, with `help`.
+fn word_flag<T>(
+    (flag, text): (&str, &Option<String>),
+    parse: impl Fn(&str) -> Option<T>,
+    what: &str,
+    help: &str,
+) -> Result<Option<T>, Failure> {
+    let Some(text) = text.as_deref() else {
+        return Ok(None);
+    };
+    parse(text).map(Some).ok_or_else(|| {
+        let e = UserError::at(
+            memc::ir::Span::new(0, text.len()),
+            format!("unknown {what} `{text}`"),
+            format!("this {what}"),
+            help,
+        );
+        Failure::user(e, flag, text)
+    })
+}
+
 fn options(args: &CompileArgs) -> Result<Options, Failure> {
     let mut overrides = Vec::new();
     for s in &args.set {
@@ -328,21 +356,18 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
     let checkpoint = memc::budget::CheckpointMode::parse(&args.checkpoint)
         .map_err(|e| Failure::user(e, "--checkpoint", &args.checkpoint))?;
     let gpu = gpu_of(args)?;
-    let quantize_frozen = args
-        .quantize_frozen
-        .as_deref()
-        .map(|text| {
-            memc::ir::Scheme::parse(text).ok_or_else(|| {
-                let e = UserError::at(
-                    memc::ir::Span::new(0, text.len()),
-                    format!("unknown quantization scheme `{text}`"),
-                    "this scheme",
-                    "use int8 (per output channel) or nf4 (QLoRA's NormalFloat4)",
-                );
-                Failure::user(e, "--quantize-frozen", text)
-            })
-        })
-        .transpose()?;
+    let quantize_frozen = word_flag(
+        ("--quantize-frozen", &args.quantize_frozen),
+        memc::ir::Scheme::parse,
+        "quantization scheme",
+        "use int8 (per output channel) or nf4 (QLoRA's NormalFloat4)",
+    )?;
+    let offload = word_flag(
+        ("--offload", &args.offload),
+        memc::settings::Offload::parse,
+        "offload",
+        memc::settings::Offload::HELP,
+    )?;
     Ok(Options {
         overrides,
         optimizer_in_backward,
@@ -369,6 +394,7 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
         fuse_loss,
         freeze: args.freeze.clone(),
         quantize_frozen,
+        offload,
         lora: args
             .lora
             .as_deref()

@@ -146,6 +146,7 @@ pub fn emit(compiled: &memc::Compiled, dir: &Path, gpu: memc::cost::Gpu) -> Resu
         other => Failure::Internal(vec![other.to_string()]),
     };
     let plan = compiled.plan.plan();
+    memc::exec::cuda_can_run(plan, true).map_err(|e| Failure::Plain(e.to_string()))?;
     let uses = memc::codegen::plan_kernel_uses(plan)
         .map_err(|e| Failure::Internal(vec![format!("codegen: {e}")]))?;
     std::fs::create_dir_all(dir)

@@ -15,7 +15,8 @@ use std::fmt::Write;
 pub struct Estimate {
     /// The GPU estimated on.
     pub gpu: Gpu,
-    /// The whole step: `compute_bound_seconds + memory_bound_seconds + launch_seconds`.
+    /// The whole step: `compute_bound_seconds + memory_bound_seconds + launch_seconds`, plus
+    /// the extra time of offload when the plan has copies.
     pub seconds: f64,
     /// Time of the launches whose FLOPs take longer than their bytes (launch overhead apart).
     pub compute_bound_seconds: f64,
@@ -33,8 +34,11 @@ pub struct Estimate {
     pub bytes: u64,
     /// Time per op kind, most first.
     pub by_op: Vec<OpTime>,
-    /// Every launching step, in plan order, one launch each.
+    /// Every launching step on the device, in plan order, one launch each.
     pub steps: Vec<StepTime>,
+    /// What an offloaded plan's copies and host updates add (included in `seconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload: Option<super::OffloadTime>,
 }
 
 /// The estimate of one launch of one plan step.
@@ -68,8 +72,9 @@ pub struct OpTime {
 }
 
 /// The estimated time of one step of `plan` on `gpu`: each step that launches a kernel
-/// ([`Plan::launches`]) costs [`Work::time`] on its buffers' types plus the launch
-/// overhead; forward and backward steps run once per micro-batch, updates once.
+/// ([`Plan::launches`]) on the device costs [`Work::time`] on its buffers' types plus the
+/// launch overhead; forward and backward steps run once per micro-batch, updates once; an
+/// offloaded plan's copies and host updates add [`super::OffloadTime::extra_seconds`].
 pub fn estimate(plan: &Plan, gpu: Gpu) -> Estimate {
     let spec = gpu.spec();
     let mut e = Estimate {
@@ -84,11 +89,12 @@ pub fn estimate(plan: &Plan, gpu: Gpu) -> Estimate {
         bytes: 0,
         by_op: Vec::new(),
         steps: Vec::new(),
+        offload: None,
     };
     let mut by_op: BTreeMap<&str, OpTime> = BTreeMap::new();
     let ty = |b: crate::plan::BufferId| plan.buffers.get(b.index()).map(|b| &b.ty);
     for (index, step) in plan.steps.iter().enumerate() {
-        if !plan.launches(step) {
+        if !plan.launches(step) || super::offload::off_device(plan, step) {
             continue;
         }
         let inputs: Vec<_> = step.inputs.iter().filter_map(|&b| ty(b)).collect();
@@ -135,7 +141,9 @@ pub fn estimate(plan: &Plan, gpu: Gpu) -> Estimate {
         });
     }
     e.launch_seconds = e.launches as f64 * LAUNCH_OVERHEAD_S;
-    e.seconds = e.compute_bound_seconds + e.memory_bound_seconds + e.launch_seconds;
+    e.offload = super::offload::offload_time(plan, gpu, &e.steps);
+    let extra = e.offload.as_ref().map_or(0.0, |o| o.extra_seconds);
+    e.seconds = e.compute_bound_seconds + e.memory_bound_seconds + e.launch_seconds + extra;
     e.by_op = by_op.into_values().collect();
     e.by_op.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
     e

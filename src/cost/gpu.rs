@@ -15,6 +15,9 @@ pub enum Gpu {
     H100,
     /// NVIDIA H200 SXM.
     H200,
+    /// NVIDIA GH200 Grace Hopper Superchip (96 GB HBM3), its GPU linked to the Grace CPU's
+    /// memory by NVLink-C2C.
+    Gh200,
     /// NVIDIA GeForce RTX 4090.
     Rtx4090,
 }
@@ -49,7 +52,39 @@ pub struct GpuSpec {
     /// Device bytes the CUDA context and memc's loaded kernels take before the arena
     /// ([`CONTEXT_RESERVE`]); a plan for the GPU is budgeted with it on top of its arena.
     pub context_reserve: u64,
+    /// The link between the GPU and host memory, which an offloaded plan's copies cross.
+    pub host_link: HostLink,
 }
+
+/// The link between a GPU and host memory, with the bandwidth a large pinned copy reaches
+/// in one direction: an assumption from the link's nominal rate, not a measurement.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostLink {
+    /// The link in words, e.g. `PCIe 5.0 x16`.
+    pub name: &'static str,
+    /// Bytes/s one direction of a large pinned-memory copy reaches.
+    pub bandwidth: f64,
+}
+
+/// PCIe 4.0 x16: 32 GB/s nominal a direction, about 25 GB/s reached by pinned copies
+/// (`cudaMemcpyAsync` bandwidth tests).
+pub const PCIE4: HostLink = HostLink {
+    name: "PCIe 4.0 x16",
+    bandwidth: 25e9,
+};
+
+/// PCIe 5.0 x16: 64 GB/s nominal a direction, about 50 GB/s reached by pinned copies.
+pub const PCIE5: HostLink = HostLink {
+    name: "PCIe 5.0 x16",
+    bandwidth: 50e9,
+};
+
+/// NVLink-C2C of the GH200: 900 GB/s both directions together (NVIDIA GH200 Grace Hopper
+/// Superchip datasheet, 2023), 450 GB/s a direction, taken as reached.
+pub const NVLINK_C2C: HostLink = HostLink {
+    name: "NVLink-C2C",
+    bandwidth: 450e9,
+};
 
 /// The CUDA context with memc's kernels loaded, as measured by `cuMemGetInfo` before the
 /// arena's allocation on an H200 (driver 580.159, CUDA 13.0): 528.8 MiB, for GPT-2 small's
@@ -75,6 +110,7 @@ const A100: GpuSpec = GpuSpec {
     threads_per_sm: 2048,
     memory: 80 * GIB,
     context_reserve: CONTEXT_RESERVE,
+    host_link: PCIE4,
 };
 
 /// H100 SXM. NVIDIA H100 Tensor Core GPU datasheet (2023): FP32 67 TFLOPS; TF32 989 and
@@ -92,6 +128,7 @@ const H100: GpuSpec = GpuSpec {
     threads_per_sm: 2048,
     memory: 80 * GIB,
     context_reserve: CONTEXT_RESERVE,
+    host_link: PCIE5,
 };
 
 /// H200 SXM. NVIDIA H200 Tensor Core GPU datasheet (2024): the H100's compute (FP32 67
@@ -108,6 +145,25 @@ const H200: GpuSpec = GpuSpec {
     threads_per_sm: 2048,
     memory: 141 * GIB,
     context_reserve: CONTEXT_RESERVE,
+    host_link: PCIE5,
+};
+
+/// GH200 Grace Hopper Superchip, 96 GB. NVIDIA GH200 Grace Hopper Superchip datasheet
+/// (2023): the H100's compute (FP32 67 TFLOPS; TF32 989 and BF16/FP16 1,979 TFLOPS with
+/// sparsity, half that dense), HBM3 at 4 TB/s, 96 GB; 132 SMs; NVLink-C2C to the Grace
+/// CPU's LPDDR5X at 900 GB/s.
+const GH200: GpuSpec = GpuSpec {
+    name: "GH200 96GB",
+    tensor_16bit: 989.4 * TERA,
+    tensor_tf32: 494.7 * TERA,
+    fp32: 66.9 * TERA,
+    bandwidth: 4.0e12,
+    sms: 132,
+    compute: (9, 0),
+    threads_per_sm: 2048,
+    memory: 96 * GIB,
+    context_reserve: CONTEXT_RESERVE,
+    host_link: NVLINK_C2C,
 };
 
 /// GeForce RTX 4090. NVIDIA Ada Lovelace GPU Architecture whitepaper (2022), appendix A,
@@ -125,18 +181,20 @@ const RTX4090: GpuSpec = GpuSpec {
     threads_per_sm: 1536,
     memory: 24 * GIB,
     context_reserve: CONTEXT_RESERVE,
+    host_link: PCIE4,
 };
 
 impl Gpu {
     /// Every known GPU, in the order `--gpu`'s help lists them.
-    pub const ALL: [Gpu; 4] = [Gpu::A100, Gpu::H100, Gpu::H200, Gpu::Rtx4090];
+    pub const ALL: [Gpu; 5] = [Gpu::A100, Gpu::H100, Gpu::H200, Gpu::Gh200, Gpu::Rtx4090];
 
-    /// The `--gpu` name: `a100`, `h100`, `h200` or `rtx4090`.
+    /// The `--gpu` name: `a100`, `h100`, `h200`, `gh200` or `rtx4090`.
     pub fn name(self) -> &'static str {
         match self {
             Gpu::A100 => "a100",
             Gpu::H100 => "h100",
             Gpu::H200 => "h200",
+            Gpu::Gh200 => "gh200",
             Gpu::Rtx4090 => "rtx4090",
         }
     }
@@ -147,6 +205,7 @@ impl Gpu {
             Gpu::A100 => &A100,
             Gpu::H100 => &H100,
             Gpu::H200 => &H200,
+            Gpu::Gh200 => &GH200,
             Gpu::Rtx4090 => &RTX4090,
         }
     }
@@ -190,7 +249,7 @@ mod tests {
             e,
             Some((
                 "unknown GPU `v100`",
-                "use one of: a100, h100, h200, rtx4090",
+                "use one of: a100, h100, h200, gh200, rtx4090",
                 None
             ))
         );
@@ -198,7 +257,7 @@ mod tests {
 
     #[test]
     fn dense_tensor_rates_are_twice_tf32_on_data_center_parts() {
-        for g in [Gpu::A100, Gpu::H100, Gpu::H200] {
+        for g in [Gpu::A100, Gpu::H100, Gpu::H200, Gpu::Gh200] {
             let s = g.spec();
             assert_eq!(s.tensor_16bit, 2.0 * s.tensor_tf32, "{}", s.name);
             assert!(s.tensor_16bit > s.fp32);

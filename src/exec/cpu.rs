@@ -5,14 +5,16 @@
 use super::quantized::QuantizedParams;
 use super::{lowp, ExecError, GradientHook};
 use crate::ir::{DType, Op, Phase};
-use crate::plan::{Buffer, BufferId, Plan, Step, VerifiedPlan};
+use crate::plan::{Buffer, BufferId, Plan, Step, Tier, VerifiedPlan};
 use std::borrow::Cow;
 
 /// Executes a plan step after step, keeping parameters and optimizer state in the arena.
 pub struct CpuExecutor {
     plan: Plan,
-    /// The arena, as f32 words so every 4-byte-aligned view is aligned.
+    /// The device arena, as f32 words so every 4-byte-aligned view is aligned.
     arena: Vec<f32>,
+    /// The host arena (`--offload`), a separate allocation in the same words.
+    host: Vec<f32>,
     /// The 1-based number of the next training step (AdamW bias correction, dropout keys).
     step: u64,
     /// The run's seed, which keys its dropout masks ([`Plan::dropout_stream`]).
@@ -27,15 +29,17 @@ pub struct CpuExecutor {
 }
 
 impl CpuExecutor {
-    /// Allocates the arena (zeroed) for `plan`. Every dtype runs: 16-bit tensors are stored
+    /// Allocates the arena and, for an offloaded plan, the host arena apart from it (both
+    /// zeroed) for `plan`. Every dtype runs: 16-bit tensors are stored
     /// as 16-bit words at their planned offsets.
     pub fn new(plan: &VerifiedPlan) -> Result<CpuExecutor, ExecError> {
         let plan = plan.plan().clone();
-        let words = plan.arena_bytes.div_ceil(4) as usize;
+        let [words, host] = [plan.arena_bytes, plan.host_bytes].map(|b| b.div_ceil(4) as usize);
         Ok(CpuExecutor {
             quantized: QuantizedParams::of(&plan),
             plan,
             arena: vec![0.0; words],
+            host: vec![0.0; host],
             step: 1,
             seed: 0,
             micro: 0,
@@ -67,6 +71,22 @@ impl CpuExecutor {
         &self.plan.buffers[b.index()]
     }
 
+    /// The arena holding the buffers of `tier`.
+    fn memory(&self, tier: Tier) -> &[f32] {
+        match tier {
+            Tier::Device => &self.arena,
+            Tier::Host => &self.host,
+        }
+    }
+
+    /// The arena holding `b`'s bytes, writable.
+    fn memory_mut(&mut self, b: BufferId) -> &mut [f32] {
+        match self.plan.buffers[b.index()].tier {
+            Tier::Device => &mut self.arena,
+            Tier::Host => &mut self.host,
+        }
+    }
+
     /// The word range of a 32-bit buffer (of a byte buffer, the words holding its bytes).
     fn range(&self, b: BufferId) -> (usize, usize) {
         let buf = self.buffer(b);
@@ -79,17 +99,22 @@ impl CpuExecutor {
     pub fn read(&self, b: BufferId) -> Cow<'_, [f32]> {
         let buf = self.buffer(b);
         if let Some(q) = self.quantized.packing(b) {
-            let bytes = narrow_bytes(&self.arena, buf.offset, DType::U8, buf.ty.numel() as usize);
+            let bytes = narrow_bytes(
+                self.memory(buf.tier),
+                buf.offset,
+                DType::U8,
+                buf.ty.numel() as usize,
+            );
             Cow::Owned(crate::ops::quant::pack::unpack(&q, bytes))
         } else if is_narrow(buf.ty.dtype) {
             let (dtype, n) = (buf.ty.dtype, buf.ty.numel() as usize);
             Cow::Owned(lowp::from_bytes(
                 dtype,
-                narrow_bytes(&self.arena, buf.offset, dtype, n),
+                narrow_bytes(self.memory(buf.tier), buf.offset, dtype, n),
             ))
         } else {
             let (s, e) = self.range(b);
-            Cow::Borrowed(&self.arena[s..e])
+            Cow::Borrowed(&self.memory(buf.tier)[s..e])
         }
     }
 
@@ -100,7 +125,7 @@ impl CpuExecutor {
         if let Some(q) = self.quantized.packing(b) {
             let bytes = self.quantized.pack(b, &q, data)?;
             let offset = self.buffer(b).offset;
-            narrow_bytes_mut(&mut self.arena, offset, DType::U8, bytes.len())
+            narrow_bytes_mut(self.memory_mut(b), offset, DType::U8, bytes.len())
                 .copy_from_slice(&bytes);
             return Ok(());
         }
@@ -115,11 +140,11 @@ impl CpuExecutor {
         }
         if is_narrow(buf.ty.dtype) {
             let (dtype, offset) = (buf.ty.dtype, buf.offset);
-            narrow_bytes_mut(&mut self.arena, offset, dtype, n)
+            narrow_bytes_mut(self.memory_mut(b), offset, dtype, n)
                 .copy_from_slice(&lowp::to_bytes(dtype, data));
         } else {
             let (s, e) = self.range(b);
-            self.arena[s..e].copy_from_slice(data);
+            self.memory_mut(b)[s..e].copy_from_slice(data);
         }
         Ok(())
     }
@@ -239,10 +264,9 @@ impl CpuExecutor {
         on_gradient: &mut Option<GradientHook>,
     ) -> Result<(), ExecError> {
         for step in steps {
-            if let (Some(hook), Op::AdamW(_) | Op::Sgd(_)) = (on_gradient.as_mut(), &step.op) {
-                if let Some(p) = self.plan.params.iter().find(|p| p.buffer == step.inputs[0]) {
-                    hook(&p.name, &self.read(step.inputs[1]));
-                }
+            let consumed = self.plan.gradient_consumed(step);
+            if let (Some(hook), Some((name, grad))) = (on_gradient.as_mut(), consumed) {
+                hook(name, &self.read(grad));
             }
             if !self.plan.launches(step) {
                 continue;
@@ -261,16 +285,23 @@ impl CpuExecutor {
     /// never share bytes, so the output, workspace and in-place inputs are disjoint from every
     /// other view taken here.
     fn views(&mut self, step: &Step) -> Views {
-        let base = self.arena.as_mut_ptr();
+        let (device, host) = (self.arena.as_mut_ptr(), self.host.as_mut_ptr());
+        let base = |tier: Tier| match tier {
+            Tier::Device => device,
+            Tier::Host => host,
+        };
         let mut staged = Vec::new();
         let mut slot = |buf: &Buffer| {
             let len = buf.ty.numel() as usize;
             if !is_narrow(buf.ty.dtype) {
-                // SAFETY: the plan verifier checked every buffer ends within `arena_bytes`,
-                // and the arena holds that many bytes.
-                return (unsafe { base.add((buf.offset / 4) as usize) }, len);
+                // SAFETY: the plan verifier checked every buffer ends within its tier's
+                // arena (`arena_bytes`, `host_bytes`), and each allocation holds that many.
+                return (
+                    unsafe { base(buf.tier).add((buf.offset / 4) as usize) },
+                    len,
+                );
             }
-            let bytes = narrow_bytes(&self.arena, buf.offset, buf.ty.dtype, len);
+            let bytes = narrow_bytes(self.memory(buf.tier), buf.offset, buf.ty.dtype, len);
             let mut copy = lowp::from_bytes(buf.ty.dtype, bytes);
             let ptr = copy.as_mut_ptr();
             staged.push(copy);
@@ -295,8 +326,8 @@ impl CpuExecutor {
             .filter(|(b, _)| is_narrow(buffers[b.index()].ty.dtype))
             .map(|(b, slot)| {
                 let buf = &buffers[b.index()];
-                // SAFETY: as above: the buffer's bytes lie inside the arena.
-                let ptr = unsafe { base.cast::<u8>().add(buf.offset as usize) };
+                // SAFETY: as above: the buffer's bytes lie inside its tier's arena.
+                let ptr = unsafe { base(buf.tier).cast::<u8>().add(buf.offset as usize) };
                 (ptr, buf.ty.dtype, slot)
             })
             .collect();

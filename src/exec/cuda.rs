@@ -104,12 +104,10 @@ fn image(kernel: &Kernel, sm: (u32, u32), arch: &str) -> Result<cudarc::nvrtc::P
 impl CudaExecutor {
     /// Compiles every kernel of `plan` with NVRTC to a CUBIN for the device's compute
     /// capability (PTX for compute_80 or compute_90 where NVRTC cannot target it), loads
-    /// them and allocates the zeroed arena. A plan built for a CUDA
-    /// target runs only on a device of at least its compute capability.
+    /// them and allocates the zeroed arena. A plan built for a CUDA target runs only on a
+    /// device of at least its compute capability; see [`super::cuda_can_run`] for the rest.
     pub fn new(plan: &VerifiedPlan) -> Result<CudaExecutor, ExecError> {
-        if !driver_present() {
-            return Err(ExecError::Device("no CUDA driver found".to_string()));
-        }
+        super::cuda_can_run(plan.plan(), driver_present())?;
         let plan = plan.plan().clone();
         let ctx = CudaContext::new(0).map_err(device_error)?;
         let (major, minor) = ctx.compute_capability().map_err(device_error)?;

@@ -41,3 +41,21 @@ impl fmt::Display for ExecError {
 }
 
 impl std::error::Error for ExecError {}
+
+/// Whether the CUDA backend (and `memc emit`'s kernels) can take `plan` on a machine whose
+/// CUDA driver is `driver` present: not without a driver, and not for a plan with a host
+/// tier (`--offload`), whose copies between the arena and host memory only the CPU
+/// backend executes.
+pub fn cuda_can_run(plan: &crate::plan::Plan, driver: bool) -> Result<(), ExecError> {
+    if plan.host_bytes > 0 {
+        return Err(ExecError::Unsupported(
+            "the CUDA backend does not run offloaded plans yet (their host arena and copies \
+             run on the CPU backend): run with --device cpu, or compile without --offload"
+                .into(),
+        ));
+    }
+    if !driver {
+        return Err(ExecError::Device("no CUDA driver found".to_string()));
+    }
+    Ok(())
+}

@@ -4,7 +4,7 @@ use super::ast::{Expr, ExprKind, Ident};
 use crate::diagnostic::UserError;
 use crate::ir::{AdamWParams, SgdParams, Span};
 use crate::ops::optimizer::{Rounding, StateFormat};
-use crate::settings::TrainSummary;
+use crate::settings::{Offload, TrainSummary};
 pub use crate::settings::{Optimizer, Precision};
 use serde::{Deserialize, Serialize};
 
@@ -167,6 +167,7 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
             stochastic_rounding: false,
             lora: None,
             quantize_frozen: None,
+            offload: None,
         },
         span,
         precision_span: span,
@@ -260,12 +261,17 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
             "quantize_frozen" => {
                 spec.settings.quantize_frozen = Some(super::train_lora::scheme(value)?)
             }
+            "offload" => {
+                spec.settings.offload = Some(word(value).and_then(Offload::parse).ok_or_else(
+                    || UserError::at(value.span, "unknown offload", "not offloadable", Offload::HELP),
+                )?)
+            }
             other => {
                 return Err(UserError::at(
                     name.span,
                     format!("unknown train option `{other}`"),
                     "unknown option",
-                    "accepted: optimizer, precision, master_weights, stochastic_rounding, accumulate, budget, clip_grad_norm, lora, quantize_frozen",
+                    "accepted: optimizer, precision, master_weights, stochastic_rounding, accumulate, budget, clip_grad_norm, lora, quantize_frozen, offload",
                 ))
             }
         }

@@ -207,6 +207,12 @@ pub enum Op {
     /// `(param, grad, momentum[, multiplier]) -> ()`: SGD step writing param and momentum in
     /// place, the multiplier as for AdamW.
     Sgd(SgdParams),
+    /// `x -> x` in the host arena: the value of a device buffer copied to the host
+    /// (`--offload`).
+    CopyToHost,
+    /// `(dst, src) -> ()`: host value `src` copied into device buffer `dst` in place, after
+    /// every in-place writer of `src` in its phase ([`Op::reads_after_writers`]).
+    CopyToDevice,
 }
 
 /// What kind of work an op is, for cost models and recomputation policy.
@@ -242,6 +248,16 @@ impl Op {
     /// Indices of inputs this op overwrites in place (optimizer state and parameters).
     pub fn mutated_inputs(&self) -> &'static [usize] {
         crate::ops::family(self).behaviour(self).mutated_inputs
+    }
+
+    /// Indices of inputs this op reads only after every in-place writer of them in the same
+    /// phase has run (a copy back to the device reads the host value its update wrote);
+    /// the schedule orders it after those writers instead of before.
+    pub fn reads_after_writers(&self) -> &'static [usize] {
+        match self {
+            Op::CopyToDevice => &[1],
+            _ => &[],
+        }
     }
 
     /// The short kernel name used in dumps and plans (`matmul`, `norm_backward_input`, ...).
@@ -310,6 +326,8 @@ impl Op {
             AccumulateGrad { .. } => "accumulate_grad",
             AdamW(_) => "adamw",
             Sgd(_) => "sgd",
+            CopyToHost => "copy_to_host",
+            CopyToDevice => "copy_to_device",
         }
     }
 }

@@ -26,6 +26,7 @@ pub mod random;
 pub mod reduce;
 pub mod softmax;
 pub mod source;
+pub mod transfer;
 
 use crate::ir::Op;
 
@@ -89,5 +90,6 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::AccumulateGrad { .. }
         | Op::AdamW(_)
         | Op::Sgd(_) => &optimizer::Family,
+        Op::CopyToHost | Op::CopyToDevice => &transfer::Family,
     }
 }

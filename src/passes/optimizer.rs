@@ -7,6 +7,9 @@
 //! is skipped on overflow, and the scale is updated as `torch.amp.GradScaler` does. With
 //! gradient accumulation, each gradient is added to a persistent fp32 accumulator as soon as
 //! it is complete (a backward-phase step), and everything above reads the accumulators.
+//! With `offload`, each update runs on host copies (`copy_to_host`) of its parameter,
+//! gradient and multiplier, its state is read only by it (so the plan places it in the
+//! host arena), and `copy_to_device` writes the updated parameter back.
 
 use super::autodiff::Differentiated;
 use super::StageError;
@@ -26,6 +29,10 @@ pub struct OptimizerOptions {
     pub accumulate: u32,
     /// Round bf16 parameters stochastically after their update (pure bf16 only).
     pub stochastic_rounding: bool,
+    /// Keep the state in host memory and update on the host (`--offload optimizer`): each
+    /// update reads host copies of its parameter, gradient and multiplier, and a copy
+    /// writes the updated parameter back to the device.
+    pub offload: bool,
 }
 
 /// `torch.amp.GradScaler`'s default growth interval: clean steps before the scale doubles.
@@ -77,6 +84,7 @@ fn update(
     (param, grad): (ValueId, ValueId),
     (optimizer, rounding): (Optimizer, Rounding),
     multiplier: Option<ValueId>,
+    offload: bool,
     origin: &mut Origin,
 ) -> Result<(), StageError> {
     let (name, ty, rounding) = match &graph.node(param).op {
@@ -93,6 +101,15 @@ fn update(
     origin.span = graph.node(param).span;
     origin.scope = graph.node(param).scope.clone();
     let origin = &*origin;
+    let host = |graph: &mut Graph, v: ValueId| {
+        graph.add(Op::CopyToHost, vec![v], origin).map_err(internal)
+    };
+    let (target, grad) = if offload {
+        let grad = host(graph, grad)?;
+        (host(graph, param)?, grad)
+    } else {
+        (param, grad)
+    };
     let state = |graph: &mut Graph, suffix: &str, ty: &TensorType, init: u8| {
         graph
             .add(
@@ -109,7 +126,7 @@ fn update(
     let (op, mut inputs) = match optimizer {
         Optimizer::AdamW(mut p) => {
             p.rounding = rounding;
-            let mut inputs = vec![param, grad];
+            let mut inputs = vec![target, grad];
             match p.state {
                 StateFormat::Fp32 => {
                     inputs.push(state(graph, "exp_avg", &ty, 0)?);
@@ -130,11 +147,17 @@ fn update(
         Optimizer::Sgd(mut p) => {
             p.rounding = rounding;
             let b = state(graph, "momentum_buffer", &ty, 0)?;
-            (Op::Sgd(p), vec![param, grad, b])
+            (Op::Sgd(p), vec![target, grad, b])
         }
     };
     inputs.extend(multiplier);
     graph.add(op, inputs, origin).map_err(internal)?;
+    if offload {
+        let back = vec![param, target];
+        graph
+            .add(Op::CopyToDevice, back, origin)
+            .map_err(internal)?;
+    }
     Ok(())
 }
 
@@ -208,6 +231,14 @@ pub fn run(diff: &Differentiated, options: &OptimizerOptions) -> Result<Graph, S
         }
         _ => None,
     };
+    let multiplier = match clip.or(unscale) {
+        Some(m) if options.offload => Some(
+            graph
+                .add(Op::CopyToHost, vec![m], &origin)
+                .map_err(internal)?,
+        ),
+        m => m,
+    };
     for (k, &pair) in pairs.iter().enumerate() {
         let rounding = if options.stochastic_rounding {
             Rounding::Stochastic { key: k as u64 }
@@ -218,7 +249,8 @@ pub fn run(diff: &Differentiated, options: &OptimizerOptions) -> Result<Graph, S
             &mut graph,
             pair,
             (options.optimizer, rounding),
-            clip.or(unscale),
+            multiplier,
+            options.offload,
             &mut origin,
         )?;
     }

@@ -25,37 +25,53 @@ pub fn is_step(graph: &Graph, v: ValueId) -> bool {
     graph.node(v).op.class() != OpClass::Source
 }
 
+/// Whether step `u` takes value `i` at one of the input positions `slots` gives for its op.
+fn takes_at(graph: &Graph, u: ValueId, i: ValueId, slots: fn(&Op) -> &'static [usize]) -> bool {
+    let node = graph.node(u);
+    slots(&node.op).iter().any(|&s| node.inputs[s] == i)
+}
+
 /// Whether step `w` writes value `i` in place.
 fn writes(graph: &Graph, w: ValueId, i: ValueId) -> bool {
-    let node = graph.node(w);
-    node.op
-        .mutated_inputs()
-        .iter()
-        .any(|&s| node.inputs[s] == i)
+    takes_at(graph, w, i, Op::mutated_inputs)
+}
+
+/// Whether step `u` reads value `i` only after its in-place writers ([`Op::reads_after_writers`]).
+fn reads_after_writers(graph: &Graph, u: ValueId, i: ValueId) -> bool {
+    takes_at(graph, u, i, Op::reads_after_writers)
 }
 
 /// Dependencies of `v`: its inputs; for in-place steps, every other reader, in the same or an
-/// earlier phase, of the values it overwrites; and every in-place writer, in an earlier
-/// phase, of a value `v` reads (gradient accumulation writes its accumulator in backward,
-/// the update reads it after).
+/// earlier phase, of the values it overwrites (but those that read it after its writers);
+/// and every in-place writer, in an earlier phase (or in the same phase, for an input `v`
+/// reads after its writers), of a value `v` reads (gradient accumulation writes its
+/// accumulator in backward, the update reads it after; an offloaded update writes the host
+/// parameter that its copy back to the device then reads). A copy of a parameter to the
+/// host also waits for the other inputs of its readers.
 fn dependencies(graph: &Graph, users: &[Vec<ValueId>], v: ValueId) -> Vec<ValueId> {
     let node = graph.node(v);
     let mut deps: Vec<ValueId> = node.inputs.clone();
     for &slot in node.op.mutated_inputs() {
-        deps.extend(
-            users[node.inputs[slot].index()]
-                .iter()
-                .copied()
-                .filter(|&u| u != v && graph.node(u).phase <= node.phase),
-        );
+        let i = node.inputs[slot];
+        deps.extend(users[i.index()].iter().copied().filter(|&u| {
+            u != v && graph.node(u).phase <= node.phase && !reads_after_writers(graph, u, i)
+        }));
     }
-    for &i in &node.inputs {
-        deps.extend(
-            users[i.index()]
-                .iter()
-                .copied()
-                .filter(|&w| w != v && graph.node(w).phase < node.phase && writes(graph, w, i)),
-        );
+    for (slot, &i) in node.inputs.iter().enumerate() {
+        let after = node.op.reads_after_writers().contains(&slot);
+        deps.extend(users[i.index()].iter().copied().filter(|&w| {
+            let phase = graph.node(w).phase;
+            w != v && (phase < node.phase || (after && phase == node.phase)) && writes(graph, w, i)
+        }));
+    }
+    if matches!(node.op, Op::CopyToHost)
+        && matches!(graph.node(node.inputs[0]).op, Op::Param { .. })
+    {
+        // A parameter's host copy waits for its readers' other inputs (the gradient's
+        // copy), so it lives no longer than they need it.
+        for &u in &users[v.index()] {
+            deps.extend(graph.node(u).inputs.iter().copied().filter(|&w| w != v));
+        }
     }
     deps.retain(|&d| is_step(graph, d));
     deps.sort();
@@ -63,8 +79,8 @@ fn dependencies(graph: &Graph, users: &[Vec<ValueId>], v: ValueId) -> Vec<ValueI
     deps
 }
 
-/// Computes the order. Among ready nodes, updates come first when the optimizer runs in
-/// backward; otherwise they wait for every other node. Ties break by creation order.
+/// Computes the order. Among ready nodes, update-phase steps (updates and, offloaded, their
+/// copies) come first when the optimizer runs in backward; otherwise they wait for every other node. Ties break by creation order.
 pub fn run(graph: &Graph, options: &ScheduleOptions) -> Result<Schedule, StageError> {
     let n = graph.len();
     let users: Vec<Vec<ValueId>> = graph.values().map(|v| graph.users(v)).collect();
@@ -83,7 +99,7 @@ pub fn run(graph: &Graph, options: &ScheduleOptions) -> Result<Schedule, StageEr
         .filter(|&v| is_step(graph, v) && graph.node(v).phase != Phase::Update)
         .count();
     let priority = |v: ValueId| -> (bool, Reverse<ValueId>) {
-        let update = matches!(graph.node(v).op, Op::AdamW(_) | Op::Sgd(_));
+        let update = graph.node(v).phase == Phase::Update;
         (update && options.optimizer_in_backward, Reverse(v))
     };
     let mut ready: BinaryHeap<(bool, Reverse<ValueId>)> = BinaryHeap::new();

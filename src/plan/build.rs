@@ -2,11 +2,12 @@
 //! with FLOPs, and the memory report.
 
 use super::report::{live_bytes, Bytes, PhasePeak, PrecisionSummary, Report, SavedKind};
+use super::tier::{on_device, tier_of};
 use super::*;
 use super::{origin, views};
 use crate::ir::cost::flops;
 use crate::ir::{Graph, Op, Phase, ValueId};
-use crate::passes::arena::{self, BufferRequest, LayoutOptions};
+use crate::passes::arena::{self, LayoutOptions};
 use crate::passes::liveness::{self, Interval};
 use crate::passes::schedule::{self, Schedule, ScheduleOptions};
 use crate::passes::StageError;
@@ -30,7 +31,10 @@ fn gradient_values(graph: &Graph) -> BTreeMap<ValueId, ValueId> {
     graph
         .values()
         .filter_map(|v| match graph.node(v).op {
-            Op::AdamW(_) | Op::Sgd(_) => Some((graph.node(v).inputs[0], graph.node(v).inputs[1])),
+            Op::AdamW(_) | Op::Sgd(_) => {
+                let [p, g] = [0, 1].map(|i| on_device(graph, graph.node(v).inputs[i]));
+                Some((p, g))
+            }
             _ => None,
         })
         .collect()
@@ -62,6 +66,11 @@ fn name_of(
         Op::Param { name, .. } | Op::OptimState { name, .. } | Op::Input { name, .. } => {
             name.clone()
         }
+        Op::CopyToHost => {
+            let (i, grad) = (node.inputs[0], BufferClass::Gradient);
+            let class = [BufferClass::Temporary, grad][usize::from(grad_of.contains_key(&i))];
+            format!("host.{}", name_of(graph, i, class, grad_of))
+        }
         _ if class == BufferClass::Gradient => {
             format!("grad.{}", grad_of.get(&v).cloned().unwrap_or_default())
         }
@@ -78,7 +87,7 @@ fn peak_of(graph: &Graph, schedule: &Schedule) -> u64 {
     let spans = graph.values().filter_map(|v| {
         let bytes = graph.node(v).ty.bytes();
         lives[v.index()]
-            .filter(|_| bytes > 0 && roots[v.index()].is_none())
+            .filter(|_| bytes > 0 && roots[v.index()].is_none() && tier_of(graph, v).is_device())
             .map(|i| (bytes, i.first, i.last))
     });
     live_bytes(schedule.order.len().max(1), spans)
@@ -116,8 +125,9 @@ impl Buffers {
         let mut grad_of = BTreeMap::new();
         for v in graph.values() {
             if let Op::AdamW(_) | Op::Sgd(_) = graph.node(v).op {
-                if let Op::Param { name, .. } = &graph.node(graph.node(v).inputs[0]).op {
-                    grad_of.insert(graph.node(v).inputs[1], name.clone());
+                let [p, g] = [0, 1].map(|i| on_device(graph, graph.node(v).inputs[i]));
+                if let Op::Param { name, .. } = &graph.node(p).op {
+                    grad_of.insert(g, name.clone());
                 }
             }
         }
@@ -147,6 +157,7 @@ impl Buffers {
                 first,
                 last,
                 class,
+                tier: tier_of(graph, v),
                 view_of: roots[v.index()].and_then(|r| out.of[r.index()]),
                 span: origin::nonempty(graph.node(v).span),
                 role: None,
@@ -188,6 +199,7 @@ impl Buffers {
                     first: s,
                     last: s,
                     class: BufferClass::Workspace,
+                    tier: tier_of(graph, v),
                     view_of: None,
                     span: origin::nonempty(node.span),
                     role: None,
@@ -319,18 +331,15 @@ pub fn build_for(
         &steps,
         recomputed,
     );
-    let requests: Vec<BufferRequest> = buffers.buffers.iter().map(Buffer::request).collect();
-    let layout = arena::layout(
-        &requests,
+    let layouts = super::tier::lay_out(
+        &mut buffers.buffers,
         &LayoutOptions {
             alignment: options.alignment,
             time_limit: options.layout_time,
             capacity: None,
         },
     );
-    for (b, &off) in buffers.buffers.iter_mut().zip(&layout.offsets) {
-        b.offset = off;
-    }
+    let layout = layouts.device;
     for i in 0..buffers.buffers.len() {
         if let Some(root) = buffers.buffers[i].view_of {
             buffers.buffers[i].offset = buffers.buffers[root.index()].offset;
@@ -347,6 +356,7 @@ pub fn build_for(
         options.optimizer_in_backward,
     );
     report.precision = train.and_then(|t| precision_summary(graph, &sched, t.precision));
+    (report.host, report.transfers) = super::host::report(&buffers.buffers, &steps, layouts.host);
     Ok(Plan {
         model: model.to_string(),
         params: buffers.params(graph),
@@ -356,6 +366,7 @@ pub fn build_for(
         buffers: buffers.buffers,
         steps,
         arena_bytes: layout.size,
+        host_bytes: report.host.as_ref().map_or(0, |h| h.arena),
         alignment: options.alignment,
         target,
         train: train.cloned(),
@@ -467,8 +478,13 @@ fn report(
     alt_peak: Option<u64>,
     in_backward: bool,
 ) -> Report {
-    // Views hold no bytes of their own: every sum below counts their roots only.
-    let owned = || buffers.iter().filter(|b| b.view_of.is_none());
+    // Views hold no bytes of their own: every sum below counts their roots only, and only
+    // the device's (the host tier has its own account, `super::host`).
+    let owned = || {
+        buffers
+            .iter()
+            .filter(|b| b.view_of.is_none() && b.tier.is_device())
+    };
     let sum = |c: BufferClass| {
         owned()
             .filter(|b| b.class == c)
@@ -545,6 +561,8 @@ fn report(
         estimate: None,
         largest_at_peak: Vec::new(),
         device: None,
+        host: None,
+        transfers: None,
         quantized: crate::passes::quantize::summary(graph),
     }
 }

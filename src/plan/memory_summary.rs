@@ -52,7 +52,7 @@ pub fn render_memory_summary(plan: &Plan) -> String {
     for b in plan
         .buffers
         .iter()
-        .filter(|b| b.view_of.is_none() && b.bytes > 0)
+        .filter(|b| b.view_of.is_none() && b.tier.is_device() && b.bytes > 0)
     {
         // What outlives the step: parameters and optimizer state.
         let (end, peak) = (b.class.is_persistent(), at_peak[b.id.index()]);
@@ -131,5 +131,6 @@ pub fn render_memory_summary(plan: &Plan) -> String {
     };
     counts(&mut out, "Allocations (buffers)", &total);
     out.push_str(&heavy);
+    super::host::render(&mut out, &plan.report);
     out
 }

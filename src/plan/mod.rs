@@ -2,17 +2,20 @@
 //! offset in one arena, and the report of what it needs. JSON (serde) is its stable form.
 
 mod build;
+mod host;
 mod memory_summary;
 mod origin;
 mod peak;
 mod report;
 mod summary;
 mod target;
+mod tier;
 mod verify;
 mod views;
 
 pub use crate::settings::TrainSummary;
 pub use build::{build, build_for, BuildOptions};
+pub use host::{HostBytes, Transfers};
 pub use memory_summary::render_memory_summary;
 pub use origin::{attach_lines, Role};
 pub use peak::{largest_at_peak, PeakTensor};
@@ -21,6 +24,7 @@ pub use report::{
     PhasePeak, PrecisionSummary, QuantSummary, RecomputedGroup, Report, SavedKind,
 };
 pub use target::Target;
+pub use tier::{on_device, tier_of, Tier};
 pub use verify::{verify, PlanError, VerifiedPlan};
 
 use crate::ir::{Init, Op, Phase, TensorType};
@@ -56,27 +60,42 @@ impl Plan {
             .is_none_or(|b| b.view_of.is_none())
     }
 
-    /// Live bytes at each step (sum of the buffers whose lifetime contains it; views hold
+    /// Live device bytes at each step (sum of the buffers whose lifetime contains it; views hold
     /// their root's bytes and count nothing; lifetimes are clamped to the steps, so a loaded
     /// plan cannot index past them).
     pub fn live_per_step(&self) -> Vec<u64> {
         self.live_per_step_of(|_| true)
     }
 
-    /// Live bytes at each step of the buffers `keep` selects (views never count: their
-    /// bytes are their root's).
+    /// Live bytes at each step of the device buffers `keep` selects (views never count:
+    /// their bytes are their root's; host buffers are the host arena's, `report.host`).
     pub fn live_per_step_of(&self, keep: impl Fn(&Buffer) -> bool) -> Vec<u64> {
         let n = self.steps.len().max(1);
         live_bytes(
             n,
             self.buffers
                 .iter()
-                .filter(|b| b.view_of.is_none() && keep(b))
+                .filter(|b| b.view_of.is_none() && b.tier.is_device() && keep(b))
                 .map(|b| {
                     let first = b.first.min(n - 1);
                     (b.bytes, first, b.last.min(n - 1).max(first))
                 }),
         )
+    }
+
+    /// The parameter whose complete gradient `step` consumes and that gradient's buffer: an
+    /// update on the device reads it, an offloaded update's copy to the host copies it.
+    pub fn gradient_consumed(&self, step: &Step) -> Option<(&str, BufferId)> {
+        let input = *step.inputs.first()?;
+        let (param, grad) = match step.op {
+            Op::AdamW(_) | Op::Sgd(_) => {
+                let p = self.params.iter().find(|p| p.buffer == input)?;
+                (p, *step.inputs.get(1)?)
+            }
+            Op::CopyToHost => (self.params.iter().find(|p| p.grad == Some(input))?, input),
+            _ => return None,
+        };
+        Some((param.name.as_str(), grad))
     }
 
     /// Micro-batches per training step: `accumulate` of the training spec (1 for inference).
@@ -92,6 +111,10 @@ impl Plan {
         let count = (step.max(1) - 1) * u64::from(self.micro_steps()) + u64::from(micro) + 1;
         count ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl fmt::Display for BufferId {
@@ -164,6 +187,9 @@ pub struct Buffer {
     pub first: usize,
     pub last: usize,
     pub class: BufferClass,
+    /// The arena the buffer's offset is in: the device's, or the host's (`--offload`).
+    #[serde(default, skip_serializing_if = "Tier::is_device")]
+    pub tier: Tier,
     /// The buffer whose bytes this one views (a reshape's output shares its input's
     /// storage): same offset and bytes, inside the root's lifetime; the step that outputs a
     /// view launches nothing ([`Plan::launches`]).
@@ -256,6 +282,9 @@ pub struct Plan {
     pub buffers: Vec<Buffer>,
     pub steps: Vec<Step>,
     pub arena_bytes: u64,
+    /// Bytes of the host arena, which holds the buffers of [`Tier::Host`] (0 without one).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub host_bytes: u64,
     pub alignment: u64,
     /// The backend the plan was built for (CPU when a saved plan does not say).
     #[serde(default)]

@@ -48,7 +48,8 @@ pub fn largest_at_peak(plan: &Plan, source: &str, count: usize) -> Vec<PeakTenso
         .collect()
 }
 
-/// The buffers (views aside, none empty) live at the first step where the live bytes peak.
+/// The device buffers (views aside, none empty) live at the first step where the live bytes
+/// peak.
 pub(super) fn live_at_peak(plan: &Plan) -> Vec<&Buffer> {
     let Some(peak) = plan
         .live_per_step()
@@ -61,7 +62,8 @@ pub(super) fn live_at_peak(plan: &Plan) -> Vec<&Buffer> {
     };
     plan.buffers
         .iter()
-        .filter(|b| b.view_of.is_none() && b.first <= peak && peak <= b.last && b.bytes > 0)
+        .filter(|b| b.view_of.is_none() && b.tier.is_device() && b.first <= peak)
+        .filter(|b| peak <= b.last && b.bytes > 0)
         .collect()
 }
 

@@ -141,6 +141,12 @@ pub struct Report {
     /// (absent for the CPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceBytes>,
+    /// The host arena of an offloaded plan (`--offload`): its bytes and what it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<super::HostBytes>,
+    /// Bytes an offloaded plan copies between the device and the host per step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfers: Option<super::Transfers>,
     /// The frozen weights stored quantized (`--quantize-frozen`), when there are any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantized: Option<QuantSummary>,
@@ -329,7 +335,11 @@ pub fn render_text(plan: &Plan) -> String {
             "each until its update"
         };
         row(&mut out, "grads", b.grads, grads_note);
-        row(&mut out, "optimizer state", b.optimizer, "persistent");
+        let state = match r.host {
+            Some(_) => "on the host: the host arena below",
+            None => "persistent",
+        };
+        row(&mut out, "optimizer state", b.optimizer, state);
         row(
             &mut out,
             "saved activations",
@@ -384,6 +394,7 @@ pub fn render_text(plan: &Plan) -> String {
             count_row(&mut out, &format!("{:<24}", s.op), s.count, s.bytes, &tail);
         }
     }
+    super::host::render(&mut out, r);
     super::peak::render(&mut out, &r.largest_at_peak);
     if let Some(p) = &r.precision {
         render_precision(&mut out, p);

@@ -20,9 +20,12 @@ pub(super) fn render(out: &mut String, plan: &Plan) {
         .take(3)
         .map(|&(class, bytes)| format!("{} {}", class.label(), human_bytes(bytes)))
         .collect();
+    let host = plan.report.host.map_or(String::new(), |h| {
+        format!(", and {} of host memory", human_bytes(h.arena))
+    });
     let _ = writeln!(
         out,
-        "  needs {} for the step (its arena); live at the peak: {}",
+        "  needs {} for the step (its arena){host}; live at the peak: {}",
         human_bytes(plan.report.bytes.arena),
         listed.join(", ")
     );
@@ -96,7 +99,7 @@ fn hint(plan: &Plan, class: BufferClass) -> &'static str {
             "--checkpoint block or first=K (or a --budget) recomputes activations instead of keeping them for backward"
         }
         BufferClass::OptimState => {
-            "AdamW keeps 8 bytes per parameter in fp32, about 2 with --optimizer-state int8 (8-bit moments); SGD with momentum 4, without none (train { optimizer = sgd(...) })"
+            "AdamW keeps 8 bytes per parameter in fp32, about 2 with --optimizer-state int8 (8-bit moments); SGD with momentum 4, without none (train { optimizer = sgd(...) }); --offload optimizer keeps it in host memory"
         }
         BufferClass::Param if training && fp32_weights => {
             "--precision bf16 --master-weights off stores parameters in bf16 (2 bytes each)"

@@ -6,7 +6,7 @@
 
 use super::{Buffer, BufferId, Plan, Step};
 use crate::ir::{Phase, TensorType};
-use crate::passes::arena::{validate, BufferRequest, LayoutViolation};
+use crate::passes::arena::LayoutViolation;
 use std::fmt;
 
 /// One broken plan invariant, naming the step or buffer.
@@ -46,10 +46,15 @@ impl VerifiedPlan {
 /// - a step's output, workspace and in-place inputs (`Op::mutated_inputs`) share no byte
 ///   with each other or with its other inputs;
 /// - every in-place step runs after every other reader, in the same or an earlier phase, of
-///   what it overwrites, and before every reader in a later phase (the schedule invariant);
+///   what it overwrites, and before every reader in a later phase (the schedule invariant),
+///   except that a reader of it after its writers ([`crate::ir::Op::reads_after_writers`])
+///   runs after them;
 /// - offsets are multiples of the plan target's alignment ([`super::Target::alignment`]),
-///   which the plan's `alignment` field must state, buffers end inside the arena, and
-///   buffers live at the same step never share bytes;
+///   which the plan's `alignment` field must state, buffers end inside their tier's arena
+///   (`arena_bytes`, or `host_bytes` for the host tier), and buffers of one tier live at
+///   the same step never share bytes;
+/// - every step's buffers lie in one tier, but copies between tiers, which read a device
+///   buffer into a host one or a host buffer into a device one;
 /// - a view ([`Buffer::view_of`]) shares its root's offset and bytes inside the root's
 ///   lifetime, is output by a reshape of its root (or of another view of it) that launches
 ///   nothing, and neither it nor its root is written in place.
@@ -442,7 +447,9 @@ impl<'p> Checker<'p> {
             for &(rb, b, wb) in &operands[k + 1..] {
                 let (alo, ahi) = bytes_of(&self.plan.buffers[a.index()]);
                 let (blo, bhi) = bytes_of(&self.plan.buffers[b.index()]);
-                let overlap = alo < ahi && blo < bhi && alo < bhi && blo < ahi;
+                let same_tier =
+                    self.plan.buffers[a.index()].tier == self.plan.buffers[b.index()].tier;
+                let overlap = same_tier && alo < ahi && blo < bhi && alo < bhi && blo < ahi;
                 if !(wa || wb) || !overlap {
                     continue;
                 }
@@ -493,7 +500,10 @@ impl<'p> Checker<'p> {
                 let name = self.name(b).unwrap_or_default();
                 for &r in readers[b.index()].iter().filter(|&&r| r != w) {
                     let reader = &steps[r];
-                    let earlier = reader.phase <= writer.phase;
+                    let after = reader.phase == writer.phase
+                        && (reader.op.reads_after_writers().iter())
+                            .any(|&i| reader.inputs.get(i) == Some(&b));
+                    let earlier = reader.phase <= writer.phase && !after;
                     if earlier && r > w {
                         self.error(format!(
                             "{} overwrites {name} in place before {}, which reads it in the {} phase",
@@ -553,13 +563,12 @@ impl<'p> Checker<'p> {
                 plan.alignment, plan.target
             ));
         }
-        let requests: Vec<BufferRequest> = plan.buffers.iter().map(Buffer::request).collect();
-        let offsets: Vec<u64> = plan.buffers.iter().map(|b| b.offset).collect();
-        if let Err(violations) = validate(&requests, &offsets, plan.arena_bytes, alignment) {
-            for v in violations {
-                let message = self.layout_message(&v, alignment);
-                self.error(message);
-            }
+        for v in super::tier::violations(plan, alignment) {
+            let message = self.layout_message(&v, alignment);
+            self.error(message);
+        }
+        for message in super::tier::misplaced(plan) {
+            self.error(message);
         }
     }
 

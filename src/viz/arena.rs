@@ -90,7 +90,8 @@ pub(super) fn svg(out: &mut String, plan: &Plan, file: &str, live: &[u64]) {
     let writers = writers(plan);
     let _ = writeln!(out, r#"<g id="buffers">"#);
     for (b, w) in plan.buffers.iter().zip(&writers) {
-        if b.view_of.is_none() {
+        // Views draw nothing of their own; the host arena is not the device arena drawn.
+        if b.view_of.is_none() && b.tier.is_device() {
             buffer_rect(out, b, &hover(plan, file, b, w), &sc);
         }
     }
