@@ -22,16 +22,6 @@ const MAX_ACC: u64 = 32;
 const TILE_BLOCKS: u64 = 2 * 132;
 
 impl CudaLowering for super::Family {
-    /// No kernel of this family reads a workspace.
-    fn cuda_workspace_bytes(
-        &self,
-        _: &crate::ir::Op,
-        _: &[&crate::ir::TensorType],
-        _: &crate::ir::TensorType,
-    ) -> u64 {
-        0
-    }
-
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         let out = a.output;
         let n_out = out.numel();

@@ -6,15 +6,10 @@ use super::Scheme;
 use crate::codegen::build::{c_u64, Gen};
 use crate::codegen::ops::Args;
 use crate::codegen::{ctype, CodegenError, Kernel, KernelParam};
-use crate::ir::{Op, TensorType};
+use crate::ir::Op;
 use crate::ops::cuda::CudaLowering;
 
 impl CudaLowering for super::Family {
-    /// No kernel of this family reads a workspace.
-    fn cuda_workspace_bytes(&self, _: &Op, _: &[&TensorType], _: &TensorType) -> u64 {
-        0
-    }
-
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         let Op::Dequantize { quant, to } = a.op else {
             return Err(a.foreign("quant"));

@@ -11,16 +11,6 @@ use crate::ops::cuda::CudaLowering;
 use super::RNG_CU as TEMPLATE;
 
 impl CudaLowering for super::Family {
-    /// No kernel of this family reads a workspace.
-    fn cuda_workspace_bytes(
-        &self,
-        _: &crate::ir::Op,
-        _: &[&crate::ir::TensorType],
-        _: &crate::ir::TensorType,
-    ) -> u64 {
-        0
-    }
-
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
             Op::Dropout { p, seed } => {

@@ -28,16 +28,6 @@ fn softmax_cfg(shape: &[usize], axis: usize, log: bool) -> (Vec<String>, Launch)
 }
 
 impl CudaLowering for super::Family {
-    /// No kernel of this family reads a workspace.
-    fn cuda_workspace_bytes(
-        &self,
-        _: &crate::ir::Op,
-        _: &[&crate::ir::TensorType],
-        _: &crate::ir::TensorType,
-    ) -> u64 {
-        0
-    }
-
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         let shape = &a.output.shape;
         match a.op {

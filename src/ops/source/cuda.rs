@@ -9,16 +9,6 @@ use crate::ir::Op;
 use crate::ops::cuda::CudaLowering;
 
 impl CudaLowering for super::Family {
-    /// No kernel of this family reads a workspace.
-    fn cuda_workspace_bytes(
-        &self,
-        _: &crate::ir::Op,
-        _: &[&crate::ir::TensorType],
-        _: &crate::ir::TensorType,
-    ) -> u64 {
-        0
-    }
-
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
             Op::Input { .. } | Op::Param { .. } | Op::OptimState { .. } => {

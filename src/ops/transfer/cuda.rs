@@ -7,15 +7,6 @@ use crate::codegen::{CodegenError, Kernel};
 use crate::ops::cuda::CudaLowering;
 
 impl CudaLowering for super::Family {
-    fn cuda_workspace_bytes(
-        &self,
-        _: &crate::ir::Op,
-        _: &[&crate::ir::TensorType],
-        _: &crate::ir::TensorType,
-    ) -> u64 {
-        0
-    }
-
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         Err(CodegenError::Unsupported {
             op: a.op.name(),
