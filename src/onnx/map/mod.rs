@@ -14,26 +14,67 @@ use crate::diagnostic::UserError;
 
 type R<T> = Result<T, UserError>;
 
-/// The ops `map` handles (constant-only ops are folded instead), for the help line.
-/// The run-time ONNX ops the importer maps, the unary functions aside (those come from
-/// [`UnaryFn::onnx_name`](crate::ir::UnaryFn::onnx_name)).
-const SUPPORTED_BEFORE_UNARY: &str = "Conv, Gemm, MatMul, BatchNormalization";
-const SUPPORTED_AFTER_UNARY: &str = "Gelu, MaxPool, AveragePool, GlobalAveragePool, \
-GlobalMaxPool, LRN, LayerNormalization, Softmax, LogSoftmax, Add, Sub, Mul, Div, Sum, Concat, \
-Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Split, Pow (x^2), Resize/Upsample (nearest, \
-integer factor), Pad (constant, H and W), ReduceMean, ReduceSum, ReduceMax, \
-Gather (embedding), Dropout, Identity, Cast (to float), and any op on constants that folding \
-evaluates";
+/// The run-time ONNX ops the importer maps besides the unary functions (those come from
+/// [`UnaryFn::onnx_name`](crate::ir::UnaryFn::onnx_name)); some only with the attributes
+/// their mapping states, refusing the rest.
+const MAPPED: &[&str] = &[
+    "Conv",
+    "Gemm",
+    "MatMul",
+    "BatchNormalization",
+    "Gelu",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "LRN",
+    "LayerNormalization",
+    "Softmax",
+    "LogSoftmax",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Sum",
+    "Concat",
+    "Reshape",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Transpose",
+    "Split",
+    "Pow",
+    "Resize",
+    "Upsample",
+    "Pad",
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceMax",
+    "Gather",
+    "Dropout",
+    "Identity",
+    "Cast",
+];
+
+/// Every ONNX op type the importer maps at run time (some only with certain attributes or
+/// operands; anything else about them is refused with a diagnostic), sorted by name.
+pub fn mapped_ops() -> Vec<&'static str> {
+    let mut ops: Vec<&str> = crate::ir::UnaryFn::ALL
+        .iter()
+        .filter_map(|f| f.onnx_name())
+        .chain(MAPPED.iter().copied())
+        .collect();
+    ops.sort_unstable();
+    ops.dedup();
+    ops
+}
 
 /// Every ONNX op the importer maps, for the help line of an unsupported one.
 fn supported() -> String {
-    let unary: Vec<&str> = crate::ir::UnaryFn::ALL
-        .iter()
-        .filter_map(|f| f.onnx_name())
-        .collect();
     format!(
-        "{SUPPORTED_BEFORE_UNARY}, {}, {SUPPORTED_AFTER_UNARY}",
-        unary.join(", ")
+        "{} (Pow as x^2, Resize/Upsample nearest by an integer factor, Pad constant on H and W, \
+         Gather as an embedding, Cast to float), and any op on constants that folding evaluates",
+        mapped_ops().join(", ")
     )
 }
 
