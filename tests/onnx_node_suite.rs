@@ -131,11 +131,9 @@ fn run(dir: &Path) -> (Outcome, String) {
         }
     }
     for ((_, mdl_name), t) in imported.inputs.iter().zip(&inputs) {
+        // An input no op reads (Dropout's ratio at inference) is not in the plan.
         let Some(binding) = p.inputs.iter().find(|b| b.name == *mdl_name) else {
-            return (
-                Outcome::Crash,
-                format!("the plan has no input `{mdl_name}`"),
-            );
+            continue;
         };
         let ty = &p.buffers[binding.buffer.index()].ty;
         if ty.shape != t.shape {

@@ -21,7 +21,7 @@ use tensor::Const;
 pub use map::mapped_ops;
 
 /// The default-domain opsets the importer understands.
-pub const OPSETS: RangeInclusive<i64> = 7..=21;
+pub const OPSETS: RangeInclusive<i64> = 7..=22;
 
 /// An imported model: `.mdl` source and its weights (names as the `.mdl` declares them).
 #[derive(Debug, Clone)]
@@ -243,6 +243,12 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
     let mut outputs = Vec::new();
     for out in &graph.output {
         match env.get(&out.name) {
+            Some(Value::Dyn(d)) if w.is_integer(d) => {
+                return Err(UserError::general(
+                    format!("graph output `{}` is an integer tensor", out.name),
+                    "memc computes float outputs; integer inputs can only be ids of an embedding",
+                ))
+            }
             Some(Value::Dyn(d)) => outputs.push((out.name.clone(), w.output(&out.name, d))),
             Some(Value::Const(_)) => {
                 return Err(UserError::general(

@@ -1,6 +1,7 @@
 """Writes the small ONNX files memc's import tests use (run once; the files are committed).
 
-tests/onnx/errors/*.onnx: each must be refused with a diagnostic (tests/onnx.rs);
+tests/onnx/errors/*.onnx: each must be refused with a diagnostic (tests/onnx.rs), among them an
+integer graph output, a Cast of an integer input to float and an input dim of size 0;
 tests/onnx/dynamic_batch.onnx: a tiny CNN whose batch dim is symbolic (`N`) and whose
 flatten target is computed by Shape -> Gather -> Unsqueeze -> Concat;
 tests/onnx/attention_mix.onnx: LayerNormalization, MatMul, Split, Transpose, Softmax, an
@@ -185,6 +186,10 @@ def main():
         mk("ReduceSum", ["h"], ["y"], name="noop_sum", noop_with_empty_axes=1),
     ]
     save(model(nodes, [tensor("x", [3, 4])], [tensor("y", [3, 2])], [weight("w", [4, 2])]), "reduce_noop.onnx")
+    ints = TensorProto.INT32
+    save(model([mk("Identity", ["x"], ["y"], name="same")], [tensor("x", [2, 3], ints)], [tensor("y", [2, 3], ints)]), "errors/integer_output.onnx")
+    save(model([mk("Cast", ["x"], ["y"], name="widen", to=1)], [tensor("x", [2, 3], ints)], [tensor("y", [2, 3])]), "errors/cast_integer_input.onnx")
+    save(model([mk("Relu", ["x"], ["y"], name="act")], [tensor("x", [0, 3])], [tensor("y", [0, 3])]), "errors/zero_dim.onnx")
 
 
 if __name__ == "__main__":
