@@ -2,6 +2,7 @@
 //! operands become parameters. Every unsupported op or attribute is a diagnostic. Each op family has its own file: [`elementwise`], [`window`] (NCHW windows), [`dense`]
 //! (contractions and last-axis ops) and [`layout`] (reductions and data movement).
 
+mod activation;
 mod dense;
 mod elementwise;
 mod layout;
@@ -63,6 +64,7 @@ pub fn mapped_ops() -> Vec<&'static str> {
         .iter()
         .filter_map(|f| f.onnx_name())
         .chain(MAPPED.iter().copied())
+        .chain(activation::OPS.iter().copied())
         .collect();
     ops.sort_unstable();
     ops.dedup();
@@ -91,7 +93,13 @@ type Family = fn(&Node, &Env, &mut Writer) -> R<Option<Out>>;
 
 /// Maps `node` to `.mdl` statements; returns its output values.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
-    let families: [Family; 4] = [elementwise::map, window::map, dense::map, layout::map];
+    let families: [Family; 5] = [
+        elementwise::map,
+        activation::map,
+        window::map,
+        dense::map,
+        layout::map,
+    ];
     for family in families {
         match family(node, env, w)? {
             Some(Out::Expr(expr, shape, syms)) => {
