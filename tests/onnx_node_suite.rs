@@ -331,9 +331,16 @@ fn node_suite_has_no_wrong_answers() {
         .filter(|c| c.outcome > Outcome::Refused)
         .map(|c| format!("{} ({:?}): {}", c.name, c.outcome, c.why))
         .collect();
+    // MEMC_NODE_SUITE_VERBOSE=1 lists every refusal, the claimed tests marked `*`.
     if std::env::var("MEMC_NODE_SUITE_VERBOSE").as_deref() == Ok("1") {
         for c in cases.iter().filter(|c| c.outcome == Outcome::Refused) {
-            eprintln!("refused {}: {}", c.name, c.why.lines().next().unwrap_or(""));
+            let mark = if claimed.iter().any(|k| k.name == c.name) {
+                "*"
+            } else {
+                " "
+            };
+            let why = c.why.lines().next().unwrap_or("");
+            eprintln!("refused{mark} {}: {why}", c.name);
         }
     }
     assert!(

@@ -5,8 +5,8 @@
 //! formula (`Elu`, `Selu`, `Celu`, `Mish`, `Softsign`), and the clamps of `HardSigmoid` and
 //! `HardSwish` (`1 - relu(1 - relu(y))`) are within 2^-24 of the clamped value.
 
-use super::{broadcast_dyns, operand, operands, same, Out, R};
-use crate::onnx::write::{number, Writer};
+use super::{attr_number, broadcast_dyns, literal, operand, operands, same, Out, R};
+use crate::onnx::write::Writer;
 use crate::onnx::{Env, Node};
 
 /// The activations this file maps.
@@ -67,28 +67,6 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
         _ => format!("{x} * {}", clamp01(&format!("{x} / 6 + 0.5"))),
     };
     same(&d, expr).map(Some)
-}
-
-/// Float attribute `name` (or `default`) as an `.mdl` operand; a non-finite value has no
-/// `.mdl` literal and is refused.
-fn attr_number(node: &Node, name: &str, default: f32) -> R<String> {
-    let v = node.float(name, default);
-    if !v.is_finite() {
-        return Err(node.err(
-            format!("attribute `{name}` is {v}"),
-            "memc imports finite attribute values",
-        ));
-    }
-    Ok(literal(v))
-}
-
-/// A number as an `.mdl` operand, parenthesized when negative.
-fn literal(v: f32) -> String {
-    if v < 0.0 {
-        format!("({})", number(v))
-    } else {
-        number(v)
-    }
 }
 
 /// `min(max(y, 0), 1)` as `1 - relu(1 - relu(y))`.

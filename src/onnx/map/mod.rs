@@ -3,6 +3,7 @@
 //! (contractions and last-axis ops) and [`layout`] (reductions and data movement).
 
 mod activation;
+mod composed;
 mod dense;
 mod elementwise;
 mod layout;
@@ -93,9 +94,10 @@ type Family = fn(&Node, &Env, &mut Writer) -> R<Option<Out>>;
 
 /// Maps `node` to `.mdl` statements; returns its output values.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
-    let families: [Family; 5] = [
+    let families: [Family; 6] = [
         elementwise::map,
         activation::map,
+        composed::map,
         window::map,
         dense::map,
         layout::map,
@@ -213,4 +215,26 @@ fn broadcast_syms(out: &[usize], ds: &[&Dyn]) -> Vec<Option<String>> {
 /// `reshape(x, (...))` to `shape`, with dim names where the value carries them.
 fn reshape_expr(x: &Dyn, shape: &[usize], syms: &[Option<String>]) -> String {
     format!("reshape({}, ({}))", x.expr, shape_text(shape, syms))
+}
+
+/// Float attribute `name` (or `default`) as an `.mdl` operand; a non-finite value has no
+/// `.mdl` literal and is refused.
+pub(super) fn attr_number(node: &Node, name: &str, default: f32) -> R<String> {
+    let v = node.float(name, default);
+    if !v.is_finite() {
+        return Err(node.err(
+            format!("attribute `{name}` is {v}"),
+            "memc imports finite attribute values",
+        ));
+    }
+    Ok(literal(v))
+}
+
+/// A number as an `.mdl` operand, parenthesized when negative.
+pub(super) fn literal(v: f32) -> String {
+    if v < 0.0 {
+        format!("({})", crate::onnx::write::number(v))
+    } else {
+        crate::onnx::write::number(v)
+    }
 }
