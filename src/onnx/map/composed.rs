@@ -2,9 +2,11 @@
 //! cover), written as `.mdl` arithmetic instead of a parameterized layer: `Gemm` with a
 //! computed `B` or `C` as `alpha * (A' @ B') + beta * C`, and `LayerNormalization` with
 //! computed scale or bias, over several trailing axes, or with its `Mean` and `InvStdDev`
-//! outputs, as ONNX's own function body computes it (mean, centred square mean, `rsqrt`).
+//! outputs, as ONNX's own function body computes it (mean, centred square mean, `rsqrt`);
+//! eval-mode `BatchNormalization` with computed statistics, scale or bias as
+//! `(x - mean) / sqrt(var + epsilon) * scale + bias` per channel.
 
-use super::{literal, operand, Out, R};
+use super::{attr_number, literal, operand, Out, R};
 use crate::onnx::shapes::{axis, broadcast};
 use crate::onnx::write::{number, shape_text, Writer};
 use crate::onnx::{Dyn, Env, Node, Value};
@@ -15,6 +17,9 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
     let computed = |i: usize| matches!(node.input(env, i), Ok(Value::Dyn(_)));
     match node.op() {
         "Gemm" if computed(1) || computed(2) => gemm(node, env, w).map(Some),
+        "BatchNormalization" if (1..5).any(computed) && node.int("training_mode", 0) == 0 => {
+            batchnorm(node, env, w).map(Some)
+        }
         "LayerNormalization" => {
             let rank = match node.input(env, 0) {
                 Ok(Value::Dyn(x)) => x.shape.len(),
@@ -187,4 +192,34 @@ fn layernorm(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
         }
     }
     Ok(Out::Values(values))
+}
+
+/// Eval-mode `BatchNormalization` whose statistics, scale or bias are computed: each `[C]`
+/// operand reshaped to broadcast over the channel axis.
+fn batchnorm(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
+    let x = operand(node, env, w, 0)?;
+    let c = x.shape.get(1).copied().unwrap_or(0);
+    let mut per_channel = vec![c];
+    per_channel.resize(x.shape.len().saturating_sub(1), 1);
+    let mut ps = Vec::new();
+    for i in 1..5 {
+        let p = operand(node, env, w, i)?;
+        if p.shape != [c] {
+            return Err(node.err(
+                format!("input {i} has shape {:?}, expected [{c}]", p.shape),
+                "the file is malformed",
+            ));
+        }
+        ps.push(format!(
+            "reshape({}, ({}))",
+            p.expr,
+            shape_text(&per_channel, &[])
+        ));
+    }
+    let eps = attr_number(node, "epsilon", 1e-5)?;
+    let expr = format!(
+        "({} - {}) / sqrt({} + {eps}) * {} + {}",
+        x.expr, ps[2], ps[3], ps[0], ps[1]
+    );
+    Ok(Out::Expr(expr, x.shape.clone(), x.syms.clone()))
 }
