@@ -1,4 +1,6 @@
-//! ONNX reductions and data-movement ops as `.mdl` expressions: `ReduceMean`/`Sum`/`Max`,
+//! ONNX reductions and data-movement ops as `.mdl` expressions: `ReduceMean`/`Sum`/`Max`
+//! (and `ReduceMin`, `ReduceSumSquare`, `ReduceL1`, `ReduceL2`, `ReduceLogSum`,
+//! `ReduceLogSumExp` composed from them with `neg`, `relu`, `sqrt`, `log` and `exp`),
 //! `Concat`, `Reshape`, `Flatten`, `Squeeze`, `Unsqueeze`, `Transpose` and `Split`.
 
 use super::{operand, operands, reshape_expr, tuple_text, Out, R};
@@ -11,7 +13,8 @@ use crate::onnx::{Env, Node, Value};
 /// Maps `node` when it is a reduction or moves data; `None` for other ops.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
     let out = match node.op() {
-        "ReduceMean" | "ReduceSum" | "ReduceMax" => reduce(node, env, w),
+        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" | "ReduceL1"
+        | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" => reduce(node, env, w),
         "Concat" => concat(node, env, w),
         "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => reshape(node, env, w),
         "Transpose" => transpose(node, env, w),
@@ -21,7 +24,9 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
     out.map(Some)
 }
 
-/// `ReduceMean`/`ReduceSum`/`ReduceMax` over axes from an attribute or input 1.
+/// A reduction over axes from an attribute or input 1: `ReduceMean`/`Sum`/`Max` directly,
+/// the rest of the family as one of them applied to `neg`, `x * x`, `relu(x) + relu(neg(x))`
+/// or `exp` of the input, and `neg`, `sqrt` or `log` of the result.
 fn reduce(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     let op = node.op();
     let x = operand(node, env, w, 0)?;
@@ -36,7 +41,24 @@ fn reduce(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     };
     let rank = x.shape.len();
     let no_axes = axes.as_ref().is_none_or(Vec::is_empty);
+    let e = &x.expr;
+    let (f, arg, wrap) = match op {
+        "ReduceMin" => ("max", format!("neg({e})"), "neg"),
+        "ReduceSumSquare" => ("sum", format!("{e} * {e}"), ""),
+        "ReduceL1" => ("sum", format!("relu({e}) + relu(neg({e}))"), ""),
+        "ReduceL2" => ("sum", format!("{e} * {e}"), "sqrt"),
+        "ReduceLogSum" => ("sum", e.clone(), "log"),
+        "ReduceLogSumExp" => ("sum", format!("exp({e})"), "log"),
+        _ => (&op[6..], e.clone(), ""),
+    };
+    let plain = matches!(op, "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin");
     if no_axes && from_input && node.int("noop_with_empty_axes", 0) != 0 {
+        if !plain {
+            return Err(node.err(
+                "noop_with_empty_axes without axes is not supported for this reduction",
+                "give the axes to reduce",
+            ));
+        }
         // ONNX: with no axes and noop_with_empty_axes set, the reduction is the identity.
         return Ok(Out::Values(vec![Value::Dyn(x)]));
     }
@@ -45,7 +67,7 @@ fn reduce(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
         None => (0..rank).collect(),
     };
     let keep = node.int("keepdims", 1) != 0;
-    let f = &op[6..].to_lowercase();
+    let f = f.to_lowercase();
     let items: Vec<String> = axes.iter().map(usize::to_string).collect();
     let mut shape = Vec::new();
     let mut syms = Vec::new();
@@ -58,15 +80,16 @@ fn reduce(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
             syms.push(None);
         }
     }
-    Ok(Out::Expr(
-        format!(
-            "{f}({}, axis = {}, keepdim = {keep})",
-            x.expr,
-            tuple_text(&items)
-        ),
-        shape,
-        syms,
-    ))
+    let reduced = format!(
+        "{f}({arg}, axis = {}, keepdim = {keep})",
+        tuple_text(&items)
+    );
+    let expr = if wrap.is_empty() {
+        reduced
+    } else {
+        format!("{wrap}({reduced})")
+    };
+    Ok(Out::Expr(expr, shape, syms))
 }
 
 /// `Concat` along `axis`.
