@@ -1,7 +1,8 @@
 //! ONNX reductions and data-movement ops as `.mdl` expressions: `ReduceMean`/`Sum`/`Max`
 //! (and `ReduceMin`, `ReduceSumSquare`, `ReduceL1`, `ReduceL2`, `ReduceLogSum`,
 //! `ReduceLogSumExp` composed from them with `neg`, `relu`, `sqrt`, `log` and `exp`),
-//! `Concat`, `Reshape`, `Flatten`, `Squeeze`, `Unsqueeze`, `Transpose` and `Split`.
+//! `Concat`, `Reshape`, `Flatten`, `Squeeze`, `Unsqueeze`, `Transpose`, `Split`, and
+//! `DepthToSpace`/`SpaceToDepth` as reshape, permute, reshape.
 
 use super::{operand, operands, reshape_expr, tuple_text, Out, R};
 use crate::onnx::shapes::{
@@ -18,6 +19,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
         "Concat" => concat(node, env, w),
         "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => reshape(node, env, w),
         "Transpose" => transpose(node, env, w),
+        "DepthToSpace" | "SpaceToDepth" => depth_space(node, env, w),
         "Split" => split(node, env, w).map(Out::Values),
         _ => return Ok(None),
     };
@@ -230,4 +232,60 @@ fn split(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
         start += size;
     }
     Ok(values)
+}
+
+/// `DepthToSpace` (DCR or CRD mode) and `SpaceToDepth` of an NCHW tensor as ONNX defines
+/// them: a reshape to rank 6, a permute and a reshape back.
+fn depth_space(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
+    let x = operand(node, env, w, 0)?;
+    let &[n, c, h, wd] = &x.shape[..] else {
+        return Err(node.err(
+            format!("needs an NCHW input, got shape {:?}", x.shape),
+            "the file is malformed",
+        ));
+    };
+    let b = usize::try_from(node.int("blocksize", 0)).unwrap_or(0);
+    let to_space = node.op() == "DepthToSpace";
+    let fits = b > 0
+        && if to_space {
+            c % (b * b) == 0
+        } else {
+            h % b == 0 && wd % b == 0
+        };
+    if !fits {
+        return Err(node.err(
+            format!("blocksize {b} does not divide the input {:?}", x.shape),
+            "the file is malformed",
+        ));
+    }
+    let (split, perm, out) = if to_space {
+        let out = vec![n, c / (b * b), h * b, wd * b];
+        match node.string("mode").as_deref() {
+            None | Some("DCR") => ([n, b, b, c / (b * b), h, wd], [0, 3, 4, 1, 5, 2], out),
+            Some("CRD") => ([n, c / (b * b), b, b, h, wd], [0, 1, 4, 2, 5, 3], out),
+            Some(other) => {
+                return Err(node.err(format!("mode `{other}` is unknown"), "use DCR or CRD"))
+            }
+        }
+    } else {
+        let out = vec![n, c * b * b, h / b, wd / b];
+        ([n, c, h / b, b, wd / b, b], [0, 3, 5, 1, 2, 4], out)
+    };
+    let text = |v: &[usize]| {
+        v.iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut syms = vec![None; 4];
+    syms[0] = x.syms[0].clone();
+    let mut first = vec![None; 6];
+    first[0] = syms[0].clone();
+    let expr = format!(
+        "reshape(permute({}, ({})), ({}))",
+        reshape_expr(&x, &split, &first),
+        text(&perm),
+        crate::onnx::write::shape_text(&out, &syms)
+    );
+    Ok(Out::Expr(expr, out, syms))
 }

@@ -56,6 +56,15 @@ const MAPPED: &[&str] = &[
     "Dropout",
     "Identity",
     "Cast",
+    "Mean",
+    "ReduceMin",
+    "ReduceSumSquare",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "DepthToSpace",
+    "SpaceToDepth",
 ];
 
 /// Every ONNX op type the importer maps at run time (some only with certain attributes or
