@@ -185,6 +185,7 @@ fn light_models_match_onnxruntime() {
         "resize",
         "softplus",
         "flatten_negative",
+        "reduce_family",
     ] {
         let path = Path::new(ROOT).join(format!("tests/onnx/{small}.onnx"));
         cases.push((small.into(), path, false));

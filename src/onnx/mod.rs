@@ -18,8 +18,10 @@ use std::ops::RangeInclusive;
 use std::rc::Rc;
 use tensor::Const;
 
+pub use map::mapped_ops;
+
 /// The default-domain opsets the importer understands.
-pub const OPSETS: RangeInclusive<i64> = 7..=21;
+pub const OPSETS: RangeInclusive<i64> = 7..=22;
 
 /// An imported model: `.mdl` source and its weights (names as the `.mdl` declares them).
 #[derive(Debug, Clone)]
@@ -28,8 +30,40 @@ pub struct Imported {
     pub mdl: String,
     /// Each parameter's name (as `memc run --params` looks it up), shape and f32 values.
     pub weights: Vec<(String, Vec<usize>, Vec<f32>)>,
+    /// Graph input names of the ONNX file (initializers aside), each with the `.mdl` input
+    /// name it became, in the file's order.
+    pub inputs: Vec<(String, String)>,
     /// Graph output names of the ONNX file, each with the `.mdl` output name it became.
     pub outputs: Vec<(String, String)>,
+}
+
+/// A tensor read from a serialized `TensorProto` (the `input_0.pb` files of ONNX tests).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorFile {
+    /// The tensor's name as stored (may be empty).
+    pub name: String,
+    /// Its dims.
+    pub shape: Vec<usize>,
+    /// Its elements in row-major order: exact for every float and double that fits f32,
+    /// and for integers below 2^53.
+    pub values: Vec<f64>,
+    /// True for floating element types, false for integers and booleans.
+    pub float: bool,
+}
+
+/// Decodes a serialized `TensorProto`; the error says why it cannot be read (a malformed
+/// message, or an element type memc does not read).
+pub fn read_tensor(bytes: &[u8]) -> Result<TensorFile, String> {
+    let t = proto::TensorProto::decode(bytes).map_err(|e| e.to_string())?;
+    let c = tensor::decode(&t)?;
+    let float = matches!(c.data, tensor::Data::Float(_));
+    let values = (0..c.data.len()).map(|i| c.data.get(i)).collect();
+    Ok(TensorFile {
+        name: t.name,
+        shape: c.shape,
+        values,
+        float,
+    })
 }
 
 /// A value computed at run time: its `.mdl` expression (a name), shape, and for each dim
@@ -179,11 +213,13 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
         })?;
         env.insert(t.name.clone(), Value::Const(Rc::new(c)));
     }
+    let mut inputs = Vec::new();
     for input in &graph.input {
         if env.contains_key(&input.name) {
             continue;
         }
         let d = w.input(input)?;
+        inputs.push((input.name.clone(), d.expr.clone()));
         env.insert(input.name.clone(), Value::Dyn(d));
     }
     for (index, p) in graph.node.iter().enumerate() {
@@ -207,6 +243,12 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
     let mut outputs = Vec::new();
     for out in &graph.output {
         match env.get(&out.name) {
+            Some(Value::Dyn(d)) if w.is_integer(d) => {
+                return Err(UserError::general(
+                    format!("graph output `{}` is an integer tensor", out.name),
+                    "memc computes float outputs; integer inputs can only be ids of an embedding",
+                ))
+            }
             Some(Value::Dyn(d)) => outputs.push((out.name.clone(), w.output(&out.name, d))),
             Some(Value::Const(_)) => {
                 return Err(UserError::general(
@@ -226,6 +268,7 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
     Ok(Imported {
         mdl,
         weights,
+        inputs,
         outputs,
     })
 }

@@ -133,11 +133,11 @@ pub struct TensorShapeProto {
     pub dim: Vec<Dimension>,
 }
 
-/// One dim: a number, a symbolic name, or unknown (both empty).
+/// One dim: a number (present even when 0), a symbolic name, or unknown (neither).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Dimension {
-    #[prost(int64, tag = "1")]
-    pub dim_value: i64,
+    #[prost(int64, optional, tag = "1")]
+    pub dim_value: Option<i64>,
     #[prost(string, tag = "2")]
     pub dim_param: String,
 }

@@ -29,6 +29,7 @@ pub(super) struct Writer {
     output_names: HashSet<String>,
     weights: Weights,
     params: HashMap<String, Dyn>,
+    ints: HashSet<String>,
 }
 
 /// The longest prefix ending in `/` shared by every value name (`gpu_0/`), dropped from names.
@@ -113,6 +114,7 @@ impl Writer {
             output_names: HashSet::new(),
             weights: Vec::new(),
             params: HashMap::new(),
+            ints: HashSet::new(),
         }
     }
 
@@ -149,10 +151,20 @@ impl Writer {
         let mut shape = Vec::new();
         let mut syms = Vec::new();
         for (i, d) in dims.iter().enumerate() {
-            if d.dim_value > 0 {
-                shape.push(d.dim_value as usize);
-                syms.push(None);
-                continue;
+            match d.dim_value {
+                Some(v) if v > 0 => {
+                    shape.push(v as usize);
+                    syms.push(None);
+                    continue;
+                }
+                Some(v) => {
+                    return Err(UserError::general(
+                        format!("graph input `{}` has dim {i} of size {v}", vi.name),
+                        "memc plans tensors with at least one element in every dim; \
+                         give the dim a positive size or a name (`dim_param`)",
+                    ))
+                }
+                None => {}
             }
             let param = if d.dim_param.is_empty() {
                 format!("{}_dim{i}", vi.name)
@@ -171,6 +183,9 @@ impl Writer {
             syms.push(Some(name));
         }
         let name = self.ident(&vi.name);
+        if !dtype.is_empty() {
+            self.ints.insert(name.clone());
+        }
         self.input_names.push(name.clone());
         self.inputs.push(format!(
             "input {name}: {dtype}[{}]",
@@ -181,6 +196,11 @@ impl Writer {
             shape,
             syms,
         })
+    }
+
+    /// True when `d` holds integers (an integer graph input passed on unchanged).
+    pub(super) fn is_integer(&self, d: &Dyn) -> bool {
+        self.ints.contains(&d.expr)
     }
 
     /// `let <name> = expr`, the value named after ONNX value `name`.

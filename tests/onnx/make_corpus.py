@@ -1,6 +1,7 @@
 """Writes the small ONNX files memc's import tests use (run once; the files are committed).
 
-tests/onnx/errors/*.onnx: each must be refused with a diagnostic (tests/onnx.rs);
+tests/onnx/errors/*.onnx: each must be refused with a diagnostic (tests/onnx.rs), among them an
+integer graph output, a Cast of an integer input to float and an input dim of size 0;
 tests/onnx/dynamic_batch.onnx: a tiny CNN whose batch dim is symbolic (`N`) and whose
 flatten target is computed by Shape -> Gather -> Unsqueeze -> Concat;
 tests/onnx/attention_mix.onnx: LayerNormalization, MatMul, Split, Transpose, Softmax, an
@@ -11,7 +12,9 @@ tests/onnx/softplus.onnx: Softplus of a projection widened 40x, so that inputs r
 exp(x) overflows f32;
 tests/onnx/flatten_negative.onnx: Flatten with axis -1 ([2, 3, 4, 5] -> [24, 5]) before a MatMul;
 tests/onnx/reduce_noop.onnx: ReduceSum without axes and with noop_with_empty_axes = 1 (the
-identity) after a MatMul (onnxruntime 1.20 cannot run it: tests/onnx.rs checks the import).
+identity) after a MatMul (onnxruntime 1.20 cannot run it: tests/onnx.rs checks the import);
+tests/onnx/reduce_family.onnx: ReduceMin, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSumExp
+and ReduceLogSum (of a Sigmoid) after a MatMul.
 """
 import os
 
@@ -185,6 +188,22 @@ def main():
         mk("ReduceSum", ["h"], ["y"], name="noop_sum", noop_with_empty_axes=1),
     ]
     save(model(nodes, [tensor("x", [3, 4])], [tensor("y", [3, 2])], [weight("w", [4, 2])]), "reduce_noop.onnx")
+    ints = TensorProto.INT32
+    save(model([mk("Identity", ["x"], ["y"], name="same")], [tensor("x", [2, 3], ints)], [tensor("y", [2, 3], ints)]), "errors/integer_output.onnx")
+    save(model([mk("Cast", ["x"], ["y"], name="widen", to=1)], [tensor("x", [2, 3], ints)], [tensor("y", [2, 3])]), "errors/cast_integer_input.onnx")
+    save(model([mk("Relu", ["x"], ["y"], name="act")], [tensor("x", [0, 3])], [tensor("y", [0, 3])]), "errors/zero_dim.onnx")
+    nodes = [
+        mk("MatMul", ["x", "w"], ["h"], name="proj"),
+        mk("Sigmoid", ["h"], ["p"], name="positive"),
+        mk("ReduceMin", ["h"], ["min"], axes=[1], keepdims=0),
+        mk("ReduceSumSquare", ["h"], ["sum_square"], axes=[1], keepdims=1),
+        mk("ReduceL1", ["h"], ["l1"], axes=[0], keepdims=0),
+        mk("ReduceL2", ["h"], ["l2"], axes=[1], keepdims=0),
+        mk("ReduceLogSumExp", ["h"], ["log_sum_exp"], axes=[1], keepdims=0),
+        mk("ReduceLogSum", ["p"], ["log_sum"], axes=[1], keepdims=0),
+    ]
+    outs = [tensor("min", [3]), tensor("sum_square", [3, 1]), tensor("l1", [5]), tensor("l2", [3]), tensor("log_sum_exp", [3]), tensor("log_sum", [3])]
+    save(model(nodes, [tensor("x", [3, 4])], outs, [weight("w", [4, 5])]), "reduce_family.onnx")
 
 
 if __name__ == "__main__":

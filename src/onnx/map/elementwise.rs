@@ -53,6 +53,13 @@ fn pass_on(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
             "memc computes in float32; only casts to float are imported",
         ));
     }
+    let x = operand(node, env, w, 0)?;
+    if op == "Cast" && w.is_integer(&x) {
+        return Err(node.err(
+            "casts an integer input to float",
+            "memc has no integer-to-float conversion; integer inputs can only be ids of an embedding",
+        ));
+    }
     if op == "Dropout" && node.input_name(2).is_some() {
         let training = node.konst(env, 2)?.ints().first().copied().unwrap_or(0);
         if training != 0 {
@@ -62,7 +69,7 @@ fn pass_on(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
             ));
         }
     }
-    Ok(Out::Values(vec![Value::Dyn(operand(node, env, w, 0)?)]))
+    Ok(Out::Values(vec![Value::Dyn(x)]))
 }
 
 /// Binary arithmetic; a one-element constant that does not widen the result is written as

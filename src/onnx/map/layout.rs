@@ -1,5 +1,8 @@
-//! ONNX reductions and data-movement ops as `.mdl` expressions: `ReduceMean`/`Sum`/`Max`,
-//! `Concat`, `Reshape`, `Flatten`, `Squeeze`, `Unsqueeze`, `Transpose` and `Split`.
+//! ONNX reductions and data-movement ops as `.mdl` expressions: `ReduceMean`/`Sum`/`Max`
+//! (and `ReduceMin`, `ReduceSumSquare`, `ReduceL1`, `ReduceL2`, `ReduceLogSum`,
+//! `ReduceLogSumExp` composed from them with `neg`, `relu`, `sqrt`, `log` and `exp`),
+//! `Concat`, `Reshape`, `Flatten`, `Squeeze`, `Unsqueeze`, `Transpose`, `Split`, and
+//! `DepthToSpace`/`SpaceToDepth` as reshape, permute, reshape.
 
 use super::{operand, operands, reshape_expr, tuple_text, Out, R};
 use crate::onnx::shapes::{
@@ -11,17 +14,21 @@ use crate::onnx::{Env, Node, Value};
 /// Maps `node` when it is a reduction or moves data; `None` for other ops.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
     let out = match node.op() {
-        "ReduceMean" | "ReduceSum" | "ReduceMax" => reduce(node, env, w),
+        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" | "ReduceL1"
+        | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" => reduce(node, env, w),
         "Concat" => concat(node, env, w),
         "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => reshape(node, env, w),
         "Transpose" => transpose(node, env, w),
+        "DepthToSpace" | "SpaceToDepth" => depth_space(node, env, w),
         "Split" => split(node, env, w).map(Out::Values),
         _ => return Ok(None),
     };
     out.map(Some)
 }
 
-/// `ReduceMean`/`ReduceSum`/`ReduceMax` over axes from an attribute or input 1.
+/// A reduction over axes from an attribute or input 1: `ReduceMean`/`Sum`/`Max` directly,
+/// the rest of the family as one of them applied to `neg`, `x * x`, `relu(x) + relu(neg(x))`
+/// or `exp` of the input, and `neg`, `sqrt` or `log` of the result.
 fn reduce(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     let op = node.op();
     let x = operand(node, env, w, 0)?;
@@ -36,7 +43,24 @@ fn reduce(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     };
     let rank = x.shape.len();
     let no_axes = axes.as_ref().is_none_or(Vec::is_empty);
+    let e = &x.expr;
+    let (f, arg, wrap) = match op {
+        "ReduceMin" => ("max", format!("neg({e})"), "neg"),
+        "ReduceSumSquare" => ("sum", format!("{e} * {e}"), ""),
+        "ReduceL1" => ("sum", format!("relu({e}) + relu(neg({e}))"), ""),
+        "ReduceL2" => ("sum", format!("{e} * {e}"), "sqrt"),
+        "ReduceLogSum" => ("sum", e.clone(), "log"),
+        "ReduceLogSumExp" => ("sum", format!("exp({e})"), "log"),
+        _ => (&op[6..], e.clone(), ""),
+    };
+    let plain = matches!(op, "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin");
     if no_axes && from_input && node.int("noop_with_empty_axes", 0) != 0 {
+        if !plain {
+            return Err(node.err(
+                "noop_with_empty_axes without axes is not supported for this reduction",
+                "give the axes to reduce",
+            ));
+        }
         // ONNX: with no axes and noop_with_empty_axes set, the reduction is the identity.
         return Ok(Out::Values(vec![Value::Dyn(x)]));
     }
@@ -45,7 +69,7 @@ fn reduce(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
         None => (0..rank).collect(),
     };
     let keep = node.int("keepdims", 1) != 0;
-    let f = &op[6..].to_lowercase();
+    let f = f.to_lowercase();
     let items: Vec<String> = axes.iter().map(usize::to_string).collect();
     let mut shape = Vec::new();
     let mut syms = Vec::new();
@@ -58,15 +82,16 @@ fn reduce(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
             syms.push(None);
         }
     }
-    Ok(Out::Expr(
-        format!(
-            "{f}({}, axis = {}, keepdim = {keep})",
-            x.expr,
-            tuple_text(&items)
-        ),
-        shape,
-        syms,
-    ))
+    let reduced = format!(
+        "{f}({arg}, axis = {}, keepdim = {keep})",
+        tuple_text(&items)
+    );
+    let expr = if wrap.is_empty() {
+        reduced
+    } else {
+        format!("{wrap}({reduced})")
+    };
+    Ok(Out::Expr(expr, shape, syms))
 }
 
 /// `Concat` along `axis`.
@@ -207,4 +232,60 @@ fn split(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
         start += size;
     }
     Ok(values)
+}
+
+/// `DepthToSpace` (DCR or CRD mode) and `SpaceToDepth` of an NCHW tensor as ONNX defines
+/// them: a reshape to rank 6, a permute and a reshape back.
+fn depth_space(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
+    let x = operand(node, env, w, 0)?;
+    let &[n, c, h, wd] = &x.shape[..] else {
+        return Err(node.err(
+            format!("needs an NCHW input, got shape {:?}", x.shape),
+            "the file is malformed",
+        ));
+    };
+    let b = usize::try_from(node.int("blocksize", 0)).unwrap_or(0);
+    let to_space = node.op() == "DepthToSpace";
+    let fits = b > 0
+        && if to_space {
+            c % (b * b) == 0
+        } else {
+            h % b == 0 && wd % b == 0
+        };
+    if !fits {
+        return Err(node.err(
+            format!("blocksize {b} does not divide the input {:?}", x.shape),
+            "the file is malformed",
+        ));
+    }
+    let (split, perm, out) = if to_space {
+        let out = vec![n, c / (b * b), h * b, wd * b];
+        match node.string("mode").as_deref() {
+            None | Some("DCR") => ([n, b, b, c / (b * b), h, wd], [0, 3, 4, 1, 5, 2], out),
+            Some("CRD") => ([n, c / (b * b), b, b, h, wd], [0, 1, 4, 2, 5, 3], out),
+            Some(other) => {
+                return Err(node.err(format!("mode `{other}` is unknown"), "use DCR or CRD"))
+            }
+        }
+    } else {
+        let out = vec![n, c * b * b, h / b, wd / b];
+        ([n, c, h / b, b, wd / b, b], [0, 3, 5, 1, 2, 4], out)
+    };
+    let text = |v: &[usize]| {
+        v.iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut syms = vec![None; 4];
+    syms[0] = x.syms[0].clone();
+    let mut first = vec![None; 6];
+    first[0] = syms[0].clone();
+    let expr = format!(
+        "reshape(permute({}, ({})), ({}))",
+        reshape_expr(&x, &split, &first),
+        text(&perm),
+        crate::onnx::write::shape_text(&out, &syms)
+    );
+    Ok(Out::Expr(expr, out, syms))
 }

@@ -2,6 +2,8 @@
 //! operands become parameters. Every unsupported op or attribute is a diagnostic. Each op family has its own file: [`elementwise`], [`window`] (NCHW windows), [`dense`]
 //! (contractions and last-axis ops) and [`layout`] (reductions and data movement).
 
+mod activation;
+mod composed;
 mod dense;
 mod elementwise;
 mod layout;
@@ -14,26 +16,77 @@ use crate::diagnostic::UserError;
 
 type R<T> = Result<T, UserError>;
 
-/// The ops `map` handles (constant-only ops are folded instead), for the help line.
-/// The run-time ONNX ops the importer maps, the unary functions aside (those come from
-/// [`UnaryFn::onnx_name`](crate::ir::UnaryFn::onnx_name)).
-const SUPPORTED_BEFORE_UNARY: &str = "Conv, Gemm, MatMul, BatchNormalization";
-const SUPPORTED_AFTER_UNARY: &str = "Gelu, MaxPool, AveragePool, GlobalAveragePool, \
-GlobalMaxPool, LRN, LayerNormalization, Softmax, LogSoftmax, Add, Sub, Mul, Div, Sum, Concat, \
-Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Split, Pow (x^2), Resize/Upsample (nearest, \
-integer factor), Pad (constant, H and W), ReduceMean, ReduceSum, ReduceMax, \
-Gather (embedding), Dropout, Identity, Cast (to float), and any op on constants that folding \
-evaluates";
+/// The run-time ONNX ops the importer maps besides the unary functions (those come from
+/// [`UnaryFn::onnx_name`](crate::ir::UnaryFn::onnx_name)); some only with the attributes
+/// their mapping states, refusing the rest.
+const MAPPED: &[&str] = &[
+    "Conv",
+    "Gemm",
+    "MatMul",
+    "BatchNormalization",
+    "Gelu",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "LRN",
+    "LayerNormalization",
+    "Softmax",
+    "LogSoftmax",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Sum",
+    "Concat",
+    "Reshape",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Transpose",
+    "Split",
+    "Pow",
+    "Resize",
+    "Upsample",
+    "Pad",
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceMax",
+    "Gather",
+    "Dropout",
+    "Identity",
+    "Cast",
+    "Mean",
+    "ReduceMin",
+    "ReduceSumSquare",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "DepthToSpace",
+    "SpaceToDepth",
+];
+
+/// Every ONNX op type the importer maps at run time (some only with certain attributes or
+/// operands; anything else about them is refused with a diagnostic), sorted by name.
+pub fn mapped_ops() -> Vec<&'static str> {
+    let mut ops: Vec<&str> = crate::ir::UnaryFn::ALL
+        .iter()
+        .filter_map(|f| f.onnx_name())
+        .chain(MAPPED.iter().copied())
+        .chain(activation::OPS.iter().copied())
+        .collect();
+    ops.sort_unstable();
+    ops.dedup();
+    ops
+}
 
 /// Every ONNX op the importer maps, for the help line of an unsupported one.
 fn supported() -> String {
-    let unary: Vec<&str> = crate::ir::UnaryFn::ALL
-        .iter()
-        .filter_map(|f| f.onnx_name())
-        .collect();
     format!(
-        "{SUPPORTED_BEFORE_UNARY}, {}, {SUPPORTED_AFTER_UNARY}",
-        unary.join(", ")
+        "{} (Pow as x^2, Resize/Upsample nearest by an integer factor, Pad constant on H and W, \
+         Gather as an embedding, Cast to float), and any op on constants that folding evaluates",
+        mapped_ops().join(", ")
     )
 }
 
@@ -50,7 +103,14 @@ type Family = fn(&Node, &Env, &mut Writer) -> R<Option<Out>>;
 
 /// Maps `node` to `.mdl` statements; returns its output values.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
-    let families: [Family; 4] = [elementwise::map, window::map, dense::map, layout::map];
+    let families: [Family; 6] = [
+        elementwise::map,
+        activation::map,
+        composed::map,
+        window::map,
+        dense::map,
+        layout::map,
+    ];
     for family in families {
         match family(node, env, w)? {
             Some(Out::Expr(expr, shape, syms)) => {
@@ -164,4 +224,26 @@ fn broadcast_syms(out: &[usize], ds: &[&Dyn]) -> Vec<Option<String>> {
 /// `reshape(x, (...))` to `shape`, with dim names where the value carries them.
 fn reshape_expr(x: &Dyn, shape: &[usize], syms: &[Option<String>]) -> String {
     format!("reshape({}, ({}))", x.expr, shape_text(shape, syms))
+}
+
+/// Float attribute `name` (or `default`) as an `.mdl` operand; a non-finite value has no
+/// `.mdl` literal and is refused.
+pub(super) fn attr_number(node: &Node, name: &str, default: f32) -> R<String> {
+    let v = node.float(name, default);
+    if !v.is_finite() {
+        return Err(node.err(
+            format!("attribute `{name}` is {v}"),
+            "memc imports finite attribute values",
+        ));
+    }
+    Ok(literal(v))
+}
+
+/// A number as an `.mdl` operand, parenthesized when negative.
+pub(super) fn literal(v: f32) -> String {
+    if v < 0.0 {
+        format!("({})", crate::onnx::write::number(v))
+    } else {
+        crate::onnx::write::number(v)
+    }
 }
