@@ -9,6 +9,8 @@ use crate::ir::{Phase, TensorType};
 use crate::passes::arena::LayoutViolation;
 use std::fmt;
 
+mod views;
+
 /// One broken plan invariant, naming the step or buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanError(pub String);
@@ -360,70 +362,6 @@ impl<'p> Checker<'p> {
                     "{} reads {name} before any step writes it",
                     at(s, step)
                 ));
-            }
-        }
-    }
-
-    /// Every view sits at its root's bytes within the root's lifetime, comes from a reshape
-    /// of the same storage, and no step writes the shared bytes in place.
-    fn views(&mut self) {
-        let plan = self.plan;
-        let root_of = |b: BufferId| {
-            plan.buffers
-                .get(b.index())
-                .and_then(|x| x.view_of)
-                .unwrap_or(b)
-        };
-        for v in plan.buffers.iter().filter(|b| b.view_of.is_some()) {
-            let r = root_of(v.id);
-            let Some(root) = self.buffer(r) else {
-                self.error(format!(
-                    "view {} `{}` names missing buffer {r}",
-                    v.id, v.name
-                ));
-                continue;
-            };
-            let inside = root.first <= v.first && v.last <= root.last;
-            if root.view_of.is_some() || root.offset != v.offset || root.bytes != v.bytes || !inside
-            {
-                self.error(format!(
-                    "view {} `{}` does not sit at the bytes of its root {r} `{}` within its lifetime",
-                    v.id, v.name, root.name
-                ));
-            }
-        }
-        let mut viewed = vec![false; plan.buffers.len()];
-        for root in plan.buffers.iter().filter_map(|x| x.view_of) {
-            if let Some(flag) = viewed.get_mut(root.index()) {
-                *flag = true;
-            }
-        }
-        let shared = |b: &BufferId| {
-            plan.buffers
-                .get(b.index())
-                .is_some_and(|x| x.view_of.is_some())
-                || viewed.get(b.index()).copied().unwrap_or(false)
-        };
-        for (s, step) in plan.steps.iter().enumerate() {
-            if !plan.launches(step) {
-                let same = match (step.inputs.first(), step.output) {
-                    (Some(&i), Some(o)) => root_of(i) == root_of(o),
-                    _ => false,
-                };
-                if !matches!(step.op, crate::ir::Op::Reshape { .. }) || !same {
-                    self.error(format!(
-                        "{} outputs a view but is not a reshape of its root",
-                        at(s, step)
-                    ));
-                }
-            }
-            for &i in step.op.mutated_inputs() {
-                if step.inputs.get(i).is_some_and(shared) {
-                    self.error(format!(
-                        "{} writes in place a buffer that views share",
-                        at(s, step)
-                    ));
-                }
             }
         }
     }
