@@ -241,6 +241,33 @@ fn optimizer_in_backward(
     ))
 }
 
+/// [`compile`], and where that fails for a training step on the CPU target whose optimizer
+/// state stays on the device (no `--offload` given or set in `train { }`), the step
+/// compiled again with that state in host memory (`--offload optimizer`), returned when it
+/// succeeds — offload is the last knob, taken only when no plan fits without it (it costs
+/// step time) — with `true`; otherwise the first failure. The CUDA backend does not run
+/// offloaded plans, so a CUDA target never gets one this way.
+pub fn compile_or_offload(
+    source: &str,
+    options: &Options,
+) -> Result<(Compiled, bool), CompileError> {
+    match compile(source, options) {
+        Err(CompileError::User(first))
+            if options.offload.is_none() && options.target == plan::Target::Cpu =>
+        {
+            let offloaded = Options {
+                offload: Some(settings::Offload::Optimizer),
+                ..options.clone()
+            };
+            match compile(source, &offloaded) {
+                Ok(c) if c.plan.plan().host_bytes > 0 => Ok((c, true)),
+                _ => Err(CompileError::User(first)),
+            }
+        }
+        done => done.map(|c| (c, false)),
+    }
+}
+
 /// Compiles `.mdl` source text into a verified plan.
 pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError> {
     let ast = front::parse(source)?;

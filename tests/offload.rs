@@ -430,3 +430,45 @@ fn a_saved_offloaded_plan_runs_from_its_json() {
     assert!(!losses(&saved).is_empty(), "{saved}");
     assert_eq!(losses(&saved), losses(&plain));
 }
+
+/// `memc compile` (through `compile_or_offload`) offloads the optimizer state only when no
+/// plan fits the budget without it, says so, and never for a CUDA target; a budget that a
+/// plain plan meets gets the plain plan.
+#[test]
+fn compile_offloads_only_when_nothing_fits_without_it() {
+    let src = std::fs::read_to_string(common::MLP).unwrap();
+    let at = |budget: u64, target: memc::plan::Target| {
+        memc::compile_or_offload(
+            &src,
+            &Options {
+                budget: Some(budget),
+                target,
+                ..Options::default()
+            },
+        )
+    };
+    let cpu = memc::plan::Target::Cpu;
+    let (plain, offloaded) = at(8 << 20, cpu).unwrap();
+    assert!(!offloaded);
+    assert_eq!(plain.plan.plan().host_bytes, 0);
+    let (tight, offloaded) = at(2_000_000, cpu).unwrap();
+    assert!(offloaded);
+    let plan = tight.plan.plan();
+    assert!(plan.host_bytes > 0 && plan.arena_bytes <= 2_000_000);
+    assert!(memc::compile(
+        &src,
+        &Options {
+            budget: Some(2_000_000),
+            ..Options::default()
+        }
+    )
+    .is_err());
+    assert!(at(2_000_000, memc::plan::Target::CUDA_MIN).is_err());
+    let out = common::memc(&["compile", common::MLP, "--budget", "2000000"]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("keeps it in host memory (--offload optimizer)"),
+        "{err}"
+    );
+}

@@ -11,7 +11,7 @@ mod viz;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use memc::diagnostic::{Report, UserError};
-use memc::{compile, CompileError, Compiled, Options};
+use memc::{CompileError, Compiled, Options};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -457,10 +457,16 @@ pub fn compile_file(args: &CompileArgs) -> Result<Compiled, Failure> {
     }
     let src = read_source(&args.file)?;
     let opts = options(args)?;
-    compile(&src, &opts).map_err(|e| match e {
+    let (compiled, offloaded) = memc::compile_or_offload(&src, &opts).map_err(|e| match e {
         CompileError::User(u) => Failure::user(u, &args.file.display().to_string(), &src),
         CompileError::Internal(errs) => Failure::Internal(errs),
-    })
+    })?;
+    if offloaded {
+        eprintln!(
+            "memc: no plan fits with the optimizer state on the device; this one keeps it in host memory (--offload optimizer)"
+        );
+    }
+    Ok(compiled)
 }
 
 fn dispatch(command: Command) -> Result<(), Failure> {
