@@ -62,6 +62,13 @@ fn resnet18_param_count() {
     assert_eq!(param_count("resnet18.mdl"), 11_689_512);
 }
 
+/// Stable Diffusion 1.5's UNet as diffusers counts it (`sum(p.numel() for p in
+/// unet.parameters())`).
+#[test]
+fn sd_unet_param_count() {
+    assert_eq!(param_count("sd_unet.mdl"), 859_520_964);
+}
+
 #[test]
 fn llama7b_overrides_scale_the_count() {
     // Two layers: embeddings + head + final norm + 2 * (4 D^2 + 3 D F + 2 D).
