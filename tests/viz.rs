@@ -82,6 +82,40 @@ fn mlp_page_has_every_buffer_and_the_legend() {
     check_page(&plan, &html);
 }
 
+/// An offloaded plan's page draws the device buffers alone and states the host arena's
+/// exact bytes beside it.
+#[test]
+fn offloaded_page_states_the_host_arena() {
+    let opts = Options {
+        offload: Some(memc::settings::Offload::Optimizer),
+        layout_time: Duration::ZERO,
+        ..Options::default()
+    };
+    let plan = compile(&example("mlp.mdl"), &opts)
+        .unwrap()
+        .plan
+        .plan()
+        .clone();
+    assert!(plan.host_bytes > 0);
+    let html = memc::viz::render_html(&plan, "mlp.mdl");
+    let device = owned(&plan)
+        .iter()
+        .filter(|b| b.tier == memc::plan::Tier::Device)
+        .count();
+    assert_eq!(html.matches(r#"<rect class="buf "#).count(), device);
+    assert!(device < owned(&plan).len());
+    let plain = memc::viz::render_html(&plan_of(&example("mlp.mdl"), &[]), "mlp.mdl");
+    assert!(!plain.contains(r#"id="host""#));
+    let host = html
+        .split(r#"<p id="host">"#)
+        .nth(1)
+        .and_then(|rest| rest.split("</p>").next())
+        .unwrap();
+    let bytes = plan.host_bytes.to_string();
+    let digits: String = host.chars().filter(char::is_ascii_digit).collect();
+    assert!(digits.contains(&bytes), "{host}");
+}
+
 #[test]
 fn gpt2_page_renders_every_buffer() {
     let plan = plan_of(&example("gpt2.mdl"), &[]);

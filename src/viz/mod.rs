@@ -329,6 +329,14 @@ pub fn render_html(plan: &Plan, file: &str) -> String {
             ""
         }
     );
+    if plan.host_bytes > 0 {
+        let _ = writeln!(
+            out,
+            r#"<p id="host">Beside it, a host arena of {} ({} bytes) holds what is offloaded (its buffers are not drawn here); see the report's host lines.</p>"#,
+            human_bytes(plan.host_bytes),
+            grouped(plan.host_bytes),
+        );
+    }
     tables::legend(&mut out, plan);
     arena::svg(&mut out, plan, file, &live);
     stacked::svg(&mut out, plan, file, &live);
