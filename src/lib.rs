@@ -333,6 +333,7 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
                 accumulate: t.accumulate,
                 stochastic_rounding: t.stochastic_rounding,
                 offload: t.offload == Some(settings::Offload::Optimizer),
+                clip_span: spec.clip_grad_norm_span,
             };
             let g = passes::optimizer::run(&diff, &opts)?;
             verified(&g, "optimizer")?;

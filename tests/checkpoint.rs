@@ -254,6 +254,7 @@ fn training_graph(
         accumulate: train.accumulate,
         stochastic_rounding: train.stochastic_rounding,
         offload: false,
+        clip_span: None,
     };
     let graph = memc::passes::optimizer::run(&diff, &options).unwrap();
     (graph, train)

@@ -259,3 +259,21 @@ fn json_report_gives_each_buffer_its_origin() {
         "{largest}"
     );
 }
+
+/// The clip coefficient belongs to no parameter: its line is where `clip_grad_norm` is set.
+#[test]
+fn the_clip_coefficient_points_at_clip_grad_norm() {
+    let c = compiled(&source("unet.mdl"), &snapshot_options(), "unet");
+    let plan = c.plan.plan();
+    let clip = plan
+        .buffers
+        .iter()
+        .find(|b| b.name.starts_with("clip_coefficient"))
+        .unwrap();
+    let line = clip.line.unwrap();
+    assert!(plan.source_lines[&line].starts_with("clip_grad_norm = 1.0"));
+    assert!(
+        plan.buffers.iter().all(|b| b.line.is_some()),
+        "a buffer without a line"
+    );
+}

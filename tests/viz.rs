@@ -217,7 +217,7 @@ fn every_buffer_hovers_to_its_role_and_source_line() {
         // The first line says what the buffer holds, not its internal name.
         assert_eq!(lines.next(), Some(b.describe().as_str()), "{}", b.name);
         assert!(!text.contains('%'), "an internal value name: {text}");
-        // Every buffer but the clip coefficient and loss scale comes from a line.
+        // Every buffer comes from a line.
         let line = b.line.unwrap_or_else(|| panic!("{} has no line", b.name));
         let want = format!("gpt2.mdl:{line}  {}", plan.source_lines[&line]);
         assert_eq!(lines.next(), Some(want.as_str()), "{}", b.name);

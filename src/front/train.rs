@@ -21,6 +21,9 @@ pub struct TrainSpec {
     /// Where `stochastic_rounding = true` was set, if it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stochastic_rounding_span: Option<Span>,
+    /// Where `clip_grad_norm` was set, if it was (the clip coefficient's source line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_grad_norm_span: Option<Span>,
 }
 
 /// `name` of a path expression of one identifier, if `e` is one.
@@ -172,6 +175,7 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
         span,
         precision_span: span,
         stochastic_rounding_span: None,
+        clip_grad_norm_span: None,
     };
     for (name, value) in settings {
         match name.name.as_str() {
@@ -256,6 +260,7 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
                     ));
                 }
                 spec.settings.clip_grad_norm = Some(v);
+                spec.clip_grad_norm_span = Some(value.span);
             }
             "lora" => spec.settings.lora = Some(super::train_lora::lora(value)?),
             "quantize_frozen" => {

@@ -33,6 +33,8 @@ pub struct OptimizerOptions {
     /// update reads host copies of its parameter, gradient and multiplier, and a copy
     /// writes the updated parameter back to the device.
     pub offload: bool,
+    /// Where `clip_grad_norm` was set: the clip coefficient's source span (none: no span).
+    pub clip_span: Option<Span>,
 }
 
 /// `torch.amp.GradScaler`'s default growth interval: clean steps before the scale doubles.
@@ -227,7 +229,11 @@ pub fn run(diff: &Differentiated, options: &OptimizerOptions) -> Result<Graph, S
                 max_norm,
                 scaled: unscale.is_some(),
             };
-            Some(graph.add(op, inputs, &origin).map_err(internal)?)
+            let at = Origin {
+                span: options.clip_span.unwrap_or(origin.span),
+                ..origin.clone()
+            };
+            Some(graph.add(op, inputs, &at).map_err(internal)?)
         }
         _ => None,
     };
