@@ -22,7 +22,7 @@ enum Fit {
 
 /// The smallest of four placements in time order, each first-fit and best-fit (see [`Fit`]):
 /// plain, in order of start time (ties by request index; a buffer ending at t frees its bytes
-/// before one starting at t is placed), and around the peak (see [`around_peak`]). Returns
+/// before one starting at t is placed), and around the peak (see [`PeakSplit`]). Returns
 /// one offset per request, each a multiple of `alignment` (0 counts as 1), 0 for buffers
 /// that are never live; the result always passes [`super::validate`] with its own size.
 pub(super) fn layout_in_time_order(requests: &[BufferRequest], alignment: u64) -> Vec<u64> {
@@ -30,60 +30,65 @@ pub(super) fn layout_in_time_order(requests: &[BufferRequest], alignment: u64) -
     let live: Vec<usize> = (0..requests.len())
         .filter(|&i| requests[i].is_live())
         .collect();
+    let split = PeakSplit::new(requests, alignment);
     [Fit::First, Fit::Best]
         .into_iter()
         .flat_map(|fit| {
             let mut plain = vec![0; requests.len()];
             place(requests, alignment, fit, (&[], &live), &mut plain);
-            [plain, around_peak(requests, alignment, fit)]
+            [plain, split.around_peak(requests, alignment, fit)]
         })
         .min_by_key(|offsets| extent(requests, offsets))
         .unwrap_or_default()
 }
 
-/// Placement split at the step where the most bytes are live: the buffers live then are
-/// stacked from offset 0 (those whose size is a multiple of the alignment first, in order of
-/// start; then the others by growing padding, so the one with the most padding is on top),
-/// the buffers starting later are placed in time order around them, and the buffers ending
-/// before are placed in reverse time order around them. The two sides never overlap in time,
-/// so each is its own sweep. A training step's saved activations, nested around the turn from
-/// forward to backward, are all live at the peak: stacked there, nothing fragments them.
-fn around_peak(requests: &[BufferRequest], alignment: u64, fit: Fit) -> Vec<u64> {
-    let peak = peak_step(requests);
-    let padding = |i: usize| align_up(requests[i].size, alignment) - requests[i].size;
-    let mut stack: Vec<usize> = (0..requests.len())
-        .filter(|&i| requests[i].is_live() && requests[i].start <= peak && peak < requests[i].end)
-        .collect();
-    stack.sort_by_key(|&i| (padding(i) > 0, padding(i), requests[i].start, i));
-    let side = |before: bool| -> Vec<usize> {
-        (0..requests.len())
-            .filter(|&i| {
-                let r = requests[i];
-                r.is_live()
-                    && if before {
-                        r.end <= peak
-                    } else {
-                        r.start > peak
-                    }
-            })
-            .collect()
-    };
-    let mut offsets = vec![0; requests.len()];
-    place(
-        requests,
-        alignment,
-        fit,
-        (&stack, &side(false)),
-        &mut offsets,
-    );
-    place(
-        &mirror(requests),
-        alignment,
-        fit,
-        (&stack, &side(true)),
-        &mut offsets,
-    );
-    offsets
+/// The live buffers split at the step where the most bytes are live: those live then, in
+/// the order they are stacked from offset 0 (those whose size is a multiple of the alignment
+/// first, in order of start; then the others by growing padding, so the one with the most
+/// padding is on top), those starting later and those ending before; and the requests with
+/// time reversed, for the sweep backwards. The two sides never overlap in time, so each is
+/// its own sweep. A training step's saved activations, nested around the turn from forward
+/// to backward, are all live at the peak: stacked there, nothing fragments them.
+struct PeakSplit {
+    stack: Vec<usize>,
+    after: Vec<usize>,
+    before: Vec<usize>,
+    mirrored: Vec<BufferRequest>,
+}
+
+impl PeakSplit {
+    fn new(requests: &[BufferRequest], alignment: u64) -> PeakSplit {
+        let peak = peak_step(requests);
+        let padding = |i: usize| align_up(requests[i].size, alignment) - requests[i].size;
+        let live = (0..requests.len()).filter(|&i| requests[i].is_live());
+        let mut stack: Vec<usize> = live
+            .clone()
+            .filter(|&i| requests[i].start <= peak && peak < requests[i].end)
+            .collect();
+        stack.sort_by_key(|&i| (padding(i) > 0, padding(i), requests[i].start, i));
+        PeakSplit {
+            stack,
+            after: live.clone().filter(|&i| requests[i].start > peak).collect(),
+            before: live.filter(|&i| requests[i].end <= peak).collect(),
+            mirrored: mirror(requests),
+        }
+    }
+
+    /// The stack, then the later buffers placed in time order around it and the earlier ones
+    /// in reverse time order, each into the gap `fit` chooses.
+    fn around_peak(&self, requests: &[BufferRequest], alignment: u64, fit: Fit) -> Vec<u64> {
+        let mut offsets = vec![0; requests.len()];
+        place(
+            requests,
+            alignment,
+            fit,
+            (&self.stack, &self.after),
+            &mut offsets,
+        );
+        let backwards = (&self.stack[..], &self.before[..]);
+        place(&self.mirrored, alignment, fit, backwards, &mut offsets);
+        offsets
+    }
 }
 
 /// The first step at which the live bytes reach their maximum.
@@ -357,7 +362,8 @@ mod tests {
             let depth = 2 + rng.below(30);
             let reqs = training_step(&mut rng, depth);
             let bound = lower_bound(&reqs, 256);
-            let around = [Fit::First, Fit::Best].map(|fit| around_peak(&reqs, 256, fit));
+            let split = PeakSplit::new(&reqs, 256);
+            let around = [Fit::First, Fit::Best].map(|fit| split.around_peak(&reqs, 256, fit));
             for offsets in &around {
                 let size = extent(&reqs, offsets);
                 assert_eq!(validate(&reqs, offsets, size, 256), Ok(()));
