@@ -123,13 +123,10 @@ fn accumulation_refuses_the_optimizer_in_backward() {
         optimizer_in_backward: Some(true),
         ..options(&[], 2)
     };
-    match memc::compile(&example("mlp"), &o) {
-        Err(memc::CompileError::User(e)) => assert_eq!(
-            e.message,
-            "the optimizer cannot run in backward with gradient accumulation"
-        ),
-        other => panic!("expected a user error, got {:?}", other.map(|_| ())),
-    }
+    assert_eq!(
+        common::user_error(&example("mlp"), &o).message,
+        "the optimizer cannot run in backward with gradient accumulation"
+    );
 }
 
 #[test]

@@ -83,16 +83,12 @@ fn adapter_gradients_match_finite_differences() {
 /// A model without linear layers in blocks gets a diagnostic, not a step that trains nothing.
 #[test]
 fn nothing_to_adapt_is_a_user_error() {
-    match memc::compile(&example("mlp"), &lora("r=4", vec![])) {
-        Err(memc::CompileError::User(e)) => {
-            assert!(
-                e.message.contains("no linear layer inside a block"),
-                "{}",
-                e.message
-            )
-        }
-        other => panic!("{:?}", other.map(|_| ())),
-    }
+    let e = common::user_error(&example("mlp"), &lora("r=4", vec![]));
+    assert!(
+        e.message.contains("no linear layer inside a block"),
+        "{}",
+        e.message
+    );
     let named = compiled_with(&example("mlp"), &lora("r=4,targets=fc1", vec![]));
     assert_eq!(
         named.plan.plan().report.trainable_param_count,

@@ -224,12 +224,10 @@ fn fp16_without_master_weights_is_refused() {
         master_weights: Some(false),
         ..with(Precision::Fp16, &[])
     };
-    match memc::compile(&example("mlp"), &options) {
-        Err(memc::CompileError::User(e)) => {
-            assert_eq!(e.message, "master_weights = off needs bf16, not fp16")
-        }
-        other => panic!("expected a user error, got {:?}", other.map(|_| ())),
-    }
+    assert_eq!(
+        common::user_error(&example("mlp"), &options).message,
+        "master_weights = off needs bf16, not fp16"
+    );
 }
 
 /// Each parameter's first-step gradient of the UNet example, from seed 3.

@@ -109,16 +109,12 @@ fn nothing_frozen_to_quantize_is_a_user_error() {
         quantize_frozen: Some(Scheme::Int8),
         ..Options::default()
     };
-    match memc::compile(&example("mlp"), &o) {
-        Err(memc::CompileError::User(e)) => {
-            assert!(
-                e.message.contains("finds no weight to quantize"),
-                "{}",
-                e.message
-            )
-        }
-        other => panic!("{:?}", other.map(|_| ())),
-    }
+    let e = common::user_error(&example("mlp"), &o);
+    assert!(
+        e.message.contains("finds no weight to quantize"),
+        "{}",
+        e.message
+    );
     assert_eq!(Scheme::parse("nf4"), Some(Scheme::Nf4));
     assert_eq!(Scheme::parse("int4"), None);
 }

@@ -57,6 +57,15 @@ pub fn compiled_with(src: &str, options: &Options) -> Compiled {
     }
 }
 
+/// The user error compiling `src` with `options` must give; panics when it compiles or
+/// fails internally.
+pub fn user_error(src: &str, options: &Options) -> memc::diagnostic::UserError {
+    match compile(src, options) {
+        Err(memc::CompileError::User(e)) => e,
+        other => panic!("expected a user error, got {:?}", other.map(|_| ())),
+    }
+}
+
 /// An executor with parameters and synthetic inputs initialised from `seed`.
 pub fn executor(c: &Compiled, seed: u64) -> CpuExecutor {
     let mut ex = CpuExecutor::new(&c.plan).expect("cpu plan");
