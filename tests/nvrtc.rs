@@ -230,3 +230,58 @@ fn cubins_carry_ptxas_figures() {
         assert_eq!((r.spill_store_bytes, r.spill_load_bytes), (0, 0), "{r:?}");
     }
 }
+
+/// Attention's forward on 16-bit operands at GPT-2 small's (12 heads of 64, T = 1024) and
+/// Llama-7B's (32 heads of 128, T = 4096) real sizes is the tensor-core kernel: its PTX
+/// issues `mma.sync`, and its CUBINs for sm_80 and sm_90 spill nothing. Head dims that are
+/// not a multiple of 16 keep the SIMT kernel.
+#[test]
+fn attention_forward_runs_on_tensor_cores_without_spills() {
+    if !nvrtc_ready() {
+        return;
+    }
+    use memc::ir::{AttnParams, Op, TensorType};
+    let attn = |heads| AttnParams {
+        heads,
+        kv_heads: heads,
+        causal: true,
+        scale: 0.125,
+        window: None,
+        softcap: None,
+        key_mask: false,
+    };
+    for (dtype, heads, width, t) in [
+        (DType::BF16, 12, 768, 1024),
+        (DType::F16, 12, 768, 1024),
+        (DType::BF16, 32, 4096, 4096),
+        (DType::F16, 32, 4096, 4096),
+        (DType::BF16, 4, 4 * 24, 64),
+    ] {
+        let x = TensorType::new(dtype, vec![1, t, width]);
+        let op = Op::Attention(attn(heads));
+        let kernel = memc::codegen::kernel_for(&op, &[x.clone(), x.clone(), x.clone()], &x)
+            .expect("lowered")
+            .expect("a kernel");
+        let mma = kernel.source.contains("attention_mma_kernel<");
+        assert_eq!(mma, (width / heads).is_multiple_of(16), "head dim {}", width / heads);
+        for sm in [(8, 0), (9, 0)] {
+            let cubin = memc::codegen::nvrtc::compile_cubin(&kernel, sm).expect("cubin");
+            let r = cubin.resources;
+            assert_eq!(
+                (r.spill_store_bytes, r.spill_load_bytes),
+                (0, 0),
+                "{dtype} {t}: {r:?}"
+            );
+            println!(
+                "attention {dtype} heads {heads} x {}: sm_{}{} {r:?}",
+                width / heads,
+                sm.0,
+                sm.1
+            );
+        }
+        if mma {
+            let ptx = memc::codegen::nvrtc::compile_ptx(&kernel, "compute_80").expect("ptx");
+            assert!(ptx.contains("mma.sync.aligned.m16n8k16"), "{dtype} {t}");
+        }
+    }
+}

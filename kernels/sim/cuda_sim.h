@@ -102,6 +102,8 @@ inline __half __float2half_rn(float f) {
     return __half{(uint16_t)(sign | h)};
 }
 inline float __bfloat162float(__nv_bfloat16 b) { return memc_bit_cast<float>((uint32_t)b.bits << 16); }
+inline unsigned short __half_as_ushort(__half h) { return h.bits; }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.bits; }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) {
     const uint32_t x = memc_bit_cast<uint32_t>(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) return __nv_bfloat16{(uint16_t)((x >> 16) | 0x40u)};
@@ -251,6 +253,43 @@ template <typename T> inline T shuffle(T v, int src) {
 }
 
 inline unsigned lane() { return current->linear & 31u; }
+
+// Registers in flight through a tensor-core MMA: [warp][lane], a0..a3 then b0, b1.
+inline unsigned mma_buf[kMaxThreads / 32][32][6];
+
+// The value of one 16-bit half of an MMA register.
+inline float mma_half(unsigned reg, unsigned hi, __half) { return __half2float(__half{(uint16_t)(reg >> (16 * hi))}); }
+inline float mma_half(unsigned reg, unsigned hi, __nv_bfloat16) {
+    return __bfloat162float(__nv_bfloat16{(uint16_t)(reg >> (16 * hi))});
+}
+
+// `mma.sync.aligned.m16n8k16.row.col.f32.{T}.{T}.f32` with d as both C and D: every lane of
+// the warp publishes its A and B registers, waits for the warp, then adds to its four
+// accumulators the products of the whole tile (exact in fp32), summed in k order; waits again
+// so the buffer can be reused. Fragment layout as the PTX ISA states it (lane = 4 g + t).
+template <typename T> inline void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    const unsigned me = lane(), warp = current->linear >> 5;
+    unsigned* mine = mma_buf[warp][me];
+    for (int i = 0; i < 4; ++i) mine[i] = a[i];
+    mine[4] = b[0];
+    mine[5] = b[1];
+    wait(State::AtWarpBarrier);
+    const unsigned(*regs)[6] = mma_buf[warp];
+    const unsigned g = me >> 2, t = me & 3u;
+    for (int c = 0; c < 4; ++c) {
+        const unsigned row = g + 8u * (unsigned)(c >> 1), col = 2u * t + (unsigned)(c & 1);
+        float sum = 0.0f;
+        for (unsigned k = 0; k < 16; ++k) {
+            // A(row, k): lane 4 (row % 8) + (k % 8) / 2, reg (row / 8) + 2 (k / 8), half k % 2.
+            const float x = mma_half(regs[4 * (row % 8) + (k % 8) / 2][(row / 8) + 2 * (k / 8)], k % 2, T{});
+            // B(k, col): lane 4 col + (k % 8) / 2, reg 4 + k / 8, half k % 2.
+            const float y = mma_half(regs[4 * col + (k % 8) / 2][4 + k / 8], k % 2, T{});
+            sum += x * y;
+        }
+        d[c] += sum;
+    }
+    wait(State::AtWarpBarrier);
+}
 
 // `prog ARENA gx gy gz bx by bz ARG...`: runs `entry(arena, args)` on the arena file in
 // place. `nargs` is the number of u64 arguments the entry takes after the arena.

@@ -26,7 +26,7 @@ pub struct Estimate {
     pub launch_seconds: f64,
     /// Kernel launches per step (steps that only view their input launch nothing).
     pub launches: u64,
-    /// Of those, launches of kernels on tensor cores.
+    /// Of those, launches on tensor cores: 16-bit library GEMMs and MMA kernels.
     pub tensor_core_launches: u64,
     /// FLOPs per step, every micro-batch counted.
     pub flops: u64,
@@ -119,7 +119,7 @@ pub fn estimate(plan: &Plan, gpu: Gpu) -> Estimate {
             0.0
         };
         e.launches += repeats;
-        e.tensor_core_launches += if work.tensor_cores { repeats } else { 0 };
+        e.tensor_core_launches += if work.on_tensor_cores() { repeats } else { 0 };
         e.flops += repeats * work.flops;
         e.bytes += repeats * work.bytes;
         let op = by_op.entry(step.op.name()).or_insert_with(|| OpTime {
@@ -267,7 +267,8 @@ mod tests {
         let gemm_bytes = 3.0 * matrix + crate::ops::matmul::GEMM_WORKSPACE as f64;
         assert!(matmul > gemm_bytes / (3.35e12 * MEMORY_EFFICIENCY));
         assert_eq!(e.launches, 2);
-        assert_eq!(e.tensor_core_launches, 1);
+        // fp32 GEMMs run on the FMA units (no TF32).
+        assert_eq!(e.tensor_core_launches, 0);
         assert_eq!(e.flops, 2 * 512 * 512 * 512 + 512 * 512);
         // The matmul's cuBLASLt workspace counts as moved.
         let workspace = crate::ops::matmul::GEMM_WORKSPACE;

@@ -14,6 +14,6 @@ pub use estimate::{estimate, ms, render_text, Estimate, OpTime, StepTime};
 pub use gpu::{Gpu, GpuSpec, HostLink, CONTEXT_RESERVE, NVLINK_C2C, PCIE4, PCIE5};
 pub use model::{
     Bound, Time, Work, LAUNCH_OVERHEAD_S, LIBRARY_FP32_EFFICIENCY, MEMORY_EFFICIENCY,
-    SIMT_EFFICIENCY, TENSOR_CORE_EFFICIENCY,
+    MMA_KERNEL_EFFICIENCY, SIMT_EFFICIENCY, TENSOR_CORE_EFFICIENCY,
 };
 pub use offload::{off_device, offload_time, OffloadTime, HOST_UPDATE_BANDWIDTH};

@@ -4,12 +4,19 @@
 
 use super::GpuSpec;
 use crate::ir::{DType, Op, TensorType};
+use crate::ops::rules::Compute;
 use serde::{Deserialize, Serialize};
 
 /// Fraction of the dense tensor-core peak a tensor-core kernel reaches. cuBLASLt bf16 GEMMs
 /// at transformer shapes reach about 70-80% of an H100's dense peak and FlashAttention-2
 /// 50-70% forward (see `REFERENCES.md`); 0.7 sits between the two.
 pub const TENSOR_CORE_EFFICIENCY: f64 = 0.7;
+
+/// Fraction of the dense tensor-core peak memc's own `mma.sync` kernels reach (attention's
+/// forward): half of [`TENSOR_CORE_EFFICIENCY`], as they load their operands from shared
+/// memory one pair at a time (no `ldmatrix`, no `cp.async` pipelining). A stated assumption
+/// until measured.
+pub const MMA_KERNEL_EFFICIENCY: f64 = 0.35;
 
 /// Fraction of the fp32 FMA peak a SIMT kernel reaches. The generated GEMM (64 x 64 tiles,
 /// 4 x 4 outputs per thread, scalar shared-memory loads) issues two shared loads per four
@@ -39,8 +46,8 @@ pub struct Work {
     /// Bytes the launch moves: every input read once, the output written, the inputs it
     /// updates in place written back, and its workspace.
     pub bytes: u64,
-    /// Whether the kernel computes on tensor cores (the op family's answer).
-    pub tensor_cores: bool,
+    /// What the kernel computes on (the op family's answer).
+    pub compute: Compute,
     /// The dtype it computes on: its first input's (its output's without inputs).
     pub dtype: DType,
 }
@@ -67,7 +74,7 @@ impl Work {
         Work {
             flops,
             bytes: read + written_back + output.map_or(0, TensorType::bytes) + workspace,
-            tensor_cores: behaviour.tensor_cores,
+            compute: behaviour.compute,
             dtype: inputs
                 .first()
                 .or(output.as_ref())
@@ -75,15 +82,23 @@ impl Work {
         }
     }
 
+    /// Whether the launch runs on tensor cores: a library GEMM or an MMA kernel over 16-bit
+    /// operands.
+    pub fn on_tensor_cores(&self) -> bool {
+        self.compute != Compute::Simt && matches!(self.dtype, DType::BF16 | DType::F16)
+    }
+
     /// The FLOP/s this work achieves on `gpu`: library GEMMs at the 16-bit tensor-core rate
     /// times [`TENSOR_CORE_EFFICIENCY`] in 16 bits, at the fp32 FMA rate times
-    /// [`LIBRARY_FP32_EFFICIENCY`] in fp32; generated kernels at the fp32 FMA rate times
-    /// [`SIMT_EFFICIENCY`].
+    /// [`LIBRARY_FP32_EFFICIENCY`] in fp32; generated MMA kernels at the tensor-core rate
+    /// times [`MMA_KERNEL_EFFICIENCY`] in 16 bits; other generated kernels, and MMA kernels'
+    /// fp32 forms, at the fp32 FMA rate times [`SIMT_EFFICIENCY`].
     pub fn achievable_flops(&self, gpu: &GpuSpec) -> f64 {
-        match (self.tensor_cores, self.dtype) {
-            (true, DType::BF16 | DType::F16) => gpu.tensor_16bit * TENSOR_CORE_EFFICIENCY,
-            (true, _) => gpu.fp32 * LIBRARY_FP32_EFFICIENCY,
-            (false, _) => gpu.fp32 * SIMT_EFFICIENCY,
+        match (self.compute, self.on_tensor_cores()) {
+            (Compute::Library, true) => gpu.tensor_16bit * TENSOR_CORE_EFFICIENCY,
+            (Compute::Library, false) => gpu.fp32 * LIBRARY_FP32_EFFICIENCY,
+            (Compute::Mma, true) => gpu.tensor_16bit * MMA_KERNEL_EFFICIENCY,
+            _ => gpu.fp32 * SIMT_EFFICIENCY,
         }
     }
 
@@ -158,7 +173,7 @@ mod tests {
         assert_eq!(f, 2 * 4096 * 4096 * 4096);
         let w = Work::new(&op, f, &[&a, &b], Some(&c), 0);
         assert_eq!(w.bytes, 3 * 4096 * 4096 * 2);
-        assert!(w.tensor_cores, "matmuls are cuBLASLt GEMMs");
+        assert_eq!(w.compute, Compute::Library, "matmuls are cuBLASLt GEMMs");
         let h100 = Gpu::H100.spec();
         let time = w.time(h100);
         assert_eq!(time.bound, Bound::Compute);
@@ -169,18 +184,22 @@ mod tests {
     }
 
     #[test]
-    fn library_16_bit_work_runs_at_the_tensor_core_rate_and_fp32_at_cublas_fma_rate() {
+    fn library_and_mma_16_bit_work_run_on_tensor_cores_and_fp32_at_fma_rates() {
         let mut w = Work {
             flops: 1_000_000_000_000,
             bytes: 0,
-            tensor_cores: true,
+            compute: Compute::Library,
             dtype: DType::BF16,
         };
         let a100 = Gpu::A100.spec();
         assert_eq!(w.time(a100).compute, 1e12 / (312e12 * 0.7));
         w.dtype = DType::F32;
         assert_eq!(w.time(a100).compute, 1e12 / (19.5e12 * 0.8));
-        w.tensor_cores = false;
+        w.compute = Compute::Mma;
+        assert_eq!(w.time(a100).compute, 1e12 / (19.5e12 * 0.3));
+        w.dtype = DType::F16;
+        assert_eq!(w.time(a100).compute, 1e12 / (312e12 * 0.35));
+        w.compute = Compute::Simt;
         assert_eq!(w.time(a100).compute, 1e12 / (19.5e12 * 0.3));
     }
 

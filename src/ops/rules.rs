@@ -37,11 +37,23 @@ pub struct Behaviour {
     pub class: OpClass,
     /// Indices of inputs the op overwrites in place.
     pub mutated_inputs: &'static [usize],
-    /// Whether the op's CUDA work is cuBLASLt GEMMs (16-bit inputs on tensor cores, fp32
-    /// at cuBLAS's fp32 rate; no TF32). False for generated SIMT kernels. The GPU cost model
-    /// (`crate::cost`) reads only this, so a family moving its work to a library or to MMA
-    /// sets it in its `behaviour`, the one place its estimate changes.
-    pub tensor_cores: bool,
+    /// What the op's CUDA work runs on. The GPU cost model (`crate::cost`) reads only this,
+    /// so a family moving its work to a library or to MMA sets it in its `behaviour`, the one
+    /// place its estimate changes.
+    pub compute: Compute,
+}
+
+/// What an op's CUDA kernels compute on, as the cost model prices it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compute {
+    /// Generated SIMT kernels (fp32 FMA units).
+    Simt,
+    /// cuBLASLt GEMMs: tensor cores for 16-bit operands, cuBLAS's fp32 rate otherwise (no
+    /// TF32).
+    Library,
+    /// Generated kernels on tensor cores (`mma.sync`) for 16-bit operands, SIMT kernels
+    /// otherwise.
+    Mma,
 }
 
 impl Behaviour {
@@ -50,7 +62,7 @@ impl Behaviour {
         precision: PrecisionClass::Widest,
         class: OpClass::Cheap,
         mutated_inputs: &[],
-        tensor_cores: false,
+        compute: Compute::Simt,
     };
     /// Heavy work in its inputs' widest precision, writing no input.
     pub const HEAVY: Behaviour = Behaviour {
@@ -59,7 +71,12 @@ impl Behaviour {
     };
     /// [`Behaviour::HEAVY`] done by cuBLASLt GEMMs.
     pub const LIBRARY_GEMM: Behaviour = Behaviour {
-        tensor_cores: true,
+        compute: Compute::Library,
+        ..Behaviour::HEAVY
+    };
+    /// [`Behaviour::HEAVY`] on tensor cores in a generated kernel for 16-bit operands.
+    pub const MMA: Behaviour = Behaviour {
+        compute: Compute::Mma,
         ..Behaviour::HEAVY
     };
 

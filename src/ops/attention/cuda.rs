@@ -6,11 +6,16 @@ use crate::codegen::geometry::u;
 use crate::codegen::launch::{templated, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel};
-use crate::ir::{AttnParams, Op};
+use crate::ir::{AttnParams, DType, Op};
 use crate::ops::cuda::CudaLowering;
 
 /// `attention.cu`: the attention forward template.
 pub(super) const ATTENTION: &str = include_str!("attention.cu");
+/// `attention_mma.cu`: the tensor-core forward for 16-bit operands (after `attention.cu`).
+const ATTENTION_MMA: &str = include_str!("attention_mma.cu");
+/// Query rows of a tensor-core forward block (four warps of 16) and its keys per tile.
+const MMA_ROWS: u64 = 64;
+const MMA_KEYS: u64 = 64;
 /// `rope.cu`: the rotary embedding template (INVERSE is its backward).
 const ROPE: &str = include_str!("rope.cu");
 
@@ -25,7 +30,14 @@ pub(super) fn masks(p: &AttnParams) -> [String; 3] {
     ]
 }
 
-/// The attention forward.
+/// Whether the forward of head dim `dh` over `dtype` operands runs on tensor cores
+/// (`attention_mma.cu`): 16-bit operands, a head dim that is a multiple of 16 up to 128.
+fn on_tensor_cores(dtype: DType, dh: u64) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16) && dh.is_multiple_of(16) && (16..=128).contains(&dh)
+}
+
+/// The attention forward: on tensor cores where [`on_tensor_cores`] says so, else the SIMT
+/// kernel of `attention.cu`.
 fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
     let (q, kt) = (a.at(0)?, a.at(1)?);
     let (b, tq, tk) = (u(q.shape[0]), u(q.shape[1]), u(kt.shape[1]));
@@ -37,9 +49,6 @@ fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
     if h > 65535 || b > 65535 {
         return Err(a.unsupported("more than 65535 heads or batches"));
     }
-    // Shared tiles stay within 32 KiB: BT query/key rows, BC keys per K/V tile.
-    let bt = (4096 / dh).clamp(16, 64);
-    let bc = (4096 / dh).clamp(1, 64);
     let mut lines = vec![
         c_u64("TQ", tq),
         c_u64("TK", tk),
@@ -48,10 +57,23 @@ fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
         c_u64("DH", dh),
         c_bool("CAUSAL", p.causal),
         c_f32("SCALE", p.scale),
-        c_u64("BT", bt),
-        c_u64("BC", bc),
     ];
     lines.extend(masks(p));
+    if on_tensor_cores(a.at(0)?.dtype, dh) {
+        lines.push(c_u64("BK", MMA_KEYS));
+        let launch = Launch::Grid([tq.div_ceil(MMA_ROWS), h, b], 128);
+        return Ok(templated(
+            "attention",
+            &[ATTENTION, ATTENTION_MMA],
+            lines,
+            ("attention_mma_kernel", &[a.ty(0)?], p.inputs()),
+            launch,
+        ));
+    }
+    // Shared tiles stay within 32 KiB: BT query/key rows, BC keys per K/V tile.
+    let bt = (4096 / dh).clamp(16, 64);
+    let bc = (4096 / dh).clamp(1, 64);
+    lines.extend([c_u64("BT", bt), c_u64("BC", bc)]);
     let launch = Launch::Grid([tq.div_ceil(bt), h, b], u32::try_from(bt).unwrap_or(64));
     Ok(templated(
         "attention",

@@ -149,7 +149,8 @@ impl Rules for super::Family {
 
     fn behaviour(&self, op: &Op) -> Behaviour {
         match op {
-            Op::Attention(_) => Behaviour::HEAVY.in_precision(PrecisionClass::Low),
+            // The forward runs on tensor cores for 16-bit operands (`attention_mma.cu`).
+            Op::Attention(_) => Behaviour::MMA.in_precision(PrecisionClass::Low),
             Op::Rope { .. } => Behaviour::CHEAP,
             // The backward's products are cuBLASLt GEMMs.
             _ => Behaviour::LIBRARY_GEMM,
