@@ -231,16 +231,18 @@ fn cubins_carry_ptxas_figures() {
     }
 }
 
-/// Attention's forward on 16-bit operands at GPT-2 small's (12 heads of 64, T = 1024) and
-/// Llama-7B's (32 heads of 128, T = 4096) real sizes is the tensor-core kernel: its PTX
-/// issues `mma.sync`, and its CUBINs for sm_80 and sm_90 spill nothing. Head dims that are
-/// not a multiple of 16 keep the SIMT kernel.
+/// Attention's forward and its three backward ops on 16-bit operands at GPT-2 small's (12
+/// heads of 64, T = 1024) and Llama-7B's (32 heads of 128, T = 4096) real sizes are the
+/// tensor-core kernels: their PTX issues `mma.sync`, the backward makes no library call, and
+/// their CUBINs for sm_80 and sm_90 spill nothing. Head dims that are not a multiple of 16
+/// keep the SIMT forward and the cuBLASLt backward.
 #[test]
-fn attention_forward_runs_on_tensor_cores_without_spills() {
+fn attention_runs_on_tensor_cores_without_spills() {
     if !nvrtc_ready() {
         return;
     }
-    use memc::ir::{AttnParams, Op, TensorType};
+    use memc::codegen::gemm::Call;
+    use memc::ir::{AttnInput, AttnParams, Op, TensorType};
     let attn = |heads| AttnParams {
         heads,
         kv_heads: heads,
@@ -258,30 +260,46 @@ fn attention_forward_runs_on_tensor_cores_without_spills() {
         (DType::BF16, 4, 4 * 24, 64),
     ] {
         let x = TensorType::new(dtype, vec![1, t, width]);
-        let op = Op::Attention(attn(heads));
-        let kernel = memc::codegen::kernel_for(&op, &[x.clone(), x.clone(), x.clone()], &x)
-            .expect("lowered")
-            .expect("a kernel");
-        let mma = kernel.source.contains("attention_mma_kernel<");
-        assert_eq!(mma, (width / heads).is_multiple_of(16), "head dim {}", width / heads);
-        for sm in [(8, 0), (9, 0)] {
-            let cubin = memc::codegen::nvrtc::compile_cubin(&kernel, sm).expect("cubin");
-            let r = cubin.resources;
-            assert_eq!(
-                (r.spill_store_bytes, r.spill_load_bytes),
-                (0, 0),
-                "{dtype} {t}: {r:?}"
+        let mma = (width / heads).is_multiple_of(16);
+        let forward = Op::Attention(attn(heads));
+        let backward =
+            [AttnInput::Q, AttnInput::K, AttnInput::V].map(|which| Op::AttentionBackward {
+                attn: attn(heads),
+                which,
+            });
+        for op in std::iter::once(&forward).chain(&backward) {
+            let arity = if matches!(op, Op::Attention(_)) { 3 } else { 4 };
+            let inputs = vec![x.clone(); arity];
+            let kernel = memc::codegen::kernel_for(op, &inputs, &x)
+                .expect("lowered")
+                .expect("a kernel");
+            let which = match op {
+                Op::AttentionBackward { which, .. } => format!("backward {which:?}"),
+                _ => "forward".to_string(),
+            };
+            let label = format!(
+                "attention {which} {dtype} heads {heads} x {}",
+                width / heads
             );
-            println!(
-                "attention {dtype} heads {heads} x {}: sm_{}{} {r:?}",
-                width / heads,
-                sm.0,
-                sm.1
-            );
-        }
-        if mma {
-            let ptx = memc::codegen::nvrtc::compile_ptx(&kernel, "compute_80").expect("ptx");
-            assert!(ptx.contains("mma.sync.aligned.m16n8k16"), "{dtype} {t}");
+            assert_eq!(kernel.source.contains("_mma_kernel<"), mma, "{label}");
+            if matches!(op, Op::AttentionBackward { .. }) {
+                let gemms = kernel.library.iter().filter(|c| matches!(c, Call::Gemm(_)));
+                assert_eq!(gemms.count() == 0, mma, "{label}");
+            }
+            for sm in [(8, 0), (9, 0)] {
+                let cubin = memc::codegen::nvrtc::compile_cubin(&kernel, sm).expect("cubin");
+                let r = cubin.resources;
+                assert_eq!(
+                    (r.spill_store_bytes, r.spill_load_bytes),
+                    (0, 0),
+                    "{label}: {r:?}"
+                );
+                println!("{label}: sm_{}{} {r:?}", sm.0, sm.1);
+            }
+            if mma {
+                let ptx = memc::codegen::nvrtc::compile_ptx(&kernel, "compute_80").expect("ptx");
+                assert!(ptx.contains("mma.sync.aligned.m16n8k16"), "{label}");
+            }
         }
     }
 }

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 pub const TENSOR_CORE_EFFICIENCY: f64 = 0.7;
 
 /// Fraction of the dense tensor-core peak memc's own `mma.sync` kernels reach (attention's
-/// forward): half of [`TENSOR_CORE_EFFICIENCY`], as they load their operands from shared
+/// forward and backward): half of [`TENSOR_CORE_EFFICIENCY`], as they load their operands from shared
 /// memory one pair at a time (no `ldmatrix`, no `cp.async` pipelining). A stated assumption
 /// until measured.
 pub const MMA_KERNEL_EFFICIENCY: f64 = 0.35;
@@ -91,13 +91,16 @@ impl Work {
     /// The FLOP/s this work achieves on `gpu`: library GEMMs at the 16-bit tensor-core rate
     /// times [`TENSOR_CORE_EFFICIENCY`] in 16 bits, at the fp32 FMA rate times
     /// [`LIBRARY_FP32_EFFICIENCY`] in fp32; generated MMA kernels at the tensor-core rate
-    /// times [`MMA_KERNEL_EFFICIENCY`] in 16 bits; other generated kernels, and MMA kernels'
-    /// fp32 forms, at the fp32 FMA rate times [`SIMT_EFFICIENCY`].
+    /// times [`MMA_KERNEL_EFFICIENCY`] in 16 bits and at their fp32 form's rate otherwise
+    /// (library or SIMT); other generated kernels at the fp32 FMA rate times
+    /// [`SIMT_EFFICIENCY`].
     pub fn achievable_flops(&self, gpu: &GpuSpec) -> f64 {
         match (self.compute, self.on_tensor_cores()) {
             (Compute::Library, true) => gpu.tensor_16bit * TENSOR_CORE_EFFICIENCY,
-            (Compute::Library, false) => gpu.fp32 * LIBRARY_FP32_EFFICIENCY,
-            (Compute::Mma, true) => gpu.tensor_16bit * MMA_KERNEL_EFFICIENCY,
+            (Compute::Library | Compute::MmaOrLibrary, false) => gpu.fp32 * LIBRARY_FP32_EFFICIENCY,
+            (Compute::Mma | Compute::MmaOrLibrary, true) => {
+                gpu.tensor_16bit * MMA_KERNEL_EFFICIENCY
+            }
             _ => gpu.fp32 * SIMT_EFFICIENCY,
         }
     }

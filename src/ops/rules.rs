@@ -54,6 +54,8 @@ pub enum Compute {
     /// Generated kernels on tensor cores (`mma.sync`) for 16-bit operands, SIMT kernels
     /// otherwise.
     Mma,
+    /// Generated kernels on tensor cores for 16-bit operands, cuBLASLt GEMMs otherwise.
+    MmaOrLibrary,
 }
 
 impl Behaviour {
@@ -77,6 +79,11 @@ impl Behaviour {
     /// [`Behaviour::HEAVY`] on tensor cores in a generated kernel for 16-bit operands.
     pub const MMA: Behaviour = Behaviour {
         compute: Compute::Mma,
+        ..Behaviour::HEAVY
+    };
+    /// [`Behaviour::MMA`] whose fp32 form is cuBLASLt GEMMs.
+    pub const MMA_OR_LIBRARY: Behaviour = Behaviour {
+        compute: Compute::MmaOrLibrary,
         ..Behaviour::HEAVY
     };
 

@@ -267,5 +267,83 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         cases.push((name, bwd(capped), attn_bwd_in.clone()));
         cases.push((wname, bwd(capped_window), mask_bwd_in.clone()));
     }
+    cases.extend(tile_cases());
+    cases
+}
+
+/// Shapes past one tile of the tensor-core kernels (64 query rows a block, 64 or 32 keys a
+/// tile), with partial last blocks and tiles: every mask, grouped-query heads of 64 with a
+/// soft cap, and fewer queries than keys with heads of 128; the forward and each gradient.
+fn tile_cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
+    let f = |s: &[usize]| t(DType::F32, s);
+    let masked = AttnParams {
+        heads: 4,
+        kv_heads: 2,
+        causal: true,
+        scale: 0.25,
+        window: Some(90),
+        softcap: Some(5.0),
+        key_mask: true,
+    };
+    let cross = AttnParams {
+        heads: 2,
+        kv_heads: 1,
+        causal: false,
+        scale: 0.088,
+        window: None,
+        softcap: None,
+        key_mask: false,
+    };
+    let masked_in = vec![
+        f(&[2, 150, 256]),
+        f(&[2, 150, 128]),
+        f(&[2, 150, 128]),
+        f(&[2, 150, 256]),
+        t(DType::I32, &[2, 150]),
+    ];
+    let cross_in = vec![
+        f(&[1, 70, 256]),
+        f(&[1, 150, 128]),
+        f(&[1, 150, 128]),
+        f(&[1, 70, 256]),
+    ];
+    let forward = |inputs: &[TensorType]| {
+        let mut v = inputs.to_vec();
+        v.remove(3);
+        v
+    };
+    let mut cases = vec![
+        (
+            "attention_tiles_masked",
+            Op::Attention(masked),
+            forward(&masked_in),
+        ),
+        (
+            "attention_tiles_cross",
+            Op::Attention(cross),
+            forward(&cross_in),
+        ),
+    ];
+    for (which, masked_name, cross_name) in [
+        (
+            AttnInput::Q,
+            "attention_tiles_masked_bwd_q",
+            "attention_tiles_cross_bwd_q",
+        ),
+        (
+            AttnInput::K,
+            "attention_tiles_masked_bwd_k",
+            "attention_tiles_cross_bwd_k",
+        ),
+        (
+            AttnInput::V,
+            "attention_tiles_masked_bwd_v",
+            "attention_tiles_cross_bwd_v",
+        ),
+    ] {
+        let bwd = |attn| Op::AttentionBackward { attn, which };
+        cases.push((masked_name, bwd(masked), masked_in.clone()));
+        cases.push((cross_name, bwd(cross), cross_in.clone()));
+    }
     cases
 }

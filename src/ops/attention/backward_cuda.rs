@@ -1,5 +1,6 @@
-//! CUDA lowering of attention's backward (one op per gradient) as cuBLASLt GEMMs on tensor
-//! cores around the elementwise stages of `attention_backward.cu`. Per unit of query heads
+//! CUDA lowering of attention's backward (one op per gradient) where it does not run on
+//! tensor cores in its own kernels (`backward_mma.rs`: 16-bit operands, head dims a multiple
+//! of 16 up to 128): cuBLASLt GEMMs around the elementwise stages of `attention_backward.cu`. Per unit of query heads
 //! and query rows: `s = SCALE q k^T` (GEMM), `p = softmax(s)`; then `dv += p^T dout`, or
 //! `dp = dout v^T` (GEMM), `ds = SCALE p (dp - D)`, and `dq = ds k` or `dk += ds^T q`. The
 //! scores of one unit live in the workspace, which is bounded by [`SCRATCH`]: units are as
@@ -154,6 +155,9 @@ pub(crate) fn attention_backward(
     which: AttnInput,
 ) -> Result<Kernel, CodegenError> {
     let refs: Vec<&TensorType> = a.inputs.iter().collect();
+    if mma_operands(&refs, p) {
+        return super::backward_mma::attention_backward_mma(a, p, which);
+    }
     let g = Geometry::of(&refs, p, which).ok_or_else(|| a.err("attention backward shapes"))?;
     let [p_at, dp_at, ds_at, slope_at, acc_at, scratch_at] = g.regions;
     let mut lines = vec![
@@ -304,7 +308,20 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
     out
 }
 
-/// Workspace bytes of an attention backward op on CUDA: its regions and cuBLASLt's scratch.
+/// Whether the backward runs on tensor cores (`backward_mma.rs`): the forward's condition
+/// on the operands' type and head dim.
+fn mma_operands(inputs: &[&TensorType], p: &AttnParams) -> bool {
+    inputs.first().is_some_and(|q| {
+        let dh = u(q.shape.get(2).copied().unwrap_or(0)) / u(p.heads).max(1);
+        super::cuda::on_tensor_cores(q.dtype, dh)
+    })
+}
+
+/// Workspace bytes of an attention backward op on CUDA: on tensor cores the rows'
+/// statistics; else its regions and cuBLASLt's scratch.
 pub(crate) fn workspace_bytes(inputs: &[&TensorType], p: &AttnParams, which: AttnInput) -> u64 {
+    if mma_operands(inputs, p) {
+        return super::backward_mma::workspace_bytes(inputs, p, which);
+    }
     Geometry::of(inputs, p, which).map_or(0, |g| g.regions[5] + GEMM_WORKSPACE)
 }

@@ -11,8 +11,11 @@ use crate::ops::cuda::CudaLowering;
 
 /// `attention.cu`: the attention forward template.
 pub(super) const ATTENTION: &str = include_str!("attention.cu");
-/// `attention_mma.cu`: the tensor-core forward for 16-bit operands (after `attention.cu`).
-const ATTENTION_MMA: &str = include_str!("attention_mma.cu");
+/// `mma.cu`: the tensor-core primitive and fragment loads of the MMA kernels.
+pub(super) const MMA: &str = include_str!("mma.cu");
+/// `attention_mma.cu`: the tensor-core forward for 16-bit operands (after `attention.cu` and
+/// `mma.cu`).
+pub(super) const ATTENTION_MMA: &str = include_str!("attention_mma.cu");
 /// Query rows of a tensor-core forward block (four warps of 16) and its keys per tile.
 const MMA_ROWS: u64 = 64;
 const MMA_KEYS: u64 = 64;
@@ -32,7 +35,7 @@ pub(super) fn masks(p: &AttnParams) -> [String; 3] {
 
 /// Whether the forward of head dim `dh` over `dtype` operands runs on tensor cores
 /// (`attention_mma.cu`): 16-bit operands, a head dim that is a multiple of 16 up to 128.
-fn on_tensor_cores(dtype: DType, dh: u64) -> bool {
+pub(super) fn on_tensor_cores(dtype: DType, dh: u64) -> bool {
     matches!(dtype, DType::BF16 | DType::F16) && dh.is_multiple_of(16) && (16..=128).contains(&dh)
 }
 
@@ -64,7 +67,7 @@ fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
         let launch = Launch::Grid([tq.div_ceil(MMA_ROWS), h, b], 128);
         return Ok(templated(
             "attention",
-            &[ATTENTION, ATTENTION_MMA],
+            &[ATTENTION, MMA, ATTENTION_MMA],
             lines,
             ("attention_mma_kernel", &[a.ty(0)?], p.inputs()),
             launch,

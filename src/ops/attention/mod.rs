@@ -2,6 +2,7 @@
 
 mod backward;
 mod backward_cuda;
+mod backward_mma;
 mod cpu;
 mod cuda;
 mod rules;

@@ -152,8 +152,9 @@ impl Rules for super::Family {
             // The forward runs on tensor cores for 16-bit operands (`attention_mma.cu`).
             Op::Attention(_) => Behaviour::MMA.in_precision(PrecisionClass::Low),
             Op::Rope { .. } => Behaviour::CHEAP,
-            // The backward's products are cuBLASLt GEMMs.
-            _ => Behaviour::LIBRARY_GEMM,
+            // The backward runs on tensor cores for 16-bit operands (`attention_backward_mma.cu`),
+            // its fp32 form as cuBLASLt GEMMs.
+            _ => Behaviour::MMA_OR_LIBRARY,
         }
     }
 }

@@ -1,0 +1,275 @@
+//! FlashAttention-2's backward on tensor cores for 16-bit operands (after `attention.cu`,
+//! `mma.cu` and `attention_mma.cu`), one op per gradient (C::WHICH: 0 dq, 1 dk, 2 dv), two
+//! launches, 128 threads a block, no scores in memory:
+//! - phase 0, the row statistics (grid (ceil(TQ / 64), H, B), as the forward): one online pass
+//!   over the keys each row sees gives its log-sum-exp L = m + log l of the scaled, capped,
+//!   masked scores (+inf for a row that sees no key) and, for dq and dk, D = sum_j p_j dp_j
+//!   with dp = dout v^T (which is dout . out); fp32 in the workspace, [B, H, TQ] L at byte 0,
+//!   D at byte C::DOFF;
+//! - phase 1, the gradient from p = exp(s - L) and ds = SCALE p (dp - D) (times the cap's
+//!   slope 1 - (cap(s) / SOFTCAP)^2): dq per 64 query rows of a head over the key tiles they
+//!   see, dq = sum_j ds_j k_j; dk or dv per 64 keys of a kv head (grid (ceil(TK / 64), KVH, B))
+//!   over its group's query heads and the C::BK-row query tiles that see the keys,
+//!   dv = sum_i p_i dout_i, dk = sum_i ds_i q_i.
+//! Every gradient sums in fp32 registers in a fixed order and is stored once: deterministic,
+//! no atomics. C::BK is the looped tile (keys for dq and the statistics, query rows for dk
+//! and dv).
+
+// The softmax gradient of one score: p (dp - D), times SCALE and, with a soft cap, the cap's
+// slope at the capped score `capped`.
+template <typename C> __device__ __forceinline__ float attb_ds(float p, float dp, float d, float capped) {
+    if (p == 0.0f) return 0.0f;
+    const float slope = C::SOFTCAP > 0.0f ? 1.0f - (capped / C::SOFTCAP) * (capped / C::SOFTCAP) : 1.0f;
+    return p * (dp - d) * slope * C::SCALE;
+}
+
+// Shared memory of both phases: two tiles of C::BK rows (keys, or query rows and their
+// output gradients), the query rows' L and D, and the keys' mask entries.
+template <typename T, typename C> struct AttbShared {
+    T* x;
+    T* y;
+    float* l;
+    float* d;
+    bool* kept;
+};
+
+// Phase 0: L (and D unless dv) of the block's 64 query rows.
+template <typename T, typename C> __device__ void attb_mma_stats(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_mask, char* ws, AttbShared<T, C> sh) {
+    constexpr int DH = (int)C::DH, BK = (int)C::BK, LD = DH + 8, KS = DH / 16, ST = BK / 8;
+    constexpr bool WITH_D = C::WHICH != 2;
+    T* Ks = sh.x;
+    T* Vs = sh.y;
+    bool* Ms = sh.kept;
+    const u64 b = blockIdx.z, h = blockIdx.y, kh = h / (C::H / C::KVH);
+    const int lane = threadIdx.x & 31;
+    const AttnRows<C> w((u64)blockIdx.x * 64, threadIdx.x >> 5, lane >> 2);
+    const bool ok0 = w.rows[0] < C::TQ, ok1 = w.rows[1] < C::TQ;
+    unsigned qa[KS][4], da[KS][4];
+    mma_load_rows<T, KS>(qa, tensor_at<T>(arena, o_q), attn_q<C>(b, w.rows[0], h), ok0, attn_q<C>(b, w.rows[1], h), ok1);
+    if constexpr (WITH_D) mma_load_rows<T, KS>(da, tensor_at<T>(arena, o_dout), attn_q<C>(b, w.rows[0], h), ok0, attn_q<C>(b, w.rows[1], h), ok1);
+    float m[2] = {MEMC_NEG_INF, MEMC_NEG_INF}, l[2] = {0.0f, 0.0f}, dsum[2] = {0.0f, 0.0f};
+    for (u64 j0 = w.kmin; j0 < w.kmax; j0 += BK) {
+        attn_load_keys<T, C, BK, LD>(Ks, Vs, Ms, arena, o_mask, tensor_at<T>(arena, o_k), tensor_at<T>(arena, o_v), b, kh, j0);
+        if (w.sees(j0, BK)) {
+            float s[ST][4], dp[ST][4], corr[2];
+            attn_score_tile<T, C, KS, ST, LD>(s, qa, Ks, Ms, j0, w);
+            if constexpr (WITH_D) {
+                mma_zero<ST>(dp);
+#pragma unroll
+                for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+                    for (int nt = 0; nt < ST; ++nt) {
+                        unsigned vb[2];
+                        mma_b_t<T, LD>(vb, Vs, nt * 8, ks);
+                        mma_16816<T>(dp[nt], da[ks], vb);
+                    }
+            }
+            attn_online<ST>(s, m, l, corr);
+            if constexpr (WITH_D) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) dsum[r] *= corr[r];
+#pragma unroll
+                for (int nt = 0; nt < ST; ++nt)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) dsum[c >> 1] += s[nt][c] * dp[nt][c];
+            }
+        }
+        __syncthreads();
+    }
+    float* lse = reinterpret_cast<float*>(ws);
+    float* dd = reinterpret_cast<float*>(ws + C::DOFF);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] = mma_quad_sum(l[r]);
+        dsum[r] = mma_quad_sum(dsum[r]);
+        if (w.rows[r] < C::TQ && (lane & 3) == 0) {
+            const u64 at = (b * C::H + h) * C::TQ + w.rows[r];
+            lse[at] = l[r] > 0.0f ? m[r] + logf(l[r]) : MEMC_INF;
+            if (WITH_D) dd[at] = l[r] > 0.0f ? dsum[r] / l[r] : 0.0f;
+        }
+    }
+}
+
+// Phase 1 of dq: the block's 64 query rows of head h over the key tiles they see.
+template <typename T, typename C> __device__ void attb_mma_dq(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_mask, u64 o_out, char* ws, AttbShared<T, C> sh) {
+    constexpr int DH = (int)C::DH, BK = (int)C::BK, LD = DH + 8, KS = DH / 16, NT = DH / 8, ST = BK / 8, PK = BK / 16;
+    T* Ks = sh.x;
+    T* Vs = sh.y;
+    bool* Ms = sh.kept;
+    const u64 b = blockIdx.z, h = blockIdx.y, kh = h / (C::H / C::KVH);
+    const int lane = threadIdx.x & 31, t = lane & 3;
+    const AttnRows<C> w((u64)blockIdx.x * 64, threadIdx.x >> 5, lane >> 2);
+    const bool ok0 = w.rows[0] < C::TQ, ok1 = w.rows[1] < C::TQ;
+    unsigned qa[KS][4], da[KS][4];
+    mma_load_rows<T, KS>(qa, tensor_at<T>(arena, o_q), attn_q<C>(b, w.rows[0], h), ok0, attn_q<C>(b, w.rows[1], h), ok1);
+    mma_load_rows<T, KS>(da, tensor_at<T>(arena, o_dout), attn_q<C>(b, w.rows[0], h), ok0, attn_q<C>(b, w.rows[1], h), ok1);
+    float lse[2], dd[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const u64 at = (b * C::H + h) * C::TQ + (w.rows[r] < C::TQ ? w.rows[r] : 0);
+        lse[r] = reinterpret_cast<const float*>(ws)[at];
+        dd[r] = reinterpret_cast<const float*>(ws + C::DOFF)[at];
+    }
+    float acc[NT][4];
+    mma_zero<NT>(acc);
+    for (u64 j0 = w.kmin; j0 < w.kmax; j0 += BK) {
+        attn_load_keys<T, C, BK, LD>(Ks, Vs, Ms, arena, o_mask, tensor_at<T>(arena, o_k), tensor_at<T>(arena, o_v), b, kh, j0);
+        if (w.sees(j0, BK)) {
+            float s[ST][4], dp[ST][4];
+            attn_score_tile<T, C, KS, ST, LD>(s, qa, Ks, Ms, j0, w);
+            mma_zero<ST>(dp);
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+                for (int nt = 0; nt < ST; ++nt) {
+                    unsigned vb[2];
+                    mma_b_t<T, LD>(vb, Vs, nt * 8, ks);
+                    mma_16816<T>(dp[nt], da[ks], vb);
+                }
+#pragma unroll
+            for (int nt = 0; nt < ST; ++nt)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const int r = c >> 1;
+                    const float p = s[nt][c] == MEMC_NEG_INF ? 0.0f : expf(s[nt][c] - lse[r]);
+                    s[nt][c] = attb_ds<C>(p, dp[nt][c], dd[r], s[nt][c]);
+                }
+            // dq += ds k: the score gradients of 16 keys are the A operand as they lie.
+#pragma unroll
+            for (int kk = 0; kk < PK; ++kk) {
+                unsigned sa[4];
+                mma_pack_scores<T, ST>(sa, s, kk);
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    unsigned kb[2];
+                    mma_b<T, LD>(kb, Ks, kk * 16, nt * 8);
+                    mma_16816<T>(acc[nt], sa, kb);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    T* out = tensor_at<T>(arena, o_out);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            if (w.rows[c >> 1] < C::TQ) st(out, attn_q<C>(b, w.rows[c >> 1], h) + nt * 8 + 2 * t + (c & 1), acc[nt][c]);
+}
+
+// Phase 1 of dk (C::WHICH 1) or dv (2): the block's 64 keys of kv head blockIdx.y, each warp
+// 16 of them, over the query tiles of the group's heads that see them.
+template <typename T, typename C> __device__ void attb_mma_dkv(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_mask, u64 o_out, char* ws, AttbShared<T, C> sh) {
+    constexpr int DH = (int)C::DH, BQ = (int)C::BK, LD = DH + 8, KS = DH / 16, NT = DH / 8, ST = BQ / 8, PK = BQ / 16;
+    constexpr bool DK = C::WHICH == 1;
+    T* Qs = sh.x;
+    T* Os = sh.y;
+    float* Ls = sh.l;
+    float* Ds = sh.d;
+    const u64 b = blockIdx.z, kh = blockIdx.y, group = C::H / C::KVH;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const u64 kb0 = (u64)blockIdx.x * 64, kw0 = kb0 + 16 * (u64)warp;
+    const u64 keys[2] = {kw0 + g, kw0 + g + 8};
+    bool kept[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) kept[r] = keys[r] < C::TK && attn_key_kept<C>(arena, o_mask, b, keys[r]);
+    unsigned ka[KS][4], va[KS][4];
+    mma_load_rows<T, KS>(ka, tensor_at<T>(arena, o_k), attn_kv<C>(b, keys[0], kh), kept[0], attn_kv<C>(b, keys[1], kh), kept[1]);
+    if constexpr (DK) mma_load_rows<T, KS>(va, tensor_at<T>(arena, o_v), attn_kv<C>(b, keys[0], kh), kept[0], attn_kv<C>(b, keys[1], kh), kept[1]);
+    const T* q = tensor_at<T>(arena, o_q);
+    const T* dout = tensor_at<T>(arena, o_dout);
+    const T zero = from_f32<T>(0.0f);
+    float acc[NT][4];
+    mma_zero<NT>(acc);
+    for (u64 h = kh * group; h < (kh + 1) * group; ++h) {
+        for (u64 i0 = 0; i0 < C::TQ; i0 += BQ) {
+            // Query rows see keys in ranges that only move forward with the row.
+            const u64 ilast = i0 + BQ - 1 < C::TQ ? i0 + BQ - 1 : C::TQ - 1;
+            if (attn_kend<C>(ilast) <= kb0 || attn_kfirst<C>(i0) >= kb0 + 64) continue;
+            for (u64 e = threadIdx.x; e < (u64)BQ * DH; e += blockDim.x) {
+                const u64 ii = e / DH, d = e % DH, i = i0 + ii;
+                Qs[ii * LD + d] = i < C::TQ ? q[attn_q<C>(b, i, h) + d] : zero;
+                Os[ii * LD + d] = i < C::TQ ? dout[attn_q<C>(b, i, h) + d] : zero;
+            }
+            for (u64 ii = threadIdx.x; ii < (u64)BQ; ii += blockDim.x) {
+                const u64 at = (b * C::H + h) * C::TQ + i0 + ii;
+                Ls[ii] = i0 + ii < C::TQ ? reinterpret_cast<const float*>(ws)[at] : MEMC_INF;
+                Ds[ii] = i0 + ii < C::TQ && DK ? reinterpret_cast<const float*>(ws + C::DOFF)[at] : 0.0f;
+            }
+            __syncthreads();
+            if (attn_kend<C>(ilast) > kw0 && attn_kfirst<C>(i0) < kw0 + 16) {
+                // s^T = k q^T: the warp's 16 keys by the tile's query rows.
+                float s[ST][4], dp[ST][4];
+                mma_zero<ST>(s);
+                if constexpr (DK) mma_zero<ST>(dp);
+#pragma unroll
+                for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+                    for (int nt = 0; nt < ST; ++nt) {
+                        unsigned qb[2];
+                        mma_b_t<T, LD>(qb, Qs, nt * 8, ks);
+                        mma_16816<T>(s[nt], ka[ks], qb);
+                        if constexpr (DK) {
+                            unsigned ob[2];
+                            mma_b_t<T, LD>(ob, Os, nt * 8, ks);
+                            mma_16816<T>(dp[nt], va[ks], ob);
+                        }
+                    }
+#pragma unroll
+                for (int nt = 0; nt < ST; ++nt)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        const int r = c >> 1;
+                        const u64 ii = nt * 8 + 2 * t + (c & 1), i = i0 + ii, j = keys[r];
+                        const bool seen = kept[r] && i < C::TQ && j >= attn_kfirst<C>(i) && j < attn_kend<C>(i);
+                        const float capped = attn_cap<C>(s[nt][c] * C::SCALE);
+                        const float p = seen ? expf(capped - Ls[ii]) : 0.0f;
+                        s[nt][c] = DK ? attb_ds<C>(p, dp[nt][c], Ds[ii], capped) : p;
+                    }
+                // dv += p^T dout, or dk += ds^T q: 16 query rows at a time as the A operand.
+#pragma unroll
+                for (int kk = 0; kk < PK; ++kk) {
+                    unsigned sa[4];
+                    mma_pack_scores<T, ST>(sa, s, kk);
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        unsigned xb[2];
+                        mma_b<T, LD>(xb, DK ? Qs : Os, kk * 16, nt * 8);
+                        mma_16816<T>(acc[nt], sa, xb);
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    T* out = tensor_at<T>(arena, o_out);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            if (keys[c >> 1] < C::TK) st(out, attn_kv<C>(b, keys[c >> 1], kh) + nt * 8 + 2 * t + (c & 1), acc[nt][c]);
+}
+
+template <typename T, typename C>
+__device__ void attention_backward_mma_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_mask, u64 o_out, u64 o_ws, u64 phase, u64) {
+    __shared__ T tile_x[C::BK * (C::DH + 8)];
+    __shared__ T tile_y[C::BK * (C::DH + 8)];
+    __shared__ float row_l[C::BK];
+    __shared__ float row_d[C::BK];
+    __shared__ bool key_kept[C::BK];
+    const AttbShared<T, C> sh{tile_x, tile_y, row_l, row_d, key_kept};
+    char* ws = arena + o_ws;
+    if (phase == 0) {
+        attb_mma_stats<T, C>(arena, o_q, o_k, o_v, o_dout, o_mask, ws, sh);
+    } else if constexpr (C::WHICH == 0) {
+        attb_mma_dq<T, C>(arena, o_q, o_k, o_v, o_dout, o_mask, o_out, ws, sh);
+    } else {
+        attb_mma_dkv<T, C>(arena, o_q, o_k, o_v, o_dout, o_mask, o_out, ws, sh);
+    }
+}
+
+// Without a key mask: the entry takes no mask offset.
+template <typename T, typename C>
+__device__ void attention_backward_mma_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_out, u64 o_ws, u64 phase, u64 chunk) {
+    attention_backward_mma_kernel<T, C>(arena, o_q, o_k, o_v, o_dout, 0, o_out, o_ws, phase, chunk);
+}
