@@ -25,6 +25,17 @@ pub use map::mapped_ops;
 /// The default-domain opsets the importer understands.
 pub const OPSETS: RangeInclusive<i64> = 7..=22;
 
+/// The element type a value's declaration states, if it does.
+fn elem_type(vi: &proto::ValueInfoProto) -> Option<i32> {
+    let t = vi.r#type.as_ref()?.tensor_type.as_ref()?;
+    (t.elem_type != 0).then_some(t.elem_type)
+}
+
+/// Whether a value is declared with an integer or boolean element type.
+fn declared_integer(vi: &proto::ValueInfoProto) -> bool {
+    elem_type(vi).is_some_and(tensor::is_integer)
+}
+
 /// An imported model: `.mdl` source and its weights (names as the `.mdl` declares them).
 #[derive(Debug, Clone)]
 pub struct Imported {
@@ -249,6 +260,16 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
                 return Err(UserError::general(
                     format!("graph output `{}` is an integer tensor", out.name),
                     "memc computes float outputs; integer inputs can only be ids of an embedding",
+                ))
+            }
+            Some(Value::Dyn(d)) if w.is_mask(d) || declared_integer(out) => {
+                return Err(UserError::general(
+                    format!(
+                        "graph output `{}` is a {} tensor",
+                        out.name,
+                        tensor::dtype_name(elem_type(out).unwrap_or(9))
+                    ),
+                    "memc computes float outputs; cast the result to float in the model",
                 ))
             }
             Some(Value::Dyn(d)) => outputs.push((out.name.clone(), w.output(&out.name, d))),

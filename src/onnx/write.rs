@@ -30,6 +30,7 @@ pub(super) struct Writer {
     weights: Weights,
     params: HashMap<String, Dyn>,
     ints: HashSet<String>,
+    masks: HashSet<String>,
 }
 
 /// The longest prefix ending in `/` shared by every value name (`gpu_0/`), dropped from names.
@@ -115,6 +116,7 @@ impl Writer {
             weights: Vec::new(),
             params: HashMap::new(),
             ints: HashSet::new(),
+            masks: HashSet::new(),
         }
     }
 
@@ -201,6 +203,17 @@ impl Writer {
     /// True when `d` holds integers (an integer graph input passed on unchanged).
     pub(super) fn is_integer(&self, d: &Dyn) -> bool {
         self.ints.contains(&d.expr)
+    }
+
+    /// Records that `d` holds a boolean ONNX value as a 0/1 float mask (a comparison's
+    /// result).
+    pub(super) fn mark_mask(&mut self, d: &Dyn) {
+        self.masks.insert(d.expr.clone());
+    }
+
+    /// True when `d` is a boolean ONNX value held as a 0/1 float mask.
+    pub(super) fn is_mask(&self, d: &Dyn) -> bool {
+        self.masks.contains(&d.expr)
     }
 
     /// `let <name> = expr`, the value named after ONNX value `name`.

@@ -41,17 +41,29 @@ fn gelu(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     same(&x, format!("gelu({}{exact})", x.expr))
 }
 
-/// `Identity`, eval-mode `Dropout` and `Cast` to float: the input itself.
+/// `Identity`, eval-mode `Dropout` and `Cast` to float: the input itself. A boolean mask
+/// (a comparison's result) casts to float as a value of its own, and to bool as itself.
 fn pass_on(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     let op = node.op();
-    if op == "Cast" && !matches!(node.int("to", 0), 1 | 11) {
-        return Err(node.err(
-            format!(
-                "casts a computed value to {}",
-                crate::onnx::tensor::dtype_name(node.int("to", 0) as i32)
-            ),
-            "memc computes in float32; only casts to float are imported",
-        ));
+    let to = node.int("to", 0);
+    if op == "Cast" {
+        let x = operand(node, env, w, 0)?;
+        let mask = w.is_mask(&x);
+        if mask && matches!(to, 1 | 11) {
+            return same(&x, x.expr.clone());
+        }
+        if mask && to == 9 {
+            return Ok(Out::Values(vec![Value::Dyn(x)]));
+        }
+        if !matches!(to, 1 | 11) {
+            return Err(node.err(
+                format!(
+                    "casts a computed value to {}",
+                    crate::onnx::tensor::dtype_name(to as i32)
+                ),
+                "memc computes in float32; only casts to float (and of comparison results to bool) are imported",
+            ));
+        }
     }
     let x = operand(node, env, w, 0)?;
     if op == "Cast" && w.is_integer(&x) {

@@ -1,12 +1,15 @@
 //! Maps each run-time ONNX node to `.mdl` expressions with exactly its semantics; constant
-//! operands become parameters. Every unsupported op or attribute is a diagnostic. Each op family has its own file: [`elementwise`], [`window`] (NCHW windows), [`dense`]
-//! (contractions and last-axis ops) and [`layout`] (reductions and data movement).
+//! operands become parameters. Every unsupported op or attribute is a diagnostic. Each op
+//! family has its own file: [`elementwise`], [`select`] (extrema, comparisons, `Where`,
+//! `Clip`, `Expand`), [`window`] (NCHW windows), [`dense`] (contractions and last-axis ops)
+//! and [`layout`] (reductions and data movement).
 
 mod activation;
 mod composed;
 mod dense;
 mod elementwise;
 mod layout;
+mod select;
 mod window;
 
 use super::shapes::broadcast_inputs;
@@ -75,6 +78,7 @@ pub fn mapped_ops() -> Vec<&'static str> {
         .filter_map(|f| f.onnx_name())
         .chain(MAPPED.iter().copied())
         .chain(activation::OPS.iter().copied())
+        .chain(select::OPS.iter().copied())
         .collect();
     ops.sort_unstable();
     ops.dedup();
@@ -103,8 +107,9 @@ type Family = fn(&Node, &Env, &mut Writer) -> R<Option<Out>>;
 
 /// Maps `node` to `.mdl` statements; returns its output values.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
-    let families: [Family; 6] = [
+    let families: [Family; 7] = [
         elementwise::map,
+        select::map,
         activation::map,
         composed::map,
         window::map,
