@@ -17,6 +17,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
     let out = match op {
         "Gelu" => gelu(node, env, w),
         "Identity" | "Dropout" | "Cast" => pass_on(node, env, w),
+        "CastLike" => cast_like(node, env, w),
         "Add" | "Sub" | "Mul" | "Div" => arithmetic(node, env, w, op),
         "Sum" => sum(node, env, w),
         "Pow" => square(node, env, w),
@@ -82,6 +83,23 @@ fn pass_on(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
         }
     }
     Ok(Out::Values(vec![Value::Dyn(x)]))
+}
+
+/// `CastLike(x, like)` between float tensors: `x` itself (memc computes in float32).
+fn cast_like(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
+    let float = |i: usize, w: &Writer| -> R<bool> {
+        Ok(match node.input(env, i)? {
+            Value::Const(c) => matches!(c.data, crate::onnx::tensor::Data::Float(_)),
+            Value::Dyn(d) => !w.is_integer(d) && !w.is_mask(d),
+        })
+    };
+    if !float(0, w)? || !float(1, w)? {
+        return Err(node.err(
+            "casts to or from a type that is not float",
+            "memc imports CastLike between float tensors",
+        ));
+    }
+    Ok(Out::Values(vec![node.input(env, 0)?.clone()]))
 }
 
 /// Binary arithmetic; a one-element constant that does not widen the result is written as

@@ -48,6 +48,8 @@ const MAPPED: &[&str] = &[
     "Unsqueeze",
     "Transpose",
     "Split",
+    "Slice",
+    "CastLike",
     "Pow",
     "Resize",
     "Upsample",
