@@ -91,7 +91,8 @@ pub fn mapped_ops() -> Vec<&'static str> {
 fn supported() -> String {
     format!(
         "{} (Pow as x^2, Resize/Upsample nearest by an integer factor, Pad constant on H and W, \
-         Gather as an embedding, Cast to float), and any op on constants that folding evaluates",
+         Gather as an embedding, Cast to float, Slice with step 1, Expand to a constant shape, \
+         comparisons as masks), and any op on constants that folding evaluates",
         mapped_ops().join(", ")
     )
 }
