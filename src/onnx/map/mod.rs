@@ -110,6 +110,7 @@ type Family = fn(&Node, &Env, &mut Writer) -> R<Option<Out>>;
 
 /// Maps `node` to `.mdl` statements; returns its output values.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
+    refuse_masks(node, env, w)?;
     let families: [Family; 7] = [
         elementwise::map,
         select::map,
@@ -133,6 +134,31 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
         format!("operator `{}` is not supported", node.op()),
         format!("memc imports {}", supported()),
     ))
+}
+
+/// The ops that read a comparison's 0/1 mask as the boolean it stands for.
+const MASK_READERS: &[&str] = &["Where", "Not", "And", "Or", "Cast", "Identity"];
+
+/// Refuses a node that is not a mask reader but reads a mask (a boolean value, which ONNX
+/// computes with only through those ops).
+fn refuse_masks(node: &Node, env: &Env, w: &Writer) -> R<()> {
+    if MASK_READERS.contains(&node.op()) {
+        return Ok(());
+    }
+    for i in 0..node.p.input.len() {
+        if node.input_name(i).is_none() {
+            continue;
+        }
+        if let Value::Dyn(d) = node.input(env, i)? {
+            if w.is_mask(d) {
+                return Err(node.err(
+                    format!("reads the boolean `{}` as a number", d.expr),
+                    "memc imports comparison results read by Where, Not, And, Or or a Cast",
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A value with `x`'s shape and dim names computed by `expr`.

@@ -45,11 +45,12 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
     out.map(Some)
 }
 
-/// Every input as a float operand: integer inputs and boolean masks are refused.
+/// Every input as a float operand: integer inputs are refused (masks never reach here:
+/// `map` refuses them first).
 fn floats(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Dyn>> {
     let ds = operands(node, env, w)?;
     for d in &ds {
-        if w.is_integer(d) || w.is_mask(d) {
+        if w.is_integer(d) {
             return Err(node.err(
                 format!("reads `{}`, which is not a float tensor", d.expr),
                 "memc imports this operator on float tensors only",
@@ -169,7 +170,7 @@ fn select(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
 /// number (an infinite one clamps nothing and is left out), a computed one a tensor.
 fn clip(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     let x = operand(node, env, w, 0)?;
-    if w.is_integer(&x) || w.is_mask(&x) {
+    if w.is_integer(&x) {
         return Err(node.err(
             "clips a tensor that is not float",
             "memc imports Clip on float tensors",
