@@ -1,9 +1,7 @@
 //! ONNX import: decodes a model (`proto`), folds constant subgraphs (`fold`), maps every
 //! other node to `.mdl` expressions (`map`) and writes a readable model with its weights
 //! (`write`). Anything memc cannot express is a [`UserError`] naming the node, its op type
-//! and opset. The mapped ops compute ONNX's formula up to float rounding; the one place the
-//! rounding differs from a direct clamp is HardSigmoid's and HardSwish's upper bound, written
-//! `1 - relu(1 - relu(y))` (within 2^-24 of it).
+//! and opset. The mapped ops compute ONNX's formula up to float rounding.
 
 mod blocks;
 mod fold;
