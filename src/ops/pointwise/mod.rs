@@ -170,8 +170,10 @@ impl BinaryFn {
 /// Constant bounds of `clamp`: either may be absent (unbounded on that side).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
 pub struct Bounds {
+    /// The lower bound; `None` leaves values below unclamped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lo: Option<f32>,
+    /// The upper bound, applied after the lower one; `None` leaves values above unclamped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hi: Option<f32>,
 }
