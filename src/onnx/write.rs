@@ -3,7 +3,7 @@
 
 use super::blocks::{self, Line};
 use super::proto::{GraphProto, ValueInfoProto};
-use super::tensor::{dtype_name, is_integer, Const, FLOAT};
+use super::tensor::{dtype_name, is_integer, Const, BOOL, FLOAT};
 use super::Dyn;
 use crate::diagnostic::UserError;
 use std::collections::{HashMap, HashSet};
@@ -126,7 +126,8 @@ impl Writer {
         fresh(base, &mut self.used)
     }
 
-    /// Declares a graph input; symbolic dims become `dim` declarations (default 1).
+    /// Declares a graph input; symbolic dims become `dim` declarations (default 1); a
+    /// boolean input becomes a float input of 0/1 that reads as a mask.
     pub(super) fn input(&mut self, vi: &ValueInfoProto) -> Result<Dyn, UserError> {
         let t = vi.r#type.as_ref().and_then(|t| t.tensor_type.as_ref());
         let Some(t) = t else {
@@ -135,8 +136,9 @@ impl Writer {
                 "memc imports models whose inputs are tensors",
             ));
         };
+        // A boolean input is a float input holding 0/1: a mask, as comparisons give.
         let dtype = match t.elem_type {
-            FLOAT => "",
+            FLOAT | BOOL => "",
             code if is_integer(code) => "i32",
             code => {
                 return Err(UserError::general(
@@ -187,6 +189,9 @@ impl Writer {
         let name = self.ident(&vi.name);
         if !dtype.is_empty() {
             self.ints.insert(name.clone());
+        }
+        if t.elem_type == BOOL {
+            self.masks.insert(name.clone());
         }
         self.input_names.push(name.clone());
         self.inputs.push(format!(
