@@ -150,6 +150,63 @@ gradcheck! {
     dropout: ("A = 4, B = 8", X, "dropout(x, p = 0.3)", "[A, B]", 1e-2, 1e-2);
     embedding_tied: ("V = 7, D = 4, N = 6", "  param t: [V, D] = normal(1.0)\n  input ids: i32[N]", "embed(t, ids) @ transpose(t)", "[N, V]", 1e-2, 1e-2);
     mse: ("A = 3, B = 4", XY, "mse(x, z * x) + x * 0", "[A, B]", 1e-2, 1e-2);
+    reciprocal: ("A = 3, B = 4", "  param x: [A, B] = uniform(0.5, 2.0)", "reciprocal(x)", "[A, B]", 1e-3, 1e-2);
+    minimum_broadcast: ("A = 3, B = 4", XY, "minimum(x, z)", "[A, B]", 1e-3, 1e-2);
+    maximum_broadcast: ("A = 3, B = 4", XY, "maximum(z, x)", "[A, B]", 1e-3, 1e-2);
+    maximum_number: ("A = 3, B = 4", X, "maximum(x, 0.25)", "[A, B]", 1e-3, 1e-2);
+    // A mask has no gradient; the product's gradient flows through `x` alone.
+    comparison_mask: ("A = 3, B = 4", XY, "less(x, z) * x + greater_equal(z, x) * z", "[A, B]", 1e-3, 1e-2);
+    where_broadcast: ("A = 3, B = 4", XY, "where(greater(x, 0.0), x * 2.0, z)", "[A, B]", 1e-3, 1e-2);
+    where_number: ("A = 3, B = 4", XY, "where(less_equal(z, 1.0), 0.5, x) + z", "[A, B]", 1e-3, 1e-2);
+    clamp_numbers: ("A = 3, B = 4", X, "clamp(x, -0.5, 0.75)", "[A, B]", 1e-3, 1e-2);
+    clamp_upper: ("A = 3, B = 4", X, "clamp(x, hi = 0.3)", "[A, B]", 1e-3, 1e-2);
+    clamp_tensors: ("A = 3, B = 4", XY, "clamp(x, z - 1.5, z)", "[A, B]", 1e-3, 1e-2);
+    clamp_tensor_and_number: ("A = 3, B = 4", XY, "clamp(x, lo = z - 1.2, hi = 0.9)", "[A, B]", 1e-3, 1e-2);
+}
+
+/// Every gradient of a model's parameters after one step of `src` (SGD at lr = 0).
+fn gradients(src: &str) -> HashMap<String, Vec<f32>> {
+    let c = compiled(src);
+    let mut ex = executor(&c, 7);
+    let mut grads: HashMap<String, Vec<f32>> = HashMap::new();
+    ex.run_step(Some(&mut |name: &str, g: &[f32]| {
+        grads.insert(name.to_string(), g.to_vec());
+    }))
+    .expect("step");
+    grads
+}
+
+/// Gradients where finite differences are undefined, as PyTorch defines them: operands
+/// that tie in `minimum`/`maximum` get half of the gradient each; `clamp` passes the whole
+/// gradient to `x` at a bound (numbers or tensors), and a tensor bound gets none there.
+#[test]
+fn ties_split_or_pass_the_gradient_as_pytorch_does() {
+    let tie = |body: &str| {
+        let src = format!(
+            "model ties {{
+  dim A = 2, B = 3
+  param a: [A, B] = ones()
+  param b: [A, B] = ones()
+  let y = {body}
+  loss = sum(y * 3.0)
+  train {{ optimizer = sgd(lr = 0.0) }}
+}}
+"
+        );
+        let g = gradients(&src);
+        let (Some(ga), Some(gb)) = (g.get("a"), g.get("b")) else {
+            panic!("{body}: gradients missing: {:?}", g.keys());
+        };
+        (ga[0], gb[0])
+    };
+    assert_eq!(tie("maximum(a, b)"), (1.5, 1.5));
+    assert_eq!(tie("minimum(a, b)"), (1.5, 1.5));
+    assert_eq!(tie("clamp(a, lo = b) + b * 0.0"), (3.0, 0.0));
+    assert_eq!(tie("clamp(a, hi = b) + b * 0.0"), (3.0, 0.0));
+    assert_eq!(tie("clamp(a, 1.0, 2.0) + b * 0.0"), (3.0, 0.0));
+    assert_eq!(tie("clamp(a, 0.0, 1.0) + b * 0.0"), (3.0, 0.0));
+    // Crossed bounds: `hi` wins, and takes the gradient.
+    assert_eq!(tie("clamp(a, lo = b + 1.0, hi = b) + b * 0.0"), (0.0, 3.0));
 }
 
 #[test]

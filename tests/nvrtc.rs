@@ -22,6 +22,7 @@ fn all_kernels() -> BTreeMap<String, (String, Kernel)> {
     let mut ks = BTreeMap::new();
     for KernelCase { label, kernel, .. } in kernel_cases()
         .into_iter()
+        .chain(kernel_cases_of(select::select_cases()))
         .chain(updates::bitwise_kernel_cases())
     {
         ks.insert(kernel.name.clone(), (label, kernel));

@@ -254,6 +254,33 @@ fn light_models_match_onnxruntime() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// An exporter's attention pattern over static shapes (shape arithmetic folded into a
+/// Reshape target, a causal mask folded from Range and Less, Where on it and on a run-time
+/// comparison, Clip with input bounds, Slice, variadic Max/Min, Reciprocal, Expand,
+/// CastLike, a mask cast to float) matches onnxruntime on every output.
+#[test]
+fn selections_and_static_shape_arithmetic_match_onnxruntime() {
+    let Some(py) = python() else { return };
+    let dir = scratch("select_shapes");
+    let model = Path::new(ROOT).join("tests/onnx/select_shapes.onnx");
+    let (err, refs) = compare(&py, &model, &dir, false);
+    assert_eq!(refs.len(), 4, "every output compared");
+    assert!(err < RTOL, "max rel error vs onnxruntime {err:.2e}");
+    let text = std::fs::read_to_string(dir.join("m.mdl")).expect("mdl");
+    for call in [
+        "where(",
+        "clamp(",
+        "maximum(",
+        "minimum(",
+        "reciprocal(",
+        "expand(",
+        "slice(",
+    ] {
+        assert!(text.contains(call), "no `{call}` in\n{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `tests/onnx/dynamic_batch.onnx` imported into a fresh scratch dir `name`: the dir and
 /// the `.mdl` path.
 fn import_dynamic_batch(name: &str) -> (PathBuf, PathBuf) {

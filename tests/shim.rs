@@ -28,6 +28,7 @@ use memc::exec::kernels::rng;
 use memc::front::train::Precision;
 use memc::ir::{DType, Op, TensorType};
 use memc::plan::{Plan, Target};
+use shim_harness::cases::{check_kernel_cases, compare_results, workspace};
 use shim_harness::*;
 use std::collections::HashMap;
 use std::path::Path;
@@ -47,102 +48,9 @@ fn all_cases() -> Vec<Case> {
     out
 }
 
-/// The scratch bytes the case's kernel takes on CUDA.
-fn workspace(case: &Case) -> u64 {
-    let refs: Vec<&TensorType> = case.inputs.iter().collect();
-    Target::CUDA_MIN.workspace_bytes(&case.op, &refs, &case.output)
-}
-
-/// Compiles, runs and compares one case; returns (max error, max error ratio).
-fn run_case(case: &Case, dir: &Path) -> Result<(f32, f32), String> {
-    let exe = compile(&case.kernel, dir)?;
-    let data = case_data(&case.op, &case.inputs, 7);
-    let want = cpu_reference(&case.f32_op, &case.f32_inputs, &data, CASE_STEP);
-    let arena = dir.join(format!("{}.arena", case.kernel.name));
-    let run = |reverse| {
-        shim_run(
-            &exe,
-            &case.kernel,
-            (&case.inputs, &case.output),
-            &data,
-            case.op.mutated_inputs(),
-            &arena,
-            reverse,
-            workspace(case),
-        )
-    };
-    let got = run(false)?;
-    if run(true)?.bits() != got.bits() {
-        return Err("the result depends on the order of threads or blocks (a race)".to_string());
-    }
-    compare_results(&got, &want, &case.output, &case.inputs)
-}
-
-/// (max error, max error ratio) over a step's output and updated inputs.
-fn compare_results(
-    got: &Results,
-    want: &Results,
-    output: &TensorType,
-    inputs: &[TensorType],
-) -> Result<(f32, f32), String> {
-    let mut pairs = Vec::new();
-    if let (Some(g), Some(w)) = (&got.output, &want.output) {
-        pairs.push((g, w, output.dtype));
-    } else if got.output.is_some() != want.output.is_some() {
-        return Err("output presence differs".to_string());
-    }
-    for ((i, g), (_, w)) in got.updated.iter().zip(&want.updated) {
-        pairs.push((g, w, inputs[*i].dtype));
-    }
-    if pairs.is_empty() {
-        return Err("nothing to compare".to_string());
-    }
-    Ok(pairs
-        .into_iter()
-        .map(|(g, w, dt)| compare(g, w, dt))
-        .fold((0f32, 0f32), |a, b| (a.0.max(b.0), a.1.max(b.1))))
-}
-
 #[test]
 fn every_kernel_family_matches_the_cpu_backend_through_the_shim() {
-    if let Some(why) = gxx_missing() {
-        println!("SKIP: {why}");
-        return;
-    }
-    let start = std::time::Instant::now();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let cases = all_cases();
-    let results = par_map(&cases, |c| run_case(c, dir.path()));
-    let mut failures = Vec::new();
-    let mut summary: HashMap<DType, (usize, f32, f32)> = HashMap::new();
-    for (case, r) in cases.iter().zip(&results) {
-        match r {
-            Ok((err, ratio)) if *ratio <= 1.0 => {
-                let s = summary.entry(case.dtype).or_default();
-                *s = (s.0 + 1, s.1.max(*err), s.2.max(*ratio));
-            }
-            Ok((err, ratio)) => failures.push(format!(
-                "{}: max error {err:e} is {ratio:.1}x the tolerance",
-                case.label
-            )),
-            Err(e) => failures.push(format!("{}: {e}", case.label)),
-        }
-    }
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
-        let (n, err, ratio) = summary.get(&dtype).copied().unwrap_or_default();
-        println!(
-            "{dtype}: {n} kernels match the CPU backend (max abs error {err:e}, \
-             {ratio:.3} of the tolerance)"
-        );
-    }
-    println!("{} cases in {:.1?}", cases.len(), start.elapsed());
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases failed:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
+    check_kernel_cases(&all_cases());
 }
 
 /// Inputs for the cast kernels: ties, overflow to infinity, subnormals, signed zero, NaN and

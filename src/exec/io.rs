@@ -10,7 +10,8 @@ pub enum TensorData {
     I32(Vec<usize>, Vec<i32>),
 }
 
-/// Reads a `.npy` array of f32 or i32 (i64 is narrowed when every value fits).
+/// Reads a `.npy` array of f32 or i32 (i64 is narrowed when every value fits; booleans
+/// become f32 0/1, a mask).
 pub fn read_npy(bytes: &[u8]) -> Result<TensorData, String> {
     let npy = npyz::NpyFile::new(bytes).map_err(|e| format!("not a .npy file: {e}"))?;
     let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
@@ -22,6 +23,15 @@ pub fn read_npy(bytes: &[u8]) -> Result<TensorData, String> {
     match type_str.trim_start_matches(['<', '|', '=']) {
         "f4" => Ok(TensorData::F32(shape, npy.into_vec::<f32>().map_err(bad)?)),
         "i4" => Ok(TensorData::I32(shape, npy.into_vec::<i32>().map_err(bad)?)),
+        "b1" => {
+            let bits = npy.into_vec::<bool>().map_err(bad)?;
+            Ok(TensorData::F32(
+                shape,
+                bits.into_iter()
+                    .map(|b| if b { 1.0 } else { 0.0 })
+                    .collect(),
+            ))
+        }
         "i8" => {
             let wide = npy.into_vec::<i64>().map_err(bad)?;
             let narrow: Result<Vec<i32>, _> = wide.iter().map(|&v| i32::try_from(v)).collect();
@@ -31,7 +41,7 @@ pub fn read_npy(bytes: &[u8]) -> Result<TensorData, String> {
             ))
         }
         other => Err(format!(
-            "unsupported dtype `{other}` (use float32, int32 or int64)"
+            "unsupported dtype `{other}` (use float32, int32, int64 or bool)"
         )),
     }
 }
@@ -70,4 +80,26 @@ pub fn write_safetensors(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
     safetensors::serialize(views, &metadata).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bool_npy_reads_as_a_float_mask() {
+        let mut bytes = Vec::new();
+        let mut w = npyz::WriteOptions::<bool>::new()
+            .default_dtype()
+            .shape(&[3])
+            .writer(&mut bytes)
+            .begin_nd()
+            .expect("header");
+        w.extend([true, false, true]).expect("data");
+        w.finish().expect("finish");
+        assert_eq!(
+            read_npy(&bytes),
+            Ok(TensorData::F32(vec![3], vec![1.0, 0.0, 1.0]))
+        );
+    }
 }

@@ -9,7 +9,7 @@ pub use crate::ops::conv::ConvParams;
 pub use crate::ops::loss::{CeParams, LceGrad, LinearCe};
 pub use crate::ops::norm::NormKind;
 pub use crate::ops::optimizer::{AdamWParams, SgdParams};
-pub use crate::ops::pointwise::{BinaryFn, UnaryFn};
+pub use crate::ops::pointwise::{BinaryFn, Bounds, UnaryFn};
 pub use crate::ops::pool::PoolParams;
 pub use crate::ops::quant::{Quantized, Scheme};
 
@@ -60,6 +60,13 @@ pub enum Op {
     UnaryOutputBackward(UnaryFn),
     /// `(a, b) -> a op b`, broadcasting.
     Binary(BinaryFn),
+    /// `(cond, a, b) -> a where cond is nonzero, else b`, all three broadcasting; `cond` is
+    /// a mask in the operands' float dtype (NaN counts as nonzero). `cond` gets no gradient.
+    Where,
+    /// `x -> clamp(x, lo, hi)` with constant bounds ([`Bounds::clamp`]).
+    Clamp(Bounds),
+    /// `(x, dy) -> dy where lo <= x <= hi, else 0` ([`Bounds::passes`]).
+    ClampBackward(Bounds),
     /// `x -> x * scale + shift`.
     Affine { scale: f32, shift: f32 },
     /// `x -> sum of x over the dims where `shape` has 1 (or that it lacks)`.
@@ -272,6 +279,9 @@ impl Op {
             UnaryBackward(_) => "unary_backward",
             UnaryOutputBackward(_) => "unary_output_backward",
             Binary(_) => "binary",
+            Where => "where",
+            Clamp(_) => "clamp",
+            ClampBackward(_) => "clamp_backward",
             Affine { .. } => "affine",
             SumTo { .. } => "sum_to",
             BroadcastTo { .. } => "broadcast_to",

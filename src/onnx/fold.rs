@@ -1,10 +1,10 @@
-//! Constant folding: a node whose inputs are all constants (and `Shape` of any value, whose
-//! shape is known) is evaluated at import, so shape arithmetic and generated weights
+//! Constant folding: a node whose inputs are all constants (and `Shape` and `Size` of any
+//! value, whose shape is known) is evaluated at import, so shape arithmetic and generated weights
 //! (`ConstantOfShape`) become constants and then parameters.
 
 use super::shapes::{
     axes_arg, axis, broadcast_index, broadcast_inputs, coords, flat, flattened, reshape_target,
-    squeezed, transpose_perm, unsqueezed,
+    slice_ranges, squeezed, transpose_perm, unsqueezed,
 };
 use super::tensor::{self, Const, Data};
 use super::{Env, Node, Value};
@@ -149,48 +149,7 @@ fn transpose(node: &Node, c: &Const) -> R<Const> {
 }
 
 fn slice(node: &Node, env: &Env, c: &Const) -> R<Const> {
-    let rank = c.shape.len();
-    let list = |i: usize, attr: &str| -> R<Option<Vec<i64>>> {
-        if node.opset < 10 {
-            return Ok(node.ints(attr));
-        }
-        match node.input_name(i) {
-            Some(_) => Ok(Some(node.konst(env, i)?.ints())),
-            None => Ok(None),
-        }
-    };
-    let starts = list(1, "starts")?.unwrap_or_default();
-    let ends = list(2, "ends")?.unwrap_or_default();
-    let axes = list(3, "axes")?.unwrap_or_else(|| (0..starts.len() as i64).collect());
-    let steps = list(4, "steps")?.unwrap_or_else(|| vec![1; starts.len()]);
-    if [ends.len(), axes.len(), steps.len()] != [starts.len(); 3] {
-        return Err(node.err(
-            "starts, ends, axes and steps differ in length",
-            "the file is malformed",
-        ));
-    }
-    let mut ranges: Vec<(i64, i64, i64)> = c.shape.iter().map(|&d| (0, d as i64, 1)).collect();
-    for (k, &a) in axes.iter().enumerate() {
-        let ax = axis(node, a, rank)?;
-        let d = c.shape[ax] as i64;
-        let step = steps.get(k).copied().unwrap_or(1);
-        if step == 0 {
-            return Err(node.err("a slice step is 0", "the file is malformed"));
-        }
-        let norm = |v: i64, lo: i64, hi: i64| (if v < 0 { v + d } else { v }).clamp(lo, hi);
-        let (s, e) = if step > 0 {
-            (
-                norm(starts[k], 0, d),
-                norm(ends.get(k).copied().unwrap_or(d), 0, d),
-            )
-        } else {
-            (
-                norm(starts[k], -1, d - 1),
-                norm(ends.get(k).copied().unwrap_or(-d - 1), -1, d - 1),
-            )
-        };
-        ranges[ax] = (s, e, step);
-    }
+    let ranges = slice_ranges(node, env, &c.shape)?;
     let picks: Vec<Vec<usize>> = ranges
         .iter()
         .map(|&(s, e, st)| {
@@ -340,6 +299,20 @@ pub(super) fn fold(node: &Node, env: &Env) -> R<Option<Const>> {
             Value::Dyn(d) => shape_const(&d.shape, &d.syms, node),
             Value::Const(c) => shape_const(&c.shape, &[], node),
         }));
+    }
+    if op == "Size" {
+        let (shape, syms) = match node.input(env, 0)? {
+            Value::Dyn(d) => (d.shape.clone(), d.syms.clone()),
+            Value::Const(c) => (c.shape.clone(), Vec::new()),
+        };
+        if let Some(d) = syms.iter().flatten().next() {
+            return Err(node.err(
+                format!("counts elements over the model dim `{d}`, which memc cannot keep symbolic here"),
+                "export with a fixed size for this dim",
+            ));
+        }
+        let n = shape.iter().product::<usize>() as i64;
+        return Ok(Some(Const::new(vec![], Data::Int(vec![n]))));
     }
     let mut ins = Vec::new();
     for i in 0..node.p.input.len() {

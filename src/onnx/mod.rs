@@ -1,9 +1,7 @@
 //! ONNX import: decodes a model (`proto`), folds constant subgraphs (`fold`), maps every
 //! other node to `.mdl` expressions (`map`) and writes a readable model with its weights
 //! (`write`). Anything memc cannot express is a [`UserError`] naming the node, its op type
-//! and opset. The mapped ops compute ONNX's formula up to float rounding; the one place the
-//! rounding differs from a direct clamp is HardSigmoid's and HardSwish's upper bound, written
-//! `1 - relu(1 - relu(y))` (within 2^-24 of it).
+//! and opset. The mapped ops compute ONNX's formula up to float rounding.
 
 mod blocks;
 mod fold;
@@ -24,6 +22,17 @@ pub use map::mapped_ops;
 
 /// The default-domain opsets the importer understands.
 pub const OPSETS: RangeInclusive<i64> = 7..=22;
+
+/// The element type a value's declaration states, if it does.
+fn elem_type(vi: &proto::ValueInfoProto) -> Option<i32> {
+    let t = vi.r#type.as_ref()?.tensor_type.as_ref()?;
+    (t.elem_type != 0).then_some(t.elem_type)
+}
+
+/// Whether a value is declared with an integer or boolean element type.
+fn declared_integer(vi: &proto::ValueInfoProto) -> bool {
+    elem_type(vi).is_some_and(tensor::is_integer)
+}
 
 /// An imported model: `.mdl` source and its weights (names as the `.mdl` declares them).
 #[derive(Debug, Clone)]
@@ -249,6 +258,16 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
                 return Err(UserError::general(
                     format!("graph output `{}` is an integer tensor", out.name),
                     "memc computes float outputs; integer inputs can only be ids of an embedding",
+                ))
+            }
+            Some(Value::Dyn(d)) if w.is_mask(d) || declared_integer(out) => {
+                return Err(UserError::general(
+                    format!(
+                        "graph output `{}` is a {} tensor",
+                        out.name,
+                        tensor::dtype_name(elem_type(out).unwrap_or(9))
+                    ),
+                    "memc computes float outputs; cast the result to float in the model",
                 ))
             }
             Some(Value::Dyn(d)) => outputs.push((out.name.clone(), w.output(&out.name, d))),

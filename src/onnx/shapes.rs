@@ -1,5 +1,6 @@
 //! ONNX shape rules shared by constant folding and mapping: broadcasting, axes, reshape
-//! targets, squeeze/unsqueeze and transpose permutations, and row-major indexing.
+//! targets, squeeze/unsqueeze and transpose permutations, slice ranges, and row-major
+//! indexing.
 
 use super::{Env, Node};
 use crate::diagnostic::UserError;
@@ -210,4 +211,53 @@ pub(super) fn transpose_perm(node: &Node, rank: usize) -> R<Vec<usize>> {
         ));
     }
     Ok(perm)
+}
+
+/// `Slice`'s `(start, end, step)` per dim of `shape`, from its attributes (opset < 10) or
+/// constant inputs: negative indices counted from the end and clamped as ONNX clamps them
+/// (to `-1..=d-1` for a negative step), every other dim whole.
+pub(super) fn slice_ranges(node: &Node, env: &Env, shape: &[usize]) -> R<Vec<(i64, i64, i64)>> {
+    let rank = shape.len();
+    let list = |i: usize, attr: &str| -> R<Option<Vec<i64>>> {
+        if node.opset < 10 {
+            return Ok(node.ints(attr));
+        }
+        match node.input_name(i) {
+            Some(_) => Ok(Some(node.konst(env, i)?.ints())),
+            None => Ok(None),
+        }
+    };
+    let starts = list(1, "starts")?.unwrap_or_default();
+    let ends = list(2, "ends")?.unwrap_or_default();
+    let axes = list(3, "axes")?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = list(4, "steps")?.unwrap_or_else(|| vec![1; starts.len()]);
+    if [ends.len(), axes.len(), steps.len()] != [starts.len(); 3] {
+        return Err(node.err(
+            "starts, ends, axes and steps differ in length",
+            "the file is malformed",
+        ));
+    }
+    let mut ranges: Vec<(i64, i64, i64)> = shape.iter().map(|&d| (0, d as i64, 1)).collect();
+    for (k, &a) in axes.iter().enumerate() {
+        let ax = axis(node, a, rank)?;
+        let d = shape[ax] as i64;
+        let step = steps.get(k).copied().unwrap_or(1);
+        if step == 0 {
+            return Err(node.err("a slice step is 0", "the file is malformed"));
+        }
+        let norm = |v: i64, lo: i64, hi: i64| (if v < 0 { v + d } else { v }).clamp(lo, hi);
+        let (s, e) = if step > 0 {
+            (
+                norm(starts[k], 0, d),
+                norm(ends.get(k).copied().unwrap_or(d), 0, d),
+            )
+        } else {
+            (
+                norm(starts[k], -1, d - 1),
+                norm(ends.get(k).copied().unwrap_or(-d - 1), -1, d - 1),
+            )
+        };
+        ranges[ax] = (s, e, step);
+    }
+    Ok(ranges)
 }

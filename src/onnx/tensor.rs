@@ -9,7 +9,8 @@ const UINT8: i32 = 2;
 const INT8: i32 = 3;
 const INT32: i32 = 6;
 const INT64: i32 = 7;
-const BOOL: i32 = 9;
+/// ONNX's boolean element type code.
+pub const BOOL: i32 = 9;
 const DOUBLE: i32 = 11;
 
 /// The ONNX name of an element type code, for diagnostics.

@@ -3,7 +3,7 @@
 
 use super::blocks::{self, Line};
 use super::proto::{GraphProto, ValueInfoProto};
-use super::tensor::{dtype_name, is_integer, Const, FLOAT};
+use super::tensor::{dtype_name, is_integer, Const, BOOL, FLOAT};
 use super::Dyn;
 use crate::diagnostic::UserError;
 use std::collections::{HashMap, HashSet};
@@ -30,6 +30,7 @@ pub(super) struct Writer {
     weights: Weights,
     params: HashMap<String, Dyn>,
     ints: HashSet<String>,
+    masks: HashSet<String>,
 }
 
 /// The longest prefix ending in `/` shared by every value name (`gpu_0/`), dropped from names.
@@ -115,6 +116,7 @@ impl Writer {
             weights: Vec::new(),
             params: HashMap::new(),
             ints: HashSet::new(),
+            masks: HashSet::new(),
         }
     }
 
@@ -124,7 +126,8 @@ impl Writer {
         fresh(base, &mut self.used)
     }
 
-    /// Declares a graph input; symbolic dims become `dim` declarations (default 1).
+    /// Declares a graph input; symbolic dims become `dim` declarations (default 1); a
+    /// boolean input becomes a float input of 0/1 that reads as a mask.
     pub(super) fn input(&mut self, vi: &ValueInfoProto) -> Result<Dyn, UserError> {
         let t = vi.r#type.as_ref().and_then(|t| t.tensor_type.as_ref());
         let Some(t) = t else {
@@ -133,8 +136,9 @@ impl Writer {
                 "memc imports models whose inputs are tensors",
             ));
         };
+        // A boolean input is a float input holding 0/1: a mask, as comparisons give.
         let dtype = match t.elem_type {
-            FLOAT => "",
+            FLOAT | BOOL => "",
             code if is_integer(code) => "i32",
             code => {
                 return Err(UserError::general(
@@ -186,6 +190,9 @@ impl Writer {
         if !dtype.is_empty() {
             self.ints.insert(name.clone());
         }
+        if t.elem_type == BOOL {
+            self.masks.insert(name.clone());
+        }
         self.input_names.push(name.clone());
         self.inputs.push(format!(
             "input {name}: {dtype}[{}]",
@@ -201,6 +208,17 @@ impl Writer {
     /// True when `d` holds integers (an integer graph input passed on unchanged).
     pub(super) fn is_integer(&self, d: &Dyn) -> bool {
         self.ints.contains(&d.expr)
+    }
+
+    /// Records that `d` holds a boolean ONNX value as a 0/1 float mask (a comparison's
+    /// result).
+    pub(super) fn mark_mask(&mut self, d: &Dyn) {
+        self.masks.insert(d.expr.clone());
+    }
+
+    /// True when `d` is a boolean ONNX value held as a 0/1 float mask.
+    pub(super) fn is_mask(&self, d: &Dyn) -> bool {
+        self.masks.contains(&d.expr)
     }
 
     /// `let <name> = expr`, the value named after ONNX value `name`.

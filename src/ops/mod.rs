@@ -47,6 +47,9 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::UnaryBackward(_)
         | Op::UnaryOutputBackward(_)
         | Op::Binary(_)
+        | Op::Where
+        | Op::Clamp(_)
+        | Op::ClampBackward(_)
         | Op::Affine { .. } => &pointwise::Family,
         Op::Cast { .. } => &cast::Family,
         Op::SumTo { .. } | Op::BroadcastTo { .. } | Op::MaxTo { .. } | Op::MaxToBackward => {

@@ -5,6 +5,7 @@ mod attention;
 mod ignore;
 mod multi_block;
 pub mod quant;
+pub mod select;
 pub mod updates;
 
 use updates::{adamw8, adamw8_inputs};
@@ -552,8 +553,14 @@ pub struct KernelCase {
 /// Every case in f32, f16 and bf16 (the optimizers' clip coefficient stays f32, as the clip
 /// op always produces it), in case order; panics naming a case that has no kernel.
 pub fn kernel_cases() -> Vec<KernelCase> {
+    kernel_cases_of(cases())
+}
+
+/// The given (label, op, f32 inputs) cases in f32, f16 and bf16, as [`kernel_cases`] makes
+/// them.
+pub fn kernel_cases_of(cases: Vec<(&'static str, Op, Vec<TensorType>)>) -> Vec<KernelCase> {
     let mut out = Vec::new();
-    for (label, f32_op, f32_inputs) in cases() {
+    for (label, f32_op, f32_inputs) in cases {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let (op, inputs) = with_dtype(&f32_op, &f32_inputs, dtype);
             let output = output(&op, &inputs);

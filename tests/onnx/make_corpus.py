@@ -14,7 +14,14 @@ tests/onnx/flatten_negative.onnx: Flatten with axis -1 ([2, 3, 4, 5] -> [24, 5])
 tests/onnx/reduce_noop.onnx: ReduceSum without axes and with noop_with_empty_axes = 1 (the
 identity) after a MatMul (onnxruntime 1.20 cannot run it: tests/onnx.rs checks the import);
 tests/onnx/reduce_family.onnx: ReduceMin, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSumExp
-and ReduceLogSum (of a Sigmoid) after a MatMul.
+and ReduceLogSum (of a Sigmoid) after a MatMul;
+tests/onnx/select_shapes.onnx: an exporter's attention pattern over static shapes (heads split by
+a Reshape whose target is Shape -> Gather -> Unsqueeze -> Concat, a causal mask from Range and
+Less folded to a constant, Where on it and on a run-time Greater, Clip with input bounds, one
+missing), Slice of a computed value, variadic Max and Min, Reciprocal, a class token Expand-ed
+to the batch and concatenated, CastLike and a Cast of a mask to float;
+tests/onnx/errors/bool_output.onnx, errors/slice_step.onnx: a comparison as a graph output and a
+strided Slice of a computed value, refused.
 """
 import os
 
@@ -204,6 +211,79 @@ def main():
     ]
     outs = [tensor("min", [3]), tensor("sum_square", [3, 1]), tensor("l1", [5]), tensor("l2", [3]), tensor("log_sum_exp", [3]), tensor("log_sum", [3])]
     save(model(nodes, [tensor("x", [3, 4])], outs, [weight("w", [4, 5])]), "reduce_family.onnx")
+    select_shapes()
+
+
+def select_shapes():
+    mk = helper.make_node
+    i64 = lambda v, name: numpy_helper.from_array(np.array(v, dtype=np.int64), name)
+    f32 = lambda v, name: numpy_helper.from_array(np.array(v, dtype=np.float32), name)
+    nodes = [
+        mk("MatMul", ["x", "w"], ["h"], name="proj"),
+        mk("Shape", ["h"], ["shape"], name="shape"),
+        mk("Gather", ["shape", "zero"], ["batch"], name="batch", axis=0),
+        mk("Unsqueeze", ["batch", "axis0"], ["batch1"], name="batch1"),
+        mk("Concat", ["batch1", "heads_tail"], ["target"], name="target", axis=0),
+        mk("Reshape", ["h", "target"], ["split"], name="split_heads"),
+        mk("Transpose", ["split"], ["q"], name="heads_first", perm=[0, 2, 1, 3]),
+        mk("Transpose", ["q"], ["kt"], name="kt", perm=[0, 1, 3, 2]),
+        mk("MatMul", ["q", "kt"], ["scores"], name="scores"),
+        mk("Range", ["zero", "five", "one"], ["steps"], name="steps"),
+        mk("Unsqueeze", ["steps", "axis0"], ["row"], name="row"),
+        mk("Unsqueeze", ["steps", "axis1"], ["col"], name="col"),
+        mk("Less", ["col", "row"], ["future"], name="future"),
+        mk("Where", ["future", "minus_big", "scores"], ["masked"], name="causal"),
+        mk("Greater", ["masked", "threshold"], ["high"], name="high"),
+        mk("Mul", ["masked", "half"], ["damped"], name="damp"),
+        mk("Where", ["high", "damped", "masked"], ["tamed"], name="tame"),
+        mk("Softmax", ["tamed"], ["p"], name="softmax", axis=-1),
+        mk("Clip", ["scores", "lo", "hi"], ["clipped"], name="clip"),
+        mk("Clip", ["clipped", "", "hi2"], ["clipped2"], name="clip_upper"),
+        mk("Slice", ["h", "starts", "ends", "axes"], ["mid"], name="mid"),
+        mk("Sigmoid", ["mid"], ["sig"], name="sig"),
+        mk("Min", ["mid", "sig"], ["low"], name="low"),
+        mk("Max", ["mid", "low", "sig"], ["top"], name="top"),
+        mk("Add", ["sig", "one_f"], ["sig1"], name="sig1"),
+        mk("Reciprocal", ["sig1"], ["inv"], name="inv"),
+        mk("CastLike", ["two", "x"], ["two_f"], name="two_like"),
+        mk("Mul", ["inv", "two_f"], ["inv2"], name="inv2"),
+        mk("Cast", ["high"], ["high_f"], name="high_f", to=1),
+        mk("ReduceSum", ["high_f", "last"], ["high_n"], name="high_n", keepdims=0),
+        mk("Add", ["top", "inv2"], ["body"], name="body"),
+        mk("Concat", ["batch1", "one_eight"], ["cls_shape"], name="cls_shape", axis=0),
+        mk("Expand", ["cls", "cls_shape"], ["cls_b"], name="cls_b"),
+        mk("Concat", ["cls_b", "body"], ["tokens"], name="tokens", axis=1),
+    ]
+    inits = [
+        weight("w", [8, 8]),
+        weight("cls", [1, 1, 8]),
+        i64(0, "zero"),
+        i64(5, "five"),
+        i64(1, "one"),
+        i64([0], "axis0"),
+        i64([1], "axis1"),
+        i64([-1], "last"),
+        i64([5, 2, 4], "heads_tail"),
+        i64([1], "starts"),
+        i64([4], "ends"),
+        i64([1], "axes"),
+        i64([1, 8], "one_eight"),
+        f32(-1e4, "minus_big"),
+        f32(0.3, "threshold"),
+        f32(0.5, "half"),
+        f32(-0.5, "lo"),
+        f32(0.6, "hi"),
+        f32(0.4, "hi2"),
+        f32(1.0, "one_f"),
+        f32(2.0, "two"),
+    ]
+    outs = [tensor("p", [2, 2, 5, 5]), tensor("clipped2", [2, 2, 5, 5]), tensor("tokens", [2, 4, 8]), tensor("high_n", [2, 2, 5])]
+    save(model(nodes, [tensor("x", [2, 5, 8])], outs, inits, opset=17), "select_shapes.onnx")
+    less = mk("Less", ["x", "y"], ["z"], name="less")
+    save(model([less], [tensor("x", [2, 3]), tensor("y", [2, 3])], [tensor("z", [2, 3], TensorProto.BOOL)]), "errors/bool_output.onnx")
+    nodes = [mk("Relu", ["x"], ["r"], name="act"), mk("Slice", ["r", "starts", "ends", "axes", "steps"], ["y"], name="every_other")]
+    inits = [i64([0], "starts"), i64([6], "ends"), i64([1], "axes"), i64([2], "steps")]
+    save(model(nodes, [tensor("x", [2, 6])], [tensor("y", [2, 3])], inits), "errors/slice_step.onnx")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 //! launches them over an arena file, encodes and decodes arena bytes per dtype, seeds op
 //! inputs, runs the CPU backend on the same inputs, and compares within per-dtype
 //! tolerances (see `tests/shim.rs` for the rules).
+pub mod cases;
+
 use half::{bf16, f16};
 use memc::codegen::{Kernel, KernelParam};
 use memc::exec::cpu::CpuExecutor;
 use memc::exec::kernels::{reduce, rng};
-use memc::ir::{CeParams, DType, Graph, Op, Origin, Phase, Span, TensorType};
+use memc::ir::{BinaryFn, CeParams, DType, Graph, Op, Origin, Phase, Span, TensorType, UnaryFn};
 use memc::plan::{build, verify, BuildOptions};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -314,6 +316,19 @@ pub fn case_data(op: &Op, inputs: &[TensorType], seed: u64) -> Vec<Vec<f32>> {
             let forward = Op::LinearCrossEntropy(*lce);
             let rows = cpu_reference(&forward, &f32s, &data, 1).output;
             rows.expect("the forward has an output")
+        } else if selects(op) {
+            // Halves, exact in every dtype, so operands tie with each other and with the
+            // clamp bounds; `where`'s condition a 0/1 mask.
+            (0..n)
+                .map(|j| {
+                    let v = (rng::normal01(key, 0, j as u64) * 2.0).round() * 0.5;
+                    match (op, i) {
+                        (Op::Where, 0) => f32::from(u8::from(v > 0.0)),
+                        (Op::Unary(_) | Op::UnaryBackward(_), 0) if v == 0.0 => 0.5,
+                        _ => v,
+                    }
+                })
+                .collect()
         } else {
             let positive = matches!(
                 (op, i),
@@ -333,6 +348,17 @@ pub fn case_data(op: &Op, inputs: &[TensorType], seed: u64) -> Vec<Vec<f32>> {
         data.push(values.iter().map(|&v| round_to(ty.dtype, v)).collect());
     }
     data
+}
+
+/// Whether `op` selects or compares (its data is drawn in halves to produce ties):
+/// extrema, comparisons, `where`, `clamp` and `reciprocal`.
+fn selects(op: &Op) -> bool {
+    match op {
+        Op::Binary(f) => f.is_comparison() || matches!(f, BinaryFn::Minimum | BinaryFn::Maximum),
+        Op::Unary(f) | Op::UnaryBackward(f) => *f == UnaryFn::Reciprocal,
+        Op::Where | Op::Clamp(_) | Op::ClampBackward(_) => true,
+        _ => false,
+    }
 }
 
 /// What a step produced: its output (if it has one) and its in-place updated inputs.

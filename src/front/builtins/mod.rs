@@ -2,11 +2,13 @@
 //! `upsample`, ...) lowers to core ops here. This module evaluates a call's arguments and
 //! dispatches by name; each family of built-ins lives in its own file: [`layers`] (unary
 //! functions, norms, linear layers, embeddings, losses, dropout, attention), [`shape`]
-//! (reductions, softmax, reshaping, slicing), [`spatial`] (NCHW convolution, pooling,
+//! (reductions, softmax, reshaping, slicing), [`select`] (extrema, comparisons, `where`,
+//! `clamp`), [`spatial`] (NCHW convolution, pooling,
 //! padding, resampling) and [`params`] (parameter constructors).
 
 mod layers;
 mod params;
+mod select;
 mod shape;
 mod spatial;
 
@@ -254,6 +256,9 @@ impl Lowerer<'_> {
         if let Some(f) = layers::unary_fn(name) {
             return self.unary(f, args, span);
         }
+        if let Some(f) = select::binary_fn(name) {
+            return self.selection(f, args, span);
+        }
         match name {
             "sum" | "mean" | "max" => self.reduce(name, args, span),
             "softmax" | "log_softmax" => self.softmax(name, args, span),
@@ -278,6 +283,8 @@ impl Lowerer<'_> {
             "dropout" => self.dropout(args, span),
             "attention" => self.attention(args, span),
             "rope" => self.rope(args, span),
+            "where" => self.where_call(args, span),
+            "clamp" => self.clamp(args, span),
             _ => Err(UserError::at(
                 call.name.span,
                 format!("unknown function `{name}`"),

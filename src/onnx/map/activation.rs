@@ -2,8 +2,8 @@
 //! `exp`, `tanh`, `softplus` and arithmetic, and `Mean` as a sum divided by the count.
 //! The compositions are exact where the op is piecewise linear (`Abs`, `LeakyRelu`: one of
 //! the two `relu` terms is zero), round like ONNX's reference where it computes the same
-//! formula (`Elu`, `Selu`, `Celu`, `Mish`, `Softsign`), and the clamps of `HardSigmoid` and
-//! `HardSwish` (`1 - relu(1 - relu(y))`) are within 2^-24 of the clamped value.
+//! formula (`Elu`, `Selu`, `Celu`, `Mish`, `Softsign`), and `HardSigmoid` and `HardSwish`
+//! clamp exactly (`clamp(y, 0, 1)`).
 
 use super::{attr_number, broadcast_dyns, literal, operand, operands, same, Out, R};
 use crate::onnx::write::Writer;
@@ -69,9 +69,9 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
     same(&d, expr).map(Some)
 }
 
-/// `min(max(y, 0), 1)` as `1 - relu(1 - relu(y))`.
+/// `min(max(y, 0), 1)`, exactly.
 fn clamp01(y: &str) -> String {
-    format!("(1 - relu(1 - relu({y})))")
+    format!("clamp({y}, 0, 1)")
 }
 
 /// `Mean` of any number of operands: their sum divided by the count.

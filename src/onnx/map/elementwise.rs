@@ -17,6 +17,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
     let out = match op {
         "Gelu" => gelu(node, env, w),
         "Identity" | "Dropout" | "Cast" => pass_on(node, env, w),
+        "CastLike" => cast_like(node, env, w),
         "Add" | "Sub" | "Mul" | "Div" => arithmetic(node, env, w, op),
         "Sum" => sum(node, env, w),
         "Pow" => square(node, env, w),
@@ -41,17 +42,29 @@ fn gelu(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     same(&x, format!("gelu({}{exact})", x.expr))
 }
 
-/// `Identity`, eval-mode `Dropout` and `Cast` to float: the input itself.
+/// `Identity`, eval-mode `Dropout` and `Cast` to float: the input itself. A boolean mask
+/// (a comparison's result) casts to float as a value of its own, and to bool as itself.
 fn pass_on(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     let op = node.op();
-    if op == "Cast" && !matches!(node.int("to", 0), 1 | 11) {
-        return Err(node.err(
-            format!(
-                "casts a computed value to {}",
-                crate::onnx::tensor::dtype_name(node.int("to", 0) as i32)
-            ),
-            "memc computes in float32; only casts to float are imported",
-        ));
+    let to = node.int("to", 0);
+    if op == "Cast" {
+        let x = operand(node, env, w, 0)?;
+        let mask = w.is_mask(&x);
+        if mask && matches!(to, 1 | 11) {
+            return same(&x, x.expr.clone());
+        }
+        if mask && to == 9 {
+            return Ok(Out::Values(vec![Value::Dyn(x)]));
+        }
+        if !matches!(to, 1 | 11) {
+            return Err(node.err(
+                format!(
+                    "casts a computed value to {}",
+                    crate::onnx::tensor::dtype_name(to as i32)
+                ),
+                "memc computes in float32; only casts to float (and of comparison results to bool) are imported",
+            ));
+        }
     }
     let x = operand(node, env, w, 0)?;
     if op == "Cast" && w.is_integer(&x) {
@@ -70,6 +83,23 @@ fn pass_on(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
         }
     }
     Ok(Out::Values(vec![Value::Dyn(x)]))
+}
+
+/// `CastLike(x, like)` between float tensors: `x` itself (memc computes in float32).
+fn cast_like(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
+    let float = |i: usize, w: &Writer| -> R<bool> {
+        Ok(match node.input(env, i)? {
+            Value::Const(c) => matches!(c.data, crate::onnx::tensor::Data::Float(_)),
+            Value::Dyn(d) => !w.is_integer(d) && !w.is_mask(d),
+        })
+    };
+    if !float(0, w)? || !float(1, w)? {
+        return Err(node.err(
+            "casts to or from a type that is not float",
+            "memc imports CastLike between float tensors",
+        ));
+    }
+    Ok(Out::Values(vec![node.input(env, 0)?.clone()]))
 }
 
 /// Binary arithmetic; a one-element constant that does not widen the result is written as

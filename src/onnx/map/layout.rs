@@ -1,12 +1,13 @@
 //! ONNX reductions and data-movement ops as `.mdl` expressions: `ReduceMean`/`Sum`/`Max`
 //! (and `ReduceMin`, `ReduceSumSquare`, `ReduceL1`, `ReduceL2`, `ReduceLogSum`,
 //! `ReduceLogSumExp` composed from them with `neg`, `relu`, `sqrt`, `log` and `exp`),
-//! `Concat`, `Reshape`, `Flatten`, `Squeeze`, `Unsqueeze`, `Transpose`, `Split`, and
+//! `Concat`, `Reshape`, `Flatten`, `Squeeze`, `Unsqueeze`, `Transpose`, `Split`, `Slice`
+//! (constant ranges, step 1), and
 //! `DepthToSpace`/`SpaceToDepth` as reshape, permute, reshape.
 
 use super::{operand, operands, reshape_expr, tuple_text, Out, R};
 use crate::onnx::shapes::{
-    axes_arg, axis, flattened, reshape_target, squeezed, transpose_perm, unsqueezed,
+    axes_arg, axis, flattened, reshape_target, slice_ranges, squeezed, transpose_perm, unsqueezed,
 };
 use crate::onnx::write::Writer;
 use crate::onnx::{Env, Node, Value};
@@ -21,6 +22,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
         "Transpose" => transpose(node, env, w),
         "DepthToSpace" | "SpaceToDepth" => depth_space(node, env, w),
         "Split" => split(node, env, w).map(Out::Values),
+        "Slice" => slice(node, env, w),
         _ => return Ok(None),
     };
     out.map(Some)
@@ -288,4 +290,36 @@ fn depth_space(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
         crate::onnx::write::shape_text(&out, &syms)
     );
     Ok(Out::Expr(expr, out, syms))
+}
+
+/// `Slice` of a computed value with constant ranges of step 1: one `slice` per cut axis; a
+/// step other than 1 and an empty range are refused.
+fn slice(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
+    let x = operand(node, env, w, 0)?;
+    let ranges = slice_ranges(node, env, &x.shape)?;
+    let (mut expr, mut shape, mut syms) = (x.expr.clone(), x.shape.clone(), x.syms.clone());
+    for (ax, &(start, end, step)) in ranges.iter().enumerate() {
+        if (start, end, step) == (0, x.shape[ax] as i64, 1) {
+            continue;
+        }
+        if step != 1 {
+            return Err(node.err(
+                format!("slices axis {ax} with step {step}"),
+                "memc imports slices of computed values with step 1",
+            ));
+        }
+        if end <= start {
+            return Err(node.err(
+                format!("slices axis {ax} to nothing ({start}..{end})"),
+                "memc plans tensors with at least one element in every dim",
+            ));
+        }
+        expr = format!("slice({expr}, {start}, {end}, axis = {ax})");
+        shape[ax] = (end - start) as usize;
+        syms[ax] = None;
+    }
+    if expr == x.expr {
+        return Ok(Out::Values(vec![Value::Dyn(x)]));
+    }
+    Ok(Out::Expr(expr, shape, syms))
 }

@@ -1,12 +1,15 @@
 //! Maps each run-time ONNX node to `.mdl` expressions with exactly its semantics; constant
-//! operands become parameters. Every unsupported op or attribute is a diagnostic. Each op family has its own file: [`elementwise`], [`window`] (NCHW windows), [`dense`]
-//! (contractions and last-axis ops) and [`layout`] (reductions and data movement).
+//! operands become parameters. Every unsupported op or attribute is a diagnostic. Each op
+//! family has its own file: [`elementwise`], [`select`] (extrema, comparisons, `Where`,
+//! `Clip`, `Expand`), [`window`] (NCHW windows), [`dense`] (contractions and last-axis ops)
+//! and [`layout`] (reductions and data movement).
 
 mod activation;
 mod composed;
 mod dense;
 mod elementwise;
 mod layout;
+mod select;
 mod window;
 
 use super::shapes::broadcast_inputs;
@@ -45,6 +48,8 @@ const MAPPED: &[&str] = &[
     "Unsqueeze",
     "Transpose",
     "Split",
+    "Slice",
+    "CastLike",
     "Pow",
     "Resize",
     "Upsample",
@@ -75,6 +80,7 @@ pub fn mapped_ops() -> Vec<&'static str> {
         .filter_map(|f| f.onnx_name())
         .chain(MAPPED.iter().copied())
         .chain(activation::OPS.iter().copied())
+        .chain(select::OPS.iter().copied())
         .collect();
     ops.sort_unstable();
     ops.dedup();
@@ -85,7 +91,8 @@ pub fn mapped_ops() -> Vec<&'static str> {
 fn supported() -> String {
     format!(
         "{} (Pow as x^2, Resize/Upsample nearest by an integer factor, Pad constant on H and W, \
-         Gather as an embedding, Cast to float), and any op on constants that folding evaluates",
+         Gather as an embedding, Cast to float, Slice with step 1, Expand to a constant shape, \
+         comparisons as masks), and any op on constants that folding evaluates",
         mapped_ops().join(", ")
     )
 }
@@ -103,8 +110,10 @@ type Family = fn(&Node, &Env, &mut Writer) -> R<Option<Out>>;
 
 /// Maps `node` to `.mdl` statements; returns its output values.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
-    let families: [Family; 6] = [
+    refuse_masks(node, env, w)?;
+    let families: [Family; 7] = [
         elementwise::map,
+        select::map,
         activation::map,
         composed::map,
         window::map,
@@ -125,6 +134,31 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
         format!("operator `{}` is not supported", node.op()),
         format!("memc imports {}", supported()),
     ))
+}
+
+/// The ops that read a comparison's 0/1 mask as the boolean it stands for.
+const MASK_READERS: &[&str] = &["Where", "Not", "And", "Or", "Cast", "Identity"];
+
+/// Refuses a node that is not a mask reader but reads a mask (a boolean value, which ONNX
+/// computes with only through those ops).
+fn refuse_masks(node: &Node, env: &Env, w: &Writer) -> R<()> {
+    if MASK_READERS.contains(&node.op()) {
+        return Ok(());
+    }
+    for i in 0..node.p.input.len() {
+        if node.input_name(i).is_none() {
+            continue;
+        }
+        if let Value::Dyn(d) = node.input(env, i)? {
+            if w.is_mask(d) {
+                return Err(node.err(
+                    format!("reads the boolean `{}` as a number", d.expr),
+                    "memc imports comparison results read by Where, Not, And, Or or a Cast",
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A value with `x`'s shape and dim names computed by `expr`.

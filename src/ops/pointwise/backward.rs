@@ -1,8 +1,9 @@
 //! Backward rules (vector-Jacobian products as graph ops) of the pointwise ops: broadcast
 //! operands get their gradient summed back to their own shape.
 
-use crate::ir::{BinaryFn, DType, Op, UnaryFn};
+use crate::ir::{BinaryFn, DType, Op, TensorType, UnaryFn, ValueId};
 use crate::ops::backward::{Backward, Vjp};
+use crate::passes::autodiff::Rewriter;
 use crate::passes::StageError;
 
 impl Backward for super::Family {
@@ -20,7 +21,11 @@ impl Backward for super::Family {
                 }
                 Ok(dx)
             }),
+            Op::Binary(f) if f.is_comparison() => Ok(()),
+            Op::Binary(f @ (BinaryFn::Minimum | BinaryFn::Maximum)) => extremum(cx, *f),
             Op::Binary(f) => binary(cx, *f),
+            Op::Where => select(cx),
+            Op::Clamp(bounds) => cx.set(0, |rw| rw.add(Op::ClampBackward(*bounds), vec![x[0], dy])),
             Op::Affine { scale, .. } => cx.set(0, |rw| {
                 rw.add(
                     Op::Affine {
@@ -30,7 +35,9 @@ impl Backward for super::Family {
                     vec![dy],
                 )
             }),
-            Op::UnaryBackward(_) | Op::UnaryOutputBackward(_) => Err(cx.not_forward(op)),
+            Op::UnaryBackward(_) | Op::UnaryOutputBackward(_) | Op::ClampBackward(_) => {
+                Err(cx.not_forward(op))
+            }
             _ => Err(cx.foreign(op, "pointwise")),
         }
     }
@@ -42,14 +49,13 @@ fn binary(cx: &mut Vjp<'_>, f: BinaryFn) -> Result<(), StageError> {
     // d(a f b)/da is 1 for a sum or difference, and `1 f b` for a product or quotient.
     cx.set(0, |rw| {
         let t = match f {
-            BinaryFn::Add | BinaryFn::Sub => dy,
             BinaryFn::Mul | BinaryFn::Div => rw.add(Op::Binary(f), vec![dy, b])?,
+            _ => dy,
         };
         rw.sum_to(t, a)
     })?;
     cx.set(1, |rw| {
         let t = match f {
-            BinaryFn::Add => dy,
             BinaryFn::Sub => rw.add(Op::Unary(UnaryFn::Neg), vec![dy])?,
             BinaryFn::Mul => rw.add(Op::Binary(BinaryFn::Mul), vec![dy, a])?,
             BinaryFn::Div => {
@@ -57,7 +63,68 @@ fn binary(cx: &mut Vjp<'_>, f: BinaryFn) -> Result<(), StageError> {
                 let t = rw.add(Op::Binary(BinaryFn::Div), vec![t, b])?;
                 rw.add(Op::Unary(UnaryFn::Neg), vec![t])?
             }
+            _ => dy,
         };
         rw.sum_to(t, b)
     })
+}
+
+/// Gradients of `minimum(a, b)` / `maximum(a, b)`: all of `dy` to the operand chosen, half
+/// to each where they tie (PyTorch's rule). With `w = [a wins] + 0.5 [a == b]`, `a` gets
+/// `dy * w` and `b` gets `dy * (1 - w)`, each summed back to its shape.
+fn extremum(cx: &mut Vjp<'_>, f: BinaryFn) -> Result<(), StageError> {
+    let (a, b, dy) = (cx.x[0], cx.x[1], cx.dy);
+    let wins = match f {
+        BinaryFn::Minimum => BinaryFn::Less,
+        _ => BinaryFn::Greater,
+    };
+    let rw = cx.rw();
+    let strict = rw.add(Op::Binary(wins), vec![a, b])?;
+    let tie = rw.add(Op::Binary(BinaryFn::Equal), vec![a, b])?;
+    let half = rw.add(
+        Op::Affine {
+            scale: 0.5,
+            shift: 0.0,
+        },
+        vec![tie],
+    )?;
+    let w = rw.add(Op::Binary(BinaryFn::Add), vec![strict, half])?;
+    cx.set(0, |rw| {
+        let t = rw.add(Op::Binary(BinaryFn::Mul), vec![dy, w])?;
+        rw.sum_to(t, a)
+    })?;
+    cx.set(1, |rw| {
+        let rest = rw.add(
+            Op::Affine {
+                scale: -1.0,
+                shift: 1.0,
+            },
+            vec![w],
+        )?;
+        let t = rw.add(Op::Binary(BinaryFn::Mul), vec![dy, rest])?;
+        rw.sum_to(t, b)
+    })
+}
+
+/// Gradients of `where(cond, a, b)`: `dy` where the mask selects the operand, 0 elsewhere
+/// (a `where` against a zero scalar, so a non-finite `dy` does not leak into the other
+/// branch), summed back to the operand's shape; the mask gets none.
+fn select(cx: &mut Vjp<'_>) -> Result<(), StageError> {
+    let (c, a, b, dy) = (cx.x[0], cx.x[1], cx.x[2], cx.dy);
+    cx.set(1, |rw| {
+        let zero = zero_like(rw, dy)?;
+        let t = rw.add(Op::Where, vec![c, dy, zero])?;
+        rw.sum_to(t, a)
+    })?;
+    cx.set(2, |rw| {
+        let zero = zero_like(rw, dy)?;
+        let t = rw.add(Op::Where, vec![c, zero, dy])?;
+        rw.sum_to(t, b)
+    })
+}
+
+/// A scalar 0 in `v`'s dtype.
+fn zero_like(rw: &mut Rewriter, v: ValueId) -> Result<ValueId, StageError> {
+    let ty = TensorType::new(rw.dtype(v), vec![]);
+    rw.add(Op::Fill { value: 0.0, ty }, vec![])
 }

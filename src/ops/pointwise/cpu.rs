@@ -1,7 +1,8 @@
 //! CPU reference kernels of the pointwise ops (unary functions and their backward,
-//! broadcasting binary ops, affine maps).
+//! broadcasting binary ops, `where`, `clamp`, affine maps).
 
 mod kernels;
+mod select;
 
 use crate::exec::cpu::CpuStep;
 use crate::exec::ExecError;
@@ -26,6 +27,15 @@ impl CpuKernel for super::Family {
                 step.output(),
                 step.out_shape(),
             ),
+            Op::Where => select::select(
+                (x(0), step.shape(0)),
+                (x(1), step.shape(1)),
+                (x(2), step.shape(2)),
+                step.output(),
+                step.out_shape(),
+            ),
+            Op::Clamp(bounds) => select::clamp(*bounds, x(0), step.output()),
+            Op::ClampBackward(bounds) => select::clamp_backward(*bounds, x(0), x(1), step.output()),
             Op::Affine { scale, shift } => kernels::affine(x(0), *scale, *shift, step.output()),
             op => return Err(foreign_op(op, "pointwise")),
         }

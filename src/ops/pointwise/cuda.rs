@@ -1,18 +1,18 @@
 //! CUDA lowering of the elementwise ops (unary, unary derivative, broadcasting binary,
-//! affine) onto `pointwise.cu`, which also holds the fill and cast kernels of the source and
+//! `where`, `clamp` and its backward, affine) onto `pointwise.cu`, which also holds the fill and cast kernels of the source and
 //! cast families.
 
-use crate::codegen::build::{c_dims, c_f32, c_int, c_u64};
+use crate::codegen::build::{c_bool, c_dims, c_f32, c_int, c_u64};
 use crate::codegen::geometry::{bcast_strides, dims};
 use crate::codegen::launch::{templated, Launch::Elementwise};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel};
-use crate::ir::{BinaryFn, Op, UnaryFn};
+use crate::ir::{BinaryFn, Bounds, Op, UnaryFn};
 use crate::ops::cuda::CudaLowering;
 
 impl super::Family {
-    /// `pointwise.cu`: the fill, unary, unary-derivative, broadcasting binary, affine and
-    /// cast templates.
+    /// `pointwise.cu`: the fill, unary, unary-derivative, broadcasting binary, `where`,
+    /// clamp, affine and cast templates.
     pub(crate) const TEMPLATE: &'static str = include_str!("pointwise.cu");
 }
 
@@ -32,6 +32,7 @@ fn unary_code(f: UnaryFn) -> i64 {
         UnaryFn::Silu => 10,
         UnaryFn::Erf => 11,
         UnaryFn::Softplus => 12,
+        UnaryFn::Reciprocal => 13,
     }
 }
 
@@ -42,7 +43,26 @@ fn binary_code(f: BinaryFn) -> i64 {
         BinaryFn::Sub => 1,
         BinaryFn::Mul => 2,
         BinaryFn::Div => 3,
+        BinaryFn::Minimum => 4,
+        BinaryFn::Maximum => 5,
+        BinaryFn::Less => 6,
+        BinaryFn::LessEqual => 7,
+        BinaryFn::Greater => 8,
+        BinaryFn::GreaterEqual => 9,
+        BinaryFn::Equal => 10,
     }
+}
+
+/// `N` and the bounds of a clamp kernel: `HAS_LO`/`HAS_HI` say which are present, `LO`/`HI`
+/// hold them (0 when absent, never read).
+fn bound_lines(n: u64, b: Bounds) -> Vec<String> {
+    vec![
+        c_u64("N", n),
+        c_bool("HAS_LO", b.lo.is_some()),
+        c_f32("LO", b.lo.unwrap_or(0.0)),
+        c_bool("HAS_HI", b.hi.is_some()),
+        c_f32("HI", b.hi.unwrap_or(0.0)),
+    ]
 }
 
 impl CudaLowering for super::Family {
@@ -84,6 +104,31 @@ impl CudaLowering for super::Family {
                 let entry = ("binary_kernel", &[a.out_ty()][..], 2);
                 Ok(templated("binary", files, lines, entry, Elementwise(n_out)))
             }
+            Op::Where => {
+                let lines = vec![
+                    c_u64("N", n_out),
+                    c_dims("OUT", &dims(&out.shape)),
+                    c_dims("SC", &bcast_strides(&a.at(0)?.shape, &out.shape)),
+                    c_dims("SA", &bcast_strides(&a.at(1)?.shape, &out.shape)),
+                    c_dims("SB", &bcast_strides(&a.at(2)?.shape, &out.shape)),
+                ];
+                let entry = ("where_kernel", &[a.out_ty()][..], 3);
+                Ok(templated("where", files, lines, entry, Elementwise(n_out)))
+            }
+            Op::Clamp(bounds) => Ok(templated(
+                "clamp",
+                files,
+                bound_lines(n_out, *bounds),
+                ("clamp_kernel", &[a.ty(0)?], 1),
+                Elementwise(n_out),
+            )),
+            Op::ClampBackward(bounds) => Ok(templated(
+                "clamp_backward",
+                files,
+                bound_lines(n_out, *bounds),
+                ("clamp_backward_kernel", &[a.ty(0)?, a.ty(1)?], 2),
+                Elementwise(n_out),
+            )),
             Op::Affine { scale, shift } => Ok(templated(
                 "affine",
                 files,

@@ -1,5 +1,6 @@
 //! Elementwise kernels: fill, unary functions and their derivatives, broadcasting binary
-//! ops, affine, dtype casts and plain copies. One thread per output element (grid-stride).
+//! ops and comparisons, where, clamp, affine, dtype casts and plain copies. One thread per
+//! output element (grid-stride).
 
 // Unary function codes (C::OP), in the order of memc's UnaryFn.
 #define U_NEG 0
@@ -15,6 +16,7 @@
 #define U_SILU 10
 #define U_ERF 11
 #define U_SOFTPLUS 12
+#define U_RECIPROCAL 13
 
 #define MEMC_SQRT_2_OVER_PI 0.7978846f
 #define MEMC_GELU_C 0.044715f
@@ -42,6 +44,7 @@ template <int OP> __device__ __forceinline__ float unary_eval(float x) {
     case U_GELU_ERF: return 0.5f * x * (1.0f + erff(x * MEMC_FRAC_1_SQRT_2));
     case U_ERF: return erff(x);
     case U_SOFTPLUS: return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
+    case U_RECIPROCAL: return 1.0f / x;
     default: return x * memc_sigmoid(x);
     }
 }
@@ -76,6 +79,7 @@ template <int OP> __device__ __forceinline__ float unary_deriv(float x) {
     }
     case U_ERF: return MEMC_2_OVER_SQRT_PI * expf(-x * x);
     case U_SOFTPLUS: return memc_sigmoid(x);
+    case U_RECIPROCAL: return -1.0f / (x * x);
     default: { const float s = memc_sigmoid(x); return s * (1.0f + x * (1.0f - s)); }
     }
 }
@@ -125,9 +129,59 @@ template <typename T, typename C> __device__ void binary_kernel(char* arena, u64
         case 0: r = x + y; break;
         case 1: r = x - y; break;
         case 2: r = x * y; break;
-        default: r = x / y; break;
+        case 3: r = x / y; break;
+        // minimum / maximum propagate NaN; comparisons give a 0/1 mask (0 for NaN).
+        case 4: r = (x != x || x < y) ? x : y; break;
+        case 5: r = (x != x || x > y) ? x : y; break;
+        case 6: r = x < y ? 1.0f : 0.0f; break;
+        case 7: r = x <= y ? 1.0f : 0.0f; break;
+        case 8: r = x > y ? 1.0f : 0.0f; break;
+        case 9: r = x >= y ? 1.0f : 0.0f; break;
+        default: r = x == y ? 1.0f : 0.0f; break;
         }
         st(out, i, r);
+    }
+}
+
+// out = cond != 0 ? a : b with numpy broadcasting of all three: C::SC, C::SA, C::SB are
+// their element strides viewed at the output shape C::OUT (a NaN condition is nonzero).
+template <typename T, typename C>
+__device__ void where_kernel(char* arena, u64 o_c, u64 o_a, u64 o_b, u64 o_out) {
+    const T* c = tensor_at<T>(arena, o_c);
+    const T* a = tensor_at<T>(arena, o_a);
+    const T* b = tensor_at<T>(arena, o_b);
+    T* out = tensor_at<T>(arena, o_out);
+    MEMC_GRID_LOOP(i, C::N) {
+        const bool pick = ld(c, strided<typename C::OUT, typename C::SC>(i)) != 0.0f;
+        st(out, i, pick ? ld(a, strided<typename C::OUT, typename C::SA>(i))
+                        : ld(b, strided<typename C::OUT, typename C::SB>(i)));
+    }
+}
+
+// out[i] = x[i] clamped to [C::LO, C::HI] (each bound only where C::HAS_LO / C::HAS_HI):
+// LO below LO, then HI above HI; NaN stays NaN.
+template <typename T, typename C> __device__ void clamp_kernel(char* arena, u64 o_x, u64 o_out) {
+    const T* x = tensor_at<T>(arena, o_x);
+    T* out = tensor_at<T>(arena, o_out);
+    MEMC_GRID_LOOP(i, C::N) {
+        float v = ld(x, i);
+        if (C::HAS_LO && v < C::LO) v = C::LO;
+        if (C::HAS_HI && v > C::HI) v = C::HI;
+        st(out, i, v);
+    }
+}
+
+// dx[i] = dy[i] where LO <= x[i] <= HI (bounds included, absent ones not tested; never for
+// NaN), else 0.
+template <typename T, typename TD, typename C>
+__device__ void clamp_backward_kernel(char* arena, u64 o_x, u64 o_dy, u64 o_dx) {
+    const T* x = tensor_at<T>(arena, o_x);
+    const TD* dy = tensor_at<TD>(arena, o_dy);
+    T* dx = tensor_at<T>(arena, o_dx);
+    MEMC_GRID_LOOP(i, C::N) {
+        const float v = ld(x, i);
+        const bool pass = v == v && (!C::HAS_LO || v >= C::LO) && (!C::HAS_HI || v <= C::HI);
+        st(dx, i, pass ? ld(dy, i) : 0.0f);
     }
 }
 

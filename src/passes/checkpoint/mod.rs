@@ -144,6 +144,8 @@ fn is_pointwise(op: &Op) -> bool {
         op,
         Op::Unary(_)
             | Op::Binary(_)
+            | Op::Where
+            | Op::Clamp(_)
             | Op::Affine { .. }
             | Op::Cast { .. }
             | Op::Reshape { .. }

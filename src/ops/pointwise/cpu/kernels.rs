@@ -34,6 +34,7 @@ fn eval(f: UnaryFn, x: f32) -> f32 {
         UnaryFn::Erf => libm::erff(x),
         // max(x, 0) + log1p(exp(-|x|)): no overflow, and x itself once exp(-|x|) underflows.
         UnaryFn::Softplus => x.max(0.0) + (-x.abs()).exp().ln_1p(),
+        UnaryFn::Reciprocal => 1.0 / x,
     }
 }
 
@@ -61,6 +62,7 @@ fn derivative(f: UnaryFn, x: f32) -> f32 {
         }
         UnaryFn::Erf => std::f32::consts::FRAC_2_SQRT_PI * (-x * x).exp(),
         UnaryFn::Softplus => sigmoid(x),
+        UnaryFn::Reciprocal => -1.0 / (x * x),
     }
 }
 
@@ -156,6 +158,7 @@ pub fn binary(
         BinaryFn::Sub => binary_with(|x, y| x - y, a, b, out, out_shape),
         BinaryFn::Mul => binary_with(|x, y| x * y, a, b, out, out_shape),
         BinaryFn::Div => binary_with(|x, y| x / y, a, b, out, out_shape),
+        f => binary_with(move |x, y| f.eval(x, y), a, b, out, out_shape),
     }
 }
 
@@ -181,7 +184,7 @@ mod tests {
         let x = rng.vec(n);
         match f {
             // Domain restriction, and keep away from the relu kink.
-            UnaryFn::Log | UnaryFn::Sqrt | UnaryFn::Rsqrt => {
+            UnaryFn::Log | UnaryFn::Sqrt | UnaryFn::Rsqrt | UnaryFn::Reciprocal => {
                 x.iter().map(|v| v.abs() + 0.5).collect()
             }
             UnaryFn::Relu => x
@@ -288,6 +291,36 @@ mod tests {
         }
     }
 
+    const ALL_BINARY: [BinaryFn; 11] = [
+        BinaryFn::Add,
+        BinaryFn::Sub,
+        BinaryFn::Mul,
+        BinaryFn::Div,
+        BinaryFn::Minimum,
+        BinaryFn::Maximum,
+        BinaryFn::Less,
+        BinaryFn::LessEqual,
+        BinaryFn::Greater,
+        BinaryFn::GreaterEqual,
+        BinaryFn::Equal,
+    ];
+
+    #[test]
+    fn extrema_propagate_nan_and_comparisons_give_masks() {
+        let nan = f32::NAN;
+        for (a, b) in [(nan, 1.0), (1.0, nan)] {
+            assert!(BinaryFn::Minimum.eval(a, b).is_nan());
+            assert!(BinaryFn::Maximum.eval(a, b).is_nan());
+            for (f, _) in BinaryFn::COMPARISONS {
+                assert_eq!(f.eval(a, b), 0.0, "{f:?}");
+            }
+        }
+        assert_eq!(BinaryFn::Maximum.eval(-1.0, 2.0), 2.0);
+        assert_eq!(BinaryFn::Minimum.eval(-1.0, 2.0), -1.0);
+        assert_eq!(BinaryFn::LessEqual.eval(2.0, 2.0), 1.0);
+        assert_eq!(BinaryFn::Less.eval(2.0, 2.0), 0.0);
+    }
+
     fn naive_binary(
         f: BinaryFn,
         a: &[f32],
@@ -319,6 +352,13 @@ mod tests {
                     BinaryFn::Sub => x - y,
                     BinaryFn::Mul => x * y,
                     BinaryFn::Div => x / y,
+                    BinaryFn::Minimum => x.min(y),
+                    BinaryFn::Maximum => x.max(y),
+                    BinaryFn::Less => f32::from(u8::from(x < y)),
+                    BinaryFn::LessEqual => f32::from(u8::from(x <= y)),
+                    BinaryFn::Greater => f32::from(u8::from(x > y)),
+                    BinaryFn::GreaterEqual => f32::from(u8::from(x >= y)),
+                    BinaryFn::Equal => f32::from(u8::from(x == y)),
                 }
             })
             .collect()
@@ -338,12 +378,16 @@ mod tests {
         ];
         for (sa, sb, so) in cases {
             let a = rng.vec(sa.iter().product());
-            let b: Vec<f32> = rng
+            let mut b: Vec<f32> = rng
                 .vec(sb.iter().product())
                 .iter()
                 .map(|v| v + 2.0)
                 .collect();
-            for f in [BinaryFn::Add, BinaryFn::Sub, BinaryFn::Mul, BinaryFn::Div] {
+            // Ties for the comparisons and extrema.
+            if let (Some(x), Some(y)) = (a.first(), b.first_mut()) {
+                *y = *x;
+            }
+            for f in ALL_BINARY {
                 let mut out = vec![f32::NAN; so.iter().product()];
                 binary(f, &a, sa, &b, sb, &mut out, so);
                 assert_eq!(
@@ -391,6 +435,7 @@ mod tests {
                     BinaryFn::Sub => (1.0, -1.0),
                     BinaryFn::Mul => (y, x),
                     BinaryFn::Div => (1.0 / y, -x / (y * y)),
+                    _ => unreachable!("only arithmetic is differentiated here"),
                 })
                 .unzip();
             let ga: Vec<f32> = pa.iter().zip(&w).map(|(p, w)| p * w).collect();
