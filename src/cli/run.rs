@@ -11,6 +11,8 @@ use memc::hf::checkpoint::{self, Wanted};
 use memc::ir::DType;
 use memc::ops::quant::pack::ErrorSums;
 use memc::plan::{human_bytes, verify, BufferId, Plan, VerifiedPlan};
+
+mod ranks;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
@@ -507,6 +509,9 @@ fn profile_table(plan: &Plan, times: &[(usize, f64)], launches: (u64, u64)) -> S
 /// Runs the command.
 pub fn run(args: RunArgs) -> Result<(), Failure> {
     let cuda = args.compile.device == "cuda";
+    if cuda && args.compile.parallel.is_some() {
+        return Err(Failure::Plain(memc::exec::PARALLEL_ON_CUDA.into()));
+    }
     if cuda && !memc::exec::cuda::driver_present() {
         return Err(Failure::Plain(
             "no CUDA driver found; use --device cpu".into(),
@@ -538,7 +543,9 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
         );
         b
     });
-    if cuda {
+    if plan.plan().report.parallel.is_some() && !cuda {
+        ranks::run(&args, &plan, bar.as_ref())?;
+    } else if cuda {
         run_cuda(&args, &plan, bar.as_ref())?;
     } else {
         let mut ex = CpuExecutor::new(&plan).map_err(plain)?;

@@ -237,6 +237,7 @@ impl Buffers {
                     init: *init,
                     grad,
                     quant: crate::passes::quantize::packing(graph, p),
+                    shard_of: crate::passes::partition::full_shape(graph, p),
                 })
             })
             .collect()
@@ -564,5 +565,6 @@ fn report(
         host: None,
         transfers: None,
         quantized: crate::passes::quantize::summary(graph),
+        parallel: None,
     }
 }

@@ -150,6 +150,10 @@ pub struct Report {
     /// The frozen weights stored quantized (`--quantize-frozen`), when there are any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantized: Option<QuantSummary>,
+    /// Data parallelism: the ranks, their roles and each rank's bytes (absent on one
+    /// device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<super::ParallelReport>,
 }
 
 /// The frozen weights a plan stores quantized: how many, their packed bytes and the bytes
@@ -176,6 +180,10 @@ pub struct DeviceBytes {
     /// The CUDA context and loaded kernels (`crate::cost::CONTEXT_RESERVE` unless
     /// `--context-reserve` says otherwise).
     pub context_reserve: u64,
+    /// NCCL's buffers on each rank of a data-parallel plan (`crate::cost::NCCL_RESERVE`);
+    /// 0 on one device.
+    #[serde(default, skip_serializing_if = "super::is_zero")]
+    pub nccl_reserve: u64,
     /// Their sum: what `--budget` is held to on a GPU.
     pub total: u64,
 }
@@ -395,6 +403,7 @@ pub fn render_text(plan: &Plan) -> String {
         }
     }
     super::host::render(&mut out, r);
+    super::parallel::render(&mut out, plan);
     super::peak::render(&mut out, &r.largest_at_peak);
     if let Some(p) = &r.precision {
         render_precision(&mut out, p);

@@ -1,0 +1,216 @@
+//! How a training step is spread over devices: `train { parallel = (data = N, zero = K) }`
+//! and `--parallel data=N,zero=K` read into one [`Parallel`], with one reader of their
+//! `key = value` pairs so the file and the flag accept and refuse the same things.
+
+use crate::diagnostic::UserError;
+use crate::ir::Span;
+use serde::{Deserialize, Serialize};
+
+/// Data parallelism over `data` ranks with ZeRO stage `zero`: each rank runs the model on
+/// `1/data` of the batch; stage 1 shards the optimizer state over the ranks, stage 2 also
+/// the gradients, stage 3 also the parameters (gathered just in time for each use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Parallel {
+    /// Data-parallel ranks (at least 1).
+    pub data: u32,
+    /// ZeRO stage, 0 to 3.
+    pub zero: u8,
+}
+
+/// A value as written after `key =`: a number, a word, or something else (its span says
+/// where).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Setting<'a> {
+    Number(f64),
+    Word(&'a str),
+    Other,
+}
+
+/// One `key = value` pair with the spans of the key and of the value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pair<'a> {
+    pub key: &'a str,
+    pub key_span: Span,
+    pub value: Setting<'a>,
+    pub value_span: Span,
+}
+
+/// The keys [`Parallel::from_pairs`] accepts.
+pub const KEYS: [&str; 6] = [
+    "data",
+    "zero",
+    "tensor",
+    "pipeline",
+    "microbatches",
+    "sequence_parallel",
+];
+
+impl Parallel {
+    /// Ranks that hold one shard each of what ZeRO shards (all data-parallel ranks).
+    pub fn ranks(&self) -> u32 {
+        self.data
+    }
+
+    /// Reads the pairs of a `parallel` setting. `data` is a whole number of ranks of at
+    /// least 1 (default 1), `zero` a stage 0 to 3 (default 0); `tensor` and `pipeline` are
+    /// accepted as 1 (one rank per layer and per tensor) and refused otherwise, as are
+    /// `microbatches` and `sequence_parallel`, which only pipeline and tensor parallelism
+    /// read. Every refusal names the pair's span; a key given twice is refused.
+    pub fn from_pairs<'a>(
+        pairs: impl IntoIterator<Item = Pair<'a>>,
+    ) -> Result<Parallel, UserError> {
+        let mut out = Parallel { data: 1, zero: 0 };
+        let mut seen: Vec<&str> = Vec::new();
+        for p in pairs {
+            if !KEYS.contains(&p.key) {
+                return Err(UserError::at(
+                    p.key_span,
+                    format!("unknown parallel setting `{}`", p.key),
+                    "unknown",
+                    format!("accepted: {}", KEYS.join(", ")),
+                ));
+            }
+            if seen.contains(&p.key) {
+                return Err(UserError::at(
+                    p.key_span,
+                    format!("`{}` is given twice", p.key),
+                    "again",
+                    "give each parallel setting once",
+                ));
+            }
+            seen.push(p.key);
+            match p.key {
+                "data" => out.data = count(&p)?,
+                "zero" => out.zero = stage(&p)?,
+                "tensor" | "pipeline" if count(&p)? == 1 => {}
+                _ => return Err(unsupported(&p)),
+            }
+        }
+        if seen.contains(&"zero") && !seen.contains(&"data") {
+            return Err(UserError::general(
+                "ZeRO shards state over data-parallel ranks, and `data` is not given",
+                "add `data = N`, e.g. `data = 8, zero = 1`",
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Reads `--parallel`'s text, `data=N,zero=K`: the pairs separated by commas, each
+    /// `key=value`; spans are byte ranges of `text`.
+    pub fn parse_flag(text: &str) -> Result<Parallel, UserError> {
+        let mut pairs = Vec::new();
+        let mut start = 0;
+        for part in text.split(',') {
+            let span = Span::new(start, start + part.len());
+            start += part.len() + 1;
+            let Some((key, value)) = part.split_once('=') else {
+                return Err(UserError::at(
+                    span,
+                    format!("`{part}` is not a `key=value` pair"),
+                    "no `=`",
+                    "write e.g. `--parallel data=8,zero=1`",
+                ));
+            };
+            let key_at = span.start + (key.len() - key.trim_start().len());
+            let value_at = span.start + key.len() + 1;
+            let value_start = value_at + (value.len() - value.trim_start().len());
+            let value = value.trim();
+            pairs.push(Pair {
+                key: key.trim(),
+                key_span: Span::new(key_at, key_at + key.trim().len()),
+                value: match value.parse::<f64>() {
+                    Ok(n) => Setting::Number(n),
+                    Err(_) if !value.is_empty() => Setting::Word(value),
+                    Err(_) => Setting::Other,
+                },
+                value_span: Span::new(value_start, value_start + value.len()),
+            });
+        }
+        Parallel::from_pairs(pairs)
+    }
+}
+
+/// The whole number of at least 1 that `p` holds.
+fn count(p: &Pair) -> Result<u32, UserError> {
+    match p.value {
+        Setting::Number(n) if n.fract() == 0.0 && n >= 1.0 && n <= f64::from(u32::MAX) => {
+            Ok(n as u32)
+        }
+        _ => Err(UserError::at(
+            p.value_span,
+            format!("`{}` must be a whole number of at least 1", p.key),
+            "not a count",
+            match p.key {
+                "data" => "write e.g. `data = 8`: eight ranks, each with 1/8 of the batch".into(),
+                key => format!("write `{key} = 1`"),
+            },
+        )),
+    }
+}
+
+/// The ZeRO stage `p` holds.
+fn stage(p: &Pair) -> Result<u8, UserError> {
+    match p.value {
+        Setting::Number(n) if n.fract() == 0.0 && (0.0..=3.0).contains(&n) => Ok(n as u8),
+        _ => Err(not_a_stage(p)),
+    }
+}
+
+fn not_a_stage(p: &Pair) -> UserError {
+    UserError::at(
+        p.value_span,
+        "`zero` is a ZeRO stage: 0, 1, 2 or 3",
+        "not a stage",
+        "write `zero = 0` (replicated), 1 (optimizer state sharded), 2 (and gradients) or 3 \
+         (and parameters)",
+    )
+}
+
+fn unsupported(p: &Pair) -> UserError {
+    let what = match p.key {
+        "tensor" | "sequence_parallel" => "tensor parallelism (Megatron's split)",
+        _ => "pipeline parallelism",
+    };
+    UserError::at(
+        p.key_span,
+        format!("`{}` asks for {what}, which memc does not plan yet", p.key),
+        "not supported yet",
+        "plan data parallelism with ZeRO instead: `data = N, zero = 0..3`",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_reads_data_and_zero() {
+        let Ok(p) = Parallel::parse_flag("data=8,zero=3") else {
+            panic!("refused a valid flag");
+        };
+        assert_eq!(p, Parallel { data: 8, zero: 3 });
+        let Ok(p) = Parallel::parse_flag(" data = 4 , tensor=1") else {
+            panic!("refused spaces");
+        };
+        assert_eq!(p, Parallel { data: 4, zero: 0 });
+    }
+
+    #[test]
+    fn flag_refusals_point_at_the_value() {
+        for (text, span, message) in [
+            ("data=8,zero=4", (12, 13), "ZeRO stage"),
+            ("data=0", (5, 6), "at least 1"),
+            ("data=2.5", (5, 8), "at least 1"),
+            ("data=8,tensor=2", (7, 13), "tensor parallelism"),
+            ("data=8,pipe=2", (7, 11), "unknown parallel setting"),
+            ("data=8,zero", (7, 11), "not a `key=value`"),
+            ("data=2,data=4", (7, 11), "twice"),
+        ] {
+            let Err(e) = Parallel::parse_flag(text) else {
+                panic!("accepted `{text}`");
+            };
+            assert_eq!(e.span, Some(Span::new(span.0, span.1)), "{text}");
+            assert!(e.message.contains(message), "{text}: {}", e.message);
+        }
+    }
+}
