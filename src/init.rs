@@ -162,7 +162,7 @@ mod tests {
             let plan = plan.plan();
             let dtype = |b: BufferId| plan.buffers[b.index()].ty.dtype;
             let mut seen = 0;
-            for (b, values) in persistent(plan, 7) {
+            for (b, values) in persistent(plan, 7, 0) {
                 assert_eq!(
                     lowp::to_bytes(dtype(b), &values),
                     lowp::to_bytes(dtype(b), &cpu.read(b)),
