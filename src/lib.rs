@@ -303,15 +303,15 @@ fn lowered(
 }
 
 /// Compiles `.mdl` source text into a verified plan. With data parallelism the plan is one
-/// rank's: the model lowered with the batch dim divided by the ranks, its collectives as
-/// steps and `report.parallel` saying what every rank needs.
+/// rank's: the model as written (with `batch = global`, its batch dim divided by the
+/// ranks), its collectives as steps and `report.parallel` saying what every rank needs.
 pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError> {
     let ast = front::parse(source)?;
     let mut module = lowered(&ast, &options.overrides, options)?;
     let parallel = module.train.as_ref().and_then(|t| t.settings.parallel);
     if let (Some(p), Some(t)) = (parallel, module.train.as_ref()) {
         front::parallel::check(t, p)?;
-        if p.data > 1 {
+        if p.data > 1 && p.global_batch {
             let overrides =
                 front::parallel::rank_overrides(&ast, &module.graph, &options.overrides, p.data)?;
             module = lowered(&ast, &overrides, options)?;

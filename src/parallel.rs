@@ -6,15 +6,21 @@ use crate::diagnostic::UserError;
 use crate::ir::Span;
 use serde::{Deserialize, Serialize};
 
-/// Data parallelism over `data` ranks with ZeRO stage `zero`: each rank runs the model on
-/// `1/data` of the batch; stage 1 shards the optimizer state over the ranks, stage 2 also
-/// the gradients, stage 3 also the parameters (gathered just in time for each use).
+/// Data parallelism over `data` ranks with ZeRO stage `zero`: each rank runs the model on a
+/// batch of its own, the model's batch as written (`batch = per_rank`, the default, as
+/// DeepSpeed's micro-batch per GPU), or `1/data` of it (`batch = global`); stage 1 shards
+/// the optimizer state over the ranks, stage 2 also the gradients, stage 3 also the
+/// parameters (gathered just in time for each use).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Parallel {
     /// Data-parallel ranks (at least 1).
     pub data: u32,
     /// ZeRO stage, 0 to 3.
     pub zero: u8,
+    /// Whether the model's batch dim is the whole step's batch, split over the ranks
+    /// (`batch = global`), rather than each rank's (`batch = per_rank`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub global_batch: bool,
 }
 
 /// A value as written after `key =`: a number, a word, or something else (its span says
@@ -36,9 +42,10 @@ pub struct Pair<'a> {
 }
 
 /// The keys [`Parallel::from_pairs`] accepts.
-pub const KEYS: [&str; 6] = [
+pub const KEYS: [&str; 7] = [
     "data",
     "zero",
+    "batch",
     "tensor",
     "pipeline",
     "microbatches",
@@ -59,7 +66,11 @@ impl Parallel {
     pub fn from_pairs<'a>(
         pairs: impl IntoIterator<Item = Pair<'a>>,
     ) -> Result<Parallel, UserError> {
-        let mut out = Parallel { data: 1, zero: 0 };
+        let mut out = Parallel {
+            data: 1,
+            zero: 0,
+            global_batch: false,
+        };
         let mut seen: Vec<&str> = Vec::new();
         for p in pairs {
             if !KEYS.contains(&p.key) {
@@ -82,6 +93,7 @@ impl Parallel {
             match p.key {
                 "data" => out.data = count(&p)?,
                 "zero" => out.zero = stage(&p)?,
+                "batch" => out.global_batch = global(&p)?,
                 "tensor" | "pipeline" if count(&p)? == 1 => {}
                 _ => return Err(unsupported(&p)),
             }
@@ -130,6 +142,25 @@ impl Parallel {
     }
 }
 
+/// The model-state bytes per device of ZeRO stage `stage` by the ZeRO paper's accounting
+/// (Rajbhandari et al., SC'20, Figure 1): `params` parameters in mixed precision with 2
+/// bytes of fp16 parameters, 2 of fp16 gradients and `k` of optimizer state (12 for Adam:
+/// fp32 master weights, momentum and variance) per parameter, over `ranks` devices; stage 1
+/// divides the optimizer state by the devices, stage 2 also the gradients, stage 3 also the
+/// parameters. Rounded down to whole bytes. Memc's own figures are the plan's buffers
+/// (`report.parallel`), which this formula only approximates: it counts no activations,
+/// no buffers of the collectives, and memc's fp32 master weights are its parameters.
+pub fn paper_model_states(params: u64, k: u64, ranks: u64, stage: u8) -> u64 {
+    let n = ranks.max(1);
+    let (p, g, o) = (2 * params, 2 * params, k * params);
+    match stage {
+        0 => p + g + o,
+        1 => p + g + o / n,
+        2 => p + (g + o) / n,
+        _ => (p + g + o) / n,
+    }
+}
+
 /// The whole number of at least 1 that `p` holds.
 fn count(p: &Pair) -> Result<u32, UserError> {
     match p.value {
@@ -144,6 +175,21 @@ fn count(p: &Pair) -> Result<u32, UserError> {
                 "data" => "write e.g. `data = 8`: eight ranks, each with 1/8 of the batch".into(),
                 key => format!("write `{key} = 1`"),
             },
+        )),
+    }
+}
+
+/// Whether `p` says the batch is the whole step's (`global`) or each rank's (`per_rank`).
+fn global(p: &Pair) -> Result<bool, UserError> {
+    match p.value {
+        Setting::Word("global") => Ok(true),
+        Setting::Word("per_rank") => Ok(false),
+        _ => Err(UserError::at(
+            p.value_span,
+            "`batch` is `per_rank` or `global`",
+            "not a batch mode",
+            "`per_rank` (the default): every rank runs the model's batch; `global`: the \
+             model's batch dim is split over the ranks",
         )),
     }
 }
@@ -187,12 +233,37 @@ mod tests {
     fn flag_reads_data_and_zero() {
         assert_eq!(
             Parallel::parse_flag("data=8,zero=3"),
-            Ok(Parallel { data: 8, zero: 3 })
+            Ok(Parallel {
+                data: 8,
+                zero: 3,
+                global_batch: false
+            })
         );
         assert_eq!(
-            Parallel::parse_flag(" data = 4 , tensor=1"),
-            Ok(Parallel { data: 4, zero: 0 })
+            Parallel::parse_flag(" data = 4 , tensor=1,batch=global"),
+            Ok(Parallel {
+                data: 4,
+                zero: 0,
+                global_batch: true
+            })
         );
+    }
+
+    /// The ZeRO paper's Figure 1 example: 7.5B parameters, K = 12, 64 devices.
+    #[test]
+    fn paper_table_reproduces() {
+        let bytes = [0, 1, 2, 3].map(|s| paper_model_states(7_500_000_000, 12, 64, s));
+        assert_eq!(
+            bytes,
+            [
+                120_000_000_000,
+                31_406_250_000,
+                16_640_625_000,
+                1_875_000_000
+            ]
+        );
+        let gb = bytes.map(|b| format!("{:.1}", b as f64 / 1e9));
+        assert_eq!(gb, ["120.0", "31.4", "16.6", "1.9"]);
     }
 
     #[test]
@@ -205,6 +276,7 @@ mod tests {
             ("data=8,pipe=2", (7, 11), "unknown parallel setting"),
             ("data=8,zero", (7, 11), "not a `key=value`"),
             ("data=2,data=4", (7, 11), "twice"),
+            ("data=2,batch=local", (13, 18), "per_rank"),
         ] {
             let e = Parallel::parse_flag(text).expect_err(text);
             assert_eq!(e.span, Some(Span::new(span.0, span.1)), "{text}");

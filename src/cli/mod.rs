@@ -120,9 +120,11 @@ pub struct CompileArgs {
     /// (`optimizer`).
     #[arg(long, value_name = "optimizer")]
     offload: Option<String>,
-    /// Data parallelism, overriding `train { parallel }`: data=N[,zero=0|1|2|3] plans one
-    /// rank of N, each with 1/N of the batch; ZeRO-1 shards the optimizer state over the
-    /// ranks, 2 also the gradients, 3 also the parameters. `memc run` runs every rank.
+    /// Data parallelism, overriding `train { parallel }`:
+    /// data=N[,zero=0|1|2|3][,batch=per_rank|global] plans one rank of N, each running the
+    /// model's batch (per_rank, the default) or 1/N of it (global); ZeRO-1 shards the
+    /// optimizer state over the ranks, 2 also the gradients, 3 also the parameters.
+    /// `memc run` runs every rank.
     #[arg(long, value_name = "data=N,zero=K")]
     parallel: Option<String>,
 }

@@ -42,13 +42,20 @@ pub struct ParallelReport {
     pub data: u32,
     /// ZeRO stage.
     pub zero: u8,
+    /// Whether the model's batch was the whole step's, split over the ranks (else each
+    /// rank runs the model's batch: `data` times it in all).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub global_batch: bool,
     /// Distinct rank roles, each with its own plan; pure data parallelism has one (every
     /// rank runs this plan on its share of the batch).
     pub roles: u32,
-    /// Bytes of zero padding in this rank's shards (shards are `ceil(numel / ranks)`
-    /// elements, so where a tensor does not divide, the last rank's shard is padded and
-    /// every rank keeps the same plan).
-    pub shard_padding: u64,
+    /// Trained parameters whose elements the ranks do not divide (ZeRO 1-3): shards are
+    /// `ceil(numel / ranks)` elements, so theirs end in zeros on the last rank(s), and every
+    /// rank keeps the same plan.
+    pub uneven_tensors: u64,
+    /// The zero elements that pads, over all ranks, in each sharded tensor kind (state,
+    /// gradient, under ZeRO-3 parameter).
+    pub padding_elements: u64,
     /// Per-rank device bytes of NCCL on a GPU ([`crate::cost::NCCL_RESERVE`]); absent for
     /// the CPU, whose in-process collective needs none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -93,11 +100,14 @@ pub fn report(plan: &Plan, p: Parallel, nccl_reserve: Option<u64>) -> ParallelRe
         peak: b.peak,
         arena: b.arena,
     };
+    let (uneven_tensors, padding_elements) = uneven(plan, p);
     ParallelReport {
         data: p.data,
         zero: p.zero,
+        global_batch: p.global_batch,
         roles: 1,
-        shard_padding: shard_padding(plan),
+        uneven_tensors,
+        padding_elements,
         nccl_reserve,
         per_rank: (0..p.data)
             .map(|rank| RankEntry {
@@ -109,23 +119,26 @@ pub fn report(plan: &Plan, p: Parallel, nccl_reserve: Option<u64>) -> ParallelRe
     }
 }
 
-/// Bytes of padding in the plan's persistent shards: each sharded parameter's and each
-/// state shard's elements beyond its share of the full tensor.
-fn shard_padding(plan: &Plan) -> u64 {
-    plan.steps
+/// Under ZeRO 1-3, the trained parameters whose elements `ranks` does not divide, and the
+/// elements of zero padding their shards hold over all ranks (per sharded tensor of each:
+/// its optimizer state, gradient and, under ZeRO-3, itself); nothing under ZeRO-0.
+fn uneven(plan: &Plan, p: Parallel) -> (u64, u64) {
+    if p.zero == 0 {
+        return (0, 0);
+    }
+    let ranks = u64::from(p.ranks());
+    plan.params
         .iter()
-        .filter_map(|s| match (&s.op, s.inputs.first(), s.output) {
-            (Op::AllGather { ranks, shape }, Some(&i), _) => Some((*ranks, shape.clone(), i)),
-            _ => None,
+        .filter(|b| b.grad.is_some())
+        .map(|b| {
+            let numel = match &b.shard_of {
+                Some(shape) => shape.iter().map(|&d| d as u64).product(),
+                None => plan.buffers[b.buffer.index()].ty.numel(),
+            };
+            crate::ops::collective::shard_len(numel, p.ranks()) * ranks - numel
         })
-        .filter(|(_, _, i)| plan.params.iter().any(|p| p.buffer == *i))
-        .map(|(ranks, shape, i)| {
-            let buf = &plan.buffers[i.index()];
-            let numel: u64 = shape.iter().map(|&d| d as u64).product();
-            (buf.ty.numel() * u64::from(ranks)).saturating_sub(numel) * buf.ty.dtype.size()
-                / u64::from(ranks.max(1))
-        })
-        .sum()
+        .filter(|&pad| pad > 0)
+        .fold((0, 0), |(n, e), pad| (n + 1, e + pad))
 }
 
 /// The report's lines on the ranks (nothing for a plan on one device): one line per role
@@ -134,10 +147,17 @@ pub fn render(out: &mut String, plan: &Plan) {
     let Some(r) = &plan.report.parallel else {
         return;
     };
+    let batch = match r.global_batch {
+        true => format!("1/{} of the model's batch", r.data),
+        false => format!("a batch of its own ({} times the model's in all)", r.data),
+    };
     let _ = writeln!(
         out,
-        "  parallel: data = {}, ZeRO-{}: {} rank(s), {} role(s); each rank runs this plan on 1/{} of the batch",
-        r.data, r.zero, r.per_rank.len(), r.roles, r.data
+        "  parallel: data = {}, ZeRO-{}: {} rank(s), {} role(s); each rank runs this plan on {batch}",
+        r.data,
+        r.zero,
+        r.per_rank.len(),
+        r.roles
     );
     let Some(first) = r.per_rank.first() else {
         return;
@@ -157,12 +177,13 @@ pub fn render(out: &mut String, plan: &Plan) {
         human_bytes(b.arena),
         grouped(b.arena)
     );
-    if r.shard_padding > 0 {
+    if r.uneven_tensors > 0 {
         let _ = writeln!(
             out,
-            "  uneven shards: {} bytes of padding per rank (tensors that {} does not divide are padded to equal shards)",
-            grouped(r.shard_padding),
-            r.data
+            "  uneven shards: {} parameters do not divide by {}; their shards are padded to equal size ({} zero elements over all ranks), so every rank keeps one plan",
+            r.uneven_tensors,
+            r.data,
+            grouped(r.padding_elements)
         );
     }
     if let (Some(n), Some(d)) = (r.nccl_reserve, plan.report.device) {
