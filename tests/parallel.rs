@@ -369,3 +369,68 @@ fn a_gpu_plan_states_the_nccl_reserve() {
     );
     assert_eq!(r.budgeted_bytes(), d.total);
 }
+
+/// The settings data parallelism combines with train as one rank with the whole batch too:
+/// SGD with momentum and global-norm clipping under ZeRO 0 and 1, fp16 loss scaling under
+/// ZeRO-1, LoRA adapters sharded under ZeRO-3 (the frozen base stays whole), and pure bf16
+/// (bf16 parameters, no masters) under ZeRO-3.
+#[test]
+fn other_settings_train_alike() {
+    let sgd = example("gpt2").replace(
+        "optimizer = adamw(lr = 3e-4, betas = (0.9, 0.95), eps = 1e-8, weight_decay = 0.1)",
+        "optimizer = sgd(lr = 0.1, momentum = 0.9)\n    clip_grad_norm = 0.5",
+    );
+    assert!(sgd.contains("clip_grad_norm"));
+    let lora = memc::passes::lora::LoraSpec::parse("r=4").unwrap();
+    let cases: [(&str, Options, &[u8], f32); 4] = [
+        (&sgd, options(GPT, 8, Precision::Fp32), &[0, 1], 2e-6),
+        (
+            &example("gpt2"),
+            options(GPT, 8, Precision::Fp16),
+            &[1],
+            2e-6,
+        ),
+        (
+            &example("gpt2"),
+            Options {
+                lora: Some(lora),
+                ..options(GPT, 8, Precision::Fp32)
+            },
+            &[3],
+            2e-6,
+        ),
+        (
+            &example("gpt2"),
+            Options {
+                master_weights: Some(false),
+                ..options(GPT, 8, Precision::Bf16)
+            },
+            &[3],
+            1e-4,
+        ),
+    ];
+    for (src, whole, stages, tolerance) in cases {
+        let run = |o: &Options| {
+            let c = compiled_with(src, o);
+            let mut ranks = Ranks::new(&c.plan).unwrap();
+            ranks.start(3).unwrap();
+            (0..3)
+                .map(|_| ranks.run_step().unwrap().unwrap_or(f32::NAN))
+                .collect::<Vec<f32>>()
+        };
+        let one = run(&whole);
+        for &zero in stages {
+            let mut split = Options {
+                parallel: parallel(4, zero, false),
+                ..whole.clone()
+            };
+            split.overrides.push(("B".into(), 2));
+            for (a, b) in one.iter().zip(run(&split)) {
+                assert!(
+                    (a - b).abs() <= tolerance * a.abs(),
+                    "ZeRO-{zero}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
