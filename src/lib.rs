@@ -12,6 +12,7 @@ pub mod cost;
 pub mod diagnostic;
 pub mod exec;
 pub mod fit;
+pub mod fit_ranks;
 pub mod front;
 pub mod hf;
 pub mod init;

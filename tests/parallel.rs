@@ -434,3 +434,62 @@ fn other_settings_train_alike() {
         }
     }
 }
+
+/// `memc fit --ranks`: the fewest ranks, then the lowest stage, whose per-rank plan fits;
+/// every layout tried on the way is listed, and a budget nothing meets is an error listing
+/// them all.
+#[test]
+fn fit_finds_the_fewest_ranks() {
+    use memc::fit_ranks::{fewest_ranks, RanksFitError};
+    let src = example("gpt2");
+    let o = options(GPT, 2, Precision::Fp32);
+    let found = fewest_ranks(&src, &o, 1000 << 10, 16).unwrap();
+    assert_eq!(found.parallel, parallel(4, 3, false).unwrap());
+    assert_eq!(found.plan.plan().report.budgeted_bytes(), 970_500);
+    let tried: Vec<(u32, u8, bool)> = found
+        .probes
+        .iter()
+        .map(|p| (p.data, p.zero, p.bytes.is_some()))
+        .collect();
+    let mut expected = vec![(1, 0, false)];
+    for data in [2, 4] {
+        expected.extend((0..4).map(|zero| (data, zero, data == 4 && zero == 3)));
+    }
+    assert_eq!(tried, expected);
+    let Err(RanksFitError::Infeasible { max_ranks, probes }) =
+        fewest_ranks(&src, &o, 600 << 10, 16)
+    else {
+        panic!("600 KiB fitted");
+    };
+    assert_eq!((max_ranks, probes.len()), (16, 17));
+    assert!(probes.iter().all(|p| p
+        .refusal
+        .as_ref()
+        .is_some_and(|r| r.contains("no plan fits"))));
+    let out = memc(&[
+        "fit",
+        "examples/gpt2.mdl",
+        "--set",
+        "L=2",
+        "--set",
+        "D=64",
+        "--set",
+        "T=32",
+        "--set",
+        "V=256",
+        "--set",
+        "H=4",
+        "--set",
+        "B=2",
+        "--budget",
+        "1000KiB",
+        "--ranks",
+        "16",
+    ]);
+    common::assert_success(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("fit ranks: the fewest within 1000.0 KiB per device is data = 4, ZeRO-3 (--parallel data=4,zero=3): 947.8 KiB (970,500 bytes) per rank"),
+        "{text}"
+    );
+}

@@ -4,6 +4,7 @@
 mod adapters;
 mod advise;
 mod fit;
+mod fit_ranks;
 mod import;
 mod output;
 mod run;
