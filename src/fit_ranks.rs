@@ -10,7 +10,9 @@ use crate::{compile, CompileError, Options};
 /// is held to (`Report::budgeted_bytes`) when it fits, or why it does not.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RankProbe {
+    /// Data-parallel ranks.
     pub data: u32,
+    /// ZeRO stage.
     pub zero: u8,
     /// The plan's budgeted bytes (arena, plus the CUDA context and NCCL on a GPU) when it
     /// fits.
@@ -23,8 +25,11 @@ pub struct RankProbe {
 /// tried on the way, in order.
 #[derive(Debug, Clone)]
 pub struct RanksFit {
+    /// The layout (one rank: `data = 1`, compiled as the plain step).
     pub parallel: Parallel,
+    /// Its per-rank plan, within the budget.
     pub plan: VerifiedPlan,
+    /// Every layout tried, the answer last.
     pub probes: Vec<RankProbe>,
 }
 

@@ -27,17 +27,24 @@ pub struct Parallel {
 /// where).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Setting<'a> {
+    /// A number as written.
     Number(f64),
+    /// One word (`global`).
     Word(&'a str),
+    /// Anything else (a tuple, a call, nothing).
     Other,
 }
 
 /// One `key = value` pair with the spans of the key and of the value.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Pair<'a> {
+    /// The key as written.
     pub key: &'a str,
+    /// Where the key is.
     pub key_span: Span,
+    /// The value.
     pub value: Setting<'a>,
+    /// Where the value is.
     pub value_span: Span,
 }
 

@@ -23,6 +23,7 @@ fn internal(e: TypeError) -> StageError {
 /// A graph whose trained parameters are sharded, and where each old value went.
 #[derive(Debug, Clone)]
 pub struct Sharded {
+    /// The rewritten graph.
     pub graph: Graph,
     /// The new value of each old one (a sharded parameter maps to its shard).
     pub map: Vec<ValueId>,

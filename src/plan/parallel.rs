@@ -30,8 +30,11 @@ pub struct RankBytes {
 /// One rank: its index, the role whose plan it runs, its bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankEntry {
+    /// The rank's index, 0-based.
     pub rank: u32,
+    /// The role whose plan it runs ([`role`]).
     pub role: String,
+    /// Its exact bytes.
     pub bytes: RankBytes,
 }
 
