@@ -493,3 +493,50 @@ fn fit_finds_the_fewest_ranks() {
         "{text}"
     );
 }
+
+/// Under ZeRO-3 every gather of a parameter in forward is freed by the end of forward
+/// (after its last forward reader), backward gathers again what it reads, and the gathered
+/// bytes live at once stay below the whole model's: parameters are whole only while used.
+#[test]
+fn zero_3_gathers_just_in_time() {
+    let o = Options {
+        parallel: parallel(4, 3, false),
+        ..options(LLAMA, 2, Precision::Bf16)
+    };
+    let plan = compiled_with(&example("llama7b"), &o).plan;
+    let plan = plan.plan();
+    let phase = memc::ir::Phase::Forward;
+    let Some(last_forward) = plan.steps.iter().rposition(|s| s.phase == phase) else {
+        panic!("no forward");
+    };
+    let gathers = |forward: bool| {
+        plan.steps
+            .iter()
+            .filter(move |s| matches!(s.op, memc::ir::Op::AllGather { .. }))
+            .filter(move |s| (s.phase == phase) == forward)
+    };
+    let mut whole = 0;
+    for s in gathers(true) {
+        let Some(out) = s.output else {
+            panic!("a gather without output");
+        };
+        let b = &plan.buffers[out.index()];
+        assert!(b.last <= last_forward, "{} lives into backward", b.name);
+        whole += b.bytes;
+    }
+    // 2 layers of 7 weights and 2 norms, the embedding, the final norm and the head.
+    assert_eq!(gathers(true).count(), 21);
+    assert!(
+        gathers(false).count() >= 14,
+        "backward gathers {}",
+        gathers(false).count()
+    );
+    let Some(p) = &plan.report.parallel else {
+        panic!("no parallel report");
+    };
+    assert!(
+        p.per_rank[0].bytes.comm < whole,
+        "{} of {whole}",
+        p.per_rank[0].bytes.comm
+    );
+}
