@@ -521,7 +521,11 @@ fn report(
             .filter(|&&p| {
                 !trained_only || matches!(graph.node(p).op, Op::Param { frozen: false, .. })
             })
-            .map(|&p| crate::passes::quantize::weights(graph, p))
+            .map(|&p| match crate::passes::partition::full_shape(graph, p) {
+                // A ZeRO-3 shard counts the parameters of the whole tensor.
+                Some(shape) => shape.iter().map(|&d| d as u64).product(),
+                None => crate::passes::quantize::weights(graph, p),
+            })
             .sum()
     };
     Report {

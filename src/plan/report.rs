@@ -113,6 +113,7 @@ pub struct PrecisionSummary {
 /// What the plan needs and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
+    /// The model's parameters (under ZeRO-3 the whole tensors', not this rank's shards).
     pub param_count: u64,
     /// Parameters that train (not frozen); equal to `param_count` when none is frozen.
     #[serde(default)]
