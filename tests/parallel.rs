@@ -134,6 +134,21 @@ fn replicas_hold_the_same_bits() {
     }
 }
 
+/// Runs `memc COMMAND examples/gpt2.mdl` at the small GPT's dims with B = 2, then `extra`.
+fn memc_gpt(command: &str, extra: &[&str]) -> std::process::Output {
+    let dims: Vec<String> = GPT
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .chain(["B=2".to_string()])
+        .collect();
+    let mut args = vec![command, "examples/gpt2.mdl"];
+    for d in &dims {
+        args.extend(["--set", d.as_str()]);
+    }
+    args.extend(extra);
+    memc(&args)
+}
+
 fn rank_bytes(model: &str, o: &Options) -> (RankBytes, (u64, u64), usize) {
     let plan = compiled_with(&example(model), o).plan;
     let Some(p) = plan.plan().report.parallel.clone() else {
@@ -196,24 +211,7 @@ fn uneven_shards_are_padded_and_reported() {
     // embeddings, every norm's weight and bias, and the linear layers of 4,096, 16,384,
     // 64 and 256 elements).
     assert_eq!((b.params, padding), (158_100, (24, 47)));
-    let out = memc(&[
-        "compile",
-        "examples/gpt2.mdl",
-        "--set",
-        "L=2",
-        "--set",
-        "D=64",
-        "--set",
-        "T=32",
-        "--set",
-        "V=256",
-        "--set",
-        "H=4",
-        "--set",
-        "B=2",
-        "--parallel",
-        "data=3,zero=3",
-    ]);
+    let out = memc_gpt("compile", &["--parallel", "data=3,zero=3"]);
     common::assert_success(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -465,26 +463,7 @@ fn fit_finds_the_fewest_ranks() {
         .refusal
         .as_ref()
         .is_some_and(|r| r.contains("no plan fits"))));
-    let out = memc(&[
-        "fit",
-        "examples/gpt2.mdl",
-        "--set",
-        "L=2",
-        "--set",
-        "D=64",
-        "--set",
-        "T=32",
-        "--set",
-        "V=256",
-        "--set",
-        "H=4",
-        "--set",
-        "B=2",
-        "--budget",
-        "1000KiB",
-        "--ranks",
-        "16",
-    ]);
+    let out = memc_gpt("fit", &["--budget", "1000KiB", "--ranks", "16"]);
     common::assert_success(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
