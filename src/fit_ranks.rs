@@ -45,7 +45,7 @@ pub enum RanksFitError {
     Internal(Vec<String>),
 }
 
-/// Tries data = 1, 2, 4, ... up to `max_ranks` ranks and at each ZeRO stages 0 to 3 (one
+/// Tries data = 1, 2, 4, ... up to `max_ranks` ranks (at most [`crate::parallel::MAX_RANKS`]) and at each ZeRO stages 0 to 3 (one
 /// rank: only stage 0, as sharding over one rank changes nothing), compiling `source` with
 /// `options` under `budget` per device, and returns the first that fits: the fewest ranks,
 /// then the lowest stage (the least communication). `options.parallel` gives the batch
@@ -61,7 +61,7 @@ pub fn fewest_ranks(
     let global_batch = options.parallel.is_some_and(|p| p.global_batch);
     let mut probes = Vec::new();
     let counts = std::iter::successors(Some(1u32), |&n| n.checked_mul(2))
-        .take_while(|&n| n <= max_ranks.max(1));
+        .take_while(|&n| n <= max_ranks.clamp(1, crate::parallel::MAX_RANKS));
     for data in counts {
         for zero in 0..=if data == 1 { 0 } else { 3 } {
             let parallel = Parallel {

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 /// parameters (gathered just in time for each use).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Parallel {
-    /// Data-parallel ranks (at least 1).
+    /// Data-parallel ranks (1 to [`MAX_RANKS`]).
     pub data: u32,
     /// ZeRO stage, 0 to 3.
     pub zero: u8,
@@ -47,6 +47,9 @@ pub struct Pair<'a> {
     /// Where the value is.
     pub value_span: Span,
 }
+
+/// The most ranks a layout may have (the report lists each).
+pub const MAX_RANKS: u32 = 65_536;
 
 /// The keys [`Parallel::from_pairs`] accepts.
 pub const KEYS: [&str; 7] = [
@@ -171,9 +174,15 @@ pub fn paper_model_states(params: u64, k: u64, ranks: u64, stage: u8) -> u64 {
 /// The whole number of at least 1 that `p` holds.
 fn count(p: &Pair) -> Result<u32, UserError> {
     match p.value {
-        Setting::Number(n) if n.fract() == 0.0 && n >= 1.0 && n <= f64::from(u32::MAX) => {
+        Setting::Number(n) if n.fract() == 0.0 && n >= 1.0 && n <= f64::from(MAX_RANKS) => {
             Ok(n as u32)
         }
+        Setting::Number(n) if n.fract() == 0.0 && n > f64::from(MAX_RANKS) => Err(UserError::at(
+            p.value_span,
+            format!("`{}` is at most {MAX_RANKS} ranks", p.key),
+            "too many",
+            "plan a smaller job: the report lists every rank",
+        )),
         _ => Err(UserError::at(
             p.value_span,
             format!("`{}` must be a whole number of at least 1", p.key),
@@ -284,6 +293,7 @@ mod tests {
             ("data=8,zero", (7, 11), "not a `key=value`"),
             ("data=2,data=4", (7, 11), "twice"),
             ("data=2,batch=local", (13, 18), "per_rank"),
+            ("data=4294967295", (5, 15), "at most 65536 ranks"),
         ] {
             let e = Parallel::parse_flag(text).expect_err(text);
             assert_eq!(e.span, Some(Span::new(span.0, span.1)), "{text}");

@@ -21,7 +21,7 @@ pub struct FitArgs {
     /// Instead of a dim: the fewest data-parallel ranks (1, 2, 4, ... up to MAX, default
     /// 1024) and, at that count, the lowest ZeRO stage whose per-rank plan fits --budget on
     /// each device.
-    #[arg(long, value_name = "MAX", num_args = 0..=1, default_missing_value = "1024", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "MAX", num_args = 0..=1, default_missing_value = "1024", value_parser = clap::value_parser!(u32).range(1..=65_536))]
     ranks: Option<u32>,
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
