@@ -9,7 +9,9 @@
 //! it is complete (a backward-phase step), and everything above reads the accumulators.
 //! With `offload`, each update runs on host copies (`copy_to_host`) of its parameter,
 //! gradient and multiplier, its state is read only by it (so the plan places it in the
-//! host arena), and `copy_to_device` writes the updated parameter back.
+//! host arena), and `copy_to_device` writes the updated parameter back. With data
+//! parallelism every gradient is first made the ranks' mean (`passes::partition`), and under
+//! ZeRO-1 and 2 each update writes this rank's shard, gathered back into the parameter.
 
 use super::autodiff::Differentiated;
 use super::{partition, StageError};
@@ -112,8 +114,10 @@ fn update(
         graph.add(Op::CopyToHost, vec![v], origin).map_err(internal)
     };
     let sharded = match parallel {
-        Some(parallel) => partition::update_target(graph, (param, grad), parallel, origin)?,
-        None => None,
+        Some(parallel) if !offload => {
+            partition::update_target(graph, (param, grad), parallel, origin)?
+        }
+        _ => None,
     };
     let (target, grad) = if offload {
         let grad = host(graph, grad)?;
