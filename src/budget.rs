@@ -340,12 +340,17 @@ pub fn plan_with(
 }
 
 /// The diagnostic for a budget no plan meets: `arena_budget` is what the budget leaves for
-/// the arena beside `reserve` (the CUDA context on a GPU).
+/// the arena beside `reserve` (the CUDA context on a GPU, and NCCL's buffers for a rank of
+/// a data-parallel plan).
 fn infeasible(train: &TrainSpec, (arena_budget, reserve): (u64, u64), plan: &Plan) -> FitError {
     let (name, bytes) = plan.report.bytes.dominant_part();
     let beside = if reserve > 0 {
+        let what = match train.settings.parallel {
+            Some(_) => "the CUDA context's and NCCL's",
+            None => "the CUDA context's",
+        };
         format!(
-            " (the arena's share of it beside the CUDA context's {}: {})",
+            " (the arena's share of it beside {what} {}: {})",
             human_bytes(reserve),
             human_bytes(arena_budget)
         )

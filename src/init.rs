@@ -8,28 +8,47 @@ use crate::ir::{DType, Init};
 use crate::plan::{BufferId, Plan};
 
 /// The values (as f32, before any 16-bit rounding) parameter `k` of `plan` starts from under
-/// `seed`: its initializer keyed by `seed` and the parameter's position.
-pub fn param_values(plan: &Plan, k: usize, seed: u64) -> Vec<f32> {
+/// `seed` on rank `rank`: its initializer keyed by `seed` and the parameter's position; a
+/// parameter sharded over the ranks (ZeRO-3) starts from rank `rank`'s slice of the values
+/// its full shape starts from, zero past their end, so N ranks start from what one does.
+pub fn param_values(plan: &Plan, k: usize, seed: u64, rank: usize) -> Vec<f32> {
     let Some(p) = plan.params.get(k) else {
         return Vec::new();
     };
-    let n: u64 = plan.param_shape(p).iter().map(|&d| d as u64).product();
+    let shape = p.shard_of.clone().unwrap_or_else(|| plan.param_shape(p));
+    let n: u64 = shape.iter().map(|&d| d as u64).product();
     let key = seed.wrapping_mul(1_000_003).wrapping_add(k as u64);
-    (0..n)
+    let range = match p.shard_of {
+        Some(_) => {
+            let len = plan.buffers[p.buffer.index()].ty.numel();
+            (rank as u64 * len).min(n)..((rank as u64 + 1) * len).min(n)
+        }
+        None => 0..n,
+    };
+    let mut values: Vec<f32> = range
         .map(|i| match p.init {
             Init::Zeros => 0.0,
             Init::Ones => 1.0,
             Init::Normal { std } => rng::normal01(key, 0, i) * std,
             Init::Uniform { low, high } => low + (high - low) * rng::uniform01(key, 0, i),
         })
-        .collect()
+        .collect();
+    if p.shard_of.is_some() {
+        values.resize(plan.buffers[p.buffer.index()].ty.numel() as usize, 0.0);
+    }
+    values
 }
 
 /// Every persistent buffer (each parameter, then each optimizer-state buffer) with the values
-/// it holds before the first step under `seed`, computed lazily one buffer at a time.
-pub fn persistent(plan: &Plan, seed: u64) -> impl Iterator<Item = (BufferId, Vec<f32>)> + '_ {
-    let params =
-        (0..plan.params.len()).map(move |k| (plan.params[k].buffer, param_values(plan, k, seed)));
+/// it holds before the first step under `seed` on rank `rank` (0 without data parallelism),
+/// computed lazily one buffer at a time.
+pub fn persistent(
+    plan: &Plan,
+    seed: u64,
+    rank: usize,
+) -> impl Iterator<Item = (BufferId, Vec<f32>)> + '_ {
+    let params = (0..plan.params.len())
+        .map(move |k| (plan.params[k].buffer, param_values(plan, k, seed, rank)));
     let state = plan.optim_state.iter().map(|s| {
         let n = plan.buffers[s.buffer.index()].ty.numel() as usize;
         (s.buffer, vec![s.init; n])
@@ -46,7 +65,23 @@ pub fn synthetic_input(plan: &Plan, k: usize, seed: u64) -> Vec<f32> {
         return Vec::new();
     };
     let ty = &plan.buffers[input.buffer.index()].ty;
-    let n = u64::from(plan.micro_steps()) * ty.numel();
+    synthetic_values(
+        input,
+        ty,
+        u64::from(plan.micro_steps()) * ty.numel(),
+        (k, seed),
+    )
+}
+
+/// The first `n` synthetic values of input `k` (its binding `input`, of type `ty`) under
+/// `seed`, as [`synthetic_input`] draws them: data-parallel ranks draw the full batch's
+/// with this and each takes its rows.
+pub fn synthetic_values(
+    input: &crate::plan::InputBinding,
+    ty: &crate::ir::TensorType,
+    n: u64,
+    (k, seed): (usize, u64),
+) -> Vec<f32> {
     let key = seed ^ (0x5151_0000 + k as u64);
     match ty.dtype {
         DType::I32 if input.key_mask => vec![f32::from_bits(1); n as usize],
@@ -127,7 +162,7 @@ mod tests {
             let plan = plan.plan();
             let dtype = |b: BufferId| plan.buffers[b.index()].ty.dtype;
             let mut seen = 0;
-            for (b, values) in persistent(plan, 7) {
+            for (b, values) in persistent(plan, 7, 0) {
                 assert_eq!(
                     lowp::to_bytes(dtype(b), &values),
                     lowp::to_bytes(dtype(b), &cpu.read(b)),

@@ -12,12 +12,14 @@ pub mod cost;
 pub mod diagnostic;
 pub mod exec;
 pub mod fit;
+pub mod fit_ranks;
 pub mod front;
 pub mod hf;
 pub mod init;
 pub mod ir;
 pub mod onnx;
 pub mod ops;
+pub mod parallel;
 pub mod passes;
 pub mod plan;
 pub mod settings;
@@ -70,6 +72,8 @@ pub struct Options {
     pub context_reserve: Option<u64>,
     /// `--offload`: overrides `train { offload }` (what lives in host memory).
     pub offload: Option<settings::Offload>,
+    /// `--parallel`: overrides `train { parallel }` (data parallelism with ZeRO).
+    pub parallel: Option<parallel::Parallel>,
 }
 
 impl Default for Options {
@@ -92,6 +96,7 @@ impl Default for Options {
             quantize_frozen: None,
             context_reserve: None,
             offload: None,
+            parallel: None,
         }
     }
 }
@@ -172,6 +177,7 @@ fn apply_train_options(
     t.settings.lora = options.lora.clone().or(t.settings.lora.take());
     t.settings.quantize_frozen = options.quantize_frozen.or(t.settings.quantize_frozen);
     t.settings.offload = options.offload.or(t.settings.offload);
+    t.settings.parallel = options.parallel.or(t.settings.parallel);
     if !t.settings.master_weights && t.settings.precision != settings::Precision::Bf16 {
         return Err(UserError::at(
             t.precision_span,
@@ -268,15 +274,20 @@ pub fn compile_or_offload(
     }
 }
 
-/// Compiles `.mdl` source text into a verified plan.
-pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError> {
-    let ast = front::parse(source)?;
-    let mut module = front::lower(&ast, &options.overrides)?;
+/// The model lowered under `overrides`, its parameters frozen as `options` say and its
+/// `train { }` settings overridden by `options`.
+fn lowered(
+    ast: &front::ast::Model,
+    overrides: &[(String, i64)],
+    options: &Options,
+) -> Result<front::Module, CompileError> {
+    let mut module = front::lower(ast, overrides)?;
     passes::freeze::run(&mut module.graph, &options.freeze)?;
     verified(&module.graph, "lower")?;
     for (flag, set) in [
         ("--lora", options.lora.is_some()),
         ("--offload", options.offload.is_some()),
+        ("--parallel", options.parallel.is_some()),
     ] {
         if set && module.train.is_none() {
             return Err(diagnostic::UserError::general(
@@ -288,6 +299,24 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
     }
     if let Some(t) = module.train.as_mut() {
         apply_train_options(t, options)?;
+    }
+    Ok(module)
+}
+
+/// Compiles `.mdl` source text into a verified plan. With data parallelism the plan is one
+/// rank's: the model as written (with `batch = global`, its batch dim divided by the
+/// ranks), its collectives as steps and `report.parallel` saying what every rank needs.
+pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError> {
+    let ast = front::parse(source)?;
+    let mut module = lowered(&ast, &options.overrides, options)?;
+    let parallel = module.train.as_ref().and_then(|t| t.settings.parallel);
+    if let (Some(p), Some(t)) = (parallel, module.train.as_ref()) {
+        front::parallel::check(t, p)?;
+        if p.data > 1 && p.global_batch {
+            let overrides =
+                front::parallel::rank_overrides(&ast, &module.graph, &options.overrides, p.data)?;
+            module = lowered(&ast, &overrides, options)?;
+        }
     }
     if let Some(spec) = module.train.as_ref().and_then(|t| t.settings.lora.clone()) {
         module.graph = passes::lora::run(&module.graph, &spec)?;
@@ -314,6 +343,13 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
             let mut mixed =
                 passes::precision::run(&module.graph, loss, t.precision, t.master_weights)?;
             verified(&mixed.graph, "precision")?;
+            if let Some(p) = parallel.filter(|p| p.zero == 3) {
+                let sharded = passes::partition::shard_params(&mixed.graph, p.ranks())?;
+                verified(&sharded.graph, "partition")?;
+                mixed.graph = sharded.graph;
+                mixed.objective = sharded.map[mixed.objective.index()];
+                mixed.loss_scale = mixed.loss_scale.map(|s| sharded.map[s.index()]);
+            }
             let (graph, map) = quantized(mixed.graph, t.quantize_frozen)?;
             mixed.graph = graph;
             if let Some(map) = map {
@@ -334,6 +370,7 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
                 stochastic_rounding: t.stochastic_rounding,
                 offload: t.offload == Some(settings::Offload::Optimizer),
                 clip_span: spec.clip_grad_norm_span,
+                parallel,
             };
             let g = passes::optimizer::run(&diff, &opts)?;
             verified(&g, "optimizer")?;
@@ -363,13 +400,14 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
         ),
         plan::Target::Cpu => None,
     };
+    let nccl = reserve.and(parallel).map(|_| cost::NCCL_RESERVE);
     let step = budget::Step {
         target: options.target,
         model: &module.name,
         graph: &graph,
         train: module.train.as_ref(),
         gpu,
-        reserve: reserve.unwrap_or(0),
+        reserve: reserve.unwrap_or(0).saturating_add(nccl.unwrap_or(0)),
     };
     let (graph, mut plan) = budget::fit(step, options.checkpoint, &build).map_err(|e| match e {
         budget::FitError::User(u) => CompileError::User(u),
@@ -386,8 +424,10 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
     plan.report.device = reserve.map(|context_reserve| plan::DeviceBytes {
         arena: plan.arena_bytes,
         context_reserve,
-        total: plan.arena_bytes.saturating_add(context_reserve),
+        nccl_reserve: nccl.unwrap_or(0),
+        total: (plan.arena_bytes.saturating_add(context_reserve)).saturating_add(nccl.unwrap_or(0)),
     });
+    plan.report.parallel = parallel.map(|p| plan::parallel_report(&plan, p, nccl));
     plan.report.largest_at_peak = plan::largest_at_peak(&plan, source, 10);
     plan::attach_lines(&mut plan, source);
     let plan = plan::verify(plan).map_err(|errs| {

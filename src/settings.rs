@@ -57,6 +57,10 @@ pub struct TrainSummary {
     /// `--offload`); None keeps everything on the device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offload: Option<Offload>,
+    /// Data parallelism with ZeRO (`parallel = (data = N, zero = K)` or `--parallel`);
+    /// None runs the step on one device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<crate::parallel::Parallel>,
 }
 
 /// What a plan keeps in host memory, beside the device arena.

@@ -255,6 +255,7 @@ fn training_graph(
         stochastic_rounding: train.stochastic_rounding,
         offload: false,
         clip_span: None,
+        parallel: None,
     };
     let graph = memc::passes::optimizer::run(&diff, &options).unwrap();
     (graph, train)

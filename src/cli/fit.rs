@@ -18,6 +18,11 @@ pub struct FitArgs {
     /// Search only multiples of N (a dim that must stay aligned or divide another).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..))]
     multiple_of: i64,
+    /// Instead of a dim: the fewest data-parallel ranks (1, 2, 4, ... up to MAX, default
+    /// 1024) and, at that count, the lowest ZeRO stage whose per-rank plan fits --budget on
+    /// each device.
+    #[arg(long, value_name = "MAX", num_args = 0..=1, default_missing_value = "1024", value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    ranks: Option<u32>,
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
 }
@@ -26,6 +31,9 @@ pub struct FitArgs {
 /// then the plan's report; JSON: `{"dim", "value", "arena_bytes", "next_arena_bytes", ...}`).
 pub fn fit(a: FitArgs) -> Result<(), Failure> {
     let (src, opts, budget) = super::budgeted(&a.args, "fit")?;
+    if let Some(max) = a.ranks {
+        return super::fit_ranks::fit(&src, &opts, (budget, max), a.format);
+    }
     let bar = output::spinner("{spinner} fit: {pos} compiles, {msg} [{elapsed}]");
     let mut on_probe = |p: &Probe| {
         if let Some(bar) = &bar {
@@ -220,7 +228,7 @@ fn accumulation_json(r: &AccumulationFit) -> Result<String, Failure> {
     }))
 }
 
-fn to_json(v: serde_json::Value) -> Result<String, Failure> {
+pub(super) fn to_json(v: serde_json::Value) -> Result<String, Failure> {
     serde_json::to_string_pretty(&v)
         .map(|s| s + "\n")
         .map_err(|e| Failure::Internal(vec![format!("cannot serialize: {e}")]))

@@ -4,6 +4,7 @@
 mod adapters;
 mod advise;
 mod fit;
+mod fit_ranks;
 mod import;
 mod output;
 mod run;
@@ -120,6 +121,13 @@ pub struct CompileArgs {
     /// (`optimizer`).
     #[arg(long, value_name = "optimizer")]
     offload: Option<String>,
+    /// Data parallelism, overriding `train { parallel }`:
+    /// data=N[,zero=0|1|2|3][,batch=per_rank|global] plans one rank of N, each running the
+    /// model's batch (per_rank, the default) or 1/N of it (global); ZeRO-1 shards the
+    /// optimizer state over the ranks, 2 also the gradients, 3 also the parameters.
+    /// `memc run` runs every rank.
+    #[arg(long, value_name = "data=N,zero=K")]
+    parallel: Option<String>,
 }
 
 impl CompileArgs {
@@ -146,6 +154,7 @@ impl CompileArgs {
             ("--lora", self.lora.is_some()),
             ("--quantize-frozen", self.quantize_frozen.is_some()),
             ("--offload", self.offload.is_some()),
+            ("--parallel", self.parallel.is_some()),
         ];
         given
             .into_iter()
@@ -368,7 +377,16 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
         "offload",
         memc::settings::Offload::HELP,
     )?;
+    let parallel = args
+        .parallel
+        .as_deref()
+        .map(|text| {
+            memc::parallel::Parallel::parse_flag(text)
+                .map_err(|e| Failure::user(e, "--parallel", text))
+        })
+        .transpose()?;
     Ok(Options {
+        parallel,
         overrides,
         optimizer_in_backward,
         layout_time: Duration::from_secs_f64(args.layout_time),

@@ -11,6 +11,9 @@ use memc::hf::checkpoint::{self, Wanted};
 use memc::ir::DType;
 use memc::ops::quant::pack::ErrorSums;
 use memc::plan::{human_bytes, verify, BufferId, Plan, VerifiedPlan};
+
+mod profile;
+mod ranks;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
@@ -467,7 +470,7 @@ fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> R
         let times = dev
             .profile_step()
             .map_err(|e| Failure::Plain(format!("profiled step: {e}")))?;
-        super::output::write(None, &profile_table(plan, &times, dev.launches_per_step()))?;
+        super::output::write(None, &profile::table(plan, &times, dev.launches_per_step()))?;
     }
     save_after(args, plan, first + args.steps, |b| {
         dev.read_values(b).map_err(|e| e.to_string())
@@ -475,38 +478,12 @@ fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> R
     Ok(())
 }
 
-/// The profiled step's device time by op: the total, then the ops (by name) that took
-/// longest, each with its share, its plan steps and milliseconds.
-fn profile_table(plan: &Plan, times: &[(usize, f64)], launches: (u64, u64)) -> String {
-    let total: f64 = times.iter().map(|t| t.1).sum();
-    let mut by_op: Vec<(&str, usize, f64)> = Vec::new();
-    for &(s, ms) in times {
-        let name = plan.steps[s].op.name();
-        match by_op.iter_mut().find(|o| o.0 == name) {
-            Some(o) => {
-                o.1 += 1;
-                o.2 += ms;
-            }
-            None => by_op.push((name, 1, ms)),
-        }
-    }
-    by_op.sort_by(|a, b| b.2.total_cmp(&a.2));
-    let mut out = format!(
-        "cuda profile: {total:.3} ms of device work in one step ({} kernel launches, {} library calls)\n",
-        launches.0, launches.1
-    );
-    for (name, steps, ms) in by_op.iter().take(15) {
-        out.push_str(&format!(
-            "  {ms:10.3} ms {:5.1}%  {name} ({steps} steps)\n",
-            100.0 * ms / total.max(f64::MIN_POSITIVE)
-        ));
-    }
-    out
-}
-
 /// Runs the command.
 pub fn run(args: RunArgs) -> Result<(), Failure> {
     let cuda = args.compile.device == "cuda";
+    if cuda && args.compile.parallel.is_some() {
+        return Err(Failure::Plain(memc::exec::PARALLEL_ON_CUDA.into()));
+    }
     if cuda && !memc::exec::cuda::driver_present() {
         return Err(Failure::Plain(
             "no CUDA driver found; use --device cpu".into(),
@@ -538,7 +515,9 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
         );
         b
     });
-    if cuda {
+    if plan.plan().report.parallel.is_some() && !cuda {
+        ranks::run(&args, &plan, bar.as_ref())?;
+    } else if cuda {
         run_cuda(&args, &plan, bar.as_ref())?;
     } else {
         let mut ex = CpuExecutor::new(&plan).map_err(plain)?;

@@ -92,6 +92,13 @@ pub const NVLINK_C2C: HostLink = HostLink {
 /// measured on each (`--context-reserve` overrides it).
 pub const CONTEXT_RESERVE: u64 = 529 << 20;
 
+/// The device bytes NCCL takes on each rank of a data-parallel plan beside the CUDA context,
+/// a stated figure (not measured by memc): its default buffers, `NCCL_BUFFSIZE` 4 MiB per
+/// channel and direction for up to 32 channels (256 MiB), doubled for its FIFOs, proxy
+/// buffers and the communicator's own allocations: 512 MiB. Budgets of parallel plans for a
+/// GPU hold arena + CUDA context + this.
+pub const NCCL_RESERVE: u64 = 512 << 20;
+
 const TERA: f64 = 1e12;
 const GIB: u64 = 1 << 30;
 

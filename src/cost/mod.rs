@@ -11,7 +11,7 @@ mod model;
 mod offload;
 
 pub use estimate::{estimate, ms, render_text, Estimate, OpTime, StepTime};
-pub use gpu::{Gpu, GpuSpec, HostLink, CONTEXT_RESERVE, NVLINK_C2C, PCIE4, PCIE5};
+pub use gpu::{Gpu, GpuSpec, HostLink, CONTEXT_RESERVE, NCCL_RESERVE, NVLINK_C2C, PCIE4, PCIE5};
 pub use model::{
     Bound, Time, Work, LAUNCH_OVERHEAD_S, LIBRARY_FP32_EFFICIENCY, MEMORY_EFFICIENCY,
     MMA_KERNEL_EFFICIENCY, SIMT_EFFICIENCY, TENSOR_CORE_EFFICIENCY,

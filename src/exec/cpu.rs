@@ -26,6 +26,8 @@ pub struct CpuExecutor {
     bound: Vec<(BufferId, Vec<f32>)>,
     /// The parameters stored quantized, and the error of what was written to them.
     quantized: QuantizedParams,
+    /// This executor's rank and the group of a data-parallel run (None: one rank alone).
+    member: Option<(usize, std::sync::Arc<super::group::Group>)>,
 }
 
 impl CpuExecutor {
@@ -44,7 +46,14 @@ impl CpuExecutor {
             seed: 0,
             micro: 0,
             bound: Vec::new(),
+            member: None,
         })
+    }
+
+    /// Makes this executor rank `rank` of `group`: its collectives meet the other ranks',
+    /// its sharded parameters start from their slice of the full initial values.
+    pub fn join(&mut self, rank: usize, group: std::sync::Arc<super::group::Group>) {
+        self.member = Some((rank, group));
     }
 
     /// Sets the run's seed, which keys its dropout masks (0 until set).
@@ -191,7 +200,8 @@ impl CpuExecutor {
     /// and sets the persistent state (moments, loss scale) to its initial value.
     pub fn init_params(&mut self, seed: u64) -> Result<(), ExecError> {
         let plan = self.plan.clone();
-        for (b, values) in crate::init::persistent(&plan, seed) {
+        let rank = self.member.as_ref().map_or(0, |m| m.0);
+        for (b, values) in crate::init::persistent(&plan, seed, rank) {
             self.write(b, &values)?;
         }
         self.step = 1;
@@ -488,6 +498,11 @@ impl<'a> CpuStep<'a> {
     /// The step's workspace, writable (empty when it has none); request it once per step.
     pub fn workspace(&self) -> &'a mut [f32] {
         self.views.workspace()
+    }
+
+    /// This step's rank and its group in a data-parallel run (None: one rank alone).
+    pub fn member(&self) -> Option<(usize, &'a super::group::Group)> {
+        self.exec.member.as_ref().map(|(r, g)| (*r, g.as_ref()))
     }
 
     /// The 1-based number of the training step running (AdamW bias correction).

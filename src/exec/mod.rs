@@ -3,10 +3,12 @@ pub mod adapters;
 pub mod cpu;
 pub mod cublaslt;
 pub mod cuda;
+pub mod group;
 pub mod io;
 pub mod kernels;
 pub mod lowp;
 pub mod quantized;
+pub mod ranks;
 pub mod state;
 
 use std::fmt;
@@ -42,10 +44,16 @@ impl fmt::Display for ExecError {
 
 impl std::error::Error for ExecError {}
 
+/// Why the CUDA backend refuses a data-parallel plan, and what to do instead.
+pub const PARALLEL_ON_CUDA: &str = "the CUDA backend does not run data-parallel plans yet \
+     (their collectives have no NCCL mapping): run all ranks with --device cpu, or compile \
+     with --device cuda to read each rank's device bytes";
+
 /// Whether the CUDA backend (and `memc emit`'s kernels) can take `plan` on a machine whose
 /// CUDA driver is `driver` present: not without a driver, and not for a plan with a host
 /// tier (`--offload`), whose copies between the arena and host memory only the CPU
-/// backend executes.
+/// backend executes, and not for a data-parallel plan, whose collectives only the CPU
+/// backend's in-process group runs.
 pub fn cuda_can_run(plan: &crate::plan::Plan, driver: bool) -> Result<(), ExecError> {
     if plan.host_bytes > 0 {
         return Err(ExecError::Unsupported(
@@ -53,6 +61,9 @@ pub fn cuda_can_run(plan: &crate::plan::Plan, driver: bool) -> Result<(), ExecEr
              run on the CPU backend): run with --device cpu, or compile without --offload"
                 .into(),
         ));
+    }
+    if plan.report.parallel.is_some() {
+        return Err(ExecError::Unsupported(PARALLEL_ON_CUDA.into()));
     }
     if !driver {
         return Err(ExecError::Device("no CUDA driver found".to_string()));

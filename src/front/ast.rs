@@ -117,6 +117,8 @@ pub enum ExprKind {
         named_as: Option<Ident>,
     },
     Tuple(Vec<Expr>),
+    /// `(name = value, ...)`: named settings (every argument has its name).
+    Record(Vec<Arg>),
     Binary(BinOp, Box<Expr>, Box<Expr>),
     Neg(Box<Expr>),
 }

@@ -10,56 +10,63 @@ use crate::ir::{DType, Op, Span};
 impl Lowerer<'_> {
     /// Evaluates an expression in `env`.
     pub(super) fn eval(&mut self, e: &Expr, env: &Env) -> R<Spanned> {
-        let val = match &e.kind {
-            ExprKind::Number { value, integral } => {
-                if *integral && value.abs() < 9.0e15 {
-                    Val::Int(*value as i64)
-                } else {
-                    Val::Float(*value)
-                }
-            }
-            ExprKind::Size(b) => Val::Size(*b),
-            ExprKind::Tuple(items) => {
-                let mut vals = Vec::new();
-                for i in items {
-                    vals.push(self.eval(i, env)?.val);
-                }
-                Val::Tuple(vals)
-            }
-            ExprKind::Path(parts) => self.path(parts, env)?,
-            ExprKind::Neg(inner) => {
-                let v = self.eval(inner, env)?;
-                match v.val {
-                    Val::Int(i) => Val::Int(-i),
-                    Val::Float(f) => Val::Float(-f),
-                    Val::Tensor(t) => Val::Tensor(self.add(
-                        Op::Unary(crate::ir::UnaryFn::Neg),
-                        vec![t],
-                        e.span,
-                    )?),
-                    other => {
-                        return Err(UserError::at(
-                            e.span,
-                            format!("cannot negate {}", other.describe()),
-                            "here",
-                            "negate a number or a tensor",
-                        ))
+        let val =
+            match &e.kind {
+                ExprKind::Number { value, integral } => {
+                    if *integral && value.abs() < 9.0e15 {
+                        Val::Int(*value as i64)
+                    } else {
+                        Val::Float(*value)
                     }
                 }
-            }
-            ExprKind::Binary(op, a, b) => {
-                let a = self.eval(a, env)?;
-                let b = self.eval(b, env)?;
-                self.binary(*op, a, b, e.span)?
-            }
-            ExprKind::Call(call) => return self.call(call, env),
-            ExprKind::Repeat {
-                count,
-                blocks,
-                args,
-                named_as,
-            } => return self.repeat(count, blocks, args, named_as.as_ref(), env, e.span),
-        };
+                ExprKind::Size(b) => Val::Size(*b),
+                ExprKind::Tuple(items) => {
+                    let mut vals = Vec::new();
+                    for i in items {
+                        vals.push(self.eval(i, env)?.val);
+                    }
+                    Val::Tuple(vals)
+                }
+                ExprKind::Record(_) => return Err(UserError::at(
+                    e.span,
+                    "named settings `(key = value, ...)` are not a value",
+                    "settings",
+                    "they are written only in `train { }`, e.g. `parallel = (data = 8, zero = 1)`",
+                )),
+                ExprKind::Path(parts) => self.path(parts, env)?,
+                ExprKind::Neg(inner) => {
+                    let v = self.eval(inner, env)?;
+                    match v.val {
+                        Val::Int(i) => Val::Int(-i),
+                        Val::Float(f) => Val::Float(-f),
+                        Val::Tensor(t) => Val::Tensor(self.add(
+                            Op::Unary(crate::ir::UnaryFn::Neg),
+                            vec![t],
+                            e.span,
+                        )?),
+                        other => {
+                            return Err(UserError::at(
+                                e.span,
+                                format!("cannot negate {}", other.describe()),
+                                "here",
+                                "negate a number or a tensor",
+                            ))
+                        }
+                    }
+                }
+                ExprKind::Binary(op, a, b) => {
+                    let a = self.eval(a, env)?;
+                    let b = self.eval(b, env)?;
+                    self.binary(*op, a, b, e.span)?
+                }
+                ExprKind::Call(call) => return self.call(call, env),
+                ExprKind::Repeat {
+                    count,
+                    blocks,
+                    args,
+                    named_as,
+                } => return self.repeat(count, blocks, args, named_as.as_ref(), env, e.span),
+            };
         Ok(Spanned { val, span: e.span })
     }
 

@@ -4,6 +4,7 @@ pub mod ast;
 mod builtins;
 mod eval;
 mod lower;
+pub mod parallel;
 mod parse;
 pub mod train;
 mod train_lora;

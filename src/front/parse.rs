@@ -308,6 +308,19 @@ impl Builder {
             }
             Rule::path => ExprKind::Path(p.into_inner().map(ident).collect()),
             Rule::call => ExprKind::Call(self.call(p)),
+            Rule::record => ExprKind::Record(
+                p.into_inner()
+                    .map(|f| {
+                        let mut it = f.into_inner();
+                        let name = it.next().map(ident);
+                        let value = it.next().map(|e| self.expr(e)).unwrap_or(Expr {
+                            kind: ExprKind::Tuple(vec![]),
+                            span,
+                        });
+                        Arg { name, value }
+                    })
+                    .collect(),
+            ),
             Rule::tuple => ExprKind::Tuple(p.into_inner().map(|e| self.expr(e)).collect()),
             Rule::paren => {
                 return p.into_inner().next().map(|e| self.expr(e)).unwrap_or(Expr {

@@ -27,14 +27,14 @@ pub struct TrainSpec {
 }
 
 /// `name` of a path expression of one identifier, if `e` is one.
-fn word(e: &Expr) -> Option<&str> {
+pub(super) fn word(e: &Expr) -> Option<&str> {
     match &e.kind {
         ExprKind::Path(p) if p.len() == 1 => Some(p[0].name.as_str()),
         _ => None,
     }
 }
 
-fn number(e: &Expr) -> Option<f64> {
+pub(super) fn number(e: &Expr) -> Option<f64> {
     match &e.kind {
         ExprKind::Number { value, .. } => Some(*value),
         ExprKind::Neg(inner) => number(inner).map(|v| -v),
@@ -171,6 +171,7 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
             lora: None,
             quantize_frozen: None,
             offload: None,
+            parallel: None,
         },
         span,
         precision_span: span,
@@ -271,12 +272,13 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
                     || UserError::at(value.span, "unknown offload", "not offloadable", Offload::HELP),
                 )?)
             }
+            "parallel" => spec.settings.parallel = Some(super::parallel::parallel(value)?),
             other => {
                 return Err(UserError::at(
                     name.span,
                     format!("unknown train option `{other}`"),
                     "unknown option",
-                    "accepted: optimizer, precision, master_weights, stochastic_rounding, accumulate, budget, clip_grad_norm, lora, quantize_frozen, offload",
+                    "accepted: optimizer, precision, master_weights, stochastic_rounding, accumulate, budget, clip_grad_norm, lora, quantize_frozen, offload, parallel",
                 ))
             }
         }

@@ -220,6 +220,21 @@ pub enum Op {
     /// `(dst, src) -> ()`: host value `src` copied into device buffer `dst` in place, after
     /// every in-place writer of `src` in its phase ([`Op::reads_after_writers`]).
     CopyToDevice,
+    /// `x -> x`: the mean over the data-parallel ranks of every rank's `x`, summed in rank
+    /// order, so every rank holds the same bits.
+    AllReduce { ranks: u32 },
+    /// `x -> [ceil(numel/ranks)]`: this rank's slice of the flattened mean over the ranks
+    /// (summed in rank order), zero past the end of `x`.
+    ReduceScatter { ranks: u32 },
+    /// `shard -> shape`: every rank's shard concatenated in rank order, the padding of the
+    /// last dropped (a parameter gathered for its use under ZeRO-3).
+    AllGather { ranks: u32, shape: Vec<usize> },
+    /// `(dst, shard) -> ()`: every rank's shard concatenated in rank order into `dst` in
+    /// place, after every in-place writer of `shard` in its phase (an updated shard).
+    AllGatherInto { ranks: u32 },
+    /// `x -> [ceil(numel/ranks)]`: this rank's slice of the flattened `x`, zero past its end;
+    /// no communication.
+    Shard { ranks: u32 },
 }
 
 /// What kind of work an op is, for cost models and recomputation policy.
@@ -262,7 +277,7 @@ impl Op {
     /// the schedule orders it after those writers instead of before.
     pub fn reads_after_writers(&self) -> &'static [usize] {
         match self {
-            Op::CopyToDevice => &[1],
+            Op::CopyToDevice | Op::AllGatherInto { .. } => &[1],
             _ => &[],
         }
     }
@@ -338,6 +353,11 @@ impl Op {
             Sgd(_) => "sgd",
             CopyToHost => "copy_to_host",
             CopyToDevice => "copy_to_device",
+            AllReduce { .. } => "all_reduce",
+            ReduceScatter { .. } => "reduce_scatter",
+            AllGather { .. } => "all_gather",
+            AllGatherInto { .. } => "all_gather_into",
+            Shard { .. } => "shard",
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod rules;
 
 pub mod attention;
 pub mod cast;
+pub mod collective;
 pub mod conv;
 pub mod embedding;
 pub mod loss;
@@ -94,5 +95,10 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::AdamW(_)
         | Op::Sgd(_) => &optimizer::Family,
         Op::CopyToHost | Op::CopyToDevice => &transfer::Family,
+        Op::AllReduce { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllGather { .. }
+        | Op::AllGatherInto { .. }
+        | Op::Shard { .. } => &collective::Family,
     }
 }

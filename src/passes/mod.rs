@@ -7,6 +7,7 @@ pub mod fuse_loss;
 pub mod liveness;
 pub mod lora;
 pub mod optimizer;
+pub mod partition;
 pub mod precision;
 pub mod quantize;
 pub mod saves;

@@ -9,13 +9,16 @@
 //! it is complete (a backward-phase step), and everything above reads the accumulators.
 //! With `offload`, each update runs on host copies (`copy_to_host`) of its parameter,
 //! gradient and multiplier, its state is read only by it (so the plan places it in the
-//! host arena), and `copy_to_device` writes the updated parameter back.
+//! host arena), and `copy_to_device` writes the updated parameter back. With data
+//! parallelism every gradient is first made the ranks' mean (`passes::partition`), and under
+//! ZeRO-1 and 2 each update writes this rank's shard, gathered back into the parameter.
 
 use super::autodiff::Differentiated;
-use super::StageError;
+use super::{partition, StageError};
 use crate::ir::*;
 use crate::ops::optimizer::quantize::{blocks, signed_map, unsigned_map, zero_code};
 use crate::ops::optimizer::{Rounding, StateFormat};
+use crate::parallel::Parallel;
 use crate::settings::Optimizer;
 
 /// Training settings the optimizer pass needs.
@@ -35,6 +38,10 @@ pub struct OptimizerOptions {
     pub offload: bool,
     /// Where `clip_grad_norm` was set: the clip coefficient's source span (none: no span).
     pub clip_span: Option<Span>,
+    /// Data parallelism: gradients become the ranks' mean before anything reads them, and
+    /// under ZeRO-1 and 2 each update writes this rank's shard, gathered into the parameter
+    /// (`passes::partition`).
+    pub parallel: Option<crate::parallel::Parallel>,
 }
 
 /// `torch.amp.GradScaler`'s default growth interval: clean steps before the scale doubles.
@@ -86,17 +93,17 @@ fn update(
     (param, grad): (ValueId, ValueId),
     (optimizer, rounding): (Optimizer, Rounding),
     multiplier: Option<ValueId>,
-    offload: bool,
+    (offload, parallel): (bool, Option<Parallel>),
     origin: &mut Origin,
 ) -> Result<(), StageError> {
-    let (name, ty, rounding) = match &graph.node(param).op {
+    let (name, rounding) = match &graph.node(param).op {
         Op::Param { name, ty, .. } => {
             let rounding = if ty.dtype == DType::BF16 {
                 rounding
             } else {
                 Rounding::Nearest
             };
-            (name.clone(), ty.with_dtype(DType::F32), rounding)
+            (name.clone(), rounding)
         }
         _ => return Err(not_a_parameter(param)),
     };
@@ -106,12 +113,19 @@ fn update(
     let host = |graph: &mut Graph, v: ValueId| {
         graph.add(Op::CopyToHost, vec![v], origin).map_err(internal)
     };
+    let sharded = match parallel {
+        Some(parallel) if !offload => {
+            partition::update_target(graph, (param, grad), parallel, origin)?
+        }
+        _ => None,
+    };
     let (target, grad) = if offload {
         let grad = host(graph, grad)?;
         (host(graph, param)?, grad)
     } else {
-        (param, grad)
+        sharded.unwrap_or((param, grad))
     };
+    let ty = graph.node(target).ty.with_dtype(DType::F32);
     let state = |graph: &mut Graph, suffix: &str, ty: &TensorType, init: u8| {
         graph
             .add(
@@ -154,6 +168,9 @@ fn update(
     };
     inputs.extend(multiplier);
     graph.add(op, inputs, origin).map_err(internal)?;
+    if let (Some(parallel), Some(_)) = (parallel, sharded) {
+        partition::gather_update(graph, (param, target), parallel, origin)?;
+    }
     if offload {
         let back = vec![param, target];
         graph
@@ -208,6 +225,16 @@ pub fn run(diff: &Differentiated, options: &OptimizerOptions) -> Result<Graph, S
     if options.accumulate > 1 {
         accumulators(&mut graph, &mut pairs, options.accumulate)?;
     }
+    if let Some(parallel) = options.parallel {
+        for (param, grad) in &mut pairs {
+            let at = Origin {
+                span: graph.node(*param).span,
+                scope: graph.node(*param).scope.clone(),
+                phase: Phase::Update,
+            };
+            *grad = partition::reduce_gradients(&mut graph, *grad, parallel, &at)?;
+        }
+    }
     let grads: Vec<ValueId> = pairs.iter().map(|&(_, g)| g).collect();
     let unscale = match options.loss_scale {
         Some(scale) if !grads.is_empty() => {
@@ -256,7 +283,7 @@ pub fn run(diff: &Differentiated, options: &OptimizerOptions) -> Result<Graph, S
             pair,
             (options.optimizer, rounding),
             multiplier,
-            options.offload,
+            (options.offload, options.parallel),
             &mut origin,
         )?;
     }

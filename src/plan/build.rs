@@ -237,6 +237,7 @@ impl Buffers {
                     init: *init,
                     grad,
                     quant: crate::passes::quantize::packing(graph, p),
+                    shard_of: crate::passes::partition::full_shape(graph, p),
                 })
             })
             .collect()
@@ -520,7 +521,11 @@ fn report(
             .filter(|&&p| {
                 !trained_only || matches!(graph.node(p).op, Op::Param { frozen: false, .. })
             })
-            .map(|&p| crate::passes::quantize::weights(graph, p))
+            .map(|&p| match crate::passes::partition::full_shape(graph, p) {
+                // A ZeRO-3 shard counts the parameters of the whole tensor.
+                Some(shape) => shape.iter().map(|&d| d as u64).product(),
+                None => crate::passes::quantize::weights(graph, p),
+            })
             .sum()
     };
     Report {
@@ -564,5 +569,6 @@ fn report(
         host: None,
         transfers: None,
         quantized: crate::passes::quantize::summary(graph),
+        parallel: None,
     }
 }

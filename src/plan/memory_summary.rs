@@ -110,13 +110,18 @@ pub fn render_memory_summary(plan: &Plan) -> String {
         human_bytes(0)
     );
     if let Some(d) = plan.report.device {
-        let reserve = human_bytes(d.context_reserve);
-        let _ = writeln!(
-            out,
-            "| {:<24}| {reserve:>12} | {reserve:>12} | {reserve:>12} | {:>10} |",
-            "+ CUDA context (stated)",
-            human_bytes(0)
-        );
+        let mut reserves = vec![("+ CUDA context (stated)", d.context_reserve)];
+        if d.nccl_reserve > 0 {
+            reserves.push(("+ NCCL (stated)", d.nccl_reserve));
+        }
+        for (name, bytes) in reserves {
+            let reserve = human_bytes(bytes);
+            let _ = writeln!(
+                out,
+                "| {name:<24}| {reserve:>12} | {reserve:>12} | {reserve:>12} | {:>10} |",
+                human_bytes(0)
+            );
+        }
     }
     out.push_str(&rule);
     let counts = |out: &mut String, name: &str, r: &Row| {

@@ -5,6 +5,7 @@ mod build;
 mod host;
 mod memory_summary;
 mod origin;
+mod parallel;
 mod peak;
 mod report;
 mod summary;
@@ -18,6 +19,7 @@ pub use build::{build, build_for, BuildOptions};
 pub use host::{HostBytes, Transfers};
 pub use memory_summary::render_memory_summary;
 pub use origin::{attach_lines, Role};
+pub use parallel::{report as parallel_report, ParallelReport, RankBytes, RankEntry};
 pub use peak::{largest_at_peak, PeakTensor};
 pub use report::{
     grouped, human_bytes, live_bytes, render_text, Bytes, CheckpointSummary, DeviceBytes,
@@ -250,6 +252,10 @@ pub struct ParamBinding {
     pub grad: Option<BufferId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quant: Option<crate::ir::Quantized>,
+    /// Under ZeRO-3, the full shape of a parameter whose buffer holds this rank's flat
+    /// shard of it ([`crate::ops::collective::shard_len`] elements).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_of: Option<Vec<usize>>,
 }
 
 /// Persistent state that is not trained (optimizer moments, the loss scale) and the value

@@ -113,6 +113,7 @@ pub struct PrecisionSummary {
 /// What the plan needs and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
+    /// The model's parameters (under ZeRO-3 the whole tensors', not this rank's shards).
     pub param_count: u64,
     /// Parameters that train (not frozen); equal to `param_count` when none is frozen.
     #[serde(default)]
@@ -150,6 +151,10 @@ pub struct Report {
     /// The frozen weights stored quantized (`--quantize-frozen`), when there are any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantized: Option<QuantSummary>,
+    /// Data parallelism: the ranks, their roles and each rank's bytes (absent on one
+    /// device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<super::ParallelReport>,
 }
 
 /// The frozen weights a plan stores quantized: how many, their packed bytes and the bytes
@@ -176,6 +181,10 @@ pub struct DeviceBytes {
     /// The CUDA context and loaded kernels (`crate::cost::CONTEXT_RESERVE` unless
     /// `--context-reserve` says otherwise).
     pub context_reserve: u64,
+    /// NCCL's buffers on each rank of a data-parallel plan (`crate::cost::NCCL_RESERVE`);
+    /// 0 on one device.
+    #[serde(default, skip_serializing_if = "super::is_zero")]
+    pub nccl_reserve: u64,
     /// Their sum: what `--budget` is held to on a GPU.
     pub total: u64,
 }
@@ -395,6 +404,7 @@ pub fn render_text(plan: &Plan) -> String {
         }
     }
     super::host::render(&mut out, r);
+    super::parallel::render(&mut out, plan);
     super::peak::render(&mut out, &r.largest_at_peak);
     if let Some(p) = &r.precision {
         render_precision(&mut out, p);

@@ -30,9 +30,16 @@ pub(super) fn render(out: &mut String, plan: &Plan) {
         listed.join(", ")
     );
     if let Some(d) = plan.report.device {
+        let (nccl, what) = match d.nccl_reserve {
+            0 => (String::new(), "a stated figure"),
+            n => (
+                format!(" and NCCL's {} per rank", human_bytes(n)),
+                "stated figures",
+            ),
+        };
         let _ = writeln!(
             out,
-            "  on the GPU: {} with the CUDA context's {} (a stated figure, --context-reserve; the arena is what the plan guarantees)",
+            "  on the GPU: {} with the CUDA context's {}{nccl} ({what}, --context-reserve; the arena is what the plan guarantees)",
             human_bytes(d.total),
             human_bytes(d.context_reserve)
         );

@@ -127,14 +127,16 @@ fn needed(graph: &Graph) -> BTreeSet<ValueId> {
 
 const INF: u64 = u64::MAX / 8;
 
-/// Whether `v` is a copy of a weight in its compute precision (a cast or a dequantized weight
-/// computed from parameters alone;
+/// Whether `v` is a copy of a weight in its compute precision (a cast, a dequantized weight or
+/// a ZeRO-3 gather computed from parameters alone;
 /// `input_dependent` as [`Graph::input_dependent`] gives it). Policies never choose it:
 /// [`choose`] recomputes every weight copy backward reads, once, before its first backward
 /// reader.
 pub fn is_weight_copy(graph: &Graph, input_dependent: &[bool], v: ValueId) -> bool {
-    matches!(graph.node(v).op, Op::Cast { .. } | Op::Dequantize { .. })
-        && !input_dependent[v.index()]
+    matches!(
+        graph.node(v).op,
+        Op::Cast { .. } | Op::Dequantize { .. } | Op::AllGather { .. }
+    ) && !input_dependent[v.index()]
 }
 
 /// Whether `op` is pointwise, a normalization or moves data without arithmetic

@@ -1,0 +1,24 @@
+//! Backward rule of the collectives: gathering a parameter's shards (ZeRO-3) has the
+//! reduce-scatter of its gradient as its gradient, so each rank receives its shard of the
+//! ranks' mean gradient; the other collectives are inserted after differentiation.
+
+use crate::ir::Op;
+use crate::ops::backward::{Backward, Vjp};
+use crate::passes::StageError;
+
+impl Backward for super::Family {
+    fn vjp(&self, op: &Op, cx: &mut Vjp<'_>) -> Result<(), StageError> {
+        let dy = cx.dy;
+        match op {
+            Op::AllGather { ranks, .. } => {
+                let ranks = *ranks;
+                cx.set(0, |rw| rw.add(Op::ReduceScatter { ranks }, vec![dy]))
+            }
+            Op::AllReduce { .. }
+            | Op::ReduceScatter { .. }
+            | Op::AllGatherInto { .. }
+            | Op::Shard { .. } => Err(cx.not_forward(op)),
+            _ => Err(cx.foreign(op, "collective")),
+        }
+    }
+}

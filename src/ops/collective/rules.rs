@@ -1,0 +1,94 @@
+//! Shape and dtype rule, cost and class of the collectives: an all-reduce keeps its input's
+//! type; a reduce-scatter and a shard give a flat shard of it; an all-gather gives the shape
+//! it names from a flat shard of that many elements; an all-gather into a buffer writes it in
+//! place and outputs an empty tensor, as the optimizer updates do.
+
+use super::shard_len;
+use crate::ir::{DType, Op, OpClass, TensorType};
+use crate::ops::rules::{arity, fail, float, foreign, Behaviour, Result, Rules};
+
+/// The flat shard type of `t` over `ranks` ranks.
+fn shard_of(t: &TensorType, ranks: u32) -> TensorType {
+    TensorType::new(t.dtype, vec![shard_len(t.numel(), ranks) as usize])
+}
+
+fn ranks_positive(ranks: u32) -> Result<()> {
+    if ranks == 0 {
+        return fail(
+            "a collective over 0 ranks",
+            "a collective spans at least 1 rank",
+        );
+    }
+    Ok(())
+}
+
+/// Checks that `shard` is the flat shard of a tensor of `full`'s elements.
+fn is_shard_of(shard: &TensorType, full: &TensorType, ranks: u32) -> Result<()> {
+    if shard != &shard_of(full, ranks) {
+        return fail(
+            format!("{shard} is not a shard of {full} over {ranks} ranks"),
+            "a shard holds ceil(numel / ranks) elements of its tensor's dtype",
+        );
+    }
+    Ok(())
+}
+
+impl Rules for super::Family {
+    fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
+        match op {
+            Op::AllReduce { ranks } => {
+                arity(op, inputs, 1, 1)?;
+                ranks_positive(*ranks)?;
+                float(inputs[0], "an all-reduce's input")?;
+                Ok(inputs[0].clone())
+            }
+            Op::ReduceScatter { ranks } | Op::Shard { ranks } => {
+                arity(op, inputs, 1, 1)?;
+                ranks_positive(*ranks)?;
+                float(inputs[0], "a shard's input")?;
+                Ok(shard_of(inputs[0], *ranks))
+            }
+            Op::AllGather { ranks, shape } => {
+                arity(op, inputs, 1, 1)?;
+                ranks_positive(*ranks)?;
+                let full = TensorType::new(inputs[0].dtype, shape.clone());
+                is_shard_of(inputs[0], &full, *ranks)?;
+                Ok(full)
+            }
+            Op::AllGatherInto { ranks } => {
+                arity(op, inputs, 2, 2)?;
+                ranks_positive(*ranks)?;
+                is_shard_of(inputs[1], inputs[0], *ranks)?;
+                Ok(TensorType::new(DType::F32, vec![0]))
+            }
+            _ => foreign(op, "collective"),
+        }
+    }
+
+    /// An all-reduce or reduce-scatter adds the other ranks' values (one FLOP an element a
+    /// rank); gathers and shards move bytes only.
+    fn flops(&self, op: &Op, inputs: &[&TensorType], _: &TensorType) -> u64 {
+        match op {
+            Op::AllReduce { ranks } | Op::ReduceScatter { ranks } => {
+                inputs.first().map_or(0, |t| t.numel()) * u64::from(ranks.saturating_sub(1))
+            }
+            _ => 0,
+        }
+    }
+
+    /// Gathers and shards of parameters are cheap forward work (recomputed for backward as a
+    /// weight copy is); the reductions and the gather into a parameter belong to the update.
+    fn behaviour(&self, op: &Op) -> Behaviour {
+        match op {
+            Op::AllGather { .. } | Op::Shard { .. } => Behaviour::CHEAP,
+            _ => Behaviour {
+                class: OpClass::Update,
+                mutated_inputs: match op {
+                    Op::AllGatherInto { .. } => &[0],
+                    _ => &[],
+                },
+                ..Behaviour::CHEAP
+            },
+        }
+    }
+}
