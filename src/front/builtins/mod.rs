@@ -5,6 +5,7 @@
 //! (reductions, softmax, reshaping, slicing), [`spatial`] (NCHW convolution, pooling,
 //! padding, resampling) and [`params`] (parameter constructors).
 
+mod conv;
 mod layers;
 mod params;
 mod shape;
@@ -90,8 +91,21 @@ fn axis(l: &Lowerer, v: &Spanned, rank: usize) -> R<usize> {
 }
 
 fn pair(l: &Lowerer, v: Option<Spanned>, default: usize, what: &str) -> R<[usize; 2]> {
+    let v = per_axis(l, v, default, what, 2)?;
+    Ok([v[0], v[1]])
+}
+
+/// One non-negative integer per spatial axis: `default` for each when absent, one integer for
+/// all `rank` axes, or a tuple of `rank` integers.
+fn per_axis(
+    l: &Lowerer,
+    v: Option<Spanned>,
+    default: usize,
+    what: &str,
+    rank: usize,
+) -> R<Vec<usize>> {
     let Some(v) = v else {
-        return Ok([default, default]);
+        return Ok(vec![default; rank]);
     };
     let item = |val: &Val| -> R<usize> {
         let s = Spanned {
@@ -109,11 +123,14 @@ fn pair(l: &Lowerer, v: Option<Spanned>, default: usize, what: &str) -> R<[usize
         })
     };
     match &v.val {
-        Val::Tuple(items) if items.len() == 2 => Ok([item(&items[0])?, item(&items[1])?]),
-        other => {
-            let x = item(other)?;
-            Ok([x, x])
-        }
+        Val::Tuple(items) if items.len() == rank => items.iter().map(item).collect(),
+        Val::Tuple(items) => Err(UserError::at(
+            v.span,
+            format!("{what} has {} values for {rank} spatial axes", items.len()),
+            "wrong count",
+            format!("give one value, or a tuple of {rank}"),
+        )),
+        other => Ok(vec![item(other)?; rank]),
     }
 }
 
@@ -269,8 +286,10 @@ impl Lowerer<'_> {
             "transpose" | "permute" => self.transpose(name, args, span),
             "concat" => self.concat(args, span),
             "split" | "slice" => self.split(name, args, span),
-            "conv2d" => self.conv2d(args, span),
+            "conv1d" | "conv2d" | "conv3d" | "conv_transpose1d" | "conv_transpose2d"
+            | "conv_transpose3d" => self.conv(name, args, span),
             "max_pool2d" | "avg_pool2d" => self.pool(name, args, span),
+            "max_pool3d" | "avg_pool3d" => self.pool3d(name, args, span),
             "lrn" => self.lrn(args, span),
             "pad" => self.pad_call(args, span),
             "global_avg_pool" => self.global_avg_pool(args, span),
@@ -298,6 +317,20 @@ impl Lowerer<'_> {
             ));
         };
         self.dim(&v, "heads")
+    }
+
+    /// The shape of `x`, which `func` needs to be NCL, NCHW or NCDHW (rank 3 to 5).
+    fn spatial(&self, x: ValueId, func: &str, span: Span) -> R<Vec<usize>> {
+        let ty = self.ty(x);
+        if !(3..=5).contains(&ty.shape.len()) {
+            return Err(UserError::at(
+                span,
+                format!("{func} needs an NCL, NCHW or NCDHW tensor, got {ty}"),
+                "no spatial axes",
+                "pass a [N, C, spatial...] tensor with 1 to 3 spatial axes",
+            ));
+        }
+        Ok(ty.shape.clone())
     }
 
     /// The shape of `x`, which `func` needs to be `[N, C, H, W]`.

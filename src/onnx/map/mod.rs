@@ -4,6 +4,7 @@
 
 mod activation;
 mod composed;
+mod conv;
 mod dense;
 mod elementwise;
 mod layout;
@@ -21,6 +22,7 @@ type R<T> = Result<T, UserError>;
 /// their mapping states, refusing the rest.
 const MAPPED: &[&str] = &[
     "Conv",
+    "ConvTranspose",
     "Gemm",
     "MatMul",
     "BatchNormalization",
@@ -103,10 +105,11 @@ type Family = fn(&Node, &Env, &mut Writer) -> R<Option<Out>>;
 
 /// Maps `node` to `.mdl` statements; returns its output values.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
-    let families: [Family; 6] = [
+    let families: [Family; 7] = [
         elementwise::map,
         activation::map,
         composed::map,
+        conv::map,
         window::map,
         dense::map,
         layout::map,
