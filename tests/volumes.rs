@@ -45,38 +45,14 @@ fn unet3d_trains_on_the_cpu_at_side_16() {
     assert!((losses[0] - 4f64.ln()).abs() < 0.2, "{losses:?}");
 }
 
-/// Every new volume op in one shallow model: 3-D convolutions (grouped, unequal kernel and
-/// padding), batch and group norm over NCDHW, 3-D max and average pooling, a transposed 3-D
-/// convolution, upsampling and a skip.
-const VOLUME_OPS: &str = "model volume_ops {
-  dim B = 2, S = 8, C = 8
-  input volume: [B, 1, S, S, S]
-  input labels: i32[B, S, S, S]
-  param c1: conv3d(1, C, 3)
-  param n1: batchnorm(C)
-  param c2: conv3d(C, C, (3, 1, 3), groups = 2)
-  param n2: groupnorm(4, C)
-  param t: conv_transpose3d(C, C, 2)
-  param head: conv3d(C, 4, 1, bias = true)
-  let h = relu(batchnorm(conv3d(volume, c1, padding = 1), n1))
-  let p = max_pool3d(conv3d(h, c2, padding = (1, 0, 1)), 2)
-  p = avg_pool3d(p, 3, stride = 1, padding = 1)
-  let u = relu(groupnorm(conv_transpose3d(p, t, stride = 2), n2)) + h
-  u = upsample(avg_pool3d(u, 2), 2)
-  let logits = permute(reshape(conv3d(u, head), (B, 4, S*S*S)), (0, 2, 1))
-  loss = cross_entropy(logits, reshape(labels, (B, S*S*S)))
-  train { optimizer = adamw(lr = 1e-3) }
-}
-";
-
-/// Each parameter's first-step gradient of [`VOLUME_OPS`] in `precision`, from seed 3, fp16's
+/// Each parameter's first-step gradient of [`common::VOLUME_OPS`] in `precision`, from seed 3, fp16's
 /// divided by its initial loss scale (2^16).
 fn volume_gradients(precision: Precision) -> BTreeMap<String, Vec<f32>> {
     let options = Options {
         precision: Some(precision),
         ..Options::default()
     };
-    let c = compiled_with(VOLUME_OPS, &options);
+    let c = compiled_with(common::VOLUME_OPS, &options);
     let mut ex = executor(&c, 3);
     let mut grads = BTreeMap::new();
     let unscale = if precision == Precision::Fp16 {
@@ -107,20 +83,7 @@ fn volume_op_gradients_in_bf16_and_fp16_track_fp32() {
     ] {
         let got = volume_gradients(precision);
         assert_eq!(reference.len(), got.len());
-        let mut errors: Vec<(f64, &str)> = Vec::new();
-        for (name, r) in &reference {
-            let Some(g) = got.get(name) else {
-                panic!("{precision:?}: no gradient for {name}");
-            };
-            let diff: f64 = r
-                .iter()
-                .zip(g)
-                .map(|(&a, &b)| f64::from(a - b).powi(2))
-                .sum();
-            let norm: f64 = r.iter().map(|&a| f64::from(a).powi(2)).sum();
-            errors.push(((diff / norm.max(1e-30)).sqrt(), name.as_str()));
-        }
-        errors.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let errors = common::relative_errors(&reference, &got);
         let median = errors[errors.len() / 2].0;
         let worst = errors[errors.len() - 1];
         assert!(

@@ -1,7 +1,7 @@
 //! Built-in functions over NCHW (and NCDHW) tensors: 2-D and 3-D pooling, local response
 //! normalization, padding and nearest-neighbour upsampling.
 
-use super::{boolean, pads4, pair, per_axis, Args};
+use super::{boolean, pads4, per_axis, Args};
 use crate::diagnostic::UserError;
 use crate::front::lower::{Lowerer, R};
 use crate::front::value::Val;
@@ -12,20 +12,10 @@ impl Lowerer<'_> {
     /// `count_pad = false` averages over the window's share inside the input.
     pub(super) fn pool(&mut self, name: &str, args: &mut Args, span: Span) -> R<Val> {
         let x = self.t(args, "input")?;
-        let kv = args.positional("kernel")?;
-        let kernel = pair(self, Some(kv), 1, "kernel")?;
-        let stride = pair(self, args.optional("stride"), 0, "stride")?;
-        let stride = if stride == [0, 0] { kernel } else { stride };
+        let [k, s] = self.pool_window(args, 2, span)?;
+        let (kernel, stride) = ([k[0], k[1]], [s[0], s[1]]);
         let pads = pads4(self, args.optional("padding"))?;
         let count_pad = boolean(args.optional("count_pad"), true)?;
-        if kernel.contains(&0) || stride.contains(&0) {
-            return Err(UserError::at(
-                span,
-                "kernel and stride must be at least 1",
-                "zero",
-                "use 1 or more",
-            ));
-        }
         let shape = self.nchw(x, name, span)?;
         let is_max = name == "max_pool2d";
         let fill = if is_max { f32::NEG_INFINITY } else { 0.0 };
@@ -54,6 +44,26 @@ impl Lowerer<'_> {
         let (ones, _) = self.pad_for(ones, pads, 0.0, span)?;
         let share = self.add(Op::AvgPool2d(p), vec![ones], span)?;
         self.op(Op::Binary(BinaryFn::Div), vec![y, share], span)
+    }
+
+    /// A pooling call's `kernel` (positional) and `stride` (the kernel when absent), one entry
+    /// per each of `rank` axes, every entry at least 1.
+    fn pool_window(&self, args: &mut Args, rank: usize, span: Span) -> R<[Vec<usize>; 2]> {
+        let kv = args.positional("kernel")?;
+        let kernel = per_axis(self, Some(kv), 1, "kernel", rank)?;
+        let stride = match args.optional("stride") {
+            Some(v) => per_axis(self, Some(v), 1, "stride", rank)?,
+            None => kernel.clone(),
+        };
+        if kernel.contains(&0) || stride.contains(&0) {
+            return Err(UserError::at(
+                span,
+                "kernel and stride must be at least 1",
+                "zero",
+                "use 1 or more",
+            ));
+        }
+        Ok([kernel, stride])
     }
 
     /// Local response normalization across channels (ONNX `LRN`):
@@ -207,24 +217,9 @@ impl Lowerer<'_> {
     /// pooled) being the only extra tensor.
     pub(super) fn pool3d(&mut self, name: &str, args: &mut Args, span: Span) -> R<Val> {
         let x = self.t(args, "input")?;
-        let kv = args.positional("kernel")?;
-        let kernel = per_axis(self, Some(kv), 1, "kernel", 3)?;
-        let stride = per_axis(self, args.optional("stride"), 0, "stride", 3)?;
-        let stride = if stride == [0; 3] {
-            kernel.clone()
-        } else {
-            stride
-        };
+        let [kernel, stride] = self.pool_window(args, 3, span)?;
         let padding = per_axis(self, args.optional("padding"), 0, "padding", 3)?;
         let count_pad = boolean(args.optional("count_pad"), true)?;
-        if kernel.contains(&0) || stride.contains(&0) {
-            return Err(UserError::at(
-                span,
-                "kernel and stride must be at least 1",
-                "zero",
-                "use 1 or more",
-            ));
-        }
         let shape = self.ty(x).shape.clone();
         if shape.len() != 5 {
             return Err(UserError::at(

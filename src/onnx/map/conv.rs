@@ -97,11 +97,28 @@ fn geometry(node: &Node, rank: usize, w: &[usize]) -> R<Geometry> {
     Ok((n, groups, strides, dilations, pads))
 }
 
-/// Declares the node's parameter group (`ctor` opening its constructor, weight and optional
-/// bias of `o` channels) and returns its name.
-fn declare(node: &Node, env: &Env, w: &mut Writer, ctor: String, o: usize) -> R<String> {
+/// Declares the node's parameter group for the `.mdl` function `name` (its weight, and its
+/// bias when the node has one) and returns the call of `name` on `x` with the keyword
+/// arguments `(keyword, per-axis values, default)` that differ from their defaults.
+fn declare_and_call(
+    node: &Node,
+    env: &Env,
+    w: &mut Writer,
+    (name, x): (&str, &str),
+    groups: usize,
+    keywords: &[(&str, &[usize], usize)],
+) -> R<String> {
     let wt = node.konst(env, 1)?;
-    let mut ctor = ctor;
+    // The weight is [O, C/g, k...] for a convolution, [C, O/g, k...] when transposed.
+    let (c, o) = if name.starts_with("conv_transpose") {
+        (wt.shape[0], wt.shape[1] * groups)
+    } else {
+        (wt.shape[1] * groups, wt.shape[0])
+    };
+    let mut ctor = format!("{name}({c}, {o}, {}", axes_text(&wt.shape[2..]));
+    if groups != 1 {
+        ctor += &format!(", groups = {groups}");
+    }
     let mut parts = vec![("weight".to_string(), wt.shape.clone(), wt.floats())];
     if node.input_name(2).is_some() {
         let b = node.konst(env, 2)?;
@@ -115,18 +132,15 @@ fn declare(node: &Node, env: &Env, w: &mut Writer, ctor: String, o: usize) -> R<
         parts.push(("bias".to_string(), vec![o], b.floats()));
     }
     ctor.push(')');
-    Ok(w.group(&group_name(node, 1), ctor, parts))
-}
-
-/// The call's keyword arguments that differ from their defaults.
-fn keywords(items: &[(&str, &[usize], usize)]) -> String {
-    let mut out = String::new();
-    for (name, v, default) in items {
+    let g = w.group(&group_name(node, 1), ctor, parts);
+    let mut call = format!("{name}({x}, {g}");
+    for (keyword, v, default) in keywords {
         if v.iter().any(|x| x != default) {
-            out += &format!(", {name} = {}", axes_text(v));
+            call += &format!(", {keyword} = {}", axes_text(v));
         }
     }
-    out
+    call.push(')');
+    Ok(call)
 }
 
 fn conv(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
@@ -156,17 +170,13 @@ fn conv(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
         }
         out.push((padded - span) / strides[d] + 1);
     }
-    let mut ctor = format!("conv{n}d({c}, {o}, {}", axes_text(&wt.shape[2..]));
-    if groups != 1 {
-        ctor += &format!(", groups = {groups}");
-    }
-    let g = declare(node, env, w, ctor, o)?;
-    let kw = keywords(&[
-        ("stride", &strides, 1),
+    let kw = [
+        ("stride", &strides[..], 1),
         ("padding", &pads, 0),
         ("dilation", &dilations, 1),
-    ]);
-    Ok((format!("conv{n}d({}, {g}{kw})", x.expr), out))
+    ];
+    let call = declare_and_call(node, env, w, (&format!("conv{n}d"), &x.expr), groups, &kw)?;
+    Ok((call, out))
 }
 
 fn conv_transpose(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
@@ -221,16 +231,13 @@ fn conv_transpose(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usiz
             }
         }
     }
-    let mut ctor = format!("conv_transpose{n}d({c}, {o}, {}", axes_text(&wt.shape[2..]));
-    if groups != 1 {
-        ctor += &format!(", groups = {groups}");
-    }
-    let g = declare(node, env, w, ctor, o)?;
-    let kw = keywords(&[
-        ("stride", &strides, 1),
+    let kw = [
+        ("stride", &strides[..], 1),
         ("padding", &pads, 0),
         ("output_padding", &extra, 0),
         ("dilation", &dilations, 1),
-    ]);
-    Ok((format!("conv_transpose{n}d({}, {g}{kw})", x.expr), out))
+    ];
+    let name = format!("conv_transpose{n}d");
+    let call = declare_and_call(node, env, w, (&name, &x.expr), groups, &kw)?;
+    Ok((call, out))
 }

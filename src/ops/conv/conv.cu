@@ -19,24 +19,25 @@ __device__ __forceinline__ long long conv_out_at(long long i, long long t, long 
 
 template <typename C> struct ConvGeom {
     static constexpr u64 TAPS = C::KD * C::KH * C::KW, IN = C::D * C::H * C::W, OUT = C::DO * C::HO * C::WO;
-    // The input offset within one channel plane read by output position sp at tap t, or -1.
-    __device__ static long long in_at(u64 sp, u64 t) {
-        const u64 ow = sp % C::WO, oh = (sp / C::WO) % C::HO, od = sp / (C::WO * C::HO);
-        const u64 kw = t % C::KW, kh = (t / C::KW) % C::KH, kd = t / (C::KW * C::KH);
-        const long long d = conv_in(od, kd, C::SD, C::PD, C::DD, C::D), h = conv_in(oh, kh, C::SH, C::PH, C::DH, C::H),
-                        w = conv_in(ow, kw, C::SW, C::PW, C::DW, C::W);
-        if (d < 0 || h < 0 || w < 0) return -1;
-        return ((u64)d * C::H + (u64)h) * C::W + (u64)w;
+    // Along one axis: the input coordinate output o reads at tap t, or (TO_OUT) the output
+    // coordinate whose tap t reads input o; -1 when there is none.
+    template <bool TO_OUT> __device__ static long long axis(u64 o, u64 t, u64 s, u64 p, u64 d, u64 n_in, u64 n_out) {
+        return TO_OUT ? conv_out_at(o, t, s, p, d, n_out) : conv_in(o, t, s, p, d, n_in);
     }
-    // The output offset within one channel plane whose tap t reads input position sp, or -1.
-    __device__ static long long out_at(u64 sp, u64 t) {
-        const u64 iw = sp % C::W, ih = (sp / C::W) % C::H, id = sp / (C::W * C::H);
+    // The offset within one channel plane that position sp meets at tap t: the input read by
+    // output sp, or (TO_OUT) the output reading input sp; -1 when there is none.
+    template <bool TO_OUT> __device__ static long long meet(u64 sp, u64 t) {
+        constexpr u64 FH = TO_OUT ? C::H : C::HO, FW = TO_OUT ? C::W : C::WO;
+        constexpr u64 RH = TO_OUT ? C::HO : C::H, RW = TO_OUT ? C::WO : C::W;
         const u64 kw = t % C::KW, kh = (t / C::KW) % C::KH, kd = t / (C::KW * C::KH);
-        const long long d = conv_out_at(id, kd, C::SD, C::PD, C::DD, C::DO), h = conv_out_at(ih, kh, C::SH, C::PH, C::DH, C::HO),
-                        w = conv_out_at(iw, kw, C::SW, C::PW, C::DW, C::WO);
+        const long long d = axis<TO_OUT>(sp / (FW * FH), kd, C::SD, C::PD, C::DD, C::D, C::DO),
+                        h = axis<TO_OUT>((sp / FW) % FH, kh, C::SH, C::PH, C::DH, C::H, C::HO),
+                        w = axis<TO_OUT>(sp % FW, kw, C::SW, C::PW, C::DW, C::W, C::WO);
         if (d < 0 || h < 0 || w < 0) return -1;
-        return ((u64)d * C::HO + (u64)h) * C::WO + (u64)w;
+        return ((u64)d * RH + (u64)h) * RW + (u64)w;
     }
+    __device__ static long long in_at(u64 sp, u64 t) { return meet<false>(sp, t); }
+    __device__ static long long out_at(u64 sp, u64 t) { return meet<true>(sp, t); }
 };
 
 // y: M = COG (out channel), N = NB*OUT, K = CIG*TAPS.
