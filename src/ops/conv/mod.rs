@@ -20,9 +20,13 @@ impl super::OpFamily for Family {}
 /// spatial rank).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ConvParams {
+    /// Step between output positions, per spatial axis.
     pub stride: Vec<usize>,
+    /// Zeros added at both ends of each spatial axis of the input.
     pub padding: Vec<usize>,
+    /// Step between kernel taps, per spatial axis.
     pub dilation: Vec<usize>,
+    /// Channel groups: input and output channels split into this many independent parts.
     pub groups: usize,
 }
 
@@ -59,14 +63,23 @@ pub(crate) fn lift(v: &[usize], fill: usize) -> [usize; SPATIAL] {
 /// `[c_out, c_in/groups, kernel...]`, spatial dimensions lifted to three by [`lift`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Geom {
+    /// Batch size.
     pub n: usize,
+    /// Input channels (of the convolution, not of its adjoint).
     pub c_in: usize,
+    /// Output channels.
     pub c_out: usize,
+    /// Channel groups; divides both channel counts.
     pub groups: usize,
+    /// Input extents (D, H, W).
     pub size: [usize; SPATIAL],
+    /// Kernel extents.
     pub kernel: [usize; SPATIAL],
+    /// Strides.
     pub stride: [usize; SPATIAL],
+    /// Zero padding on each side.
     pub padding: [usize; SPATIAL],
+    /// Dilations.
     pub dilation: [usize; SPATIAL],
 }
 

@@ -1,6 +1,7 @@
 //! N-d convolution (grouped, strided, padded, dilated; 1-D and 2-D as 3-D with unit leading
-//! extents) through tiled im2col and GEMM: the forward and the input and weight backwards. Work is split only over independent planes and
-//! every sum runs in a fixed order, so results are bitwise identical from run to run.
+//! extents) through tiled im2col and GEMM: the forward and the input and weight backwards.
+//! Work is split only over independent planes and every sum runs in a fixed order, so results
+//! are bitwise identical from run to run.
 
 use crate::exec::kernels::gemm::{gemm, rm, rm_mut, rm_t, MatMut, MatRef};
 use crate::exec::kernels::layout::par_chunks;
@@ -95,7 +96,7 @@ impl Geom {
 }
 
 /// Most f32 elements of an im2col tile: the conv kernels build the im2col matrix of one
-/// image a tile of output pixels at a time, so their scratch stays within 1 MiB (or one
+/// image a tile of output positions at a time, so their scratch stays within 1 MiB (or one
 /// column of taps, if larger) however large the image.
 const COL_TILE_ELEMS: usize = 1 << 18;
 
@@ -109,8 +110,8 @@ pub fn workspace_len(g: &Geom) -> usize {
     }
 }
 
-/// Writes the im2col tile `[c_in*prod(kernel), c1-c0]` of output pixels `c0..c1` of one image
-/// `[c_in, h, w]` into `col`.
+/// Writes the im2col tile `[c_in*prod(kernel), c1-c0]` of output positions `c0..c1` of one
+/// image `[c_in, d, h, w]` into `col`.
 fn im2col(g: &Geom, img: &[f32], cols: (usize, usize), col: &mut [f32]) {
     let (plane, rows) = (g.plane(), g.taps_per_channel() * (cols.1 - cols.0));
     par_chunks(&mut col[..g.c_in * rows], rows, |cc, c| {
@@ -120,8 +121,8 @@ fn im2col(g: &Geom, img: &[f32], cols: (usize, usize), col: &mut [f32]) {
     });
 }
 
-/// Adds to one image `[c_in, h, w]` the im2col tile entries of output pixels `c0..c1` mapping
-/// to each pixel (the adjoint of `im2col`).
+/// Adds to one image `[c_in, d, h, w]` the im2col tile entries of output positions `c0..c1`
+/// mapping to each position (the adjoint of `im2col`).
 fn col2im_add(g: &Geom, col: &[f32], cols: (usize, usize), img: &mut [f32]) {
     let (plane, rows) = (g.plane(), g.taps_per_channel() * (cols.1 - cols.0));
     par_chunks(img, plane, |xc, c| {
@@ -130,8 +131,8 @@ fn col2im_add(g: &Geom, col: &[f32], cols: (usize, usize), img: &mut [f32]) {
     });
 }
 
-/// The GEMM operand for output pixels `c0..c1` of image `img`: the image itself for
-/// pointwise convolutions (one tile of every pixel), else its im2col tile written into
+/// The GEMM operand for output positions `c0..c1` of image `img`: the image itself for
+/// pointwise convolutions (one tile of every position), else its im2col tile written into
 /// `workspace`.
 fn columns<'a>(
     g: &Geom,
@@ -152,7 +153,7 @@ fn cols_from(data: &[f32], cols: usize, row: usize, c0: usize) -> MatRef<'_> {
     rm(&data[row * cols + c0..], cols)
 }
 
-/// Forward 2-D convolution: `out[n, co] = sum_ci w[co, ci] * x[n, ci]` (cross-correlation,
+/// Forward N-d convolution: `out[n, co] = sum_ci w[co, ci] * x[n, ci]` (cross-correlation,
 /// torch semantics). `workspace` has at least `workspace_len(g)` elements; `out` is
 /// fully overwritten.
 pub fn forward(g: &Geom, x: &[f32], w: &[f32], out: &mut [f32], workspace: &mut [f32]) {
@@ -178,8 +179,9 @@ pub fn forward(g: &Geom, x: &[f32], w: &[f32], out: &mut [f32], workspace: &mut 
     }
 }
 
-/// Gradient of a 2-D convolution w.r.t. its input: `dx = conv^T(dy, w)`, written over `dx`
-/// (`[n, c_in, h, w]`). `workspace` has at least `workspace_len(g)` elements.
+/// Gradient of a convolution w.r.t. its input: `dx = conv^T(dy, w)`, written over `dx`
+/// (`[n, c_in, d, h, w]`; also the transposed convolution). `workspace` has at least
+/// `workspace_len(g)` elements.
 pub fn backward_input(g: &Geom, dy: &[f32], w: &[f32], dx: &mut [f32], workspace: &mut [f32]) {
     let (l, kg, cog) = g.dims();
     let (xs, os) = (g.c_in * g.plane(), g.c_out * l);
@@ -210,7 +212,7 @@ pub fn backward_input(g: &Geom, dy: &[f32], w: &[f32], dx: &mut [f32], workspace
     }
 }
 
-/// Gradient of a 2-D convolution w.r.t. its weight: `dw = sum_n dy[n] * im2col(x[n])^T`,
+/// Gradient of a convolution w.r.t. its weight: `dw = sum_n dy[n] * im2col(x[n])^T`,
 /// accumulated over images and tiles in index order and written over `dw`. `workspace` has
 /// at least `workspace_len(g)` elements.
 pub fn backward_weight(g: &Geom, x: &[f32], dy: &[f32], dw: &mut [f32], workspace: &mut [f32]) {
