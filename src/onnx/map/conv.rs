@@ -1,14 +1,15 @@
 //! ONNX `Conv` over NCL and NCDHW inputs (the NCHW form is `window.rs`'s, with its
-//! asymmetric padding) and `ConvTranspose` over NCL, NCHW and NCDHW, as `.mdl` `conv1d` /
-//! `conv3d` and `conv_transpose1d` .. `conv_transpose3d` calls. Padding must be symmetric
-//! per axis: anything else is refused naming the node.
+//! asymmetric padding), `ConvTranspose` over NCL, NCHW and NCDHW, and `MaxPool` /
+//! `AveragePool` over NCDHW, as `.mdl` `conv1d` / `conv3d`, `conv_transpose1d` ..
+//! `conv_transpose3d` and `max_pool3d` / `avg_pool3d` calls. Padding must be symmetric per
+//! axis: anything else is refused naming the node.
 
 use super::{batch_named, group_name, operand, tuple_text, Out, R};
 use crate::onnx::write::Writer;
 use crate::onnx::{Env, Node};
 
-/// Maps `node` when it is a `Conv` of rank 3 or 5 or a `ConvTranspose`; `None` otherwise
-/// (a rank-4 `Conv` is `window.rs`'s).
+/// Maps `node` when it is a `Conv` of rank 3 or 5, a `ConvTranspose` or a pooling of rank 5;
+/// `None` otherwise (rank-4 convolutions and pooling are `window.rs`'s).
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
     let out = match node.op() {
         "Conv" => {
@@ -19,6 +20,12 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
             batch_named(node, env, w, conv)
         }
         "ConvTranspose" => batch_named(node, env, w, conv_transpose),
+        "MaxPool" | "AveragePool" => {
+            if operand(node, env, w, 0)?.shape.len() != 5 {
+                return Ok(None);
+            }
+            batch_named(node, env, w, pool3d)
+        }
         _ => return Ok(None),
     };
     out.map(Some)
@@ -239,5 +246,66 @@ fn conv_transpose(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usiz
     ];
     let name = format!("conv_transpose{n}d");
     let call = declare_and_call(node, env, w, (&name, &x.expr), groups, &kw)?;
+    Ok((call, out))
+}
+
+fn pool3d(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
+    let x = operand(node, env, w, 0)?;
+    let refuse = |what: &str, help: &str| Err(node.err(what.to_string(), help.to_string()));
+    if node
+        .ints("dilations")
+        .is_some_and(|d| d.iter().any(|&v| v != 1))
+    {
+        return refuse("dilated pooling is not supported", "use dilations of 1");
+    }
+    if node.int("ceil_mode", 0) != 0 {
+        return refuse(
+            "ceil_mode is not supported for 3-D pooling",
+            "export with ceil_mode = 0",
+        );
+    }
+    if node.p.output.len() > 1 {
+        return refuse(
+            "MaxPool's Indices output is not supported",
+            "use the pooled values only",
+        );
+    }
+    let kernel = match node.ints("kernel_shape").as_deref() {
+        Some(k) if k.len() == 3 && k.iter().all(|&v| v > 0) => {
+            k.iter().map(|&v| v as usize).collect::<Vec<_>>()
+        }
+        _ => {
+            return refuse(
+                "`kernel_shape` must be three positive values",
+                "the file is malformed",
+            )
+        }
+    };
+    let strides = positive(node, "strides", 3)?;
+    let pads = symmetric_pads(node, 3)?;
+    let mut out = vec![x.shape[0], x.shape[1]];
+    for d in 0..3 {
+        let padded = x.shape[2 + d] + 2 * pads[d];
+        if padded < kernel[d] || 2 * pads[d] > kernel[d] {
+            return refuse(
+                "the window does not fit the padded input, or its padding is above half the kernel",
+                "check the model's input size and pads",
+            );
+        }
+        out.push((padded - kernel[d]) / strides[d] + 1);
+    }
+    let is_max = node.op() == "MaxPool";
+    let f = if is_max { "max_pool3d" } else { "avg_pool3d" };
+    let mut call = format!("{f}({}, {}", x.expr, axes_text(&kernel));
+    if strides != kernel {
+        call += &format!(", stride = {}", axes_text(&strides));
+    }
+    if pads.iter().any(|&p| p > 0) {
+        call += &format!(", padding = {}", axes_text(&pads));
+        if !is_max && node.int("count_include_pad", 0) == 0 {
+            call += ", count_pad = false";
+        }
+    }
+    call.push(')');
     Ok((call, out))
 }
