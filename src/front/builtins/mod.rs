@@ -321,29 +321,42 @@ impl Lowerer<'_> {
 
     /// The shape of `x`, which `func` needs to be NCL, NCHW or NCDHW (rank 3 to 5).
     fn spatial(&self, x: ValueId, func: &str, span: Span) -> R<Vec<usize>> {
-        let ty = self.ty(x);
-        if !(3..=5).contains(&ty.shape.len()) {
-            return Err(UserError::at(
-                span,
-                format!("{func} needs an NCL, NCHW or NCDHW tensor, got {ty}"),
-                "no spatial axes",
-                "pass a [N, C, spatial...] tensor with 1 to 3 spatial axes",
-            ));
-        }
-        Ok(ty.shape.clone())
+        let help = "pass a [N, C, spatial...] tensor with 1 to 3 spatial axes";
+        self.layout_shape(x, func, span, (3, 5), help)
     }
 
     /// The shape of `x`, which `func` needs to be `[N, C, H, W]`.
     fn nchw(&self, x: ValueId, func: &str, span: Span) -> R<Vec<usize>> {
+        self.layout_shape(x, func, span, (4, 4), "pass a [N, C, H, W] tensor")
+    }
+
+    /// The shape of `x`, which `func` needs to have rank `lo..=hi` (NCL, NCHW, NCDHW among
+    /// them), or a diagnostic naming those layouts with `help`.
+    fn layout_shape(
+        &self,
+        x: ValueId,
+        func: &str,
+        span: Span,
+        (lo, hi): (usize, usize),
+        help: &str,
+    ) -> R<Vec<usize>> {
         let ty = self.ty(x);
-        if ty.shape.len() != 4 {
-            return Err(UserError::at(
-                span,
-                format!("{func} needs an NCHW tensor, got {ty}"),
-                "not NCHW",
-                "pass a [N, C, H, W] tensor",
-            ));
+        if (lo..=hi).contains(&ty.shape.len()) {
+            return Ok(ty.shape.clone());
         }
-        Ok(ty.shape.clone())
+        let names: Vec<&str> = (lo..=hi)
+            .map(|r| ["NCL", "NCHW", "NCDHW"][r.clamp(3, 5) - 3])
+            .collect();
+        let layouts = match names.split_last() {
+            Some((last, [])) => last.to_string(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        };
+        Err(UserError::at(
+            span,
+            format!("{func} needs an {layouts} tensor, got {ty}"),
+            format!("not {layouts}"),
+            help,
+        ))
     }
 }
