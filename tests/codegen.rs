@@ -205,14 +205,9 @@ fn mismatched_output_is_an_error() {
     assert!(kernel_for(&Op::Unary(UnaryFn::Exp), std::slice::from_ref(&x), &wrong).is_err());
     assert!(kernel_for(&Op::Unary(UnaryFn::Exp), &[], &x).is_err());
     assert!(kernel_for(
-        &Op::Conv2dBackwardInput {
-            conv: ConvParams {
-                stride: [1, 1],
-                padding: [0, 0],
-                dilation: [1, 1],
-                groups: 1
-            },
-            input: [3, 3],
+        &Op::ConvBackwardInput {
+            conv: ConvParams::uniform(2, 1, 0, 1),
+            input: vec![3, 3],
         },
         &[x.clone(), x.clone()],
         &x
@@ -234,20 +229,20 @@ fn optimizer_clip_coefficient_must_be_f32() {
 #[test]
 fn conv_gradients_must_match_the_forward_output() {
     let conv = ConvParams {
-        stride: [2, 1],
-        padding: [1, 1],
-        dilation: [1, 2],
+        stride: vec![2, 1],
+        padding: vec![1, 1],
+        dilation: vec![1, 2],
         groups: 2,
     };
     let w = t(DType::F32, &[6, 2, 3, 3]);
     let x = t(DType::F32, &[2, 4, 9, 9]);
-    let bwd_in = Op::Conv2dBackwardInput {
-        conv,
-        input: [9, 9],
+    let bwd_in = Op::ConvBackwardInput {
+        conv: conv.clone(),
+        input: vec![9, 9],
     };
-    let bwd_w = Op::Conv2dBackwardWeight {
+    let bwd_w = Op::ConvBackwardWeight {
         conv,
-        kernel: [3, 3],
+        kernel: vec![3, 3],
     };
     // The forward output is [2, 6, 5, 7]; a [2, 6, 5, 5] gradient is refused.
     for dy in [[2, 6, 5, 7], [2, 6, 5, 5]] {

@@ -143,6 +143,19 @@ gradcheck! {
     conv2d_asymmetric: ("N = 1, C = 2, H = 6", "  param x: [N, C, H, H] = normal(1.0)\n  param c: conv2d(C, 2, (2, 3))", "conv2d(x, c, padding = (0, 1, 1, 0))", "[N, 2, 6, 5]", 1e-2, 1e-2);
     global_avg_pool: ("N = 2, C = 3, H = 4", "  param x: [N, C, H, H] = normal(1.0)", "global_avg_pool(x)", "[N, C]", 1e-2, 1e-2);
     upsample: ("N = 1, C = 2, H = 3", "  param x: [N, C, H, H] = normal(1.0)", "upsample(x, 2)", "[N, C, 6, 6]", 1e-2, 1e-2);
+    // NCL and NCDHW: convolutions (grouped, strided, padded, dilated, each axis its own),
+    // transposed convolutions, 3-D pooling, upsampling and norms over volumes.
+    conv1d: ("N = 2, C = 4, L = 9", "  param x: [N, C, L] = normal(1.0)\n  param c: conv1d(C, 6, 3, groups = 2, bias = true)", "conv1d(x, c, stride = 2, padding = 2, dilation = 2)", "[N, 6, 5]", 1e-2, 1e-2);
+    conv3d: ("N = 2, C = 4, S = 5", "  param x: [N, C, S, S, 4] = normal(1.0)\n  param c: conv3d(C, 6, (3, 2, 1), groups = 2, bias = true)", "conv3d(x, c, stride = (2, 1, 1), padding = (1, 0, 0), dilation = (1, 2, 1))", "[N, 6, 3, 3, 4]", 1e-2, 1e-2);
+    conv_transpose2d: ("N = 2, C = 4, H = 3", "  param x: [N, C, H, H] = normal(1.0)\n  param c: conv_transpose2d(C, 6, 3, groups = 2, bias = true)", "conv_transpose2d(x, c, stride = 2, padding = 1, output_padding = 1)", "[N, 6, 6, 6]", 1e-2, 1e-2);
+    conv_transpose3d: ("N = 1, C = 3, S = 2", "  param x: [N, C, S, S, 3] = normal(1.0)\n  param c: conv_transpose3d(C, 2, (2, 2, 3), bias = true)", "conv_transpose3d(x, c, stride = 2, padding = (0, 0, 1), dilation = (1, 2, 1))", "[N, 2, 4, 5, 5]", 1e-2, 1e-2);
+    max_pool3d: ("N = 1, C = 2, S = 5", "  param x: [N, C, S, 4, S] = uniform(-3.0, 3.0)", "max_pool3d(x, (3, 2, 3), stride = (2, 2, 1), padding = (1, 0, 1))", "[N, C, 3, 2, 5]", 1e-3, 1e-2);
+    avg_pool3d: ("N = 1, C = 2, S = 4", "  param x: [N, C, S, S, S] = normal(1.0)", "avg_pool3d(x, 2)", "[N, C, 2, 2, 2]", 1e-2, 1e-2);
+    avg_pool3d_pad_not_counted: ("N = 1, C = 2, S = 5", "  param x: [N, C, S, S, 3] = normal(1.0)", "avg_pool3d(x, 3, stride = 2, padding = 1, count_pad = false)", "[N, C, 3, 3, 2]", 1e-2, 1e-2);
+    upsample3d: ("N = 1, C = 2, S = 2", "  param x: [N, C, S, 3, S] = normal(1.0)", "upsample(x, 2)", "[N, C, 4, 6, 4]", 1e-2, 1e-2);
+    global_avg_pool3d: ("N = 2, C = 3, S = 3", "  param x: [N, C, S, 2, S] = normal(1.0)", "global_avg_pool(x)", "[N, C]", 1e-2, 1e-2);
+    batchnorm3d: ("N = 2, C = 2, S = 3", "  param x: [N, C, S, S, 2] = normal(1.0)\n  param n: batchnorm(C)", "batchnorm(x, n)", "[N, C, S, S, 2]", 1e-2, 2e-2);
+    groupnorm3d: ("N = 2, C = 4, S = 3", "  param x: [N, C, S, 2, S] = normal(1.0)\n  param n: groupnorm(2, C)", "groupnorm(x, n)", "[N, C, S, 2, S]", 1e-2, 2e-2);
     attention_causal_gqa: ("B = 2, T = 5, D = 8", "  param q: [B, T, D] = normal(1.0)\n  param k: [B, T, 4] = normal(1.0)\n  param v: [B, T, 4] = normal(1.0)", "attention(q, k, v, heads = 4, kv_heads = 2, causal = true)", "[B, T, D]", 1e-2, 1e-2);
     attention_window_gqa: ("B = 2, T = 7, D = 8", "  param q: [B, T, D] = normal(1.0)\n  param k: [B, T, 4] = normal(1.0)\n  param v: [B, T, 4] = normal(1.0)", "attention(q, k, v, heads = 4, kv_heads = 2, causal = true, window = 3)", "[B, T, D]", 1e-2, 1e-2);
     attention_softcap_window_gqa: ("B = 2, T = 7, D = 8", "  param q: [B, T, D] = normal(1.0)\n  param k: [B, T, 4] = normal(1.0)\n  param v: [B, T, 4] = normal(1.0)", "attention(q, k, v, heads = 4, kv_heads = 2, causal = true, window = 3, softcap = 0.5)", "[B, T, D]", 1e-2, 1e-2);

@@ -64,6 +64,14 @@ fn resnet18_param_count() {
 
 /// Stable Diffusion 1.5's UNet as diffusers counts it (`sum(p.numel() for p in
 /// unet.parameters())`).
+/// The 3-D UNet's count, summed by hand over its layers: seven blocks of two bias-free 3x3x3
+/// convolutions, each followed by a batch norm's weight and bias; three 2x2x2 transposed
+/// convolutions and the 1x1x1 head, with biases: 5,601,220.
+#[test]
+fn unet3d_param_count() {
+    assert_eq!(param_count("unet3d.mdl"), 5_601_220);
+}
+
 #[test]
 fn sd_unet_param_count() {
     assert_eq!(param_count("sd_unet.mdl"), 859_520_964);

@@ -135,10 +135,12 @@ fn every_example_plan_kernel_compiles() {
     for (name, src) in sources {
         let ast = memc::front::parse(&src).expect("parse");
         let dims = memc::front::lower(&ast, &[]).expect("lower").dims;
-        // The SD UNet's kernels at a 16x16 latent and 64 channels: the same kernels, fewer
-        // shapes to compile.
+        // The SD UNet's kernels at a 16x16 latent and 64 channels, the 3-D UNet's on a 16^3
+        // volume: the same kernels, fewer shapes to compile.
         let sd: &[(&str, i64)] = if src.contains("model sd_unet") {
             &[("S", 16), ("M", 64)]
+        } else if src.contains("model unet3d") {
+            &[("S", 16)]
         } else {
             &[]
         };

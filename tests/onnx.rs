@@ -186,6 +186,8 @@ fn light_models_match_onnxruntime() {
         "softplus",
         "flatten_negative",
         "reduce_family",
+        "conv_volume",
+        "conv_line",
     ] {
         let path = Path::new(ROOT).join(format!("tests/onnx/{small}.onnx"));
         cases.push((small.into(), path, false));

@@ -253,20 +253,7 @@ fn unet_gradients_in_bf16_track_fp32() {
         unet_gradients(Precision::Bf16),
     );
     assert_eq!(reference.len(), got.len());
-    let mut errors: Vec<(f64, &str)> = reference
-        .iter()
-        .map(|(name, r)| {
-            let g = &got[name];
-            let diff: f64 = r
-                .iter()
-                .zip(g)
-                .map(|(&a, &b)| f64::from(a - b).powi(2))
-                .sum();
-            let norm: f64 = r.iter().map(|&a| f64::from(a).powi(2)).sum();
-            ((diff / norm.max(1e-30)).sqrt(), name.as_str())
-        })
-        .collect();
-    errors.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let errors = common::relative_errors(&reference, &got);
     let median = errors[errors.len() / 2].0;
     let worst = errors[errors.len() - 1];
     assert!(median <= 0.02, "median relative error {median}: {errors:?}");

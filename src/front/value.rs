@@ -14,8 +14,11 @@ pub enum GroupKind {
     Linear {
         out_in: bool,
     },
-    Conv2d {
+    /// A convolution of `rank` spatial axes (1 to 3), or its transpose.
+    Conv {
+        rank: usize,
         groups: usize,
+        transposed: bool,
     },
     Embedding,
 }
@@ -29,7 +32,16 @@ impl GroupKind {
             GroupKind::BatchNorm => "batchnorm",
             GroupKind::GroupNorm(_) => "groupnorm",
             GroupKind::Linear { .. } => "linear",
-            GroupKind::Conv2d { .. } => "conv2d",
+            GroupKind::Conv {
+                rank, transposed, ..
+            } => {
+                let names = if transposed {
+                    ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d"]
+                } else {
+                    ["conv1d", "conv2d", "conv3d"]
+                };
+                names[rank.clamp(1, 3) - 1]
+            }
             GroupKind::Embedding => "embedding",
         }
     }

@@ -157,14 +157,22 @@ pub enum Op {
     /// `packed: u8[bytes] -> w[shape]` in `to`: a quantized frozen weight's packed buffer
     /// dequantized to the precision its matmuls read (`crate::ops::quant`).
     Dequantize { quant: Quantized, to: DType },
-    /// `(x[N, C, H, W], w[O, C/g, KH, KW]) -> y[N, O, H', W']`.
-    Conv2d(ConvParams),
+    /// `(x[N, C, spatial...], w[O, C/g, kernel...]) -> y[N, O, spatial'...]` over 1, 2 or 3
+    /// spatial dimensions (NCL, NCHW, NCDHW).
+    Conv(ConvParams),
     /// `(dy, w) -> dx`; `input` is the spatial size of x.
-    Conv2dBackwardInput { conv: ConvParams, input: [usize; 2] },
+    ConvBackwardInput { conv: ConvParams, input: Vec<usize> },
     /// `(x, dy) -> dw`; `kernel` is the spatial size of w.
-    Conv2dBackwardWeight {
+    ConvBackwardWeight {
         conv: ConvParams,
-        kernel: [usize; 2],
+        kernel: Vec<usize>,
+    },
+    /// `(x[N, C, spatial...], w[C, O/g, kernel...]) -> y[N, O, output...]`: the transposed
+    /// convolution, the adjoint of `Conv` with geometry `conv` from y to x (so `output` is
+    /// the spatial size that convolution reads); computed as its input gradient.
+    ConvTranspose {
+        conv: ConvParams,
+        output: Vec<usize>,
     },
     /// Max pooling over NCHW.
     MaxPool2d(PoolParams),
@@ -333,9 +341,21 @@ impl Op {
             Concat { .. } => "concat",
             MatMul { .. } => "matmul",
             Dequantize { .. } => "dequantize",
-            Conv2d(_) => "conv2d",
-            Conv2dBackwardInput { .. } => "conv2d_backward_input",
-            Conv2dBackwardWeight { .. } => "conv2d_backward_weight",
+            Conv(c) => ["conv1d", "conv2d", "conv3d"][c.rank().clamp(1, 3) - 1],
+            ConvBackwardInput { conv: c, .. } => [
+                "conv1d_backward_input",
+                "conv2d_backward_input",
+                "conv3d_backward_input",
+            ][c.rank().clamp(1, 3) - 1],
+            ConvBackwardWeight { conv: c, .. } => [
+                "conv1d_backward_weight",
+                "conv2d_backward_weight",
+                "conv3d_backward_weight",
+            ][c.rank().clamp(1, 3) - 1],
+            ConvTranspose { conv: c, .. } => {
+                ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d"]
+                    [c.rank().clamp(1, 3) - 1]
+            }
             MaxPool2d(_) => "max_pool2d",
             MaxPool2dBackward(_) => "max_pool2d_backward",
             AvgPool2d(_) => "avg_pool2d",

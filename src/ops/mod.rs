@@ -79,9 +79,10 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::Concat { .. } => &movement::Family,
         Op::MatMul { .. } => &matmul::Family,
         Op::Dequantize { .. } => &quant::Family,
-        Op::Conv2d(_) | Op::Conv2dBackwardInput { .. } | Op::Conv2dBackwardWeight { .. } => {
-            &conv::Family
-        }
+        Op::Conv(_)
+        | Op::ConvBackwardInput { .. }
+        | Op::ConvBackwardWeight { .. }
+        | Op::ConvTranspose { .. } => &conv::Family,
         Op::MaxPool2d(_)
         | Op::MaxPool2dBackward(_)
         | Op::AvgPool2d(_)

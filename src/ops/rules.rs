@@ -275,14 +275,27 @@ mod tests {
         };
         assert!(!ok(avg, &[t(f, &[2, 3, 3, 2])]));
         let conv = ConvParams {
-            stride: [1, 1],
-            padding: [0, 0],
-            dilation: [1, 1],
             groups: 0,
+            ..ConvParams::uniform(2, 1, 0, 1)
         };
-        let dw = Op::Conv2dBackwardWeight {
+        let dw = Op::ConvBackwardWeight {
+            conv: conv.clone(),
+            kernel: vec![1, 1],
+        };
+        assert!(!ok(dw, &[x.clone(), x.clone()]));
+        // Geometry lists of the wrong length, and operands of the wrong rank, are refused.
+        let short = ConvParams {
+            stride: vec![1],
+            ..ConvParams::uniform(2, 1, 0, 1)
+        };
+        assert!(!ok(Op::Conv(short), &[x.clone(), x.clone()]));
+        let volume = Op::Conv(ConvParams::uniform(3, 1, 0, 1));
+        assert!(!ok(volume.clone(), &[x.clone(), x.clone()]));
+        let v = t(f, &[1, 2, 3, 3, 3]);
+        assert!(ok(volume, &[v.clone(), t(f, &[4, 2, 1, 2, 3])]));
+        let dw = Op::ConvBackwardWeight {
             conv,
-            kernel: [1, 1],
+            kernel: vec![1, 1, 1],
         };
         assert!(!ok(dw, &[x.clone(), x.clone()]));
         let attn = AttnParams {

@@ -55,12 +55,7 @@ mod tests {
 
     #[test]
     fn each_target_asks_the_op_family() {
-        let conv = Op::Conv2d(ConvParams {
-            stride: [1, 1],
-            padding: [1, 1],
-            dilation: [1, 1],
-            groups: 1,
-        });
+        let conv = Op::Conv(ConvParams::uniform(2, 1, 1, 1));
         let x = TensorType::new(DType::F32, vec![2, 3, 8, 8]);
         let w = TensorType::new(DType::F32, vec![4, 3, 3, 3]);
         let y = TensorType::new(DType::F32, vec![2, 4, 8, 8]);

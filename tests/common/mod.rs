@@ -7,6 +7,30 @@ use memc::{compile, Compiled, Options};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
+/// Every new volume op in one shallow model: 3-D convolutions (grouped, unequal kernel and
+/// padding), batch and group norm over NCDHW, 3-D max and average pooling, a transposed 3-D
+/// convolution, upsampling and a skip.
+pub const VOLUME_OPS: &str = "model volume_ops {
+  dim B = 2, S = 8, C = 8
+  input volume: [B, 1, S, S, S]
+  input labels: i32[B, S, S, S]
+  param c1: conv3d(1, C, 3)
+  param n1: batchnorm(C)
+  param c2: conv3d(C, C, (3, 1, 3), groups = 2)
+  param n2: groupnorm(4, C)
+  param t: conv_transpose3d(C, C, 2)
+  param head: conv3d(C, 4, 1, bias = true)
+  let h = relu(batchnorm(conv3d(volume, c1, padding = 1), n1))
+  let p = max_pool3d(conv3d(h, c2, padding = (1, 0, 1)), 2)
+  p = avg_pool3d(p, 3, stride = 1, padding = 1)
+  let u = relu(groupnorm(conv_transpose3d(p, t, stride = 2), n2)) + h
+  u = upsample(avg_pool3d(u, 2), 2)
+  let logits = permute(reshape(conv3d(u, head), (B, 4, S*S*S)), (0, 2, 1))
+  loss = cross_entropy(logits, reshape(labels, (B, S*S*S)))
+  train { optimizer = adamw(lr = 1e-3) }
+}
+";
+
 /// The source of `examples/NAME.mdl`.
 pub fn example(name: &str) -> String {
     let path = format!("{}/examples/{name}.mdl", env!("CARGO_MANIFEST_DIR"));
@@ -175,4 +199,29 @@ pub fn check_adapter_gradients(ex: &mut CpuExecutor, stride: usize, label: &str)
             "{label} {name}: relative error {err:.2e}"
         );
     }
+}
+
+/// Each parameter's relative L2 error `||got - reference|| / ||reference||` (the norm floored
+/// at 1e-30), with its name, sorted from the smallest; panics on a parameter `got` lacks.
+pub fn relative_errors<'a>(
+    reference: &'a std::collections::BTreeMap<String, Vec<f32>>,
+    got: &std::collections::BTreeMap<String, Vec<f32>>,
+) -> Vec<(f64, &'a str)> {
+    let mut errors: Vec<(f64, &str)> = reference
+        .iter()
+        .map(|(name, r)| {
+            let Some(g) = got.get(name) else {
+                panic!("no gradient for {name}");
+            };
+            let diff: f64 = r
+                .iter()
+                .zip(g)
+                .map(|(&a, &b)| f64::from(a - b).powi(2))
+                .sum();
+            let norm: f64 = r.iter().map(|&a| f64::from(a).powi(2)).sum();
+            ((diff / norm.max(1e-30)).sqrt(), name.as_str())
+        })
+        .collect();
+    errors.sort_by(|a, b| a.0.total_cmp(&b.0));
+    errors
 }

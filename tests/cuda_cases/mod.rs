@@ -2,6 +2,7 @@
 #![allow(clippy::panic, dead_code)]
 
 mod attention;
+mod conv;
 mod ignore;
 mod multi_block;
 pub mod quant;
@@ -67,12 +68,6 @@ fn lce_bwd_in(rows: &[usize], dim: usize, w: &[usize]) -> Vec<TensorType> {
 pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
     use DType::{F32, I32};
     let f = |s: &[usize]| t(F32, s);
-    let conv = ConvParams {
-        stride: [2, 1],
-        padding: [1, 1],
-        dilation: [1, 2],
-        groups: 2,
-    };
     let pool = PoolParams {
         kernel: [3, 3],
         stride: [2, 2],
@@ -383,27 +378,6 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             },
             vec![f(&[130, 33]), f(&[130, 70])],
         ),
-        (
-            "conv2d",
-            Op::Conv2d(conv),
-            vec![f(&[2, 4, 9, 9]), f(&[6, 2, 3, 3])],
-        ),
-        (
-            "conv2d_bwd_in",
-            Op::Conv2dBackwardInput {
-                conv,
-                input: [9, 9],
-            },
-            vec![f(&[2, 6, 5, 7]), f(&[6, 2, 3, 3])],
-        ),
-        (
-            "conv2d_bwd_w",
-            Op::Conv2dBackwardWeight {
-                conv,
-                kernel: [3, 3],
-            },
-            vec![f(&[2, 4, 9, 9]), f(&[2, 6, 5, 7])],
-        ),
         ("max_pool", Op::MaxPool2d(pool), vec![f(&[2, 3, 8, 8])]),
         (
             "max_pool_bwd",
@@ -490,6 +464,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ),
     ];
     cases.extend(attention::cases());
+    cases.extend(conv::cases());
     cases.extend(multi_block::cases());
     cases.extend(ignore::cases());
     cases

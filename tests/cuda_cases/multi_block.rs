@@ -101,14 +101,12 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         // finishing launch.
         (
             "conv2d_bwd_w_split_k",
-            Op::Conv2dBackwardWeight {
+            Op::ConvBackwardWeight {
                 conv: ConvParams {
-                    stride: [1, 1],
-                    padding: [1, 1],
-                    dilation: [1, 1],
                     groups: 2,
+                    ..ConvParams::uniform(2, 1, 1, 1)
                 },
-                kernel: [3, 3],
+                kernel: vec![3, 3],
             },
             vec![f(&[2, 4, 20, 20]), f(&[2, 6, 20, 20])],
         ),

@@ -13,6 +13,10 @@ exp(x) overflows f32;
 tests/onnx/flatten_negative.onnx: Flatten with axis -1 ([2, 3, 4, 5] -> [24, 5]) before a MatMul;
 tests/onnx/reduce_noop.onnx: ReduceSum without axes and with noop_with_empty_axes = 1 (the
 identity) after a MatMul (onnxruntime 1.20 cannot run it: tests/onnx.rs checks the import);
+tests/onnx/conv_volume.onnx: a grouped, strided, dilated, padded 3-D Conv with bias, a ReLU, a
+3-D ConvTranspose with bias, a grouped 3-D ConvTranspose with pads and output_padding, a 3-D
+MaxPool and a strided, padded 3-D AveragePool (padding not counted);
+tests/onnx/conv_line.onnx: a strided, dilated, padded 1-D Conv and a strided 1-D ConvTranspose;
 tests/onnx/reduce_family.onnx: ReduceMin, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSumExp
 and ReduceLogSum (of a Sigmoid) after a MatMul;
 tests/onnx/select_shapes.onnx: an exporter's attention pattern over static shapes (heads split by
@@ -53,6 +57,30 @@ def save(m, name):
 
 def relu_model(op="Relu", **kw):
     return model([helper.make_node(op, ["x"], ["y"], name="act")], [tensor("x", [1, 4])], [tensor("y", [1, 4])], **kw)
+
+
+def conv_models():
+    mk = helper.make_node
+    nodes = [
+        mk("Conv", ["x", "w1", "b1"], ["c"], name="conv", group=2, strides=[2, 1, 1],
+           pads=[1, 0, 1, 1, 0, 1], dilations=[1, 2, 1]),
+        mk("Relu", ["c"], ["r"], name="act"),
+        mk("ConvTranspose", ["r", "w2", "b2"], ["u"], name="up", strides=[2, 2, 2]),
+        mk("ConvTranspose", ["u", "w3"], ["t"], name="up_grouped", group=3, strides=[2, 2, 2],
+           pads=[1, 1, 1, 1, 1, 1], output_padding=[1, 0, 1]),
+        mk("MaxPool", ["t"], ["m"], name="max", kernel_shape=[2, 2, 2], strides=[2, 2, 2]),
+        mk("AveragePool", ["m"], ["y"], name="avg", kernel_shape=[3, 3, 3], strides=[1, 2, 1],
+           pads=[1, 1, 1, 1, 1, 1]),
+    ]
+    inits = [weight("w1", [4, 1, 3, 2, 3]), weight("b1", [4]), weight("w2", [4, 3, 2, 2, 2]),
+             weight("b2", [3]), weight("w3", [3, 1, 3, 3, 3])]
+    save(model(nodes, [tensor("x", [1, 2, 6, 5, 4])], [tensor("y", [1, 3, 6, 3, 8])], inits), "conv_volume.onnx")
+    nodes = [
+        mk("Conv", ["x", "w1"], ["c"], name="conv", strides=[2], pads=[1, 1], dilations=[2]),
+        mk("ConvTranspose", ["c", "w2"], ["y"], name="up", strides=[3]),
+    ]
+    inits = [weight("w1", [4, 3, 3]), weight("w2", [4, 2, 3])]
+    save(model(nodes, [tensor("x", [2, 3, 10])], [tensor("y", [2, 2, 12])], inits), "conv_line.onnx")
 
 
 def main():

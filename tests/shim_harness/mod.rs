@@ -431,8 +431,17 @@ pub fn cpu_reference(op: &Op, inputs: &[TensorType], data: &[Vec<f32>], step: u6
     }
     ex.set_step_number(step);
     ex.run_step(None).unwrap();
+    // The CPU backend holds ids as their i32 bit patterns; `get` decodes them as values.
+    let ids = g.node(v).ty.dtype == DType::I32;
+    let decode = |out: std::borrow::Cow<'_, [f32]>| -> Vec<f32> {
+        if ids {
+            out.iter().map(|x| x.to_bits() as i32 as f32).collect()
+        } else {
+            out.into_owned()
+        }
+    };
     Results {
-        output: ex.output("out").map(std::borrow::Cow::into_owned),
+        output: ex.output("out").map(decode),
         updated: op
             .mutated_inputs()
             .iter()

@@ -6,6 +6,7 @@
 //! `clamp`), [`spatial`] (NCHW convolution, pooling,
 //! padding, resampling) and [`params`] (parameter constructors).
 
+mod conv;
 mod layers;
 mod params;
 mod select;
@@ -92,8 +93,21 @@ fn axis(l: &Lowerer, v: &Spanned, rank: usize) -> R<usize> {
 }
 
 fn pair(l: &Lowerer, v: Option<Spanned>, default: usize, what: &str) -> R<[usize; 2]> {
+    let v = per_axis(l, v, default, what, 2)?;
+    Ok([v[0], v[1]])
+}
+
+/// One non-negative integer per spatial axis: `default` for each when absent, one integer for
+/// all `rank` axes, or a tuple of `rank` integers.
+fn per_axis(
+    l: &Lowerer,
+    v: Option<Spanned>,
+    default: usize,
+    what: &str,
+    rank: usize,
+) -> R<Vec<usize>> {
     let Some(v) = v else {
-        return Ok([default, default]);
+        return Ok(vec![default; rank]);
     };
     let item = |val: &Val| -> R<usize> {
         let s = Spanned {
@@ -111,11 +125,14 @@ fn pair(l: &Lowerer, v: Option<Spanned>, default: usize, what: &str) -> R<[usize
         })
     };
     match &v.val {
-        Val::Tuple(items) if items.len() == 2 => Ok([item(&items[0])?, item(&items[1])?]),
-        other => {
-            let x = item(other)?;
-            Ok([x, x])
-        }
+        Val::Tuple(items) if items.len() == rank => items.iter().map(item).collect(),
+        Val::Tuple(items) => Err(UserError::at(
+            v.span,
+            format!("{what} has {} values for {rank} spatial axes", items.len()),
+            "wrong count",
+            format!("give one value, or a tuple of {rank}"),
+        )),
+        other => Ok(vec![item(other)?; rank]),
     }
 }
 
@@ -274,8 +291,10 @@ impl Lowerer<'_> {
             "transpose" | "permute" => self.transpose(name, args, span),
             "concat" => self.concat(args, span),
             "split" | "slice" => self.split(name, args, span),
-            "conv2d" => self.conv2d(args, span),
+            "conv1d" | "conv2d" | "conv3d" | "conv_transpose1d" | "conv_transpose2d"
+            | "conv_transpose3d" => self.conv(name, args, span),
             "max_pool2d" | "avg_pool2d" => self.pool(name, args, span),
+            "max_pool3d" | "avg_pool3d" => self.pool3d(name, args, span),
             "lrn" => self.lrn(args, span),
             "pad" => self.pad_call(args, span),
             "global_avg_pool" => self.global_avg_pool(args, span),
@@ -307,17 +326,44 @@ impl Lowerer<'_> {
         self.dim(&v, "heads")
     }
 
+    /// The shape of `x`, which `func` needs to be NCL, NCHW or NCDHW (rank 3 to 5).
+    fn spatial(&self, x: ValueId, func: &str, span: Span) -> R<Vec<usize>> {
+        let help = "pass a [N, C, spatial...] tensor with 1 to 3 spatial axes";
+        self.layout_shape(x, func, span, (3, 5), help)
+    }
+
     /// The shape of `x`, which `func` needs to be `[N, C, H, W]`.
     fn nchw(&self, x: ValueId, func: &str, span: Span) -> R<Vec<usize>> {
+        self.layout_shape(x, func, span, (4, 4), "pass a [N, C, H, W] tensor")
+    }
+
+    /// The shape of `x`, which `func` needs to have rank `lo..=hi` (NCL, NCHW, NCDHW among
+    /// them), or a diagnostic naming those layouts with `help`.
+    fn layout_shape(
+        &self,
+        x: ValueId,
+        func: &str,
+        span: Span,
+        (lo, hi): (usize, usize),
+        help: &str,
+    ) -> R<Vec<usize>> {
         let ty = self.ty(x);
-        if ty.shape.len() != 4 {
-            return Err(UserError::at(
-                span,
-                format!("{func} needs an NCHW tensor, got {ty}"),
-                "not NCHW",
-                "pass a [N, C, H, W] tensor",
-            ));
+        if (lo..=hi).contains(&ty.shape.len()) {
+            return Ok(ty.shape.clone());
         }
-        Ok(ty.shape.clone())
+        let names: Vec<&str> = (lo..=hi)
+            .map(|r| ["NCL", "NCHW", "NCDHW"][r.clamp(3, 5) - 3])
+            .collect();
+        let layouts = match names.split_last() {
+            Some((last, [])) => last.to_string(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        };
+        Err(UserError::at(
+            span,
+            format!("{func} needs an {layouts} tensor, got {ty}"),
+            format!("not {layouts}"),
+            help,
+        ))
     }
 }

@@ -1,7 +1,7 @@
-//! Parameter constructors (`param ln: layernorm(D)`, `linear(I, O)`, `conv2d(I, O, K)`,
+//! Parameter constructors (`param ln: layernorm(D)`, `linear(I, O)`, `conv3d(I, O, K)`,
 //! `embedding(V, D)`): each creates the tensors of one parameter group.
 
-use super::{boolean, pair, Args};
+use super::{boolean, conv, Args};
 use crate::diagnostic::UserError;
 use crate::front::ast::{Call, Ident};
 use crate::front::lower::{Lowerer, R};
@@ -24,14 +24,16 @@ impl Lowerer<'_> {
                 self.norm_params(name, ctor, &mut args)?
             }
             "linear" => self.linear_params(name, &mut args)?,
-            "conv2d" => self.conv2d_params(name, &mut args, call.span)?,
+            c if conv::conv_kind(c).is_some() => {
+                self.conv_params(name, c, &mut args, call.span)?
+            }
             "embedding" => self.embedding_params(name, &mut args)?,
             _ => {
                 return Err(UserError::at(
                     call.name.span,
                     format!("unknown parameter constructor `{ctor}`"),
                     "not a constructor",
-                    "use layernorm, rmsnorm, batchnorm, groupnorm, linear, conv2d, embedding, or a shape like `[D, D]`",
+                    "use layernorm, rmsnorm, batchnorm, groupnorm, linear, conv1d, conv2d, conv3d, conv_transpose2d, conv_transpose3d, embedding, or a shape like `[D, D]`",
                 ))
             }
         };
@@ -40,7 +42,13 @@ impl Lowerer<'_> {
     }
 
     /// The f32 parameter `<group>.<suffix>` of `shape`.
-    fn member(&mut self, group: &Ident, suffix: &str, shape: Vec<usize>, init: Init) -> R<ValueId> {
+    pub(super) fn member(
+        &mut self,
+        group: &Ident,
+        suffix: &str,
+        shape: Vec<usize>,
+        init: Init,
+    ) -> R<ValueId> {
         let name = Ident {
             name: format!("{}.{suffix}", group.name),
             span: group.span,
@@ -49,7 +57,12 @@ impl Lowerer<'_> {
     }
 
     /// The zero-initialized `<group>.bias` of `width` elements when `has` is set.
-    fn bias_member(&mut self, group: &Ident, has: bool, width: usize) -> R<Option<ValueId>> {
+    pub(super) fn bias_member(
+        &mut self,
+        group: &Ident,
+        has: bool,
+        width: usize,
+    ) -> R<Option<ValueId>> {
         if !has {
             return Ok(None);
         }
@@ -116,49 +129,6 @@ impl Lowerer<'_> {
         let bias = self.bias_member(name, has_bias, o)?;
         Ok(Group {
             kind: GroupKind::Linear { out_in },
-            weight,
-            bias,
-        })
-    }
-
-    /// `conv2d(I, O, K, groups = 1, bias = false)`: an `[O, I/groups, KH, KW]` weight.
-    fn conv2d_params(&mut self, name: &Ident, args: &mut Args, span: Span) -> R<Group> {
-        let i = self.dim_arg(args, "input channels")?;
-        let o = self.dim_arg(args, "output channels")?;
-        let kv = args.positional("kernel size")?;
-        let k = pair(self, Some(kv), 1, "kernel size")?;
-        if k.contains(&0) {
-            return Err(UserError::at(
-                span,
-                "kernel size must be at least 1",
-                "zero",
-                "use 1 or more",
-            ));
-        }
-        let groups = self.dim_or(args, "groups", 1)?;
-        if i % groups != 0 || o % groups != 0 {
-            return Err(UserError::at(
-                span,
-                format!("groups = {groups} must divide both {i} input and {o} output channels"),
-                "does not divide",
-                "choose groups dividing both channel counts",
-            ));
-        }
-        let has_bias = boolean(args.optional("bias"), false)?;
-        let fan_in = (i / groups * k[0] * k[1]) as f32;
-        let bound = 1.0 / fan_in.sqrt();
-        let weight = self.member(
-            name,
-            "weight",
-            vec![o, i / groups, k[0], k[1]],
-            Init::Uniform {
-                low: -bound,
-                high: bound,
-            },
-        )?;
-        let bias = self.bias_member(name, has_bias, o)?;
-        Ok(Group {
-            kind: GroupKind::Conv2d { groups },
             weight,
             bias,
         })

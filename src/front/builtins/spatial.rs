@@ -1,80 +1,21 @@
-//! Built-in functions over NCHW tensors: convolution, pooling, local response
+//! Built-in functions over NCHW (and NCDHW) tensors: 2-D and 3-D pooling, local response
 //! normalization, padding and nearest-neighbour upsampling.
 
-use super::{boolean, pads4, pair, Args};
+use super::{boolean, pads4, per_axis, Args};
 use crate::diagnostic::UserError;
 use crate::front::lower::{Lowerer, R};
-use crate::front::value::{GroupKind, Val};
+use crate::front::value::Val;
 use crate::ir::*;
 
 impl Lowerer<'_> {
-    /// `conv2d(x, layer, stride, padding, dilation)` with the layer's bias added per channel.
-    pub(super) fn conv2d(&mut self, args: &mut Args, span: Span) -> R<Val> {
-        let x = self.t(args, "input")?;
-        let gv = args.positional("parameter")?;
-        let g = self.group(&gv, "the second argument of `conv2d`")?;
-        let GroupKind::Conv2d { groups } = g.kind else {
-            return Err(UserError::at(
-                gv.span,
-                format!(
-                    "expected a `conv2d` parameter group, got `{}`",
-                    g.kind.name()
-                ),
-                "wrong parameter kind",
-                "declare it as `param c: conv2d(in, out, k)`",
-            ));
-        };
-        let pads = pads4(self, args.optional("padding"))?;
-        let (x, padding) = self.pad_for(x, pads, 0.0, span)?;
-        let conv = ConvParams {
-            stride: pair(self, args.optional("stride"), 1, "stride")?,
-            padding,
-            dilation: pair(self, args.optional("dilation"), 1, "dilation")?,
-            groups,
-        };
-        if conv.stride.contains(&0) || conv.dilation.contains(&0) {
-            return Err(UserError::at(
-                span,
-                "stride and dilation must be at least 1",
-                "zero",
-                "use 1 or more",
-            ));
-        }
-        let y = self.add(Op::Conv2d(conv), vec![x, g.weight], span)?;
-        match g.bias {
-            Some(b) => {
-                let c = self.ty(b).shape[0];
-                let b4 = self.add(
-                    Op::Reshape {
-                        shape: vec![c, 1, 1],
-                    },
-                    vec![b],
-                    span,
-                )?;
-                self.op(Op::Binary(BinaryFn::Add), vec![y, b4], span)
-            }
-            None => Ok(Val::Tensor(y)),
-        }
-    }
-
     /// `max_pool2d` or `avg_pool2d` of `x` over `kernel` (`stride` defaults to the kernel);
     /// `count_pad = false` averages over the window's share inside the input.
     pub(super) fn pool(&mut self, name: &str, args: &mut Args, span: Span) -> R<Val> {
         let x = self.t(args, "input")?;
-        let kv = args.positional("kernel")?;
-        let kernel = pair(self, Some(kv), 1, "kernel")?;
-        let stride = pair(self, args.optional("stride"), 0, "stride")?;
-        let stride = if stride == [0, 0] { kernel } else { stride };
+        let [k, s] = self.pool_window(args, 2, span)?;
+        let (kernel, stride) = ([k[0], k[1]], [s[0], s[1]]);
         let pads = pads4(self, args.optional("padding"))?;
         let count_pad = boolean(args.optional("count_pad"), true)?;
-        if kernel.contains(&0) || stride.contains(&0) {
-            return Err(UserError::at(
-                span,
-                "kernel and stride must be at least 1",
-                "zero",
-                "use 1 or more",
-            ));
-        }
         let shape = self.nchw(x, name, span)?;
         let is_max = name == "max_pool2d";
         let fill = if is_max { f32::NEG_INFINITY } else { 0.0 };
@@ -103,6 +44,26 @@ impl Lowerer<'_> {
         let (ones, _) = self.pad_for(ones, pads, 0.0, span)?;
         let share = self.add(Op::AvgPool2d(p), vec![ones], span)?;
         self.op(Op::Binary(BinaryFn::Div), vec![y, share], span)
+    }
+
+    /// A pooling call's `kernel` (positional) and `stride` (the kernel when absent), one entry
+    /// per each of `rank` axes, every entry at least 1.
+    fn pool_window(&self, args: &mut Args, rank: usize, span: Span) -> R<[Vec<usize>; 2]> {
+        let kv = args.positional("kernel")?;
+        let kernel = per_axis(self, Some(kv), 1, "kernel", rank)?;
+        let stride = match args.optional("stride") {
+            Some(v) => per_axis(self, Some(v), 1, "stride", rank)?,
+            None => kernel.clone(),
+        };
+        if kernel.contains(&0) || stride.contains(&0) {
+            return Err(UserError::at(
+                span,
+                "kernel and stride must be at least 1",
+                "zero",
+                "use 1 or more",
+            ));
+        }
+        Ok([kernel, stride])
     }
 
     /// Local response normalization across channels (ONNX `LRN`):
@@ -161,7 +122,7 @@ impl Lowerer<'_> {
 
     /// `(x, pads)` ready for a conv or pool: symmetric padding stays with the op; asymmetric
     /// `(top, left, bottom, right)` becomes explicit rows and columns of `value` around x.
-    fn pad_for(
+    pub(super) fn pad_for(
         &mut self,
         x: ValueId,
         pads: [usize; 4],
@@ -203,20 +164,18 @@ impl Lowerer<'_> {
         Ok(y)
     }
 
-    /// `global_avg_pool(x)`: the mean over H and W, as `[N, C]`.
+    /// `global_avg_pool(x)`: the mean over the spatial axes of an NCL, NCHW or NCDHW
+    /// tensor, as `[N, C]`.
     pub(super) fn global_avg_pool(&mut self, args: &mut Args, span: Span) -> R<Val> {
         let x = self.t(args, "input")?;
-        let shape = self.nchw(x, "global_avg_pool", span)?;
-        let s = self.add(
-            Op::SumTo {
-                shape: vec![shape[0], shape[1], 1, 1],
-            },
-            vec![x],
-            span,
-        )?;
+        let shape = self.spatial(x, "global_avg_pool", span)?;
+        let mut kept = vec![shape[0], shape[1]];
+        kept.extend(std::iter::repeat_n(1, shape.len() - 2));
+        let s = self.add(Op::SumTo { shape: kept }, vec![x], span)?;
+        let count: usize = shape[2..].iter().product();
         let m = self.add(
             Op::Affine {
-                scale: 1.0 / (shape[2] * shape[3]) as f32,
+                scale: 1.0 / count as f32,
                 shift: 0.0,
             },
             vec![s],
@@ -231,31 +190,114 @@ impl Lowerer<'_> {
         )
     }
 
-    /// `upsample(x, f)`: each pixel repeated `f x f` times.
+    /// `upsample(x, f)`: each element of an NCL, NCHW or NCDHW tensor repeated `f` times
+    /// along every spatial axis (nearest neighbour), as a reshape and a broadcast.
     pub(super) fn upsample(&mut self, args: &mut Args, span: Span) -> R<Val> {
         let x = self.t(args, "input")?;
         let fv = args.positional("factor")?;
         let f = self.dim(&fv, "the upsample factor")?;
-        let s = self.nchw(x, "upsample", span)?;
-        let r = self.add(
+        let s = self.spatial(x, "upsample", span)?;
+        let (mut split, mut wide) = (s[..2].to_vec(), s[..2].to_vec());
+        for &d in &s[2..] {
+            split.extend([d, 1]);
+            wide.extend([d, f]);
+        }
+        let r = self.add(Op::Reshape { shape: split }, vec![x], span)?;
+        let b = self.add(Op::BroadcastTo { shape: wide }, vec![r], span)?;
+        let mut out = s[..2].to_vec();
+        out.extend(s[2..].iter().map(|d| d * f));
+        self.op(Op::Reshape { shape: out }, vec![b], span)
+    }
+
+    /// `max_pool3d` or `avg_pool3d` of an NCDHW `x` over `kernel` (`stride` defaults to the
+    /// kernel; symmetric `padding` per axis; `count_pad = false` averages over the window's
+    /// share inside the input). A box window is separable, so this is the 2-D pooling of
+    /// every depth slice over (H, W) followed by a pooling over D: the max of maxes and the
+    /// mean of means are exactly the 3-D results, the intermediate (the input with H and W
+    /// pooled) being the only extra tensor.
+    pub(super) fn pool3d(&mut self, name: &str, args: &mut Args, span: Span) -> R<Val> {
+        let x = self.t(args, "input")?;
+        let [kernel, stride] = self.pool_window(args, 3, span)?;
+        let padding = per_axis(self, args.optional("padding"), 0, "padding", 3)?;
+        let count_pad = boolean(args.optional("count_pad"), true)?;
+        let shape = self.ty(x).shape.clone();
+        if shape.len() != 5 {
+            return Err(UserError::at(
+                span,
+                format!("{name} needs an NCDHW tensor, got {}", self.ty(x)),
+                "not NCDHW",
+                "pass a [N, C, D, H, W] tensor (max_pool2d pools NCHW)",
+            ));
+        }
+        let window = [kernel, stride, padding];
+        let is_max = name == "max_pool3d";
+        let y = self.pool_separable(x, &window, is_max, span)?;
+        if is_max || count_pad || window[2] == [0; 3] {
+            return Ok(Val::Tensor(y));
+        }
+        let ty = TensorType::new(DType::F32, [vec![1, 1], shape[2..].to_vec()].concat());
+        let ones = self.add(Op::Fill { value: 1.0, ty }, vec![], span)?;
+        let share = self.pool_separable(ones, &window, false, span)?;
+        self.op(Op::Binary(BinaryFn::Div), vec![y, share], span)
+    }
+
+    /// The 3-D pooling of NCDHW `x` with `[kernel, stride, padding]` (one entry per axis),
+    /// as a 2-D pooling over (H, W) and one over D.
+    fn pool_separable(
+        &mut self,
+        x: ValueId,
+        [k, s, p]: &[Vec<usize>; 3],
+        is_max: bool,
+        span: Span,
+    ) -> R<ValueId> {
+        let pool = |p: PoolParams| {
+            if is_max {
+                Op::MaxPool2d(p)
+            } else {
+                Op::AvgPool2d(p)
+            }
+        };
+        let [n, c, d, h, w] = self.ty(x).shape[..] else {
+            return Err(UserError::at(
+                span,
+                "3-D pooling needs an NCDHW tensor",
+                "not NCDHW",
+                "pass a [N, C, D, H, W] tensor",
+            ));
+        };
+        let planes = self.add(
             Op::Reshape {
-                shape: vec![s[0], s[1], s[2], 1, s[3], 1],
+                shape: vec![n, c * d, h, w],
             },
             vec![x],
             span,
         )?;
-        let b = self.add(
-            Op::BroadcastTo {
-                shape: vec![s[0], s[1], s[2], f, s[3], f],
+        let plane = PoolParams {
+            kernel: [k[1], k[2]],
+            stride: [s[1], s[2]],
+            padding: [p[1], p[2]],
+        };
+        let hw = self.add(pool(plane), vec![planes], span)?;
+        let (ho, wo) = (self.ty(hw).shape[2], self.ty(hw).shape[3]);
+        let columns = self.add(
+            Op::Reshape {
+                shape: vec![n, c, d, ho * wo],
             },
-            vec![r],
+            vec![hw],
             span,
         )?;
-        self.op(
+        let depth = PoolParams {
+            kernel: [k[0], 1],
+            stride: [s[0], 1],
+            padding: [p[0], 0],
+        };
+        let y = self.add(pool(depth), vec![columns], span)?;
+        let dout = self.ty(y).shape[2];
+        self.add(
             Op::Reshape {
-                shape: vec![s[0], s[1], s[2] * f, s[3] * f],
+                shape: vec![n, c, dout, ho, wo],
             },
-            vec![b],
+            vec![y],
             span,
         )
     }

@@ -6,6 +6,7 @@
 
 mod activation;
 mod composed;
+mod conv;
 mod dense;
 mod elementwise;
 mod layout;
@@ -24,6 +25,7 @@ type R<T> = Result<T, UserError>;
 /// their mapping states, refusing the rest.
 const MAPPED: &[&str] = &[
     "Conv",
+    "ConvTranspose",
     "Gemm",
     "MatMul",
     "BatchNormalization",
@@ -111,11 +113,12 @@ type Family = fn(&Node, &Env, &mut Writer) -> R<Option<Out>>;
 /// Maps `node` to `.mdl` statements; returns its output values.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
     refuse_masks(node, env, w)?;
-    let families: [Family; 7] = [
+    let families: [Family; 8] = [
         elementwise::map,
         select::map,
         activation::map,
         composed::map,
+        conv::map,
         window::map,
         dense::map,
         layout::map,

@@ -1,13 +1,15 @@
-//! CUDA lowering of the 2-D convolution and its input and weight gradients onto `conv.cu`:
-//! implicit GEMMs on the tiled core of the matmul template, one GEMM batch per group.
+//! CUDA lowering of the N-d convolution, its input and weight gradients and the transposed
+//! convolution onto `conv.cu`: implicit GEMMs on the tiled core of the matmul template, one
+//! GEMM batch per group, over the 3-D geometry every convolution lifts to.
 
+use super::Geom;
 use crate::codegen::build::c_u64;
-use crate::codegen::geometry::{u, window_consts};
+use crate::codegen::geometry::u;
 use crate::codegen::geometry::{FILL_BLOCKS, PARTIAL_BLOCKS};
 use crate::codegen::launch::{gemm_launch, gemm_tiles, templated, two_stage, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel, KernelParam};
-use crate::ir::{ConvParams, Op};
+use crate::ir::{Op, TensorType};
 use crate::ops::cuda::CudaLowering;
 
 /// `conv.cu`: the implicit-GEMM IO objects and entry templates (after `matmul.cu`).
@@ -19,7 +21,7 @@ const MIN_SPLIT_K: u64 = 256;
 /// Most bytes of fp32 partials the split weight gradient keeps in its workspace.
 const MAX_PARTIALS: u64 = 64 << 20;
 
-/// Splits of the weight gradient's K (`nb * ho * wo`) for `tiles` output tiles of a
+/// Splits of the weight gradient's K (`nb * prod(output)`) for `tiles` output tiles of a
 /// `cog x nw` gradient per group over `g` groups: enough for [`FILL_BLOCKS`], each at least
 /// [`MIN_SPLIT_K`] long, the partials within [`MAX_PARTIALS`]; 1 when no split is needed.
 fn weight_splits(k: u64, tiles: u64, (g, cog, nw): (u64, u64, u64)) -> u64 {
@@ -30,79 +32,91 @@ fn weight_splits(k: u64, tiles: u64, (g, cog, nw): (u64, u64, u64)) -> u64 {
 }
 
 /// The weight gradient's workspace: its splits' fp32 partials (0 when it does not split).
-fn weight_workspace(x: &[usize], dw: &[usize], dy: &[usize], groups: usize) -> u64 {
-    let g = u(groups.max(1));
-    let (cog, nw) = (u(dw[0]) / g, u(dw[1] * dw[2] * dw[3]));
-    let k = u(x[0] * dy[2] * dy[3]);
+fn weight_workspace(g: &Geom) -> u64 {
+    let (groups, cog, nw, k) = gemm_dims(g);
     let (gx, gy) = gemm_tiles(cog, nw);
-    let tiles = gx * gy * g;
-    match weight_splits(k, tiles, (g, cog, nw)) {
+    match weight_splits(k, gx * gy * groups, (groups, cog, nw)) {
         1 => 0,
-        s => s * g * cog * nw * 4,
+        s => s * groups * cog * nw * 4,
     }
 }
 
-/// A convolution-family implicit GEMM; `x`, `w`, `y` are the forward geometry's shapes. The
-/// entry is `{family}_kernel`, templated on the first input's type (and the second's for the
+/// The weight gradient's GEMM: (groups, output channels per group, weights per output
+/// channel `CIG * prod(kernel)`, summed length `NB * prod(output)`).
+fn gemm_dims(g: &Geom) -> (u64, u64, u64, u64) {
+    let groups = u(g.groups.max(1));
+    let taps: u64 = g.kernel.iter().map(|&k| u(k)).product();
+    let out: u64 = g.out().iter().map(|&o| u(o)).product();
+    (
+        groups,
+        u(g.c_out) / groups,
+        u(g.c_in) / groups * taps,
+        u(g.n) * out,
+    )
+}
+
+/// The kernel's constants for geometry `g`: shapes, and per spatial axis (D, H, W) the
+/// extents, kernel, output, stride, padding and dilation.
+fn geom_consts(g: &Geom) -> Vec<String> {
+    let groups = u(g.groups.max(1));
+    let mut consts = vec![
+        c_u64("NB", u(g.n)),
+        c_u64("CI", u(g.c_in)),
+        c_u64("CO", u(g.c_out)),
+        c_u64("CIG", u(g.c_in) / groups),
+        c_u64("COG", u(g.c_out) / groups),
+    ];
+    let out = g.out();
+    for (d, axis) in ["D", "H", "W"].into_iter().enumerate() {
+        consts.extend([
+            c_u64(axis, u(g.size[d])),
+            c_u64(&format!("K{axis}"), u(g.kernel[d])),
+            c_u64(&format!("{axis}O"), u(out[d])),
+            c_u64(&format!("S{axis}"), u(g.stride[d])),
+            c_u64(&format!("P{axis}"), u(g.padding[d])),
+            c_u64(&format!("D{axis}"), u(g.dilation[d])),
+        ]);
+    }
+    consts
+}
+
+/// A convolution-family implicit GEMM over the forward geometry `g`. The entry is
+/// `{family}_kernel`, templated on the first input's type (and the second's for the
 /// backward kernels).
-fn conv(
-    a: &Args,
-    family: &'static str,
-    c: &ConvParams,
-    x: &[usize],
-    w: &[usize],
-    y: &[usize],
-) -> Result<Kernel, CodegenError> {
-    let g = u(c.groups.max(1));
-    let (nb, ci, h, wd) = (u(x[0]), u(x[1]), u(x[2]), u(x[3]));
-    let (co, cig, kh, kw) = (u(w[0]), u(w[1]), u(w[2]), u(w[3]));
-    let (ho, wo) = (u(y[2]), u(y[3]));
-    let cog = co / g;
+fn conv(a: &Args, family: &'static str, g: &Geom) -> Result<Kernel, CodegenError> {
+    let (groups, cog, nw, k) = gemm_dims(g);
+    let cig = u(g.c_in) / groups;
+    let plane: u64 = g.size.iter().map(|&s| u(s)).product();
     let (m, n) = match family {
-        "conv2d" => (cog, nb * ho * wo),
-        "conv2d_backward_input" => (cig, nb * h * wd),
-        _ => (cog, cig * kh * kw),
+        "conv" => (cog, k),
+        "conv_backward_input" => (cig, u(g.n) * plane),
+        _ => (cog, nw),
     };
-    let launch = gemm_launch(a, m, n, g)?;
-    let k = nb * ho * wo;
+    let launch = gemm_launch(a, m, n, groups)?;
     let splits = match (family, &launch) {
-        ("conv2d_backward_weight", Launch::Grid([gx, gy, gz], _)) => {
-            weight_splits(k, gx * gy * gz, (g, cog, cig * kh * kw))
+        ("conv_backward_weight", Launch::Grid([gx, gy, gz], _)) => {
+            weight_splits(k, gx * gy * gz, (groups, cog, nw))
         }
         _ => 1,
     };
-    let types = if family == "conv2d" {
+    let types = if family == "conv" {
         vec![a.ty(0)?]
     } else {
         vec![a.ty(0)?, a.ty(1)?]
     };
-    let mut consts = vec![
-        c_u64("NB", nb),
-        c_u64("CI", ci),
-        c_u64("H", h),
-        c_u64("W", wd),
-        c_u64("CO", co),
-        c_u64("CIG", cig),
-        c_u64("COG", cog),
-        c_u64("KH", kh),
-        c_u64("KW", kw),
-        c_u64("HO", ho),
-        c_u64("WO", wo),
-    ];
-    consts.extend(window_consts(c.stride, c.padding));
-    consts.extend([c_u64("DH", u(c.dilation[0])), c_u64("DW", u(c.dilation[1]))]);
+    let mut consts = geom_consts(g);
     if splits > 1 {
         let Launch::Grid([gx, gy, _], block) = launch else {
             return Err(a.unsupported("weight gradient launch"));
         };
         consts.extend([c_u64("SPLITK", splits), c_u64("KS", k.div_ceil(splits))]);
         let call = format!(
-            "conv2d_backward_weight_split_kernel<{}, Cfg>(arena, in0, in1, out, ws, phase)",
+            "conv_backward_weight_split_kernel<{}, Cfg>(arena, in0, in1, out, ws, phase)",
             types.join(", ")
         );
-        let elements = g * cog * cig * kh * kw;
+        let elements = groups * cog * nw;
         return Ok(two_stage(
-            "conv2d_backward_weight",
+            "conv_backward_weight",
             &[crate::ops::matmul::Family::TEMPLATE, TEMPLATE],
             consts,
             call,
@@ -111,7 +125,7 @@ fn conv(
                 KernelParam::Input(1),
                 KernelParam::Output,
             ],
-            ([gx, gy, g * splits], block),
+            ([gx, gy, groups * splits], block),
             elements.div_ceil(256).min(PARTIAL_BLOCKS),
         ));
     }
@@ -126,15 +140,10 @@ fn conv(
 
 impl CudaLowering for super::Family {
     /// The weight gradient's split partials (`weight_workspace`); nothing else.
-    fn cuda_workspace_bytes(
-        &self,
-        op: &crate::ir::Op,
-        inputs: &[&crate::ir::TensorType],
-        out: &crate::ir::TensorType,
-    ) -> u64 {
+    fn cuda_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
         match (op, inputs) {
-            (Op::Conv2dBackwardWeight { conv: c, .. }, [x, dy, ..]) => {
-                weight_workspace(&x.shape, &out.shape, &dy.shape, c.groups)
+            (Op::ConvBackwardWeight { conv: c, .. }, [x, ..]) => {
+                weight_workspace(&Geom::new(c, &x.shape, &out.shape))
             }
             _ => 0,
         }
@@ -143,18 +152,17 @@ impl CudaLowering for super::Family {
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         let out = &a.output.shape;
         match a.op {
-            Op::Conv2d(c) => {
-                let (x, w) = (a.at(0)?, a.at(1)?);
-                conv(a, "conv2d", c, &x.shape, &w.shape, out)
-            }
-            Op::Conv2dBackwardInput { conv: c, .. } => {
-                let (dy, w) = (a.at(0)?, a.at(1)?);
-                conv(a, "conv2d_backward_input", c, out, &w.shape, &dy.shape)
-            }
-            Op::Conv2dBackwardWeight { conv: c, .. } => {
-                let (x, dy) = (a.at(0)?, a.at(1)?);
-                conv(a, "conv2d_backward_weight", c, &x.shape, out, &dy.shape)
-            }
+            Op::Conv(c) => conv(a, "conv", &Geom::new(c, &a.at(0)?.shape, &a.at(1)?.shape)),
+            Op::ConvBackwardInput { conv: c, .. } | Op::ConvTranspose { conv: c, .. } => conv(
+                a,
+                "conv_backward_input",
+                &Geom::new(c, out, &a.at(1)?.shape),
+            ),
+            Op::ConvBackwardWeight { conv: c, .. } => conv(
+                a,
+                "conv_backward_weight",
+                &Geom::new(c, &a.at(0)?.shape, out),
+            ),
             _ => Err(a.foreign("conv")),
         }
     }
