@@ -21,7 +21,8 @@ Less folded to a constant, Where on it and on a run-time Greater, Clip with inpu
 missing), Slice of a computed value, variadic Max and Min, Reciprocal, a class token Expand-ed
 to the batch and concatenated, CastLike and a Cast of a mask to float;
 tests/onnx/errors/bool_output.onnx, errors/slice_step.onnx: a comparison as a graph output and a
-strided Slice of a computed value, refused.
+strided Slice of a computed value, refused; errors/loss_negative_ignore.onnx: a
+SoftmaxCrossEntropyLoss whose ignore_index (-1) is not a class, refused.
 """
 import os
 
@@ -284,6 +285,9 @@ def select_shapes():
     nodes = [mk("Relu", ["x"], ["r"], name="act"), mk("Slice", ["r", "starts", "ends", "axes", "steps"], ["y"], name="every_other")]
     inits = [i64([0], "starts"), i64([6], "ends"), i64([1], "axes"), i64([2], "steps")]
     save(model(nodes, [tensor("x", [2, 6])], [tensor("y", [2, 3])], inits), "errors/slice_step.onnx")
+    sce = mk("SoftmaxCrossEntropyLoss", ["x", "t"], ["loss"], name="ce", ignore_index=-1)
+    targets = tensor("t", [3], TensorProto.INT64)
+    save(model([sce], [tensor("x", [3, 5]), targets], [tensor("loss", [])]), "errors/loss_negative_ignore.onnx")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
 //! Maps each run-time ONNX node to `.mdl` expressions with exactly its semantics; constant
 //! operands become parameters. Every unsupported op or attribute is a diagnostic. Each op
 //! family has its own file: [`elementwise`], [`select`] (extrema, comparisons, `Where`,
-//! `Clip`, `Expand`), [`window`] (NCHW windows), [`dense`] (contractions and last-axis ops)
-//! and [`layout`] (reductions and data movement).
+//! `Clip`, `Expand`), [`window`] (NCHW windows), [`dense`] (contractions and last-axis ops),
+//! [`layout`] (reductions and data movement) and [`loss`] (the likelihood losses).
 
 mod activation;
 mod composed;
 mod dense;
 mod elementwise;
 mod layout;
+mod loss;
 mod select;
 mod window;
 
@@ -81,6 +82,7 @@ pub fn mapped_ops() -> Vec<&'static str> {
         .chain(MAPPED.iter().copied())
         .chain(activation::OPS.iter().copied())
         .chain(select::OPS.iter().copied())
+        .chain(loss::OPS.iter().copied())
         .collect();
     ops.sort_unstable();
     ops.dedup();
@@ -111,7 +113,7 @@ type Family = fn(&Node, &Env, &mut Writer) -> R<Option<Out>>;
 /// Maps `node` to `.mdl` statements; returns its output values.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
     refuse_masks(node, env, w)?;
-    let families: [Family; 7] = [
+    let families: [Family; 8] = [
         elementwise::map,
         select::map,
         activation::map,
@@ -119,6 +121,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
         window::map,
         dense::map,
         layout::map,
+        loss::map,
     ];
     for family in families {
         match family(node, env, w)? {
