@@ -34,6 +34,22 @@ fn declared_integer(vi: &proto::ValueInfoProto) -> bool {
     elem_type(vi).is_some_and(tensor::is_integer)
 }
 
+/// The value of an integer input whose declared static shape has no elements: it can hold
+/// nothing else, so it is a constant (ONNX tests pass empty `axes` this way).
+fn empty_integer(vi: &proto::ValueInfoProto) -> Option<Const> {
+    if !declared_integer(vi) {
+        return None;
+    }
+    let shape = vi.r#type.as_ref()?.tensor_type.as_ref()?.shape.as_ref()?;
+    let dims: Vec<usize> = shape
+        .dim
+        .iter()
+        .map(|d| d.dim_value.and_then(|v| usize::try_from(v).ok()))
+        .collect::<Option<_>>()?;
+    dims.contains(&0)
+        .then(|| Const::new(dims, tensor::Data::Int(Vec::new())))
+}
+
 /// An imported model: `.mdl` source and its weights (names as the `.mdl` declares them).
 #[derive(Debug, Clone)]
 pub struct Imported {
@@ -41,8 +57,9 @@ pub struct Imported {
     pub mdl: String,
     /// Each parameter's name (as `memc run --params` looks it up), shape and f32 values.
     pub weights: Vec<(String, Vec<usize>, Vec<f32>)>,
-    /// Graph input names of the ONNX file (initializers aside), each with the `.mdl` input
-    /// name it became, in the file's order.
+    /// Graph input names of the ONNX file, each with the `.mdl` input name it became, in the
+    /// file's order; initializers aside, and integer inputs of a static shape with no
+    /// elements (an empty `axes`), whose only possible value is folded in as a constant.
     pub inputs: Vec<(String, String)>,
     /// Graph output names of the ONNX file, each with the `.mdl` output name it became.
     pub outputs: Vec<(String, String)>,
@@ -227,6 +244,10 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
     let mut inputs = Vec::new();
     for input in &graph.input {
         if env.contains_key(&input.name) {
+            continue;
+        }
+        if let Some(c) = empty_integer(input) {
+            env.insert(input.name.clone(), Value::Const(Rc::new(c)));
             continue;
         }
         let d = w.input(input)?;
