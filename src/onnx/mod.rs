@@ -63,6 +63,9 @@ pub struct Imported {
     pub inputs: Vec<(String, String)>,
     /// Graph output names of the ONNX file, each with the `.mdl` output name it became.
     pub outputs: Vec<(String, String)>,
+    /// The `.mdl` names of the outputs that hold an ONNX boolean as a float 0/1 mask (1 for
+    /// true): comparisons and their combinations.
+    pub boolean_outputs: Vec<String>,
 }
 
 /// A tensor read from a serialized `TensorProto` (the `input_0.pb` files of ONNX tests).
@@ -273,6 +276,7 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
         }
     }
     let mut outputs = Vec::new();
+    let mut boolean_outputs = Vec::new();
     for out in &graph.output {
         match env.get(&out.name) {
             Some(Value::Dyn(d)) if w.is_integer(d) => {
@@ -280,6 +284,13 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
                     format!("graph output `{}` is an integer tensor", out.name),
                     "memc computes float outputs; integer inputs can only be ids of an embedding",
                 ))
+            }
+            Some(Value::Dyn(d))
+                if w.is_mask(d) && elem_type(out).is_none_or(|t| t == tensor::BOOL) =>
+            {
+                let mdl = w.output(&out.name, d);
+                boolean_outputs.push(mdl.clone());
+                outputs.push((out.name.clone(), mdl));
             }
             Some(Value::Dyn(d)) if w.is_mask(d) || declared_integer(out) => {
                 return Err(UserError::general(
@@ -312,5 +323,6 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
         weights,
         inputs,
         outputs,
+        boolean_outputs,
     })
 }

@@ -140,7 +140,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
 }
 
 /// The ops that read a comparison's 0/1 mask as the boolean it stands for.
-const MASK_READERS: &[&str] = &["Where", "Not", "And", "Or", "Cast", "Identity"];
+const MASK_READERS: &[&str] = &["Where", "Not", "And", "Or", "Xor", "Cast", "Identity"];
 
 /// Refuses a node that is not a mask reader but reads a mask (a boolean value, which ONNX
 /// computes with only through those ops).
@@ -156,7 +156,7 @@ fn refuse_masks(node: &Node, env: &Env, w: &Writer) -> R<()> {
             if w.is_mask(d) {
                 return Err(node.err(
                     format!("reads the boolean `{}` as a number", d.expr),
-                    "memc imports comparison results read by Where, Not, And, Or or a Cast",
+                    "memc imports comparison results read by Where, Not, And, Or, Xor, a Cast or a graph output",
                 ));
             }
         }
