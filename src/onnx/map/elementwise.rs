@@ -1,6 +1,6 @@
 //! ONNX elementwise ops as `.mdl` expressions: unary functions (every [`UnaryFn`] with an
-//! ONNX name), `Gelu`, arithmetic, `Sum`, `Pow(x, 2)`, and the ops that pass their input on
-//! (`Identity`, eval-mode `Dropout`, `Cast` to float).
+//! ONNX name), `Gelu`, arithmetic, `Sum`, `Pow(x, n)` for small whole `n`, and the ops that
+//! pass their input on (`Identity`, eval-mode `Dropout`, `Cast` to float).
 
 use super::{broadcast_dyns, operand, operands, same, Out, R};
 use crate::ir::UnaryFn;
@@ -20,7 +20,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
         "CastLike" => cast_like(node, env, w),
         "Add" | "Sub" | "Mul" | "Div" => arithmetic(node, env, w, op),
         "Sum" => sum(node, env, w),
-        "Pow" => square(node, env, w),
+        "Pow" => power(node, env, w),
         _ => return Ok(None),
     };
     out.map(Some)
@@ -161,15 +161,24 @@ fn sum(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     Ok(Out::Expr(terms.join(" + "), out, syms))
 }
 
-/// `Pow(x, 2)` as `x * x`.
-fn square(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
+/// `Pow(x, n)` for a constant whole `n` from -4 to 4, not 0: `x * x * ...` (n factors), its
+/// reciprocal for `n < 0`.
+fn power(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     let x = operand(node, env, w, 0)?;
     let e = node.konst(env, 1)?;
-    if e.data.len() != 1 || e.data.get(0) != 2.0 {
+    let n = e.data.get(0);
+    if e.data.len() != 1 || !(1.0..=4.0).contains(&n.abs()) || n.fract() != 0.0 {
         return Err(node.err(
-            "raises to a power other than a constant 2",
-            "memc imports Pow(x, 2) as x * x",
+            "raises to a power other than a constant whole number from -4 to 4, not 0",
+            "memc imports Pow(x, n) as a product of n factors x (its reciprocal for n < 0)",
         ));
     }
-    same(&x, format!("{} * {}", x.expr, x.expr))
+    let product = vec![x.expr.as_str(); n.abs() as usize].join(" * ");
+    if n < 0.0 {
+        return same(&x, format!("reciprocal({product})"));
+    }
+    if n == 1.0 {
+        return Ok(Out::Values(vec![Value::Dyn(x)]));
+    }
+    same(&x, product)
 }
