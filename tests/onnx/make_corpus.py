@@ -83,10 +83,10 @@ def main():
         model([custom], [tensor("x", [1, 4])], [tensor("y", [1, 4])], domain_opsets=[("com.microsoft", 1)]),
         "errors/custom_domain.onnx",
     )
-    conv = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", kernel_shape=[3, 3])
+    resize = helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up", mode="nearest")
     save(
-        model([conv], [tensor("x", [1, 2, 5, 5]), tensor("w", [3, 2, 3, 3])], [tensor("y", [1, 3, 3, 3])]),
-        "errors/computed_weight.onnx",
+        model([resize], [tensor("x", [1, 2, 5, 5]), tensor("scales", [4])], [tensor("y", [1, 2, 10, 10])]),
+        "errors/computed_scales.onnx",
     )
     cast = helper.make_node("Cast", ["x"], ["y"], name="to_half", to=TensorProto.FLOAT16)
     save(

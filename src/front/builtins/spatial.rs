@@ -8,21 +8,45 @@ use crate::front::value::{GroupKind, Val};
 use crate::ir::*;
 
 impl Lowerer<'_> {
-    /// `conv2d(x, layer, stride, padding, dilation)` with the layer's bias added per channel.
+    /// `conv2d(x, layer, stride, padding, dilation)` with the layer's bias added per channel;
+    /// `conv2d(x, w, groups = G, ...)` with a weight tensor `[OUT, IN / G, KH, KW]` and no
+    /// bias.
     pub(super) fn conv2d(&mut self, args: &mut Args, span: Span) -> R<Val> {
         let x = self.t(args, "input")?;
         let gv = args.positional("parameter")?;
-        let g = self.group(&gv, "the second argument of `conv2d`")?;
-        let GroupKind::Conv2d { groups } = g.kind else {
-            return Err(UserError::at(
-                gv.span,
-                format!(
-                    "expected a `conv2d` parameter group, got `{}`",
-                    g.kind.name()
-                ),
-                "wrong parameter kind",
-                "declare it as `param c: conv2d(in, out, k)`",
-            ));
+        let (weight, groups, bias) = match gv.val {
+            Val::Tensor(t) => {
+                let groups = match args.optional("groups") {
+                    Some(v) => match usize::try_from(self.int(&v, "groups")?) {
+                        Ok(g) if g > 0 => g,
+                        _ => {
+                            return Err(UserError::at(
+                                v.span,
+                                "groups must be at least 1",
+                                "not a group count",
+                                "give the number of channel groups, 1 or more",
+                            ))
+                        }
+                    },
+                    None => 1,
+                };
+                (t, groups, None)
+            }
+            _ => {
+                let g = self.group(&gv, "the second argument of `conv2d`")?;
+                let GroupKind::Conv2d { groups } = g.kind else {
+                    return Err(UserError::at(
+                        gv.span,
+                        format!(
+                            "expected a `conv2d` parameter group, got `{}`",
+                            g.kind.name()
+                        ),
+                        "wrong parameter kind",
+                        "declare it as `param c: conv2d(in, out, k)`",
+                    ));
+                };
+                (g.weight, groups, g.bias)
+            }
         };
         let pads = pads4(self, args.optional("padding"))?;
         let (x, padding) = self.pad_for(x, pads, 0.0, span)?;
@@ -40,8 +64,8 @@ impl Lowerer<'_> {
                 "use 1 or more",
             ));
         }
-        let y = self.add(Op::Conv2d(conv), vec![x, g.weight], span)?;
-        match g.bias {
+        let y = self.add(Op::Conv2d(conv), vec![x, weight], span)?;
+        match bias {
             Some(b) => {
                 let c = self.ty(b).shape[0];
                 let b4 = self.add(

@@ -1,11 +1,12 @@
-//! ONNX ops over NCHW windows as `.mdl` expressions: convolution, pooling (windowed and
+//! ONNX ops over NCHW windows as `.mdl` expressions: convolution (of a constant weight as a
+//! `conv2d` group, of a computed one as the tensor form of `conv2d`), pooling (windowed and
 //! global), batch normalization, LRN, `Pad` and nearest-neighbour `Resize`/`Upsample`.
 
 use super::{batch_named, group_name, operand, pair_text, rank_is, same, tuple_text, Out, R};
 use crate::diagnostic::UserError;
 use crate::onnx::tensor::Const;
 use crate::onnx::write::{number, Writer};
-use crate::onnx::{Env, Node};
+use crate::onnx::{Env, Node, Value};
 use std::rc::Rc;
 
 /// Maps `node` when it is a windowed or per-channel op over NCHW; `None` for other ops.
@@ -122,10 +123,17 @@ fn swept(
 fn conv(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
     let x = operand(node, env, w, 0)?;
     rank_is(node, &x, 4, "Conv")?;
-    let wt = node.konst(env, 1)?;
-    let [o, cg, kh, kw] = wt.shape[..] else {
+    let computed = match node.input(env, 1)? {
+        Value::Dyn(d) => Some(d.clone()),
+        Value::Const(_) => None,
+    };
+    let wshape = match &computed {
+        Some(d) => d.shape.clone(),
+        None => node.konst(env, 1)?.shape.clone(),
+    };
+    let [o, cg, kh, kw] = wshape[..] else {
         return Err(node.err(
-            format!("weight shape {:?} is not [O, C/groups, KH, KW]", wt.shape),
+            format!("weight shape {wshape:?} is not [O, C/groups, KH, KW]"),
             "memc imports 2-D convolutions",
         ));
     };
@@ -146,6 +154,35 @@ fn conv(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
     let input = [x.shape[2], x.shape[3]];
     let p = pads(node, input, span, stride)?;
     let out = swept(node, input, p, span, stride)?;
+    let mut options = String::new();
+    for (name, v) in [("stride", stride), ("dilation", dilation)] {
+        if v != [1; 2] {
+            options += &format!(", {name} = {}", pair_text(v));
+        }
+    }
+    if p != [0; 4] {
+        options += &format!(", padding = {}", pads_text(p));
+    }
+    let shape = vec![x.shape[0], o, out[0], out[1]];
+    if let Some(weight) = computed {
+        // A weight computed at run time: the tensor form of `conv2d`, the bias added per channel.
+        if groups != 1 {
+            options += &format!(", groups = {groups}");
+        }
+        let mut call = format!("conv2d({}, {}{options})", x.expr, weight.expr);
+        if node.input_name(2).is_some() {
+            let b = operand(node, env, w, 2)?;
+            if b.shape != [o] {
+                return Err(node.err(
+                    format!("bias shape {:?} is not [{o}]", b.shape),
+                    "the file is malformed",
+                ));
+            }
+            call = format!("{call} + reshape({}, ({o}, 1, 1))", b.expr);
+        }
+        return Ok((call, shape));
+    }
+    let wt = node.konst(env, 1)?;
     let bias = match node.input_name(2) {
         Some(_) => Some(node.konst(env, 2)?),
         None => None,
@@ -161,17 +198,7 @@ fn conv(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
     }
     ctor.push(')');
     let g = w.group(&group_name(node, 1), ctor, parts);
-    let mut call = format!("conv2d({}, {g}", x.expr);
-    for (name, v) in [("stride", stride), ("dilation", dilation)] {
-        if v != [1; 2] {
-            call += &format!(", {name} = {}", pair_text(v));
-        }
-    }
-    if p != [0; 4] {
-        call += &format!(", padding = {}", pads_text(p));
-    }
-    call.push(')');
-    Ok((call, vec![x.shape[0], o, out[0], out[1]]))
+    Ok((format!("conv2d({}, {g}{options})", x.expr), shape))
 }
 
 fn pool(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
