@@ -228,7 +228,7 @@ fn rank_is(node: &Node, d: &Dyn, rank: usize, what: &str) -> R<()> {
     if d.shape.len() != rank {
         return Err(node.err(
             format!("{what} needs a rank-{rank} input, got shape {:?}", d.shape),
-            "memc imports 2-D (NCHW) convolutions and pooling",
+            "memc imports 2-D (NCHW) convolutions and 1-D or 2-D pooling",
         ));
     }
     Ok(())
