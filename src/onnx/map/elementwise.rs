@@ -4,7 +4,8 @@
 
 use super::{broadcast_dyns, operand, operands, same, Out, R};
 use crate::ir::UnaryFn;
-use crate::onnx::write::{number, Writer};
+use crate::onnx::tensor::{Const, Data};
+use crate::onnx::write::{number, shape_text, Writer};
 use crate::onnx::{Env, Node, Value};
 
 /// Maps `node` when it is an elementwise op; `None` for other ops.
@@ -44,6 +45,7 @@ fn gelu(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
 
 /// `Identity`, eval-mode `Dropout` and `Cast` to float: the input itself. A boolean mask
 /// (a comparison's result) casts to float as a value of its own, and to bool as itself.
+/// Dropout's optional mask output is all true.
 fn pass_on(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     let op = node.op();
     let to = node.int("to", 0);
@@ -82,7 +84,18 @@ fn pass_on(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
             ));
         }
     }
-    Ok(Out::Values(vec![Value::Dyn(x)]))
+    match node.p.output.get(1).filter(|n| !n.is_empty()) {
+        Some(name) if op == "Dropout" => {
+            // At inference every element is kept: the mask is all true.
+            let ones = Const::new(vec![1; x.shape.len()], Data::Float(vec![1.0]));
+            let one = w.param(&format!("{name}.ones"), &ones);
+            let expr = format!("expand({}, ({}))", one.expr, shape_text(&x.shape, &x.syms));
+            let mask = w.bind(name, expr, x.shape.clone(), x.syms.clone());
+            w.mark_mask(&mask);
+            Ok(Out::Values(vec![Value::Dyn(x), Value::Dyn(mask)]))
+        }
+        _ => Ok(Out::Values(vec![Value::Dyn(x)])),
+    }
 }
 
 /// `CastLike(x, like)` between float tensors: `x` itself (memc computes in float32).
