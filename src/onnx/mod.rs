@@ -23,6 +23,19 @@ pub use map::mapped_ops;
 /// The default-domain opsets the importer understands.
 pub const OPSETS: RangeInclusive<i64> = 7..=22;
 
+/// The ops whose one definition dates from opset 1 and is unchanged in every later opset, so
+/// that an older model using only these reads as it would at opset 7.
+const UNCHANGED_SINCE_1: &[&str] = &["Not"];
+
+/// Whether every default-domain op of `graph` is in [`UNCHANGED_SINCE_1`].
+fn unchanged_since_1(graph: &proto::GraphProto) -> bool {
+    !graph.node.is_empty()
+        && graph
+            .node
+            .iter()
+            .all(|n| UNCHANGED_SINCE_1.contains(&n.op_type.as_str()))
+}
+
 /// The element type a value's declaration states, if it does.
 fn elem_type(vi: &proto::ValueInfoProto) -> Option<i32> {
     let t = vi.r#type.as_ref()?.tensor_type.as_ref()?;
@@ -223,6 +236,12 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
         .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
         .map(|o| o.version)
         .ok_or_else(|| malformed("it imports no version of the default operator set"))?;
+    let declared = opset;
+    let opset = if (1..*OPSETS.start()).contains(&opset) && unchanged_since_1(graph) {
+        *OPSETS.start()
+    } else {
+        opset
+    };
     if !OPSETS.contains(&opset) {
         return Err(UserError::general(
             format!("the model uses opset {opset} of the default domain, which memc does not import"),
@@ -317,7 +336,7 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
             }
         }
     }
-    let (mdl, weights) = w.finish(name, opset);
+    let (mdl, weights) = w.finish(name, declared);
     Ok(Imported {
         mdl,
         weights,
