@@ -135,11 +135,16 @@ gradcheck! {
     conv2d: ("N = 2, C = 4, H = 6", "  param x: [N, C, H, H] = normal(1.0)\n  param c: conv2d(C, 6, 3, groups = 2, bias = true)", "conv2d(x, c, stride = 2, padding = 1, dilation = 1)", "[N, 6, 3, 3]", 1e-2, 1e-2);
     max_pool2d: ("N = 1, C = 2, H = 5", "  param x: [N, C, H, H] = uniform(-3.0, 3.0)", "max_pool2d(x, 3, stride = 2, padding = 1)", "[N, C, 3, 3]", 1e-3, 1e-2);
     avg_pool2d: ("N = 1, C = 2, H = 5", "  param x: [N, C, H, H] = normal(1.0)", "avg_pool2d(x, 3, stride = 2, padding = 1)", "[N, C, 3, 3]", 1e-2, 1e-2);
+    // Padding wider than half the kernel: written out, then pooled without padding.
+    max_pool2d_wide_padding: ("N = 1, C = 2, H = 4", "  param x: [N, C, H, H] = uniform(-3.0, 3.0)", "max_pool2d(x, 3, stride = 1, padding = 2)", "[N, C, 6, 6]", 1e-3, 1e-2);
+    avg_pool2d_wide_padding: ("N = 1, C = 2, H = 4", "  param x: [N, C, H, H] = normal(1.0)", "avg_pool2d(x, 3, stride = 2, padding = (2, 2, 1, 2), count_pad = false)", "[N, C, 3, 3]", 1e-2, 1e-2);
     lrn: ("N = 1, C = 6, H = 3", "  param x: [N, C, H, H] = normal(1.0)", "lrn(x, size = 3, alpha = 0.5, beta = 0.75, bias = 1)", "[N, C, H, H]", 1e-2, 1e-2);
     lrn_even_window: ("N = 1, C = 5, H = 2", "  param x: [N, C, H, H] = normal(1.0)", "lrn(x, size = 4, alpha = 0.3, beta = 0.5, bias = 2)", "[N, C, H, H]", 1e-2, 1e-2);
     max_pool2d_asymmetric: ("N = 1, C = 2, H = 5", "  param x: [N, C, H, H] = uniform(-3.0, 3.0)", "max_pool2d(x, 3, stride = 2, padding = (0, 0, 1, 1))", "[N, C, 2, 2]", 1e-3, 1e-2);
     avg_pool2d_pad_not_counted: ("N = 1, C = 2, H = 5", "  param x: [N, C, H, H] = normal(1.0)", "avg_pool2d(x, 3, stride = 2, padding = (1, 0, 1, 1), count_pad = false)", "[N, C, 3, 2]", 1e-2, 1e-2);
     pad: ("N = 1, C = 2, H = 3", "  param x: [N, C, H, H] = normal(1.0)", "pad(x, (1, 0, 2, 1), value = 0.5)", "[N, C, 6, 4]", 1e-2, 1e-2);
+    // The tensor form: a computed weight, whose gradient flows on to `k`.
+    conv2d_tensor_weight: ("N = 2, C = 4, H = 5", "  param x: [N, C, H, H] = normal(1.0)\n  param k: [6, 2, 3, 3] = normal(1.0)", "conv2d(x, tanh(k), groups = 2, padding = 1)", "[N, 6, H, H]", 1e-2, 1e-2);
     conv2d_asymmetric: ("N = 1, C = 2, H = 6", "  param x: [N, C, H, H] = normal(1.0)\n  param c: conv2d(C, 2, (2, 3))", "conv2d(x, c, padding = (0, 1, 1, 0))", "[N, 2, 6, 5]", 1e-2, 1e-2);
     global_avg_pool: ("N = 2, C = 3, H = 4", "  param x: [N, C, H, H] = normal(1.0)", "global_avg_pool(x)", "[N, C]", 1e-2, 1e-2);
     upsample: ("N = 1, C = 2, H = 3", "  param x: [N, C, H, H] = normal(1.0)", "upsample(x, 2)", "[N, C, 6, 6]", 1e-2, 1e-2);

@@ -551,3 +551,44 @@ fn mutated_graphs_never_panic() {
     }
     eprintln!("{imported} of {total} graph mutants imported, {compiled_ok} compiled");
 }
+
+/// A comparison as a graph output is a 0/1 mask that the `.mdl` and `memc import` call a
+/// boolean, and it holds 1 where the comparison is true.
+#[test]
+fn comparison_output_is_a_boolean_mask() {
+    use memc::exec::cpu::CpuExecutor;
+    let bytes = std::fs::read(Path::new(ROOT).join("tests/onnx/bool_output.onnx")).expect("model");
+    let imported = memc::onnx::import(&bytes, "less").expect("import");
+    assert_eq!(imported.boolean_outputs, ["z"]);
+    assert!(
+        imported
+            .mdl
+            .contains("output z = z  # an ONNX bool: 1 for true, 0 for false"),
+        "{}",
+        imported.mdl
+    );
+    let plan = memc::compile(&imported.mdl, &memc::Options::default())
+        .map_err(|e| format!("{e:?}"))
+        .expect("compile")
+        .plan;
+    let p = plan.plan();
+    let mut ex = CpuExecutor::new(&plan).expect("executor");
+    for (name, data) in [("x", [1.0, 2.0, 3.0, 4.0, -1.0, 0.5]), ("y", [3.0; 6])] {
+        let b = p.inputs.iter().find(|b| b.name == name).expect("input");
+        ex.bind_input(b.buffer, data.to_vec()).expect("bind");
+    }
+    ex.run_step(None).expect("run");
+    let (_, z) = p.outputs.iter().find(|(n, _)| n == "z").expect("output");
+    assert_eq!(ex.read(*z)[..], [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]);
+    let dir = scratch("bool-output");
+    let mdl = dir.join("m.mdl");
+    let model = Path::new(ROOT).join("tests/onnx/bool_output.onnx");
+    let out = memc(&["import", s(&model), "-o", s(&mdl)]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("z -> output.z.npy (bool as 1/0)"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -53,7 +53,14 @@ pub fn import(mut args: ImportArgs) -> Result<(), Failure> {
         imported
             .outputs
             .iter()
-            .map(|(onnx, mdl)| format!("{onnx} -> output.{mdl}.npy"))
+            .map(|(onnx, mdl)| {
+                let bool_note = if imported.boolean_outputs.contains(mdl) {
+                    " (bool as 1/0)"
+                } else {
+                    ""
+                };
+                format!("{onnx} -> output.{mdl}.npy{bool_note}")
+            })
             .collect::<Vec<_>>()
             .join(", ")
     );

@@ -23,6 +23,19 @@ pub use map::mapped_ops;
 /// The default-domain opsets the importer understands.
 pub const OPSETS: RangeInclusive<i64> = 7..=22;
 
+/// The ops whose one definition dates from opset 1 and is unchanged in every later opset, so
+/// that an older model using only these reads as it would at opset 7.
+const UNCHANGED_SINCE_1: &[&str] = &["Not"];
+
+/// Whether every default-domain op of `graph` is in [`UNCHANGED_SINCE_1`].
+fn unchanged_since_1(graph: &proto::GraphProto) -> bool {
+    !graph.node.is_empty()
+        && graph
+            .node
+            .iter()
+            .all(|n| UNCHANGED_SINCE_1.contains(&n.op_type.as_str()))
+}
+
 /// The element type a value's declaration states, if it does.
 fn elem_type(vi: &proto::ValueInfoProto) -> Option<i32> {
     let t = vi.r#type.as_ref()?.tensor_type.as_ref()?;
@@ -34,6 +47,22 @@ fn declared_integer(vi: &proto::ValueInfoProto) -> bool {
     elem_type(vi).is_some_and(tensor::is_integer)
 }
 
+/// The value of an integer input whose declared static shape has no elements: it can hold
+/// nothing else, so it is a constant (ONNX tests pass empty `axes` this way).
+fn empty_integer(vi: &proto::ValueInfoProto) -> Option<Const> {
+    if !declared_integer(vi) {
+        return None;
+    }
+    let shape = vi.r#type.as_ref()?.tensor_type.as_ref()?.shape.as_ref()?;
+    let dims: Vec<usize> = shape
+        .dim
+        .iter()
+        .map(|d| d.dim_value.and_then(|v| usize::try_from(v).ok()))
+        .collect::<Option<_>>()?;
+    dims.contains(&0)
+        .then(|| Const::new(dims, tensor::Data::Int(Vec::new())))
+}
+
 /// An imported model: `.mdl` source and its weights (names as the `.mdl` declares them).
 #[derive(Debug, Clone)]
 pub struct Imported {
@@ -41,11 +70,15 @@ pub struct Imported {
     pub mdl: String,
     /// Each parameter's name (as `memc run --params` looks it up), shape and f32 values.
     pub weights: Vec<(String, Vec<usize>, Vec<f32>)>,
-    /// Graph input names of the ONNX file (initializers aside), each with the `.mdl` input
-    /// name it became, in the file's order.
+    /// Graph input names of the ONNX file, each with the `.mdl` input name it became, in the
+    /// file's order; initializers aside, and integer inputs of a static shape with no
+    /// elements (an empty `axes`), whose only possible value is folded in as a constant.
     pub inputs: Vec<(String, String)>,
     /// Graph output names of the ONNX file, each with the `.mdl` output name it became.
     pub outputs: Vec<(String, String)>,
+    /// The `.mdl` names of the outputs that hold an ONNX boolean as a float 0/1 mask (1 for
+    /// true): comparisons and their combinations.
+    pub boolean_outputs: Vec<String>,
 }
 
 /// A tensor read from a serialized `TensorProto` (the `input_0.pb` files of ONNX tests).
@@ -203,6 +236,12 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
         .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
         .map(|o| o.version)
         .ok_or_else(|| malformed("it imports no version of the default operator set"))?;
+    let declared = opset;
+    let opset = if (1..*OPSETS.start()).contains(&opset) && unchanged_since_1(graph) {
+        *OPSETS.start()
+    } else {
+        opset
+    };
     if !OPSETS.contains(&opset) {
         return Err(UserError::general(
             format!("the model uses opset {opset} of the default domain, which memc does not import"),
@@ -229,6 +268,10 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
         if env.contains_key(&input.name) {
             continue;
         }
+        if let Some(c) = empty_integer(input) {
+            env.insert(input.name.clone(), Value::Const(Rc::new(c)));
+            continue;
+        }
         let d = w.input(input)?;
         inputs.push((input.name.clone(), d.expr.clone()));
         env.insert(input.name.clone(), Value::Dyn(d));
@@ -252,6 +295,7 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
         }
     }
     let mut outputs = Vec::new();
+    let mut boolean_outputs = Vec::new();
     for out in &graph.output {
         match env.get(&out.name) {
             Some(Value::Dyn(d)) if w.is_integer(d) => {
@@ -259,6 +303,13 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
                     format!("graph output `{}` is an integer tensor", out.name),
                     "memc computes float outputs; integer inputs can only be ids of an embedding",
                 ))
+            }
+            Some(Value::Dyn(d))
+                if w.is_mask(d) && elem_type(out).is_none_or(|t| t == tensor::BOOL) =>
+            {
+                let mdl = w.output(&out.name, d);
+                boolean_outputs.push(mdl.clone());
+                outputs.push((out.name.clone(), mdl));
             }
             Some(Value::Dyn(d)) if w.is_mask(d) || declared_integer(out) => {
                 return Err(UserError::general(
@@ -285,11 +336,12 @@ pub fn import(bytes: &[u8], name: &str) -> Result<Imported, UserError> {
             }
         }
     }
-    let (mdl, weights) = w.finish(name, opset);
+    let (mdl, weights) = w.finish(name, declared);
     Ok(Imported {
         mdl,
         weights,
         inputs,
         outputs,
+        boolean_outputs,
     })
 }

@@ -277,11 +277,17 @@ impl Writer {
         id
     }
 
-    /// `output <name> = value`; returns the output's `.mdl` name.
+    /// `output <name> = value`, a boolean mask's line saying that it holds 1 for true and 0
+    /// for false; returns the output's `.mdl` name.
     pub(super) fn output(&mut self, name: &str, d: &Dyn) -> String {
         let base = sanitize(name.strip_prefix(&self.prefix).unwrap_or(name));
         let s = fresh(base, &mut self.output_names);
-        self.outputs.push(format!("output {s} = {}", d.expr));
+        let note = if self.is_mask(d) {
+            "  # an ONNX bool: 1 for true, 0 for false"
+        } else {
+            ""
+        };
+        self.outputs.push(format!("output {s} = {}{note}", d.expr));
         self.output_values.push(d.expr.clone());
         s
     }

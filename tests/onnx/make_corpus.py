@@ -24,8 +24,10 @@ a Reshape whose target is Shape -> Gather -> Unsqueeze -> Concat, a causal mask 
 Less folded to a constant, Where on it and on a run-time Greater, Clip with input bounds, one
 missing), Slice of a computed value, variadic Max and Min, Reciprocal, a class token Expand-ed
 to the batch and concatenated, CastLike and a Cast of a mask to float;
-tests/onnx/errors/bool_output.onnx, errors/slice_step.onnx: a comparison as a graph output and a
-strided Slice of a computed value, refused.
+tests/onnx/bool_output.onnx: a comparison as a graph output (a 0/1 mask);
+tests/onnx/errors/bool_output.onnx, errors/slice_step.onnx: a float value declared as a boolean
+graph output and a strided Slice of a computed value, refused; errors/loss_negative_ignore.onnx: a
+SoftmaxCrossEntropyLoss whose ignore_index (-1) is not a class, refused.
 """
 import os
 
@@ -109,10 +111,10 @@ def main():
         model([custom], [tensor("x", [1, 4])], [tensor("y", [1, 4])], domain_opsets=[("com.microsoft", 1)]),
         "errors/custom_domain.onnx",
     )
-    conv = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", kernel_shape=[3, 3])
+    resize = helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up", mode="nearest")
     save(
-        model([conv], [tensor("x", [1, 2, 5, 5]), tensor("w", [3, 2, 3, 3])], [tensor("y", [1, 3, 3, 3])]),
-        "errors/computed_weight.onnx",
+        model([resize], [tensor("x", [1, 2, 5, 5]), tensor("scales", [4])], [tensor("y", [1, 2, 10, 10])]),
+        "errors/computed_scales.onnx",
     )
     cast = helper.make_node("Cast", ["x"], ["y"], name="to_half", to=TensorProto.FLOAT16)
     save(
@@ -308,10 +310,15 @@ def select_shapes():
     outs = [tensor("p", [2, 2, 5, 5]), tensor("clipped2", [2, 2, 5, 5]), tensor("tokens", [2, 4, 8]), tensor("high_n", [2, 2, 5])]
     save(model(nodes, [tensor("x", [2, 5, 8])], outs, inits, opset=17), "select_shapes.onnx")
     less = mk("Less", ["x", "y"], ["z"], name="less")
-    save(model([less], [tensor("x", [2, 3]), tensor("y", [2, 3])], [tensor("z", [2, 3], TensorProto.BOOL)]), "errors/bool_output.onnx")
+    save(model([less], [tensor("x", [2, 3]), tensor("y", [2, 3])], [tensor("z", [2, 3], TensorProto.BOOL)]), "bool_output.onnx")
+    act = mk("Relu", ["x"], ["z"], name="act")
+    save(model([act], [tensor("x", [2, 3])], [tensor("z", [2, 3], TensorProto.BOOL)]), "errors/bool_output.onnx")
     nodes = [mk("Relu", ["x"], ["r"], name="act"), mk("Slice", ["r", "starts", "ends", "axes", "steps"], ["y"], name="every_other")]
     inits = [i64([0], "starts"), i64([6], "ends"), i64([1], "axes"), i64([2], "steps")]
     save(model(nodes, [tensor("x", [2, 6])], [tensor("y", [2, 3])], inits), "errors/slice_step.onnx")
+    sce = mk("SoftmaxCrossEntropyLoss", ["x", "t"], ["loss"], name="ce", ignore_index=-1)
+    targets = tensor("t", [3], TensorProto.INT64)
+    save(model([sce], [tensor("x", [3, 5]), targets], [tensor("loss", [])]), "errors/loss_negative_ignore.onnx")
 
 
 if __name__ == "__main__":

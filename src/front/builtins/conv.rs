@@ -85,23 +85,30 @@ impl Lowerer<'_> {
 
     /// `conv3d(x, layer, stride, padding, dilation)` (any rank; 2-D padding may also be
     /// `(top, left, bottom, right)`) or `conv_transpose3d(x, layer, stride, padding,
-    /// output_padding, dilation)`, with the layer's bias added per channel.
+    /// output_padding, dilation)`, with the layer's bias added per channel; or any of them
+    /// with a weight tensor in place of the layer (`conv2d(x, w, groups = G, ...)`, no bias).
     pub(super) fn conv(&mut self, name: &str, args: &mut Args, span: Span) -> R<Val> {
         let (transposed, rank) = conv_kind(name).unwrap_or((false, 2));
         let x = self.t(args, "input")?;
         let gv = args.positional("parameter")?;
-        let g = self.group(&gv, &format!("the second argument of `{name}`"))?;
-        let want = GroupKind::Conv {
-            rank,
-            groups: 0,
-            transposed,
+        let (weight, groups, bias) = match gv.val {
+            Val::Tensor(w) => (w, self.groups(args)?, None),
+            _ => {
+                let g = self.group(&gv, &format!("the second argument of `{name}`"))?;
+                let want = GroupKind::Conv {
+                    rank,
+                    groups: 0,
+                    transposed,
+                };
+                let GroupKind::Conv { groups, .. } = g.kind else {
+                    return Err(self.wrong_group(gv.span, name, &g.kind));
+                };
+                if g.kind.name() != want.name() {
+                    return Err(self.wrong_group(gv.span, name, &g.kind));
+                }
+                (g.weight, groups, g.bias)
+            }
         };
-        let GroupKind::Conv { groups, .. } = g.kind else {
-            return Err(self.wrong_group(gv.span, name, &g.kind));
-        };
-        if g.kind.name() != want.name() {
-            return Err(self.wrong_group(gv.span, name, &g.kind));
-        }
         let ty = self.ty(x).clone();
         if ty.shape.len() != rank + 2 {
             let l = layout(rank);
@@ -153,12 +160,12 @@ impl Lowerer<'_> {
                 rank,
             )?;
             let output =
-                self.transposed_size(&ty.shape, &self.ty(g.weight).shape, &conv, &extra, span)?;
-            self.add(Op::ConvTranspose { conv, output }, vec![x, g.weight], span)?
+                self.transposed_size(&ty.shape, &self.ty(weight).shape, &conv, &extra, span)?;
+            self.add(Op::ConvTranspose { conv, output }, vec![x, weight], span)?
         } else {
-            self.add(Op::Conv(conv), vec![x, g.weight], span)?
+            self.add(Op::Conv(conv), vec![x, weight], span)?
         };
-        match g.bias {
+        match bias {
             Some(b) => {
                 let c = self.ty(b).shape[0];
                 let mut shape = vec![c];
@@ -167,6 +174,23 @@ impl Lowerer<'_> {
                 self.op(Op::Binary(BinaryFn::Add), vec![y, b], span)
             }
             None => Ok(Val::Tensor(y)),
+        }
+    }
+
+    /// The `groups` argument of a convolution by a weight tensor: 1 when absent; a
+    /// diagnostic unless a whole number of at least 1.
+    fn groups(&mut self, args: &mut Args) -> R<usize> {
+        let Some(v) = args.optional("groups") else {
+            return Ok(1);
+        };
+        match usize::try_from(self.int(&v, "groups")?) {
+            Ok(g) if g > 0 => Ok(g),
+            _ => Err(UserError::at(
+                v.span,
+                "groups must be at least 1",
+                "not a group count",
+                "give the number of channel groups, 1 or more",
+            )),
         }
     }
 

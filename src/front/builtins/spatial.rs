@@ -9,7 +9,8 @@ use crate::ir::*;
 
 impl Lowerer<'_> {
     /// `max_pool2d` or `avg_pool2d` of `x` over `kernel` (`stride` defaults to the kernel);
-    /// `count_pad = false` averages over the window's share inside the input.
+    /// `count_pad = false` averages over the window's share inside the input. Padding wider
+    /// than half the kernel is written out (`-inf` for max, 0 for average) before the pool.
     pub(super) fn pool(&mut self, name: &str, args: &mut Args, span: Span) -> R<Val> {
         let x = self.t(args, "input")?;
         let [k, s] = self.pool_window(args, 2, span)?;
@@ -19,7 +20,16 @@ impl Lowerer<'_> {
         let shape = self.nchw(x, name, span)?;
         let is_max = name == "max_pool2d";
         let fill = if is_max { f32::NEG_INFINITY } else { 0.0 };
-        let (xp, padding) = self.pad_for(x, pads, fill, span)?;
+        // The pool kernels pad by at most half the kernel; wider padding is explicit.
+        let wide = pads[0].max(pads[2]) * 2 > kernel[0] || pads[1].max(pads[3]) * 2 > kernel[1];
+        let pad_pool = |l: &mut Self, v: ValueId, value: f32| {
+            if wide {
+                Ok((l.pad(v, pads, value, span)?, [0, 0]))
+            } else {
+                l.pad_for(v, pads, value, span)
+            }
+        };
+        let (xp, padding) = pad_pool(self, x, fill)?;
         let p = PoolParams {
             kernel,
             stride,
@@ -41,7 +51,7 @@ impl Lowerer<'_> {
             vec![],
             span,
         )?;
-        let (ones, _) = self.pad_for(ones, pads, 0.0, span)?;
+        let (ones, _) = pad_pool(self, ones, 0.0)?;
         let share = self.add(Op::AvgPool2d(p), vec![ones], span)?;
         self.op(Op::Binary(BinaryFn::Div), vec![y, share], span)
     }

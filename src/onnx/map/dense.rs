@@ -1,12 +1,12 @@
 //! ONNX ops that contract or normalize the last axis, as `.mdl` expressions: `Gemm`,
-//! `MatMul`, `LayerNormalization`, `Softmax`/`LogSoftmax`, and `Gather` from a constant
-//! table as an embedding lookup.
+//! `MatMul`, `LayerNormalization`, `Softmax`/`LogSoftmax`, and `Gather` as an embedding
+//! lookup (of a constant table, or of a computed tensor at integer graph-input ids).
 
 use super::{batch_named, broadcast_syms, group_name, operand, reshape_expr, same, Out, R};
 use crate::onnx::shapes::{axis, broadcast};
 use crate::onnx::tensor::Const;
 use crate::onnx::write::{number, shape_text, Writer};
-use crate::onnx::{Dyn, Env, Node};
+use crate::onnx::{Dyn, Env, Node, Value};
 
 /// Maps `node` when it is a dense op; `None` for other ops.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
@@ -177,14 +177,13 @@ fn softmax(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     }
 }
 
-/// `Gather` of rows of a constant `[V, D]` table: `embed`.
+/// `Gather` of rows of a constant `[V, D]` table: `embed`; from a computed tensor,
+/// [`gather_computed`].
 fn gather(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
-    let table = node.konst(env, 0).map_err(|_| {
-        node.err(
-            "gathers from a computed tensor",
-            "memc imports Gather as an embedding lookup from a constant table",
-        )
-    })?;
+    let table = match node.input(env, 0)? {
+        Value::Const(c) => c,
+        Value::Dyn(data) => return gather_computed(node, env, w, data),
+    };
     let ids = operand(node, env, w, 1)?;
     if node.int("axis", 0) != 0 || table.shape.len() != 2 {
         return Err(node.err(
@@ -202,4 +201,49 @@ fn gather(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
         shape,
         syms,
     ))
+}
+
+/// `Gather` from a computed tensor at ids that are an integer graph input: the gathered axis
+/// moved to the front, the rest flattened into rows, `embed`, then the result reshaped and
+/// its axes put back in ONNX's order (`data[:a] + ids + data[a+1:]`).
+fn gather_computed(node: &Node, env: &Env, w: &mut Writer, data: &Dyn) -> R<Out> {
+    let ids = operand(node, env, w, 1)?;
+    if !w.is_integer(&ids) || ids.shape.is_empty() {
+        return Err(node.err(
+            "gathers from a computed tensor at ids that are not an integer graph input of rank 1 or more",
+            "memc imports Gather from a computed tensor as an embedding lookup at integer input ids",
+        ));
+    }
+    let rank = data.shape.len();
+    let a = axis(node, node.int("axis", 0), rank)?;
+    let text = |v: &[usize]| {
+        let items: Vec<String> = v.iter().map(usize::to_string).collect();
+        items.join(", ")
+    };
+    let front: Vec<usize> = std::iter::once(a)
+        .chain((0..rank).filter(|&k| k != a))
+        .collect();
+    let moved = if a == 0 {
+        data.expr.clone()
+    } else {
+        format!("permute({}, ({}))", data.expr, text(&front))
+    };
+    let rest: Vec<usize> = front[1..].iter().map(|&k| data.shape[k]).collect();
+    let rows: usize = rest.iter().product();
+    let table = format!("reshape({moved}, ({}, {rows}))", data.shape[a]);
+    let k = ids.shape.len();
+    let gathered = [&ids.shape[..], &rest[..]].concat();
+    let mut expr = format!(
+        "reshape(embed({table}, {}), ({}))",
+        ids.expr,
+        text(&gathered)
+    );
+    if a != 0 {
+        // [ids, pre, post] -> [pre, ids, post].
+        let order: Vec<usize> = (k..k + a).chain(0..k).chain(k + a..k + rank - 1).collect();
+        expr = format!("permute({expr}, ({}))", text(&order));
+    }
+    let shape = [&data.shape[..a], &ids.shape[..], &data.shape[a + 1..]].concat();
+    let syms = [&data.syms[..a], &ids.syms[..], &data.syms[a + 1..]].concat();
+    Ok(Out::Expr(expr, shape, syms))
 }

@@ -1,10 +1,11 @@
 //! ONNX elementwise ops as `.mdl` expressions: unary functions (every [`UnaryFn`] with an
-//! ONNX name), `Gelu`, arithmetic, `Sum`, `Pow(x, 2)`, and the ops that pass their input on
-//! (`Identity`, eval-mode `Dropout`, `Cast` to float).
+//! ONNX name), `Gelu`, arithmetic, `Sum`, `Pow(x, n)` for small whole `n`, and the ops that
+//! pass their input on (`Identity`, eval-mode `Dropout`, `Cast` to float).
 
 use super::{broadcast_dyns, operand, operands, same, Out, R};
 use crate::ir::UnaryFn;
-use crate::onnx::write::{number, Writer};
+use crate::onnx::tensor::{Const, Data};
+use crate::onnx::write::{number, shape_text, Writer};
 use crate::onnx::{Env, Node, Value};
 
 /// Maps `node` when it is an elementwise op; `None` for other ops.
@@ -20,7 +21,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
         "CastLike" => cast_like(node, env, w),
         "Add" | "Sub" | "Mul" | "Div" => arithmetic(node, env, w, op),
         "Sum" => sum(node, env, w),
-        "Pow" => square(node, env, w),
+        "Pow" => power(node, env, w),
         _ => return Ok(None),
     };
     out.map(Some)
@@ -44,6 +45,7 @@ fn gelu(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
 
 /// `Identity`, eval-mode `Dropout` and `Cast` to float: the input itself. A boolean mask
 /// (a comparison's result) casts to float as a value of its own, and to bool as itself.
+/// Dropout's optional mask output is all true.
 fn pass_on(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     let op = node.op();
     let to = node.int("to", 0);
@@ -82,7 +84,18 @@ fn pass_on(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
             ));
         }
     }
-    Ok(Out::Values(vec![Value::Dyn(x)]))
+    match node.p.output.get(1).filter(|n| !n.is_empty()) {
+        Some(name) if op == "Dropout" => {
+            // At inference every element is kept: the mask is all true.
+            let ones = Const::new(vec![1; x.shape.len()], Data::Float(vec![1.0]));
+            let one = w.param(&format!("{name}.ones"), &ones);
+            let expr = format!("expand({}, ({}))", one.expr, shape_text(&x.shape, &x.syms));
+            let mask = w.bind(name, expr, x.shape.clone(), x.syms.clone());
+            w.mark_mask(&mask);
+            Ok(Out::Values(vec![Value::Dyn(x), Value::Dyn(mask)]))
+        }
+        _ => Ok(Out::Values(vec![Value::Dyn(x)])),
+    }
 }
 
 /// `CastLike(x, like)` between float tensors: `x` itself (memc computes in float32).
@@ -161,15 +174,24 @@ fn sum(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     Ok(Out::Expr(terms.join(" + "), out, syms))
 }
 
-/// `Pow(x, 2)` as `x * x`.
-fn square(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
+/// `Pow(x, n)` for a constant whole `n` from -4 to 4, not 0: `x * x * ...` (n factors), its
+/// reciprocal for `n < 0`.
+fn power(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     let x = operand(node, env, w, 0)?;
     let e = node.konst(env, 1)?;
-    if e.data.len() != 1 || e.data.get(0) != 2.0 {
+    let n = e.data.get(0);
+    if e.data.len() != 1 || !(1.0..=4.0).contains(&n.abs()) || n.fract() != 0.0 {
         return Err(node.err(
-            "raises to a power other than a constant 2",
-            "memc imports Pow(x, 2) as x * x",
+            "raises to a power other than a constant whole number from -4 to 4, not 0",
+            "memc imports Pow(x, n) as a product of n factors x (its reciprocal for n < 0)",
         ));
     }
-    same(&x, format!("{} * {}", x.expr, x.expr))
+    let product = vec![x.expr.as_str(); n.abs() as usize].join(" * ");
+    if n < 0.0 {
+        return same(&x, format!("reciprocal({product})"));
+    }
+    if n == 1.0 {
+        return Ok(Out::Values(vec![Value::Dyn(x)]));
+    }
+    same(&x, product)
 }

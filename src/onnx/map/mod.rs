@@ -1,8 +1,8 @@
 //! Maps each run-time ONNX node to `.mdl` expressions with exactly its semantics; constant
 //! operands become parameters. Every unsupported op or attribute is a diagnostic. Each op
 //! family has its own file: [`elementwise`], [`select`] (extrema, comparisons, `Where`,
-//! `Clip`, `Expand`), [`window`] (NCHW windows), [`dense`] (contractions and last-axis ops)
-//! and [`layout`] (reductions and data movement).
+//! `Clip`, `Expand`), [`window`] (NCHW windows), [`dense`] (contractions and last-axis ops),
+//! [`layout`] (reductions and data movement) and [`loss`] (the likelihood losses).
 
 mod activation;
 mod composed;
@@ -10,6 +10,7 @@ mod conv;
 mod dense;
 mod elementwise;
 mod layout;
+mod loss;
 mod select;
 mod window;
 
@@ -83,6 +84,7 @@ pub fn mapped_ops() -> Vec<&'static str> {
         .chain(MAPPED.iter().copied())
         .chain(activation::OPS.iter().copied())
         .chain(select::OPS.iter().copied())
+        .chain(loss::OPS.iter().copied())
         .collect();
     ops.sort_unstable();
     ops.dedup();
@@ -92,8 +94,8 @@ pub fn mapped_ops() -> Vec<&'static str> {
 /// Every ONNX op the importer maps, for the help line of an unsupported one.
 fn supported() -> String {
     format!(
-        "{} (Pow as x^2, Resize/Upsample nearest by an integer factor, Pad constant on H and W, \
-         Gather as an embedding, Cast to float, Slice with step 1, Expand to a constant shape, \
+        "{} (Pow by a constant whole power from -4 to 4, Resize/Upsample nearest by an integer factor, Pad constant on H and W, \
+         Gather as an embedding (of a constant table, or at integer input ids), Cast to float, Slice with step 1, Expand to a constant shape, \
          comparisons as masks), and any op on constants that folding evaluates",
         mapped_ops().join(", ")
     )
@@ -113,7 +115,7 @@ type Family = fn(&Node, &Env, &mut Writer) -> R<Option<Out>>;
 /// Maps `node` to `.mdl` statements; returns its output values.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
     refuse_masks(node, env, w)?;
-    let families: [Family; 8] = [
+    let families: [Family; 9] = [
         elementwise::map,
         select::map,
         activation::map,
@@ -122,6 +124,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
         window::map,
         dense::map,
         layout::map,
+        loss::map,
     ];
     for family in families {
         match family(node, env, w)? {
@@ -140,7 +143,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
 }
 
 /// The ops that read a comparison's 0/1 mask as the boolean it stands for.
-const MASK_READERS: &[&str] = &["Where", "Not", "And", "Or", "Cast", "Identity"];
+const MASK_READERS: &[&str] = &["Where", "Not", "And", "Or", "Xor", "Cast", "Identity"];
 
 /// Refuses a node that is not a mask reader but reads a mask (a boolean value, which ONNX
 /// computes with only through those ops).
@@ -156,7 +159,7 @@ fn refuse_masks(node: &Node, env: &Env, w: &Writer) -> R<()> {
             if w.is_mask(d) {
                 return Err(node.err(
                     format!("reads the boolean `{}` as a number", d.expr),
-                    "memc imports comparison results read by Where, Not, And, Or or a Cast",
+                    "memc imports comparison results read by Where, Not, And, Or, Xor, a Cast or a graph output",
                 ));
             }
         }
@@ -228,7 +231,7 @@ fn rank_is(node: &Node, d: &Dyn, rank: usize, what: &str) -> R<()> {
     if d.shape.len() != rank {
         return Err(node.err(
             format!("{what} needs a rank-{rank} input, got shape {:?}", d.shape),
-            "memc imports 2-D (NCHW) convolutions and pooling",
+            "memc imports 2-D (NCHW) convolutions and 1-D or 2-D pooling",
         ));
     }
     Ok(())

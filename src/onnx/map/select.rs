@@ -2,7 +2,7 @@
 //! (opset 6 attributes, opset 11+ optional inputs; constant bounds as numbers, computed
 //! ones as tensors), `Where`, the comparisons (`Less`, `LessOrEqual`, `Greater`,
 //! `GreaterOrEqual`, `Equal`: boolean results held as 0/1 float masks, which only `Where`,
-//! `Not`, `And`, `Or` and a `Cast` to float may read) and `Expand`.
+//! `Not`, `And`, `Or`, `Xor`, a `Cast` to float and a graph output may read) and `Expand`.
 
 use super::{broadcast_dyns, broadcast_syms, literal, operand, operands, Out, R};
 use crate::onnx::shapes::broadcast_inputs;
@@ -23,6 +23,7 @@ pub(super) const OPS: &[&str] = &[
     "Not",
     "And",
     "Or",
+    "Xor",
     "Expand",
 ];
 
@@ -38,7 +39,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
         "Greater" => compare(node, env, w, "greater"),
         "GreaterOrEqual" => compare(node, env, w, "greater_equal"),
         "Equal" => compare(node, env, w, "equal"),
-        "Not" | "And" | "Or" => logic(node, env, w),
+        "Not" | "And" | "Or" | "Xor" => logic(node, env, w),
         "Expand" => expand(node, env, w),
         _ => return Ok(None),
     };
@@ -123,7 +124,8 @@ fn mask_operand(node: &Node, env: &Env, w: &mut Writer, i: usize) -> R<Dyn> {
     Ok(d)
 }
 
-/// `Not`, `And`, `Or` of masks: `1 - m`, `m * n`, `maximum(m, n)`.
+/// `Not`, `And`, `Or`, `Xor` of masks: `1 - m`, `m * n`, `maximum(m, n)`,
+/// `maximum(m, n) - m * n`.
 fn logic(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     let a = mask_operand(node, env, w, 0)?;
     if node.op() == "Not" {
@@ -140,6 +142,11 @@ fn logic(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     let (shape, syms) = broadcast_dyns(node, &ds)?;
     let expr = match node.op() {
         "And" => format!("{} * {}", ds[0].expr, ds[1].expr),
+        "Xor" => format!(
+            "maximum({a}, {b}) - {a} * {b}",
+            a = ds[0].expr,
+            b = ds[1].expr
+        ),
         _ => format!("maximum({}, {})", ds[0].expr, ds[1].expr),
     };
     Ok(mask(node, w, expr, shape, syms))

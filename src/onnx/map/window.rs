@@ -1,18 +1,23 @@
-//! ONNX ops over NCHW windows as `.mdl` expressions: convolution, pooling (windowed and
-//! global), batch normalization, LRN, `Pad` and nearest-neighbour `Resize`/`Upsample`.
+//! ONNX ops over NCHW windows as `.mdl` expressions: convolution (of a constant weight as a
+//! `conv2d` group, of a computed one as the tensor form of `conv2d`), pooling (windowed and
+//! global; a 1-D pool as a 2-D one of height 1), batch normalization, LRN, `Pad` and
+//! nearest-neighbour `Resize`/`Upsample`.
 
 use super::{batch_named, group_name, operand, pair_text, rank_is, same, tuple_text, Out, R};
 use crate::diagnostic::UserError;
 use crate::onnx::tensor::Const;
-use crate::onnx::write::{number, Writer};
-use crate::onnx::{Env, Node};
+use crate::onnx::write::{number, shape_text, Writer};
+use crate::onnx::{Dyn, Env, Node, Value};
 use std::rc::Rc;
 
 /// Maps `node` when it is a windowed or per-channel op over NCHW; `None` for other ops.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
     let out = match node.op() {
         "Conv" => batch_named(node, env, w, conv),
-        "MaxPool" | "AveragePool" => batch_named(node, env, w, pool),
+        "MaxPool" | "AveragePool" => match node.input(env, 0)? {
+            Value::Dyn(x) if x.shape.len() == 3 => pool_1d(node, x),
+            _ => batch_named(node, env, w, pool),
+        },
         "BatchNormalization" => batchnorm(node, env, w),
         "GlobalAveragePool" | "GlobalMaxPool" => global_pool(node, env, w),
         "LRN" => lrn(node, env, w),
@@ -122,10 +127,17 @@ fn swept(
 fn conv(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
     let x = operand(node, env, w, 0)?;
     rank_is(node, &x, 4, "Conv")?;
-    let wt = node.konst(env, 1)?;
-    let [o, cg, kh, kw] = wt.shape[..] else {
+    let computed = match node.input(env, 1)? {
+        Value::Dyn(d) => Some(d.clone()),
+        Value::Const(_) => None,
+    };
+    let wshape = match &computed {
+        Some(d) => d.shape.clone(),
+        None => node.konst(env, 1)?.shape.clone(),
+    };
+    let [o, cg, kh, kw] = wshape[..] else {
         return Err(node.err(
-            format!("weight shape {:?} is not [O, C/groups, KH, KW]", wt.shape),
+            format!("weight shape {wshape:?} is not [O, C/groups, KH, KW]"),
             "memc imports 2-D convolutions",
         ));
     };
@@ -146,6 +158,35 @@ fn conv(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
     let input = [x.shape[2], x.shape[3]];
     let p = pads(node, input, span, stride)?;
     let out = swept(node, input, p, span, stride)?;
+    let mut options = String::new();
+    for (name, v) in [("stride", stride), ("dilation", dilation)] {
+        if v != [1; 2] {
+            options += &format!(", {name} = {}", pair_text(v));
+        }
+    }
+    if p != [0; 4] {
+        options += &format!(", padding = {}", pads_text(p));
+    }
+    let shape = vec![x.shape[0], o, out[0], out[1]];
+    if let Some(weight) = computed {
+        // A weight computed at run time: the tensor form of `conv2d`, the bias added per channel.
+        if groups != 1 {
+            options += &format!(", groups = {groups}");
+        }
+        let mut call = format!("conv2d({}, {}{options})", x.expr, weight.expr);
+        if node.input_name(2).is_some() {
+            let b = operand(node, env, w, 2)?;
+            if b.shape != [o] {
+                return Err(node.err(
+                    format!("bias shape {:?} is not [{o}]", b.shape),
+                    "the file is malformed",
+                ));
+            }
+            call = format!("{call} + reshape({}, ({o}, 1, 1))", b.expr);
+        }
+        return Ok((call, shape));
+    }
+    let wt = node.konst(env, 1)?;
     let bias = match node.input_name(2) {
         Some(_) => Some(node.konst(env, 2)?),
         None => None,
@@ -161,22 +202,56 @@ fn conv(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
     }
     ctor.push(')');
     let g = w.group(&group_name(node, 1), ctor, parts);
-    let mut call = format!("conv2d({}, {g}", x.expr);
-    for (name, v) in [("stride", stride), ("dilation", dilation)] {
-        if v != [1; 2] {
-            call += &format!(", {name} = {}", pair_text(v));
-        }
-    }
-    if p != [0; 4] {
-        call += &format!(", padding = {}", pads_text(p));
-    }
-    call.push(')');
-    Ok((call, vec![x.shape[0], o, out[0], out[1]]))
+    Ok((format!("conv2d({}, {g}{options})", x.expr), shape))
 }
 
 fn pool(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
     let x = operand(node, env, w, 0)?;
-    rank_is(node, &x, 4, node.op())?;
+    pool_of(node, &x)
+}
+
+/// A 1-D pool over `[N, C, L]`: the 2-D pool of `[N, C, 1, L]` with a window of height 1
+/// (each per-axis attribute given a leading 1, `pads` a leading 0 on each side).
+fn pool_1d(node: &Node, x: &Dyn) -> R<Out> {
+    let mut lifted = node.p.clone();
+    for a in &mut lifted.attribute {
+        match (a.name.as_str(), a.ints.len()) {
+            ("kernel_shape" | "strides" | "dilations", 1) => a.ints.insert(0, 1),
+            ("pads", 2) => a.ints = vec![0, a.ints[0], 0, a.ints[1]],
+            _ => {}
+        }
+    }
+    let node = Node {
+        p: &lifted,
+        opset: node.opset,
+        index: node.index,
+    };
+    let (n, c, l) = (x.shape[0], x.shape[1], x.shape[2]);
+    let syms4 = [
+        x.syms[0].clone(),
+        x.syms[1].clone(),
+        None,
+        x.syms[2].clone(),
+    ];
+    let x4 = Dyn {
+        expr: format!(
+            "reshape({}, ({}))",
+            x.expr,
+            shape_text(&[n, c, 1, l], &syms4)
+        ),
+        shape: vec![n, c, 1, l],
+        syms: syms4.to_vec(),
+    };
+    let (call, shape) = pool_of(&node, &x4)?;
+    let out = vec![n, c, shape[3]];
+    let syms = vec![x.syms[0].clone(), None, None];
+    let expr = format!("reshape({call}, ({}))", shape_text(&out, &syms));
+    Ok(Out::Expr(expr, out, syms))
+}
+
+/// A 2-D `MaxPool` or `AveragePool` of `x`.
+fn pool_of(node: &Node, x: &Dyn) -> R<(String, Vec<usize>)> {
+    rank_is(node, x, 4, node.op())?;
     if node
         .ints("dilations")
         .is_some_and(|d| d.iter().any(|&v| v != 1))
