@@ -38,7 +38,8 @@ fn run_case(case: &KernelCase, dir: &Path) -> Result<(f32, f32), String> {
         return Err("the result depends on the order of threads or blocks (a race)".to_string());
     }
     let slack = intermediate_rounding_slack(&case.op, &case.inputs);
-    compare_results(&got, &want, &case.output, &case.inputs).map(|(err, ratio)| (err, ratio / slack))
+    compare_results(&got, &want, &case.output, &case.inputs)
+        .map(|(err, ratio)| (err, ratio / slack))
 }
 
 /// How many times the format's tolerance a case may differ by because its kernel rounds an
@@ -51,7 +52,11 @@ fn intermediate_rounding_slack(op: &Op, inputs: &[TensorType]) -> f32 {
         return 1.0;
     };
     let summed = match op {
-        Op::Attention(_) | Op::AttentionBackward { which: AttnInput::Q, .. } => k.shape[1],
+        Op::Attention(_)
+        | Op::AttentionBackward {
+            which: AttnInput::Q,
+            ..
+        } => k.shape[1],
         Op::AttentionBackward { attn, .. } => q.shape[1] * attn.heads / attn.kv_heads.max(1),
         _ => return 1.0,
     };
