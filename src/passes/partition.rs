@@ -86,12 +86,7 @@ pub fn shard_params(graph: &Graph, ranks: u32) -> Result<Sharded, StageError> {
         };
         map.push(new);
     }
-    out.outputs = graph
-        .outputs
-        .iter()
-        .map(|(name, v)| (name.clone(), map[v.index()]))
-        .collect();
-    Ok(Sharded { graph: out, map })
+    Ok(Sharded::finished(graph, out, map))
 }
 
 /// The graph with every trained fp32 parameter that one cast to a 16-bit dtype alone reads
@@ -105,27 +100,15 @@ pub fn keep_16bit_copies(graph: &Graph) -> Result<Sharded, StageError> {
     for v in graph.values() {
         let node = graph.node(v);
         let origin = node.origin();
-        let new = match &node.op {
-            Op::Param {
-                name,
-                ty,
-                init,
-                frozen: false,
-            } if ty.dtype == DType::F32 => match only_16bit_copy(graph, v) {
-                Some(dtype) => {
-                    let op = Op::Param {
-                        name: name.clone(),
-                        ty: ty.with_dtype(dtype),
-                        init: *init,
-                        frozen: false,
-                    };
-                    out.add(op, vec![], &origin).map_err(internal)?
+        let new = match (&node.op, only_16bit_copy(graph, v)) {
+            (Op::Param { .. }, Some(dtype)) => {
+                let mut op = node.op.clone();
+                if let Op::Param { ty, .. } = &mut op {
+                    *ty = ty.with_dtype(dtype);
                 }
-                None => out
-                    .add(node.op.clone(), vec![], &origin)
-                    .map_err(internal)?,
-            },
-            Op::Cast { to } => {
+                out.add(op, vec![], &origin).map_err(internal)?
+            }
+            (Op::Cast { to }, _) => {
                 let input = map[node.inputs[0].index()];
                 match out.node(input).ty.dtype == *to {
                     true => input,
@@ -134,25 +117,24 @@ pub fn keep_16bit_copies(graph: &Graph) -> Result<Sharded, StageError> {
                         .map_err(internal)?,
                 }
             }
-            op => {
+            (op, _) => {
                 let inputs = node.inputs.iter().map(|u| map[u.index()]).collect();
                 out.add(op.clone(), inputs, &origin).map_err(internal)?
             }
         };
         map.push(new);
     }
-    out.outputs = graph
-        .outputs
-        .iter()
-        .map(|(name, v)| (name.clone(), map[v.index()]))
-        .collect();
-    Ok(Sharded { graph: out, map })
+    Ok(Sharded::finished(graph, out, map))
 }
 
-/// The 16-bit dtype of the one cast that alone reads `p` and is no output, if so.
+/// For a trained fp32 parameter `p` that one cast to a 16-bit dtype alone reads (and that
+/// is no output), that dtype.
 fn only_16bit_copy(graph: &Graph, p: ValueId) -> Option<DType> {
     let is_output = |v: ValueId| graph.outputs.iter().any(|(_, o)| *o == v);
+    let trained =
+        matches!(&graph.node(p).op, Op::Param { ty, frozen: false, .. } if ty.dtype == DType::F32);
     match graph.users(p).as_slice() {
+        _ if !trained => None,
         [c] if !is_output(p) => match graph.node(*c).op {
             Op::Cast {
                 to: to @ (DType::BF16 | DType::F16),
@@ -210,6 +192,16 @@ pub fn reduced_gradient(graph: &Graph, g: ValueId) -> ValueId {
     match (&graph.node(v).op, input(v)) {
         (Op::Shard { .. }, Some(i)) => i,
         _ => v,
+    }
+}
+
+impl Sharded {
+    /// `out` with `graph`'s outputs, each at its new value.
+    fn finished(graph: &Graph, mut out: Graph, map: Vec<ValueId>) -> Sharded {
+        out.outputs = (graph.outputs.iter())
+            .map(|(name, v)| (name.clone(), map[v.index()]))
+            .collect();
+        Sharded { graph: out, map }
     }
 }
 
