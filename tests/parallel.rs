@@ -540,3 +540,42 @@ fn zero_3_gathers_just_in_time() {
         p.per_rank[0].bytes.comm
     );
 }
+
+/// `memc advise` with `--parallel data=4`: rows for the other stages over 4 ranks and for
+/// ZeRO-3 over 2 and 8, each fitted to the budget, its arena per rank and its note saying
+/// each rank's bytes.
+#[test]
+fn advise_compares_layouts() {
+    let o = Options {
+        parallel: parallel(4, 0, false),
+        ..options(GPT, 2, Precision::Fp32)
+    };
+    let rows = memc::advise::advise(&example("gpt2"), &o, 1000 << 10);
+    let layout = |data: u32, zero: u8| {
+        let name = format!("data = {data}, ZeRO-{zero} + checkpointing to fit");
+        let Some(row) = rows.iter().find(|r| r.option == name) else {
+            panic!("no row {name}");
+        };
+        // A row without a plan says why instead of its flags.
+        let flag = format!("data={data},zero={zero}");
+        assert!(!row.fits || row.flags[..2] == ["--parallel".to_string(), flag]);
+        (row.fits, row.arena_bytes)
+    };
+    assert_eq!(layout(4, 3), (true, Some(970_500)));
+    assert_eq!(layout(8, 3), (true, Some(795_396)));
+    assert_eq!(layout(2, 3), (false, None));
+    assert_eq!(layout(4, 1), (false, None));
+    assert_eq!(layout(4, 2), (false, None));
+    assert!(!rows
+        .iter()
+        .any(|r| r.option.starts_with("data = 4, ZeRO-0")));
+    let Some(best) = rows.first() else {
+        panic!("no rows");
+    };
+    assert!(
+        best.note
+            .contains("per rank: params 57.9 KiB, grads 57.9 KiB, optimizer 115.8 KiB"),
+        "{}",
+        best.note
+    );
+}
