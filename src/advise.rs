@@ -65,13 +65,16 @@ fn row(
             let arena = c.plan.plan().arena_bytes;
             let gpu = options.gpu.unwrap_or_default();
             let estimate = crate::cost::estimate(c.plan.plan(), gpu);
-            let note = match &estimate.offload {
+            let mut note = match &estimate.offload {
                 Some(o) => format!(
                     "{note}: offload adds {} to the step",
                     crate::cost::ms(o.extra_seconds)
                 ),
                 None => note.to_string(),
             };
+            if let Some(r) = c.plan.plan().report.parallel.as_ref() {
+                note.push_str(&per_rank(r));
+            }
             Advice {
                 option: option.to_string(),
                 arena_bytes: Some(arena),
@@ -168,6 +171,7 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
     }
     let fitted = with(CheckpointMode::Auto, None, Some(budget));
     rows.extend(offload_rows(source, (&keep_all, &fitted), budget));
+    rows.extend(layout_rows(source, &fitted, budget));
     let precisions = [
         (Precision::Fp32, true, "", "the file's precision"),
         (Precision::Bf16, true, "bf16", "bf16 mixed precision"),
@@ -334,6 +338,54 @@ fn offload_rows(
         row(source, (option, selects), o, budget, note)
     })
     .collect()
+}
+
+/// `; per rank: ...`: each rank's params, grads, optimizer state and activations.
+fn per_rank(r: &crate::plan::ParallelReport) -> String {
+    let Some(b) = r.per_rank.first().map(|e| e.bytes) else {
+        return String::new();
+    };
+    let h = crate::plan::human_bytes;
+    format!(
+        "; per rank: params {}, grads {}, optimizer {}, activations {}",
+        h(b.params),
+        h(b.grads),
+        h(b.optimizer),
+        h(b.activations)
+    )
+}
+
+/// With data parallelism over N ranks (`--parallel data=N`, N > 1), the other data-parallel
+/// layouts, each with checkpointing fitted to the budget (`fitted`): every other ZeRO stage
+/// over N ranks, and ZeRO-3 over N / 2 (from 2) and 2N ranks (up to
+/// [`crate::parallel::MAX_RANKS`]); nothing without it. Their arenas are per rank.
+fn layout_rows(source: &str, fitted: &Options, budget: u64) -> Vec<Advice> {
+    let Some(given) = fitted.parallel.filter(|p| p.data > 1) else {
+        return Vec::new();
+    };
+    let n = given.data;
+    let stages = (0..=3u8).filter(|&z| z != given.zero).map(|z| (n, z));
+    let counts = [n / 2, n.saturating_mul(2)].into_iter();
+    let counts = counts.filter(|&d| (2..=crate::parallel::MAX_RANKS).contains(&d) && d != n);
+    let budget_flag = budget.to_string();
+    (stages.chain(counts.map(|d| (d, 3))))
+        .map(|(data, zero)| {
+            let layout = format!("data={data},zero={zero}");
+            let option = format!("data = {data}, ZeRO-{zero} + checkpointing to fit");
+            let selects = flags(&["--parallel", &layout, "--budget", &budget_flag]);
+            let parallel = crate::parallel::Parallel {
+                data,
+                zero,
+                ..given
+            };
+            let o = Options {
+                parallel: Some(parallel),
+                ..fitted.clone()
+            };
+            let note = "another data-parallel layout, bytes per rank";
+            row(source, (&option, selects), o, budget, note)
+        })
+        .collect()
 }
 
 /// The mixed- and low-precision rows, each on top of `base`.

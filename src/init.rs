@@ -15,15 +15,44 @@ pub fn param_values(plan: &Plan, k: usize, seed: u64, rank: usize) -> Vec<f32> {
     let Some(p) = plan.params.get(k) else {
         return Vec::new();
     };
-    let shape = p.shard_of.clone().unwrap_or_else(|| plan.param_shape(p));
-    let n: u64 = shape.iter().map(|&d| d as u64).product();
+    match &p.shard_of {
+        Some(full) => sliced(plan, k, full, Some((p.buffer, rank)), seed),
+        None => sliced(plan, k, &plan.param_shape(p), None, seed),
+    }
+}
+
+/// The values parameter `k`'s fp32 master shard (ZeRO-1 and 2 with mixed precision) starts
+/// from on rank `rank`: its slice of the values the whole parameter starts from, zero past
+/// their end, so the rank's 16-bit copy and master agree as one rank's cast would.
+fn master_values(plan: &Plan, k: usize, master: BufferId, seed: u64, rank: usize) -> Vec<f32> {
+    match plan.params.get(k) {
+        Some(p) => sliced(plan, k, &plan.param_shape(p), Some((master, rank)), seed),
+        None => Vec::new(),
+    }
+}
+
+/// The values parameter `k` of shape `full` starts from under `seed`: all of them, or with
+/// `shard = Some((buffer, rank))` rank `rank`'s slice of `buffer`'s length, zero past their
+/// end.
+fn sliced(
+    plan: &Plan,
+    k: usize,
+    full: &[usize],
+    shard: Option<(BufferId, usize)>,
+    seed: u64,
+) -> Vec<f32> {
+    let Some(p) = plan.params.get(k) else {
+        return Vec::new();
+    };
+    let n: u64 = full.iter().map(|&d| d as u64).product();
     let key = seed.wrapping_mul(1_000_003).wrapping_add(k as u64);
-    let range = match p.shard_of {
-        Some(_) => {
-            let len = plan.buffers[p.buffer.index()].ty.numel();
-            (rank as u64 * len).min(n)..((rank as u64 + 1) * len).min(n)
+    let (range, len) = match shard {
+        Some((b, rank)) => {
+            let len = plan.buffers[b.index()].ty.numel();
+            let rank = rank as u64;
+            ((rank * len).min(n)..((rank + 1) * len).min(n), len)
         }
-        None => 0..n,
+        None => (0..n, n),
     };
     let mut values: Vec<f32> = range
         .map(|i| match p.init {
@@ -33,15 +62,14 @@ pub fn param_values(plan: &Plan, k: usize, seed: u64, rank: usize) -> Vec<f32> {
             Init::Uniform { low, high } => low + (high - low) * rng::uniform01(key, 0, i),
         })
         .collect();
-    if p.shard_of.is_some() {
-        values.resize(plan.buffers[p.buffer.index()].ty.numel() as usize, 0.0);
-    }
+    values.resize(len as usize, 0.0);
     values
 }
 
 /// Every persistent buffer (each parameter, then each optimizer-state buffer) with the values
 /// it holds before the first step under `seed` on rank `rank` (0 without data parallelism),
-/// computed lazily one buffer at a time.
+/// computed lazily one buffer at a time; a parameter's fp32 master shard starts from the
+/// rank's slice of the parameter's values.
 pub fn persistent(
     plan: &Plan,
     seed: u64,
@@ -49,9 +77,15 @@ pub fn persistent(
 ) -> impl Iterator<Item = (BufferId, Vec<f32>)> + '_ {
     let params = (0..plan.params.len())
         .map(move |k| (plan.params[k].buffer, param_values(plan, k, seed, rank)));
-    let state = plan.optim_state.iter().map(|s| {
-        let n = plan.buffers[s.buffer.index()].ty.numel() as usize;
-        (s.buffer, vec![s.init; n])
+    let state = plan.optim_state.iter().map(move |s| {
+        let master = (plan.params.iter()).position(|p| p.master == Some(s.buffer));
+        match master {
+            Some(k) => (s.buffer, master_values(plan, k, s.buffer, seed, rank)),
+            None => {
+                let n = plan.buffers[s.buffer.index()].ty.numel() as usize;
+                (s.buffer, vec![s.init; n])
+            }
+        }
     });
     params.chain(state)
 }

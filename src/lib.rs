@@ -350,6 +350,18 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
                 mixed.objective = sharded.map[mixed.objective.index()];
                 mixed.loss_scale = mixed.loss_scale.map(|s| sharded.map[s.index()]);
             }
+            let offload = t.offload == Some(settings::Offload::Optimizer);
+            let masters = parallel.is_some_and(|p| matches!(p.zero, 1 | 2))
+                && t.precision != settings::Precision::Fp32
+                && t.master_weights
+                && !offload;
+            if masters {
+                let copies = passes::partition::keep_16bit_copies(&mixed.graph)?;
+                verified(&copies.graph, "partition")?;
+                mixed.graph = copies.graph;
+                mixed.objective = copies.map[mixed.objective.index()];
+                mixed.loss_scale = mixed.loss_scale.map(|s| copies.map[s.index()]);
+            }
             let (graph, map) = quantized(mixed.graph, t.quantize_frozen)?;
             mixed.graph = graph;
             if let Some(map) = map {
@@ -368,9 +380,10 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
                 loss_scale: mixed.loss_scale,
                 accumulate: t.accumulate,
                 stochastic_rounding: t.stochastic_rounding,
-                offload: t.offload == Some(settings::Offload::Optimizer),
+                offload,
                 clip_span: spec.clip_grad_norm_span,
                 parallel,
+                masters,
             };
             let g = passes::optimizer::run(&diff, &opts)?;
             verified(&g, "optimizer")?;

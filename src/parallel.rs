@@ -158,8 +158,9 @@ impl Parallel {
 /// fp32 master weights, momentum and variance) per parameter, over `ranks` devices; stage 1
 /// divides the optimizer state by the devices, stage 2 also the gradients, stage 3 also the
 /// parameters. Rounded down to whole bytes. Memc's own figures are the plan's buffers
-/// (`report.parallel`), which this formula only approximates: it counts no activations,
-/// no buffers of the collectives, and memc's fp32 master weights are its parameters.
+/// (`report.parallel`): it keeps this layout under ZeRO-1 and 2 with mixed precision for
+/// the weights that only matmuls read (tensors that fp32 ops read stay fp32 and whole), and
+/// this formula counts no activations and no buffers of the collectives.
 pub fn paper_model_states(params: u64, k: u64, ranks: u64, stage: u8) -> u64 {
     let n = ranks.max(1);
     let (p, g, o) = (2 * params, 2 * params, k * params);

@@ -116,3 +116,56 @@ fn rows_say_the_flags_that_select_them_and_mark_the_frontier() {
         .iter()
         .any(|r| r.option == "bf16 mixed precision + checkpointing to fit" && r.fits));
 }
+
+/// `memc advise` with `--parallel data=4`: rows for the other stages over 4 ranks and for
+/// ZeRO-3 over 2 and 8, each fitted to the budget, its arena per rank and its note saying
+/// each rank's bytes.
+#[test]
+fn advise_compares_layouts() {
+    let dims = [
+        ("L", 2),
+        ("D", 64),
+        ("T", 32),
+        ("V", 256),
+        ("H", 4),
+        ("B", 2),
+    ];
+    let o = Options {
+        overrides: common::overrides(&dims),
+        precision: Some(memc::settings::Precision::Fp32),
+        parallel: Some(memc::parallel::Parallel {
+            data: 4,
+            zero: 0,
+            global_batch: false,
+        }),
+        ..Options::default()
+    };
+    let rows = advise(&common::example("gpt2"), &o, 1000 << 10);
+    let layout = |data: u32, zero: u8| {
+        let name = format!("data = {data}, ZeRO-{zero} + checkpointing to fit");
+        let Some(row) = rows.iter().find(|r| r.option == name) else {
+            panic!("no row {name}");
+        };
+        // A row without a plan says why instead of its flags.
+        let flag = format!("data={data},zero={zero}");
+        assert!(!row.fits || row.flags[..2] == ["--parallel".to_string(), flag]);
+        (row.fits, row.arena_bytes)
+    };
+    assert_eq!(layout(4, 3), (true, Some(970_500)));
+    assert_eq!(layout(8, 3), (true, Some(795_396)));
+    assert_eq!(layout(2, 3), (false, None));
+    assert_eq!(layout(4, 1), (false, None));
+    assert_eq!(layout(4, 2), (false, None));
+    assert!(!rows
+        .iter()
+        .any(|r| r.option.starts_with("data = 4, ZeRO-0")));
+    let Some(best) = rows.first() else {
+        panic!("no rows");
+    };
+    assert!(
+        best.note
+            .contains("per rank: params 57.9 KiB, grads 57.9 KiB, optimizer 115.8 KiB"),
+        "{}",
+        best.note
+    );
+}

@@ -256,6 +256,7 @@ fn training_graph(
         offload: false,
         clip_span: None,
         parallel: None,
+        masters: false,
     };
     let graph = memc::passes::optimizer::run(&diff, &options).unwrap();
     (graph, train)

@@ -165,12 +165,13 @@ fn rank_bytes(model: &str, o: &Options) -> (RankBytes, (u64, u64), usize) {
 }
 
 /// Exact per-rank bytes of the small GPT (118,528 parameters) over 4 ranks: ZeRO-1 shards
-/// the optimizer state and the gradients the updates read, ZeRO-3 also the parameters.
+/// the optimizer state (every rank holds the whole all-reduced gradient), ZeRO-2 also the
+/// gradients, ZeRO-3 also the parameters.
 #[test]
 fn each_stage_shards_what_it_says() {
     let expected = [
         (474_112, 474_112, 948_224, 65_536, 2_028_804),
-        (474_112, 118_528, 237_056, 65_536, 1_443_844),
+        (474_112, 474_112, 237_056, 65_536, 1_443_844),
         (474_112, 118_528, 237_056, 16_384, 1_443_844),
         (118_528, 118_528, 237_056, 131_072, 970_500),
     ];
@@ -222,10 +223,14 @@ fn uneven_shards_are_padded_and_reported() {
 
 /// The ZeRO paper's per-device model states for its 7.5B-parameter, 64-GPU example (K = 12),
 /// by its accounting, beside memc's exact per-rank figures for a LLaMA of 7,547,949,056
-/// parameters (LLaMA-7B's shape with 36 layers) in bf16 with fp32 master weights and
-/// AdamW over 64 ranks. Memc's parameters are the fp32 master weights (its bf16 weight copies
-/// are transient), so ZeRO-1 and 2 keep 4 bytes a parameter where the paper keeps 2 (its
-/// fp16 copy) and shards 12 (masters with the moments).
+/// parameters (LLaMA-7B's shape with 36 layers) in bf16 with fp32 master weights and AdamW
+/// over 64 ranks. Under ZeRO-1 and 2 each rank keeps the whole bf16 copy of every weight
+/// that matmuls read (2 bytes a parameter) and its 1/64 of their fp32 masters with the
+/// moments (12 bytes), gradients in bf16: the paper's accounting to the byte for those
+/// 7,416,578,048 parameters. The embedding table and the RMSNorm weights (131,371,008) are
+/// read by fp32 ops (the residual stream is fp32), so they stay fp32 and whole, with fp32
+/// gradients and sharded moments. ZeRO-0 and 3 keep 16 bytes a parameter, whole or sharded,
+/// as the paper counts.
 #[test]
 fn zero_paper_table_and_memc_beside_it() {
     let paper = [0, 1, 2, 3].map(|s| paper_model_states(7_500_000_000, 12, 64, s));
@@ -239,6 +244,12 @@ fn zero_paper_table_and_memc_beside_it() {
         ]
     );
     let dims = [("L", 36), ("T", 128), ("B", 1)];
+    let (all, fp32) = (7_547_949_056u64, 131_371_008u64);
+    let copies = all - fp32;
+    // The fp32 tensors under the older scheme: whole parameters, whole (ZeRO-1) or sharded
+    // (ZeRO-2) fp32 gradients, sharded moments.
+    let fp32_states =
+        |stage: u64| 4 * fp32 + [4 * fp32, 4 * fp32 / 64][stage as usize - 1] + 8 * fp32 / 64;
     let expected: [(u64, u64, u64, u64); 4] = [
         (
             30_191_796_224,
@@ -246,8 +257,13 @@ fn zero_paper_table_and_memc_beside_it() {
             60_383_592_448,
             92_094_251_524,
         ),
-        (30_191_796_224, 471_746_816, 943_493_632, 33_125_899_524),
-        (30_191_796_224, 471_746_816, 943_493_632, 32_863_755_524),
+        (
+            15_358_640_128,
+            15_358_640_128,
+            1_407_029_760,
+            17_822_437_892,
+        ),
+        (15_358_640_128, 239_978_752, 1_407_029_760, 17_510_407_428),
         (471_746_816, 471_746_816, 943_493_632, 2_411_905_796),
     ];
     for (zero, want) in expected.into_iter().enumerate() {
@@ -259,7 +275,7 @@ fn zero_paper_table_and_memc_beside_it() {
         };
         let plan = compiled_with(&example("llama7b"), &o).plan;
         // The model's parameters, whichever part of them a rank holds.
-        assert_eq!(plan.plan().report.trainable_param_count, 7_547_949_056);
+        assert_eq!(plan.plan().report.trainable_param_count, all);
         let (b, _, ranks) = rank_bytes("llama7b", &o);
         assert_eq!(ranks, 64);
         assert_eq!(
@@ -267,6 +283,12 @@ fn zero_paper_table_and_memc_beside_it() {
             want,
             "ZeRO-{zero}"
         );
+        let states = b.params + b.grads + b.optimizer;
+        let by_paper = match zero {
+            0 | 3 => paper_model_states(all, 12, 64, zero as u8),
+            z => paper_model_states(copies, 12, 64, z as u8) + fp32_states(z as u64),
+        };
+        assert_eq!(states, by_paper, "ZeRO-{zero}");
     }
 }
 
@@ -517,4 +539,33 @@ fn zero_3_gathers_just_in_time() {
         "{} of {whole}",
         p.per_rank[0].bytes.comm
     );
+}
+
+/// Under ZeRO-1 with bf16 every matmul weight is a bf16 parameter whose fp32 master shard is
+/// optimizer state with its role, and every trained parameter names its reduced gradient.
+#[test]
+fn zero_1_keeps_16bit_copies_and_master_shards() {
+    let o = Options {
+        parallel: parallel(4, 1, false),
+        ..options(GPT, 2, Precision::Bf16)
+    };
+    let c = compiled_with(&example("gpt2"), &o);
+    let plan = c.plan.plan();
+    let masters: Vec<&str> = (plan.params.iter())
+        .filter_map(|p| {
+            let m = &plan.buffers[p.master?.index()];
+            let of = memc::plan::Role::MasterWeights { of: p.name.clone() };
+            assert_eq!(
+                (m.role.as_ref(), m.ty.shape[0] * 4),
+                (
+                    Some(&of),
+                    plan.buffers[p.buffer.index()].ty.numel() as usize
+                )
+            );
+            Some(p.name.as_str())
+        })
+        .collect();
+    // Per layer: qkv, proj, fc and fc_proj, weights and biases; embeddings and norms stay fp32.
+    assert_eq!(masters.len(), 16, "{masters:?}");
+    assert!(plan.params.iter().all(|p| p.grad.is_some()));
 }

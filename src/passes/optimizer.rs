@@ -11,7 +11,9 @@
 //! gradient and multiplier, its state is read only by it (so the plan places it in the
 //! host arena), and `copy_to_device` writes the updated parameter back. With data
 //! parallelism every gradient is first made the ranks' mean (`passes::partition`), and under
-//! ZeRO-1 and 2 each update writes this rank's shard, gathered back into the parameter.
+//! ZeRO-1 and 2 each update writes this rank's shard, gathered back into the parameter; with
+//! mixed precision a 16-bit parameter's update writes this rank's fp32 master shard instead,
+//! gathered into the parameter rounded.
 
 use super::autodiff::Differentiated;
 use super::{partition, StageError};
@@ -42,6 +44,10 @@ pub struct OptimizerOptions {
     /// under ZeRO-1 and 2 each update writes this rank's shard, gathered into the parameter
     /// (`passes::partition`).
     pub parallel: Option<crate::parallel::Parallel>,
+    /// Under ZeRO-1 and 2 with mixed precision: a 16-bit trained parameter is the whole
+    /// 16-bit copy of fp32 master weights that this rank keeps a shard of as optimizer
+    /// state (`passes::partition::keep_16bit_copies`).
+    pub masters: bool,
 }
 
 /// `torch.amp.GradScaler`'s default growth interval: clean steps before the scale doubles.
@@ -93,18 +99,11 @@ fn update(
     (param, grad): (ValueId, ValueId),
     (optimizer, rounding): (Optimizer, Rounding),
     multiplier: Option<ValueId>,
-    (offload, parallel): (bool, Option<Parallel>),
+    (offload, parallel, masters): (bool, Option<Parallel>, bool),
     origin: &mut Origin,
 ) -> Result<(), StageError> {
-    let (name, rounding) = match &graph.node(param).op {
-        Op::Param { name, ty, .. } => {
-            let rounding = if ty.dtype == DType::BF16 {
-                rounding
-            } else {
-                Rounding::Nearest
-            };
-            (name.clone(), rounding)
-        }
+    let (name, mut rounding) = match &graph.node(param).op {
+        Op::Param { name, .. } => (name.clone(), rounding),
         _ => return Err(not_a_parameter(param)),
     };
     origin.span = graph.node(param).span;
@@ -115,7 +114,7 @@ fn update(
     };
     let sharded = match parallel {
         Some(parallel) if !offload => {
-            partition::update_target(graph, (param, grad), parallel, origin)?
+            partition::update_target(graph, (param, grad), (parallel, masters), origin)?
         }
         _ => None,
     };
@@ -126,6 +125,10 @@ fn update(
         sharded.unwrap_or((param, grad))
     };
     let ty = graph.node(target).ty.with_dtype(DType::F32);
+    // Only a bf16 parameter (no fp32 masters) is rounded stochastically.
+    if graph.node(target).ty.dtype != DType::BF16 {
+        rounding = Rounding::Nearest;
+    }
     let state = |graph: &mut Graph, suffix: &str, ty: &TensorType, init: u8| {
         graph
             .add(
@@ -283,7 +286,7 @@ pub fn run(diff: &Differentiated, options: &OptimizerOptions) -> Result<Graph, S
             pair,
             (options.optimizer, rounding),
             multiplier,
-            (options.offload, options.parallel),
+            (options.offload, options.parallel, options.masters),
             &mut origin,
         )?;
     }

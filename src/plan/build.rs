@@ -33,7 +33,8 @@ fn gradient_values(graph: &Graph) -> BTreeMap<ValueId, ValueId> {
         .filter_map(|v| match graph.node(v).op {
             Op::AdamW(_) | Op::Sgd(_) => {
                 let [p, g] = [0, 1].map(|i| on_device(graph, graph.node(v).inputs[i]));
-                Some((p, g))
+                let p = crate::passes::partition::updated_param(graph, p);
+                Some((p, crate::passes::partition::reduced_gradient(graph, g)))
             }
             _ => None,
         })
@@ -123,12 +124,9 @@ impl Buffers {
         let mut lives = own_lives.to_vec();
         views::extend_roots(&mut lives, &roots);
         let mut grad_of = BTreeMap::new();
-        for v in graph.values() {
-            if let Op::AdamW(_) | Op::Sgd(_) = graph.node(v).op {
-                let [p, g] = [0, 1].map(|i| on_device(graph, graph.node(v).inputs[i]));
-                if let Op::Param { name, .. } = &graph.node(p).op {
-                    grad_of.insert(g, name.clone());
-                }
+        for (p, g) in gradient_values(graph) {
+            if let Op::Param { name, .. } = &graph.node(p).op {
+                grad_of.insert(g, name.clone());
             }
         }
         let mut out = Buffers {
@@ -238,6 +236,8 @@ impl Buffers {
                     grad,
                     quant: crate::passes::quantize::packing(graph, p),
                     shard_of: crate::passes::partition::full_shape(graph, p),
+                    master: crate::passes::partition::master_of(graph, p)
+                        .and_then(|m| self.of[m.index()]),
                 })
             })
             .collect()

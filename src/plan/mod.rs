@@ -256,6 +256,11 @@ pub struct ParamBinding {
     /// shard of it ([`crate::ops::collective::shard_len`] elements).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard_of: Option<Vec<usize>>,
+    /// Under ZeRO-1 and 2 with mixed precision, this rank's fp32 master shard of a 16-bit
+    /// parameter (optimizer state that starts from the rank's slice of the parameter's
+    /// initial values; the parameter's buffer holds the whole 16-bit copy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master: Option<BufferId>,
 }
 
 /// Persistent state that is not trained (optimizer moments, the loss scale) and the value

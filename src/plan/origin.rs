@@ -22,6 +22,9 @@ pub enum Role {
     AdamMoment { of: String },
     /// SGD's momentum buffer of parameter `of`.
     Momentum { of: String },
+    /// This rank's shard of the fp32 master weights of 16-bit parameter `of` (ZeRO-1 and 2
+    /// with mixed precision): what its update writes.
+    MasterWeights { of: String },
     /// Persistent state no single parameter owns: the fp16 loss scale and its counter.
     LossScale,
     /// The complete gradient of parameter `of` (its accumulator under accumulation).
@@ -53,6 +56,7 @@ impl Role {
             Role::Input => "input".into(),
             Role::AdamMoment { of } => format!("Adam moment of `{of}`"),
             Role::Momentum { of } => format!("SGD momentum of `{of}`"),
+            Role::MasterWeights { of } => format!("fp32 master weights of `{of}` (a shard)"),
             Role::LossScale => "loss-scale state".into(),
             Role::Gradient { of } => format!("gradient of `{of}`"),
             Role::SavedActivation => of_line("activation saved for the backward"),
@@ -79,18 +83,26 @@ pub(super) fn saved_for_backward(buffers: &[Buffer], steps: &[Step]) -> Vec<bool
 }
 
 /// The parameter each gradient and optimizer-state input of an update belongs to, with the
-/// update's op.
-fn state_owners(graph: &Graph) -> BTreeMap<ValueId, (&Op, ValueId)> {
+/// update's op; an fp32 master shard the update writes maps to its parameter with the
+/// update `None`.
+fn state_owners(graph: &Graph) -> BTreeMap<ValueId, (Option<&Op>, ValueId)> {
+    use crate::passes::partition::{reduced_gradient, updated_param};
     let mut owners = BTreeMap::new();
     for v in graph.values() {
         let node = graph.node(v);
         if let Op::AdamW(_) | Op::Sgd(_) = node.op {
+            let (target, grad) = (node.inputs[0], node.inputs[1]);
+            let param = updated_param(graph, target);
             for &s in node.inputs.iter().skip(2) {
                 if let Op::OptimState { .. } = graph.node(s).op {
-                    owners.insert(s, (&node.op, node.inputs[0]));
+                    owners.insert(s, (Some(&node.op), param));
                 }
             }
-            owners.insert(node.inputs[1], (&node.op, node.inputs[0]));
+            if let Op::OptimState { .. } = graph.node(target).op {
+                owners.insert(target, (None, param));
+            }
+            owners.insert(grad, (Some(&node.op), param));
+            owners.insert(reduced_gradient(graph, grad), (Some(&node.op), param));
         }
     }
     owners
@@ -126,7 +138,8 @@ pub(super) fn assign(
         let owner = owner.map(|(op, p)| (op, param_name(graph, p)));
         b.role = Some(match (&node.op, b.class, owner) {
             (_, BufferClass::Gradient, Some((_, of))) => Role::Gradient { of },
-            (Op::OptimState { .. }, _, Some((Op::AdamW(_), of))) => Role::AdamMoment { of },
+            (Op::OptimState { .. }, _, Some((None, of))) => Role::MasterWeights { of },
+            (Op::OptimState { .. }, _, Some((Some(Op::AdamW(_)), of))) => Role::AdamMoment { of },
             (Op::OptimState { .. }, _, Some((_, of))) => Role::Momentum { of },
             (Op::OptimState { .. }, _, None) => Role::LossScale,
             (_, BufferClass::Param, _) => Role::Parameter,

@@ -10,9 +10,11 @@ use std::fmt::Write;
 /// Exact bytes of one rank's step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankBytes {
-    /// Parameters this rank stores (its shards under ZeRO-3).
+    /// Parameters this rank stores (its shards under ZeRO-3; under ZeRO-1 and 2 with mixed
+    /// precision the whole 16-bit copies, whose fp32 master shards count as optimizer).
     pub params: u64,
-    /// The gradients its updates read (its shards under ZeRO-1, 2 and 3).
+    /// The ranks' mean gradients it holds: whole under ZeRO-0 and 1, its shards under
+    /// ZeRO-2 and 3 (16-bit for a parameter kept as a 16-bit copy with fp32 masters).
     pub grads: u64,
     /// Optimizer state it stores (its shards under ZeRO-1, 2 and 3).
     pub optimizer: u64,

@@ -1,7 +1,8 @@
 //! Shape and dtype rule, cost and class of the collectives: an all-reduce keeps its input's
 //! type; a reduce-scatter and a shard give a flat shard of it; an all-gather gives the shape
 //! it names from a flat shard of that many elements; an all-gather into a buffer writes it in
-//! place and outputs an empty tensor, as the optimizer updates do.
+//! place (an fp32 shard into a 16-bit buffer rounded to it) and outputs an empty tensor, as
+//! the optimizer updates do.
 
 use super::shard_len;
 use crate::ir::{DType, Op, OpClass, TensorType};
@@ -58,7 +59,15 @@ impl Rules for super::Family {
             Op::AllGatherInto { ranks } => {
                 arity(op, inputs, 2, 2)?;
                 ranks_positive(*ranks)?;
-                is_shard_of(inputs[1], inputs[0], *ranks)?;
+                // An fp32 master shard gathers into its 16-bit parameter, rounded.
+                let (dst, src) = (inputs[0], inputs[1]);
+                let widened =
+                    src.dtype == DType::F32 && matches!(dst.dtype, DType::BF16 | DType::F16);
+                let full = match widened {
+                    true => dst.with_dtype(DType::F32),
+                    false => dst.clone(),
+                };
+                is_shard_of(src, &full, *ranks)?;
                 Ok(TensorType::new(DType::F32, vec![0]))
             }
             _ => foreign(op, "collective"),
