@@ -14,8 +14,9 @@ pub const TENSOR_CORE_EFFICIENCY: f64 = 0.7;
 
 /// Fraction of the dense tensor-core peak memc's own `mma.sync` kernels reach (attention's
 /// forward and backward): half of [`TENSOR_CORE_EFFICIENCY`], as they load their operands from shared
-/// memory one pair at a time (no `ldmatrix`, no `cp.async` pipelining). A stated assumption
-/// until measured.
+/// memory one pair at a time (no `ldmatrix`, no `cp.async` pipelining), and the forward
+/// issues its `P V` product twice (P split into two 16-bit parts). A stated assumption until
+/// measured.
 pub const MMA_KERNEL_EFFICIENCY: f64 = 0.35;
 
 /// Fraction of the fp32 FMA peak a SIMT kernel reaches. The generated GEMM (64 x 64 tiles,

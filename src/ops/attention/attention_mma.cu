@@ -4,8 +4,9 @@
 //! memory; per tile a warp computes its 16 x BK scores with `mma.sync.m16n8k16` (fp32
 //! accumulators), scales, caps and masks them, updates its rows' running maximum and sum
 //! (online softmax, fp32, in registers), rescales its 16 x DH output accumulators and adds
-//! P V, P rounded to the operands' type as the A operand of the same MMA. The sum uses the
-//! fp32 probabilities. A warp skips the tiles none of its rows sees; a query with no visible
+//! P V with P as the A operand of the same MMA, split into a rounded part and the rounded
+//! remainder (two MMAs), so that the output is as close to fp32 softmax weights as the
+//! 16-bit V allows. The sum uses the fp32 probabilities. A warp skips the tiles none of its rows sees; a query with no visible
 //! key outputs zeros. C::DH is a multiple of 16, at most 128.
 
 // Loads rows [j0, j0 + BK) of kv head `kh` of batch item `b` of `x` and `y` into the shared
@@ -134,16 +135,18 @@ template <typename T, typename C> __device__ void attention_mma_kernel(char* are
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) o[nt][c] *= corr[c >> 1];
-            // O += P V: the probabilities of 16 keys are the A operand as they lie.
+            // O += P V: the probabilities of 16 keys are the A operand as they lie, split in
+            // two 16-bit parts so that P keeps about fp32's precision.
 #pragma unroll
             for (int kk = 0; kk < PK; ++kk) {
-                unsigned pa[4];
-                mma_pack_scores<T, ST>(pa, s, kk);
+                unsigned pa[4], pl[4];
+                mma_split_scores<T, ST>(pa, pl, s, kk);
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     unsigned vb[2];
                     mma_b<T, LD>(vb, Vs, kk * 16, nt * 8);
                     mma_16816<T>(o[nt], pa, vb);
+                    mma_16816<T>(o[nt], pl, vb);
                 }
             }
         }

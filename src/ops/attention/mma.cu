@@ -79,6 +79,19 @@ template <typename T, int ST> __device__ __forceinline__ void mma_pack_scores(un
     a[2] = mma_pack_f32<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
     a[3] = mma_pack_f32<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
+// mma_pack_scores's A registers split in two: `hi`, the scores rounded to T, and `lo`, what
+// that rounding left, rounded to T; hi + lo carries about twice T's significant bits, so two
+// MMAs by the same B give the product of the fp32 scores almost as fp32 would.
+template <typename T, int ST>
+__device__ __forceinline__ void mma_split_scores(unsigned (&hi)[4], unsigned (&lo)[4], const float (&s)[ST][4], int kk) {
+#pragma unroll
+    for (int reg = 0; reg < 4; ++reg) {
+        const float* pair = &s[2 * kk + (reg >> 1)][2 * (reg & 1)];
+        const T h0 = from_f32<T>(pair[0]), h1 = from_f32<T>(pair[1]);
+        hi[reg] = mma_pack<T>(h0, h1);
+        lo[reg] = mma_pack_f32<T>(pair[0] - to_f32(h0), pair[1] - to_f32(h1));
+    }
+}
 // Zeroes `n` accumulator tiles.
 template <int N> __device__ __forceinline__ void mma_zero(float (&acc)[N][4]) {
 #pragma unroll
