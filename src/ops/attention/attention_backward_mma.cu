@@ -92,7 +92,7 @@ template <typename T, typename C> __device__ void attb_mma_stats(char* arena, u6
 
 // Phase 1 of dq: the block's 64 query rows of head h over the key tiles they see.
 template <typename T, typename C> __device__ void attb_mma_dq(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_mask, u64 o_out, char* ws, AttbShared<T, C> sh) {
-    constexpr int DH = (int)C::DH, BK = (int)C::BK, LD = DH + 8, KS = DH / 16, NT = DH / 8, ST = BK / 8, PK = BK / 16;
+    constexpr int DH = (int)C::DH, BK = (int)C::BK, LD = DH + 8, KS = DH / 16, NT = DH / 8, ST = BK / 8;
     T* Ks = sh.x;
     T* Vs = sh.y;
     bool* Ms = sh.kept;
@@ -135,17 +135,7 @@ template <typename T, typename C> __device__ void attb_mma_dq(char* arena, u64 o
                     s[nt][c] = attb_ds<C>(p, dp[nt][c], dd[r], s[nt][c]);
                 }
             // dq += ds k: the score gradients of 16 keys are the A operand as they lie.
-#pragma unroll
-            for (int kk = 0; kk < PK; ++kk) {
-                unsigned sa[4];
-                mma_pack_scores<T, ST>(sa, s, kk);
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    unsigned kb[2];
-                    mma_b<T, LD>(kb, Ks, kk * 16, nt * 8);
-                    mma_16816<T>(acc[nt], sa, kb);
-                }
-            }
+            mma_add_scores_times<T, ST, NT, LD>(acc, s, Ks);
         }
         __syncthreads();
     }
@@ -160,7 +150,7 @@ template <typename T, typename C> __device__ void attb_mma_dq(char* arena, u64 o
 // Phase 1 of dk (C::WHICH 1) or dv (2): the block's 64 keys of kv head blockIdx.y, each warp
 // 16 of them, over the query tiles of the group's heads that see them.
 template <typename T, typename C> __device__ void attb_mma_dkv(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_mask, u64 o_out, char* ws, AttbShared<T, C> sh) {
-    constexpr int DH = (int)C::DH, BQ = (int)C::BK, LD = DH + 8, KS = DH / 16, NT = DH / 8, ST = BQ / 8, PK = BQ / 16;
+    constexpr int DH = (int)C::DH, BQ = (int)C::BK, LD = DH + 8, KS = DH / 16, NT = DH / 8, ST = BQ / 8;
     constexpr bool DK = C::WHICH == 1;
     T* Qs = sh.x;
     T* Os = sh.y;
@@ -227,17 +217,7 @@ template <typename T, typename C> __device__ void attb_mma_dkv(char* arena, u64 
                         s[nt][c] = DK ? attb_ds<C>(p, dp[nt][c], Ds[ii], capped) : p;
                     }
                 // dv += p^T dout, or dk += ds^T q: 16 query rows at a time as the A operand.
-#pragma unroll
-                for (int kk = 0; kk < PK; ++kk) {
-                    unsigned sa[4];
-                    mma_pack_scores<T, ST>(sa, s, kk);
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) {
-                        unsigned xb[2];
-                        mma_b<T, LD>(xb, DK ? Qs : Os, kk * 16, nt * 8);
-                        mma_16816<T>(acc[nt], sa, xb);
-                    }
-                }
+                mma_add_scores_times<T, ST, NT, LD>(acc, s, DK ? Qs : Os);
             }
             __syncthreads();
         }

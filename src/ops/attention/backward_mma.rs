@@ -3,7 +3,7 @@
 //! kernel, the rows' statistics then the gradient, with the statistics (fp32 log-sum-exp and,
 //! for dq and dk, `D`, one of each per query row and head) as the step's workspace.
 
-use crate::codegen::build::{c_bool, c_f32, c_u64};
+use crate::codegen::build::c_u64;
 use crate::codegen::gemm::Call;
 use crate::codegen::geometry::{region, u};
 use crate::codegen::launch::staged;
@@ -52,31 +52,27 @@ pub(super) fn attention_backward_mma(
     p: &AttnParams,
     which: AttnInput,
 ) -> Result<Kernel, CodegenError> {
-    let (q, k) = (a.at(0)?, a.at(1)?);
-    let (b, tq, tk) = (u(q.shape[0]), u(q.shape[1]), u(k.shape[1]));
-    let (h, kvh) = (u(p.heads), u(p.kv_heads));
-    let dh = u(q.shape[2]) / h.max(1);
-    if h > 65535 || b > 65535 {
-        return Err(a.unsupported("more than 65535 heads or batches"));
-    }
+    let (
+        super::cuda::Shapes {
+            b,
+            tq,
+            tk,
+            h,
+            kvh,
+            dh,
+        },
+        mut lines,
+    ) = super::cuda::shapes(a, p)?;
     let which_code = match which {
         AttnInput::Q => 0,
         AttnInput::K => 1,
         AttnInput::V => 2,
     };
-    let mut lines = vec![
-        c_u64("TQ", tq),
-        c_u64("TK", tk),
-        c_u64("H", h),
-        c_u64("KVH", kvh),
-        c_u64("DH", dh),
-        c_bool("CAUSAL", p.causal),
-        c_f32("SCALE", p.scale),
+    lines.extend([
         c_u64("BK", tile(dh)),
         c_u64("WHICH", which_code),
         c_u64("DOFF", d_offset(b, h, tq)),
-    ];
-    lines.extend(super::cuda::masks(p));
+    ]);
     let kernel = staged(
         "attention_backward",
         &[
@@ -107,6 +103,6 @@ pub(super) fn attention_backward_mma(
         AttnInput::K | AttnInput::V => grid(tk, kvh),
     };
     let calls = vec![launch(grid(tq, h), 0), launch(gradient, 1)];
-    let ws = workspace_bytes(&[q], p, which);
+    let ws = workspace_bytes(&[a.at(0)?], p, which);
     Ok(kernel.with_library(calls, ws))
 }

@@ -39,9 +39,21 @@ pub(super) fn on_tensor_cores(dtype: DType, dh: u64) -> bool {
     matches!(dtype, DType::BF16 | DType::F16) && dh.is_multiple_of(16) && (16..=128).contains(&dh)
 }
 
-/// The attention forward: on tensor cores where [`on_tensor_cores`] says so, else the SIMT
-/// kernel of `attention.cu`.
-fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
+/// The shapes of an attention op's kernels: batch, query and key rows, heads, kv heads and
+/// head dim.
+pub(super) struct Shapes {
+    pub(super) b: u64,
+    pub(super) tq: u64,
+    pub(super) tk: u64,
+    pub(super) h: u64,
+    pub(super) kvh: u64,
+    pub(super) dh: u64,
+}
+
+/// The shapes of `a`'s attention op (q then k as its first inputs) and the `Cfg` lines every
+/// attention kernel reads (shapes, causal mask, scale, [`masks`]); `Unsupported` for a head
+/// dim outside 1..=256 or a grid past CUDA's 65,535 heads or batches.
+pub(super) fn shapes(a: &Args, p: &AttnParams) -> Result<(Shapes, Vec<String>), CodegenError> {
     let (q, kt) = (a.at(0)?, a.at(1)?);
     let (b, tq, tk) = (u(q.shape[0]), u(q.shape[1]), u(kt.shape[1]));
     let (h, kvh) = (u(p.heads), u(p.kv_heads));
@@ -62,6 +74,23 @@ fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
         c_f32("SCALE", p.scale),
     ];
     lines.extend(masks(p));
+    Ok((
+        Shapes {
+            b,
+            tq,
+            tk,
+            h,
+            kvh,
+            dh,
+        },
+        lines,
+    ))
+}
+
+/// The attention forward: on tensor cores where [`on_tensor_cores`] says so, else the SIMT
+/// kernel of `attention.cu`.
+fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
+    let (Shapes { b, tq, h, dh, .. }, mut lines) = shapes(a, p)?;
     if on_tensor_cores(a.at(0)?.dtype, dh) {
         lines.push(c_u64("BK", MMA_KEYS));
         let launch = Launch::Grid([tq.div_ceil(MMA_ROWS), h, b], 128);

@@ -92,6 +92,22 @@ __device__ __forceinline__ void mma_split_scores(unsigned (&hi)[4], unsigned (&l
         lo[reg] = mma_pack_f32<T>(pair[0] - to_f32(h0), pair[1] - to_f32(h1));
     }
 }
+// acc (16 x 8 NT) += S X for the warp's fp32 scores S (16 x 8 ST, as accumulator tiles,
+// rounded to T as the A operand) and the shared array X (8 ST rows, row stride LD).
+template <typename T, int ST, int NT, int LD>
+__device__ __forceinline__ void mma_add_scores_times(float (&acc)[NT][4], const float (&s)[ST][4], const T* X) {
+#pragma unroll
+    for (int kk = 0; kk < ST / 2; ++kk) {
+        unsigned sa[4];
+        mma_pack_scores<T, ST>(sa, s, kk);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            unsigned xb[2];
+            mma_b<T, LD>(xb, X, kk * 16, nt * 8);
+            mma_16816<T>(acc[nt], sa, xb);
+        }
+    }
+}
 // Zeroes `n` accumulator tiles.
 template <int N> __device__ __forceinline__ void mma_zero(float (&acc)[N][4]) {
 #pragma unroll
