@@ -14,7 +14,6 @@
 )]
 
 mod common;
-#[allow(dead_code)]
 mod cuda_cases;
 // The op-case helpers this file does not use.
 #[allow(dead_code)]
