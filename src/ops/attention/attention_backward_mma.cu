@@ -53,17 +53,7 @@ template <typename T, typename C> __device__ void attb_mma_stats(char* arena, u6
         if (w.sees(j0, BK)) {
             float s[ST][4], dp[ST][4], corr[2];
             attn_score_tile<T, C, KS, ST, LD>(s, qa, Ks, Ms, j0, w);
-            if constexpr (WITH_D) {
-                mma_zero<ST>(dp);
-#pragma unroll
-                for (int ks = 0; ks < KS; ++ks)
-#pragma unroll
-                    for (int nt = 0; nt < ST; ++nt) {
-                        unsigned vb[2];
-                        mma_b_t<T, LD>(vb, Vs, nt * 8, ks);
-                        mma_16816<T>(dp[nt], da[ks], vb);
-                    }
-            }
+            if constexpr (WITH_D) mma_rows_times_t<T, KS, ST, LD>(dp, da, Vs);
             attn_online<ST>(s, m, l, corr);
             if constexpr (WITH_D) {
 #pragma unroll
@@ -117,15 +107,7 @@ template <typename T, typename C> __device__ void attb_mma_dq(char* arena, u64 o
         if (w.sees(j0, BK)) {
             float s[ST][4], dp[ST][4];
             attn_score_tile<T, C, KS, ST, LD>(s, qa, Ks, Ms, j0, w);
-            mma_zero<ST>(dp);
-#pragma unroll
-            for (int ks = 0; ks < KS; ++ks)
-#pragma unroll
-                for (int nt = 0; nt < ST; ++nt) {
-                    unsigned vb[2];
-                    mma_b_t<T, LD>(vb, Vs, nt * 8, ks);
-                    mma_16816<T>(dp[nt], da[ks], vb);
-                }
+            mma_rows_times_t<T, KS, ST, LD>(dp, da, Vs);
 #pragma unroll
             for (int nt = 0; nt < ST; ++nt)
 #pragma unroll
@@ -190,21 +172,8 @@ template <typename T, typename C> __device__ void attb_mma_dkv(char* arena, u64 
             if (attn_kend<C>(ilast) > kw0 && attn_kfirst<C>(i0) < kw0 + 16) {
                 // s^T = k q^T: the warp's 16 keys by the tile's query rows.
                 float s[ST][4], dp[ST][4];
-                mma_zero<ST>(s);
-                if constexpr (DK) mma_zero<ST>(dp);
-#pragma unroll
-                for (int ks = 0; ks < KS; ++ks)
-#pragma unroll
-                    for (int nt = 0; nt < ST; ++nt) {
-                        unsigned qb[2];
-                        mma_b_t<T, LD>(qb, Qs, nt * 8, ks);
-                        mma_16816<T>(s[nt], ka[ks], qb);
-                        if constexpr (DK) {
-                            unsigned ob[2];
-                            mma_b_t<T, LD>(ob, Os, nt * 8, ks);
-                            mma_16816<T>(dp[nt], va[ks], ob);
-                        }
-                    }
+                mma_rows_times_t<T, KS, ST, LD>(s, ka, Qs);
+                if constexpr (DK) mma_rows_times_t<T, KS, ST, LD>(dp, va, Os);
 #pragma unroll
                 for (int nt = 0; nt < ST; ++nt)
 #pragma unroll

@@ -50,15 +50,7 @@ template <typename C> struct AttnRows {
 template <typename T, typename C, int KS, int ST, int LD>
 __device__ __forceinline__ void attn_score_tile(float (&s)[ST][4], const unsigned (&qa)[KS][4], const T* Ks, const bool* Ms, u64 j0, const AttnRows<C>& w) {
     const int t = (threadIdx.x & 31) & 3;
-    mma_zero<ST>(s);
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks)
-#pragma unroll
-        for (int nt = 0; nt < ST; ++nt) {
-            unsigned kb[2];
-            mma_b_t<T, LD>(kb, Ks, nt * 8, ks);
-            mma_16816<T>(s[nt], qa[ks], kb);
-        }
+    mma_rows_times_t<T, KS, ST, LD>(s, qa, Ks);
 #pragma unroll
     for (int nt = 0; nt < ST; ++nt)
 #pragma unroll

@@ -115,6 +115,20 @@ template <int N> __device__ __forceinline__ void mma_zero(float (&acc)[N][4]) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[i][c] = 0.0f;
 }
+// acc (16 x 8 ST) = A X^T for the warp's 16-row operand A (16 KS columns, in registers) and
+// the 8 ST rows of the shared array X (row stride LD): as in Q K^T.
+template <typename T, int KS, int ST, int LD>
+__device__ __forceinline__ void mma_rows_times_t(float (&acc)[ST][4], const unsigned (&a)[KS][4], const T* X) {
+    mma_zero<ST>(acc);
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+        for (int nt = 0; nt < ST; ++nt) {
+            unsigned xb[2];
+            mma_b_t<T, LD>(xb, X, nt * 8, ks);
+            mma_16816<T>(acc[nt], a[ks], xb);
+        }
+}
 // Each of the lane's two rows' value summed (or, with `max`, maximized) over the quad of
 // lanes holding that row's columns.
 __device__ __forceinline__ float mma_quad_sum(float v) {
