@@ -169,3 +169,34 @@ fn advise_compares_layouts() {
         best.note
     );
 }
+
+/// The text table's columns line up: every row's arena figure ends where the header's
+/// `arena` does, however long the option's name (the QLoRA rows are the longest).
+#[test]
+fn the_text_table_columns_line_up() {
+    let dims: Vec<String> = common::tiny_gpt(4)
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let mut args = vec!["advise", "examples/gpt2.mdl", "--budget", "3MiB"];
+    for d in &dims {
+        args.extend(["--set", d]);
+    }
+    let out = common::memc(&args);
+    common::assert_success(&out);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines().skip(1);
+    let header = lines.next().unwrap();
+    let end = header.find("arena").unwrap() + "arena".len();
+    let mut rows = 0;
+    for line in lines {
+        let before: String = line.chars().take(end).collect();
+        assert!(
+            before.ends_with("iB") || before.ends_with(" B") || before.ends_with('-'),
+            "arena column misaligned in {line:?} (header {header:?})"
+        );
+        rows += 1;
+    }
+    assert!(rows > 10, "{text}");
+    assert!(text.contains("QLoRA"), "{text}");
+}

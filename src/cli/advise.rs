@@ -44,9 +44,14 @@ pub fn advise(a: AdviseArgs) -> Result<(), Failure> {
                 human_bytes(budget),
                 gpu.spec().name
             );
+            // The option column is as wide as its longest entry (marker included), at least 48.
+            let width = rows
+                .iter()
+                .map(|r| r.option.chars().count() + 2)
+                .fold(48, usize::max);
             let _ = writeln!(
                 out,
-                "  {:<48} {:>12} {:>5} {:>9} {:>12}  note; flags",
+                "  {:<width$} {:>12} {:>5} {:>9} {:>12}  note; flags",
                 "option",
                 "arena",
                 "fits",
@@ -59,7 +64,7 @@ pub fn advise(a: AdviseArgs) -> Result<(), Failure> {
                 let option = format!("{}{}", if r.frontier { "* " } else { "  " }, r.option);
                 let _ = writeln!(
                     out,
-                    "  {option:<48} {:>12} {:>5} {:>8.2}% {:>12}  {}; {}",
+                    "  {option:<width$} {:>12} {:>5} {:>8.2}% {:>12}  {}; {}",
                     arena,
                     if r.fits { "yes" } else { "no" },
                     r.extra_compute_percent,

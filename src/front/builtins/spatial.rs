@@ -78,7 +78,9 @@ impl Lowerer<'_> {
 
     /// Local response normalization across channels (ONNX `LRN`):
     /// `x / (bias + alpha / size * sum of x^2 over the size-channel window)^beta`, lowered to
-    /// square, an average pool over channels, affine, log, scale, exp and multiply.
+    /// square, an average pool over channels, affine, log, scale, exp and multiply. Channel
+    /// `c` sums channels `c - (size-1)/2 ..= c + size/2` (integer division): ONNX's LRN window;
+    /// PyTorch's `LocalResponseNorm` starts an even window one channel earlier.
     pub(super) fn lrn(&mut self, args: &mut Args, span: Span) -> R<Val> {
         let x = self.t(args, "input")?;
         let s = self.nchw(x, "lrn", span)?;
