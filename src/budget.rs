@@ -357,21 +357,22 @@ fn infeasible(train: &TrainSpec, (arena_budget, reserve): (u64, u64), plan: &Pla
     } else {
         String::new()
     };
-    FitError::User(UserError::at(
-        train.span,
-        format!(
-            "no plan fits the budget of {}{beside}: the smallest plan found, recomputing as much as allowed, needs {} ({} bytes)",
-            human_bytes(arena_budget.saturating_add(reserve)),
-            human_bytes(plan.arena_bytes),
-            plan.arena_bytes
-        ),
-        "budget set here",
-        format!(
-            "the minimum feasible budget found is {}; {name} alone take {}",
-            human_bytes(plan.arena_bytes.saturating_add(reserve)),
-            human_bytes(bytes)
-        ),
-    ))
+    let message = format!(
+        "no plan fits the budget of {}{beside}: the smallest plan found, recomputing as much as allowed, needs {} ({} bytes)",
+        human_bytes(arena_budget.saturating_add(reserve)),
+        human_bytes(plan.arena_bytes),
+        plan.arena_bytes
+    );
+    let help = format!(
+        "the minimum feasible budget found is {}; {name} alone {} {}",
+        human_bytes(plan.arena_bytes.saturating_add(reserve)),
+        if name.ends_with('s') { "take" } else { "takes" },
+        human_bytes(bytes)
+    );
+    FitError::User(match train.budget_span {
+        Some(span) => UserError::at(span, message, "budget set here", help),
+        None => UserError::general(message, format!("{help} (the budget is --budget's)")),
+    })
 }
 
 /// How many knapsack policies auto mode tries at most, spread over the greedy's steps up to

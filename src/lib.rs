@@ -170,7 +170,10 @@ fn apply_train_options(
     t: &mut front::train::TrainSpec,
     options: &Options,
 ) -> Result<(), UserError> {
-    t.settings.budget = options.budget.or(t.settings.budget);
+    if let Some(budget) = options.budget {
+        t.settings.budget = Some(budget);
+        t.budget_span = None;
+    }
     t.settings.precision = options.precision.unwrap_or(t.settings.precision);
     t.settings.master_weights = options.master_weights.unwrap_or(t.settings.master_weights);
     t.settings.accumulate = options.accumulate.unwrap_or(t.settings.accumulate);

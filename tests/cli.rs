@@ -572,3 +572,20 @@ fn readme_models_check() {
         assert_success(&out);
     }
 }
+
+/// A budget from `--budget` is not blamed on the file: no frame around `train { }`, and the
+/// help says whose budget it is; the file's own budget is underlined where it is set.
+#[test]
+fn a_command_line_budget_is_not_underlined_in_the_file() {
+    let file = "tests/errors/budget_exceeded.mdl";
+    let out = common::memc(&["check", file, "--budget", "2KiB"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("budget of 2.0 KiB"), "{stderr}");
+    assert!(stderr.contains("the budget is --budget's"), "{stderr}");
+    assert!(!stderr.contains("budget set here"), "{stderr}");
+    let out = common::memc(&["check", file]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("budget set here"), "{stderr}");
+    assert!(stderr.contains("takes 2.0 MiB"), "{stderr}");
+}

@@ -24,6 +24,10 @@ pub struct TrainSpec {
     /// Where `clip_grad_norm` was set, if it was (the clip coefficient's source line).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clip_grad_norm_span: Option<Span>,
+    /// Where `budget` was set, if the budget in `settings` is the file's (None when it is
+    /// unset or came from the command line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_span: Option<Span>,
 }
 
 /// `name` of a path expression of one identifier, if `e` is one.
@@ -177,6 +181,7 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
         precision_span: span,
         stochastic_rounding_span: None,
         clip_grad_norm_span: None,
+        budget_span: None,
     };
     for (name, value) in settings {
         match name.name.as_str() {
@@ -240,7 +245,10 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
                 spec.settings.accumulate = n as u32;
             }
             "budget" => match &value.kind {
-                ExprKind::Size(b) if *b > 0 => spec.settings.budget = Some(*b),
+                ExprKind::Size(b) if *b > 0 => {
+                    spec.settings.budget = Some(*b);
+                    spec.budget_span = Some(value.span);
+                }
                 _ => {
                     return Err(UserError::at(
                         value.span,
