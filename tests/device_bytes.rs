@@ -84,3 +84,39 @@ fn the_cli_names_the_reserve_when_nothing_fits() {
         "{report}"
     );
 }
+
+/// The CUDA backend refuses a plan built for the CPU (its scratch buffers are the CPU
+/// kernels' sizes, smaller than attention's CUDA workspace), and `memc emit` plans for CUDA
+/// whatever `--device` says: its `device.json` arena is `compile --device cuda`'s.
+#[test]
+fn cuda_takes_only_plans_built_for_it_and_emit_builds_one() {
+    let cpu = gpt2(Target::Cpu, None, None);
+    let cuda = gpt2(Target::CUDA_MIN, None, None);
+    let refused = memc::exec::cuda_can_run(cpu.plan.plan(), true).unwrap_err();
+    assert!(refused.to_string().contains("--device cuda"), "{refused}");
+    memc::exec::cuda_can_run(cuda.plan.plan(), true).unwrap();
+    assert_ne!(
+        cpu.plan.plan().arena_bytes,
+        cuda.plan.plan().arena_bytes,
+        "the test needs a model whose scratch differs between the targets"
+    );
+    let dir = common::scratch("emit_target");
+    let mut args = vec!["emit", "examples/gpt2.mdl", "-o", dir.to_str().unwrap()];
+    let dims: Vec<String> = tiny_gpt(4)
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for d in &dims {
+        args.extend(["--set", d]);
+    }
+    let out = memc(&args);
+    common::assert_success(&out);
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(
+        plan["arena_bytes"].as_u64(),
+        Some(cuda.plan.plan().arena_bytes),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

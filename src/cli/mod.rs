@@ -199,7 +199,8 @@ enum Command {
         #[command(flatten)]
         args: CompileArgs,
     },
-    /// Write each kernel's CUDA source (and PTX when NVRTC is available), the plan and a manifest.
+    /// Write each kernel's CUDA source (and PTX when NVRTC is available), the plan and a
+    /// manifest; the plan is built for the CUDA backend whatever --device says.
     Emit {
         #[command(flatten)]
         args: CompileArgs,
@@ -518,7 +519,8 @@ fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Fit(args) => fit::fit(args),
         Command::Viz(args) => viz::viz(args),
         Command::Advise(args) => advise::advise(args),
-        Command::Emit { args, output } => {
+        Command::Emit { mut args, output } => {
+            args.device = "cuda".into();
             let gpu = gpu_of(&args)?.unwrap_or_default();
             output::emit(&compile_file(&args)?, &output, gpu)
         }
