@@ -8,7 +8,8 @@ use crate::ir::{DType, Init};
 use crate::plan::{BufferId, Plan};
 
 /// The values (as f32, before any 16-bit rounding) parameter `k` of `plan` starts from under
-/// `seed` on rank `rank`: its initializer keyed by `seed` and the parameter's position; a
+/// `seed` on rank `rank`: its initializer keyed by `seed` and the parameter's position among
+/// the parameters (running statistics not counted); a
 /// parameter sharded over the ranks (ZeRO-3) starts from rank `rank`'s slice of the values
 /// its full shape starts from, zero past their end, so N ranks start from what one does.
 pub fn param_values(plan: &Plan, k: usize, seed: u64, rank: usize) -> Vec<f32> {
@@ -45,7 +46,13 @@ fn sliced(
         return Vec::new();
     };
     let n: u64 = full.iter().map(|&d| d as u64).product();
-    let key = seed.wrapping_mul(1_000_003).wrapping_add(k as u64);
+    // The position among the parameters proper: running statistics (constant initial
+    // values) take none, so adding a batch norm's leaves every other draw as it was.
+    let position = plan.params[..k]
+        .iter()
+        .filter(|q| !q.running_statistic)
+        .count();
+    let key = seed.wrapping_mul(1_000_003).wrapping_add(position as u64);
     let (range, len) = match shard {
         Some((b, rank)) => {
             let len = plan.buffers[b.index()].ty.numel();

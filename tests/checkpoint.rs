@@ -209,7 +209,10 @@ fn impossible_budget_names_the_minimum() {
         e.message
     );
     assert!(e.help.contains("minimum feasible budget"), "{}", e.help);
-    assert!(e.span.is_some());
+    assert!(
+        e.span.is_none(),
+        "the budget is the options', not the file's"
+    );
 }
 
 #[test]

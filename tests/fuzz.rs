@@ -44,10 +44,12 @@ fn overrides(example: &str) -> Vec<(String, i64)> {
     let set: &[(&str, i64)] = match example {
         "gpt2.mdl" => &TRANSFORMER[..6],
         "llama7b.mdl" => &TRANSFORMER,
-        "resnet18.mdl" => &[("B", 1), ("S", 32), ("K", 10)],
+        // Batch norms that train need more than one value per channel: B = 2 where the
+        // deepest feature map is one pixel.
+        "resnet18.mdl" => &[("B", 2), ("S", 32), ("K", 10)],
         "unet.mdl" => &[("B", 1), ("S", 16)],
         "sd_unet.mdl" => &[("B", 1), ("S", 16), ("M", 64), ("L", 4)],
-        "unet3d.mdl" => &[("B", 1), ("S", 8), ("F", 4)],
+        "unet3d.mdl" => &[("B", 2), ("S", 8), ("F", 4)],
         "mlp.mdl" => &[("B", 2), ("IN", 16), ("H", 8)],
         _ => &[],
     };

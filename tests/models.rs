@@ -122,10 +122,19 @@ fn json_report_has_integer_byte_counts() {
                 "{name}: report.bytes.{key} is {v}, not an integer"
             );
         }
+        // Parameter bytes hold the batch norms' running statistics too (fp32 state beside
+        // the parameters, not counted among them).
+        let plan = c.plan.plan();
+        let running: u64 = plan
+            .params
+            .iter()
+            .filter(|p| p.running_statistic)
+            .map(|p| plan.buffers[p.buffer.index()].bytes)
+            .sum();
         let bytes = &report["bytes"];
         assert_eq!(
             bytes["params"].as_u64(),
-            Some(4 * c.plan.plan().report.param_count),
+            Some(4 * plan.report.param_count + running),
             "{name}: fp32 params"
         );
         assert!(

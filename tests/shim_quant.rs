@@ -39,6 +39,7 @@ fn cpu_dequantized(case: &QuantCase, values: &[f32]) -> Vec<f32> {
         ty: case.input.clone(),
         init: Init::Zeros,
         frozen: true,
+        buffer: false,
     };
     let p = g.add(param, vec![], &origin(Phase::Forward)).unwrap();
     let w = g

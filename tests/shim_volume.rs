@@ -32,9 +32,15 @@ fn volume_training_steps_through_the_shim_match_the_cpu_backend() {
         println!("SKIP: {why}");
         return;
     }
-    let dims = [("B", 1), ("S", 8), ("F", 4)];
+    // B = 2: the batch norms that train need more than one value per channel at 1^3. The
+    // bottleneck's norms then normalize two values each, so their 1/sqrt(var + eps) (up to
+    // 316) magnifies the last-bit differences of the two backends' fp32 sums: every kernel
+    // still agrees within the fp32 tolerance on the same inputs, but the whole step's
+    // gradients are held to bf16's (a bias of the first block ends 1.2e-4 of its tensor's
+    // largest gradient apart).
+    let dims = [("B", 2), ("S", 8), ("F", 4)];
     let unet = example("unet3d", &dims, Precision::Fp32);
-    training_step_matches("unet3d", &unet, DType::F32);
+    training_step_matches("unet3d", &unet, DType::BF16);
     for (precision, tolerance) in [
         (Precision::Fp32, DType::F32),
         (Precision::Bf16, DType::BF16),

@@ -96,12 +96,14 @@ impl Lowerer<'_> {
             val = match (&val, field.name.as_str()) {
                 (Val::Group(g), "weight") => Val::Tensor(g.weight),
                 (Val::Group(Group { bias: Some(b), .. }), "bias") => Val::Tensor(*b),
+                (Val::Group(Group { running: Some(r), .. }), "running_mean") => Val::Tensor(r[0]),
+                (Val::Group(Group { running: Some(r), .. }), "running_var") => Val::Tensor(r[1]),
                 _ => {
                     return Err(UserError::at(
                         field.span,
                         format!("no field `{}` on {}", field.name, val.describe()),
                         "unknown field",
-                        "parameter groups have `weight` and (when declared) `bias`",
+                        "parameter groups have `weight` and (when declared) `bias`; batch norms also `running_mean` and `running_var`",
                     ))
                 }
             };

@@ -364,6 +364,18 @@ impl<'a> Lowerer<'a> {
 
     /// Creates a parameter tensor named under the current prefix.
     pub(super) fn new_param(&mut self, name: &Ident, ty: TensorType, init: Init) -> R<ValueId> {
+        self.new_state(name, ty, init, false)
+    }
+
+    /// A persistent tensor named `name` (dotted after the block prefix): a parameter, or with
+    /// `buffer` model state that is not one (frozen, see [`Op::Param`]).
+    pub(super) fn new_state(
+        &mut self,
+        name: &Ident,
+        ty: TensorType,
+        init: Init,
+        buffer: bool,
+    ) -> R<ValueId> {
         let full = dotted(&self.prefix, &name.name);
         if self.param_names.insert(full.clone(), name.span).is_some() {
             return Err(UserError::at(
@@ -378,7 +390,8 @@ impl<'a> Lowerer<'a> {
                 name: full,
                 ty,
                 init,
-                frozen: self.freezing,
+                frozen: self.freezing || buffer,
+                buffer,
             },
             vec![],
             name.span,

@@ -47,12 +47,14 @@ impl GroupKind {
     }
 }
 
-/// A parameter group: its kind and its tensors (`weight`, optionally `bias`).
+/// A parameter group: its kind and its tensors (`weight`, optionally `bias`, and a batch
+/// norm's running mean and variance).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Group {
     pub kind: GroupKind,
     pub weight: ValueId,
     pub bias: Option<ValueId>,
+    pub running: Option<[ValueId; 2]>,
 }
 
 /// An evaluated expression.

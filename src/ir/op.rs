@@ -32,13 +32,18 @@ pub enum Op {
     /// A tensor bound per step from outside (`input` declarations). No inputs.
     Input { name: String, ty: TensorType },
     /// A parameter, persistent across steps: trained, or `frozen` (read only: no gradient, no
-    /// optimizer state). No inputs.
+    /// optimizer state). No inputs. A `buffer` is model state that is not a parameter (batch
+    /// norm's running statistics, PyTorch's buffers): frozen, kept in fp32, saved and loaded
+    /// with the parameters, written only in place by its forward's update step
+    /// ([`Op::BatchNormStats`]) and not counted among the parameters.
     Param {
         name: String,
         ty: TensorType,
         init: Init,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         frozen: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        buffer: bool,
     },
     /// Persistent state of the step that is not trained: a parameter's moments (init 0) or
     /// the fp16 loss scale and its clean-step counter. No inputs.
@@ -93,6 +98,10 @@ pub enum Op {
     NormBackwardWeight { kind: NormKind, eps: f32 },
     /// `(dy) -> dbias`.
     NormBackwardBias { kind: NormKind },
+    /// `(running_mean[C], running_var[C], x[N, C, ...]) -> ()`: batch norm's running
+    /// statistics moved towards `x`'s per-channel mean and unbiased variance, in place, as
+    /// `torch.nn.BatchNorm` in training mode: `r = (1 - momentum) * r + momentum * batch`.
+    BatchNormStats { momentum: f32 },
     /// `(table[V, D], ids) -> rows of table`, shape `ids ++ [D]`; ids equal to `padding_idx`
     /// send no gradient to the table (PyTorch's `nn.Embedding(padding_idx)`).
     Embedding {
@@ -318,6 +327,7 @@ impl Op {
             NormBackwardInput { .. } => "norm_backward_input",
             NormBackwardWeight { .. } => "norm_backward_weight",
             NormBackwardBias { .. } => "norm_backward_bias",
+            BatchNormStats { .. } => "batch_norm_stats",
             Embedding { .. } => "embedding",
             EmbeddingBackward { .. } => "embedding_backward",
             CrossEntropy(_) => "cross_entropy",

@@ -63,7 +63,8 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         Op::Norm { .. }
         | Op::NormBackwardInput { .. }
         | Op::NormBackwardWeight { .. }
-        | Op::NormBackwardBias { .. } => &norm::Family,
+        | Op::NormBackwardBias { .. }
+        | Op::BatchNormStats { .. } => &norm::Family,
         Op::Embedding { .. } | Op::EmbeddingBackward { .. } => &embedding::Family,
         Op::CrossEntropy(_)
         | Op::CrossEntropyBackward(_)

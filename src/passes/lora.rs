@@ -152,11 +152,18 @@ pub fn run(graph: &Graph, spec: &LoraSpec) -> Result<Graph, UserError> {
         let node = graph.node(v);
         let origin = node.origin();
         let op = match &node.op {
-            Op::Param { name, ty, init, .. } => Op::Param {
+            Op::Param {
+                name,
+                ty,
+                init,
+                buffer,
+                ..
+            } => Op::Param {
                 name: name.clone(),
                 ty: ty.clone(),
                 init: *init,
                 frozen: true,
+                buffer: *buffer,
             },
             op => op.clone(),
         };
@@ -177,6 +184,7 @@ pub fn run(graph: &Graph, spec: &LoraSpec) -> Result<Graph, UserError> {
                         ty: TensorType::new(DType::F32, dims),
                         init,
                         frozen: false,
+                        buffer: false,
                     };
                     let at = graph.node(w).origin();
                     let a = out

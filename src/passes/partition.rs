@@ -51,6 +51,7 @@ pub fn shard_params(graph: &Graph, ranks: u32) -> Result<Sharded, StageError> {
                 ty,
                 init,
                 frozen: false,
+                ..
             } if ty.dtype.is_float() => {
                 let len = shard_len(ty.numel(), ranks) as usize;
                 let op = Op::Param {
@@ -58,6 +59,7 @@ pub fn shard_params(graph: &Graph, ranks: u32) -> Result<Sharded, StageError> {
                     ty: TensorType::new(ty.dtype, vec![len]),
                     init: *init,
                     frozen: false,
+                    buffer: false,
                 };
                 let s = out.add(op, vec![], &origin).map_err(internal)?;
                 shards.insert(v, (s, ty.shape.clone()));

@@ -108,11 +108,13 @@ impl Rewriter<'_> {
                 ty,
                 init,
                 frozen,
+                buffer: false,
             } if !master_weights || *frozen => Op::Param {
                 name: name.clone(),
                 ty: ty.with_dtype(low),
                 init: *init,
                 frozen: *frozen,
+                buffer: false,
             },
             op => op.clone(),
         };

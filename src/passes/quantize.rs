@@ -86,6 +86,7 @@ pub fn run(graph: &Graph, scheme: Scheme) -> Result<Rewritten, QuantizeError> {
                 ty: TensorType::new(DType::U8, vec![q.packed_bytes() as usize]),
                 init: *init,
                 frozen: true,
+                buffer: false,
             };
             map.push(out.add(packed, vec![], &origin).map_err(internal)?);
             continue;

@@ -225,7 +225,13 @@ impl Buffers {
             .params()
             .into_iter()
             .filter_map(|p| {
-                let Op::Param { name, init, .. } = &graph.node(p).op else {
+                let Op::Param {
+                    name,
+                    init,
+                    buffer: running_statistic,
+                    ..
+                } = &graph.node(p).op
+                else {
                     return None;
                 };
                 let grad = grads.get(&p).and_then(|g| self.of[g.index()]);
@@ -238,6 +244,7 @@ impl Buffers {
                     shard_of: crate::passes::partition::full_shape(graph, p),
                     master: crate::passes::partition::master_of(graph, p)
                         .and_then(|m| self.of[m.index()]),
+                    running_statistic: *running_statistic,
                 })
             })
             .collect()
@@ -518,8 +525,11 @@ fn report(
         graph
             .params()
             .iter()
-            .filter(|&&p| {
-                !trained_only || matches!(graph.node(p).op, Op::Param { frozen: false, .. })
+            .filter(|&&p| match graph.node(p).op {
+                // Running statistics are state, not parameters (PyTorch's buffers).
+                Op::Param { buffer: true, .. } => false,
+                Op::Param { frozen, .. } => !trained_only || !frozen,
+                _ => !trained_only,
             })
             .map(|&p| match crate::passes::partition::full_shape(graph, p) {
                 // A ZeRO-3 shard counts the parameters of the whole tensor.

@@ -261,6 +261,10 @@ pub struct ParamBinding {
     /// initial values; the parameter's buffer holds the whole 16-bit copy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub master: Option<BufferId>,
+    /// A batch norm running statistic: model state saved and loaded with the parameters,
+    /// never trained (no gradient), not counted among the parameters.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub running_statistic: bool,
 }
 
 /// Persistent state that is not trained (optimizer moments, the loss scale) and the value

@@ -16,6 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 pub enum Role {
     /// A parameter of the model (frozen or trained).
     Parameter,
+    /// Model state that is not a parameter: a batch norm's running mean or variance.
+    RunningStatistic,
     /// A tensor bound per step from outside.
     Input,
     /// One of AdamW's moments (or their 8-bit scales) of parameter `of`.
@@ -53,6 +55,7 @@ impl Role {
         };
         match self {
             Role::Parameter => "parameter".into(),
+            Role::RunningStatistic => "batch norm running statistic".into(),
             Role::Input => "input".into(),
             Role::AdamMoment { of } => format!("Adam moment of `{of}`"),
             Role::Momentum { of } => format!("SGD momentum of `{of}`"),
@@ -142,6 +145,7 @@ pub(super) fn assign(
             (Op::OptimState { .. }, _, Some((Some(Op::AdamW(_)), of))) => Role::AdamMoment { of },
             (Op::OptimState { .. }, _, Some((_, of))) => Role::Momentum { of },
             (Op::OptimState { .. }, _, None) => Role::LossScale,
+            (Op::Param { buffer: true, .. }, _, _) => Role::RunningStatistic,
             (_, BufferClass::Param, _) => Role::Parameter,
             (_, BufferClass::Input, _) => Role::Input,
             _ if saved[i] => Role::SavedActivation,
@@ -199,6 +203,7 @@ pub(super) fn holding(
 ) -> String {
     match role {
         Some(Role::Parameter) => format!("parameter `{name}`"),
+        Some(Role::RunningStatistic) => format!("running statistic `{name}`"),
         Some(Role::Input) => format!("input `{name}`"),
         Some(r) => r.describe(line),
         None => class.label().to_string(),

@@ -94,7 +94,10 @@ pub(super) fn render(out: &mut String, tensors: &[PeakTensor]) {
         let mut what = super::origin::holding(t.role.as_ref(), &t.name, t.class, None);
         if let (Some((instance, _)), false) = (
             t.name.split_once('/'),
-            matches!(t.role, Some(Role::Parameter | Role::Input)),
+            matches!(
+                t.role,
+                Some(Role::Parameter | Role::RunningStatistic | Role::Input)
+            ),
         ) {
             what = format!("{what} in {instance}");
         }

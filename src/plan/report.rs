@@ -8,7 +8,7 @@ use std::fmt::Write;
 /// Exact byte counts of one step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bytes {
-    /// Parameters (persistent).
+    /// Parameters (persistent), with the batch norms' running statistics.
     pub params: u64,
     /// Complete parameter gradients (each lives until its update).
     pub grads: u64,

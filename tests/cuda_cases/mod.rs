@@ -446,6 +446,11 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             vec![t(F32, &[]), t(F32, &[]), t(F32, &[])],
         ),
         (
+            "batch_norm_stats",
+            Op::BatchNormStats { momentum: 0.1 },
+            vec![t(F32, &[3]), t(F32, &[3]), f(&[2, 3, 4, 5])],
+        ),
+        (
             "adamw",
             Op::AdamW(adam),
             vec![f(&[10]), f(&[10]), f(&[10]), f(&[10])],
@@ -471,8 +476,8 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
 }
 
 /// `inputs` with every floating tensor switched to `dtype`, but for scalars (clip and unscale
-/// multipliers, the loss scale), gradient accumulators and 8-bit AdamW's absmaxes, which the
-/// optimizer pass always makes f32, and the fused loss head's per-row losses and their
+/// multipliers, the loss scale), gradient accumulators, batch norm's running statistics and
+/// 8-bit AdamW's absmaxes, which the optimizer pass and the front end always make f32, and the fused loss head's per-row losses and their
 /// gradient, always f32.
 pub fn with_dtype(op: &Op, inputs: &[TensorType], dtype: DType) -> (Op, Vec<TensorType>) {
     let conv = |x: &TensorType| {
@@ -491,6 +496,7 @@ pub fn with_dtype(op: &Op, inputs: &[TensorType], dtype: DType) -> (Op, Vec<Tens
     };
     let accumulator = |i: usize| match op {
         Op::AccumulateGrad { .. } => i == 0,
+        Op::BatchNormStats { .. } => i < 2,
         Op::LinearCrossEntropyBackward { .. } => i >= 3,
         Op::AdamW(p) => p.state == StateFormat::Int8 && i >= 4,
         _ => false,

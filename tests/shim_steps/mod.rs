@@ -191,11 +191,24 @@ pub fn training_step_matches(name: &str, c: &memc::Compiled, tolerance: DType) {
         get(&arena, loss_at, DType::F32, 1)[0],
         ex.output("loss").expect("loss")[0],
     );
+    // Running statistics take no gradient: after the step they match the CPU backend's
+    // within the format's tolerance.
+    let (stats, trained): (Vec<_>, Vec<_>) = plan.params.iter().partition(|p| p.running_statistic);
     assert_eq!(
         run.grads.len(),
-        plan.params.len(),
+        trained.len(),
         "{name}: every parameter gets a gradient"
     );
+    for p in stats {
+        let buf = &plan.buffers[p.buffer.index()];
+        let after = get(&arena, buf.offset, DType::F32, buf.ty.numel() as usize);
+        let (err, ratio) = compare(&after, &ex.read(p.buffer), tolerance);
+        assert!(
+            ratio <= end_to_end_slack(tolerance),
+            "{name}: running statistic {} differs by {err:e}",
+            p.name
+        );
+    }
     // Gradients: the given format's tolerance. Updated parameters: within lr / 30, where the
     // gradient stands clear of that tolerance's noise floor (twice 10% of the tensor's largest
     // gradient times the format's relative tolerance): AdamW's first step normalizes each
@@ -213,7 +226,7 @@ pub fn training_step_matches(name: &str, c: &memc::Compiled, tolerance: DType) {
         .expect("a training plan has updates");
     let mut worst = (0f32, 0f32, String::new());
     let mut worst_param = (0f32, String::new());
-    for p in &plan.params {
+    for p in &trained {
         let (err, ratio) = compare(&run.grads[&p.name], &want[&p.name], tolerance);
         let ratio = ratio / end_to_end_slack(tolerance);
         if ratio >= worst.1 {
@@ -241,7 +254,7 @@ pub fn training_step_matches(name: &str, c: &memc::Compiled, tolerance: DType) {
         run.kernels,
         run.worst_step.1,
         run.worst_step.0,
-        plan.params.len(),
+        trained.len(),
         worst.2,
         worst.0,
         worst.1,

@@ -80,7 +80,12 @@ impl Lowerer<'_> {
             groups,
             transposed,
         };
-        Ok(Group { kind, weight, bias })
+        Ok(Group {
+            kind,
+            weight,
+            bias,
+            running: None,
+        })
     }
 
     /// `conv3d(x, layer, stride, padding, dilation)` (any rank; 2-D padding may also be

@@ -138,6 +138,10 @@ impl Lowerer<'_> {
                 span,
             )?
         };
+        if let Some(running) = g.running {
+            let momentum = self.float_or(args, "momentum", 0.1)?;
+            return self.batch_norm(x, (weight, g.bias), running, (eps, momentum), span);
+        }
         let mut inputs = vec![x, weight];
         inputs.extend(g.bias);
         self.op(Op::Norm { kind, eps }, inputs, span)

@@ -6,6 +6,7 @@
 //! `clamp`), [`spatial`] (NCHW convolution, pooling,
 //! padding, resampling) and [`params`] (parameter constructors).
 
+mod batchnorm;
 mod conv;
 mod layers;
 mod params;

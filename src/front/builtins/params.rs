@@ -91,7 +91,30 @@ impl Lowerer<'_> {
         };
         let weight = self.member(name, "weight", vec![c], Init::Ones)?;
         let bias = self.bias_member(name, bias, c)?;
-        Ok(Group { kind, weight, bias })
+        // A batch norm's running statistics, as torch.nn.BatchNorm's buffers: mean 0, var 1.
+        let running = match kind {
+            GroupKind::BatchNorm => Some([
+                self.running_member(name, "running_mean", c, Init::Zeros)?,
+                self.running_member(name, "running_var", c, Init::Ones)?,
+            ]),
+            _ => None,
+        };
+        Ok(Group {
+            kind,
+            weight,
+            bias,
+            running,
+        })
+    }
+
+    /// The f32 running statistic `<group>.<suffix>` of `c` channels: model state, not a
+    /// parameter (see [`Op::Param`]).
+    fn running_member(&mut self, group: &Ident, suffix: &str, c: usize, init: Init) -> R<ValueId> {
+        let name = Ident {
+            name: format!("{}.{suffix}", group.name),
+            span: group.span,
+        };
+        self.new_state(&name, TensorType::new(DType::F32, vec![c]), init, true)
     }
 
     /// `linear(I, O, std, bias = true, layout = in_out)`: a uniform(±1/√I) or normal(std)
@@ -131,6 +154,7 @@ impl Lowerer<'_> {
             kind: GroupKind::Linear { out_in },
             weight,
             bias,
+            running: None,
         })
     }
 
@@ -144,6 +168,7 @@ impl Lowerer<'_> {
             kind: GroupKind::Embedding,
             weight,
             bias: None,
+            running: None,
         })
     }
 }

@@ -1,4 +1,5 @@
 //! Backward rule of the normalizations: one op each for the input, weight and bias gradient.
+//! The running-statistics update has none.
 
 use crate::ir::Op;
 use crate::ops::backward::{Backward, Vjp};
@@ -18,9 +19,11 @@ impl Backward for super::Family {
                 })?;
                 cx.set(2, |rw| rw.add(Op::NormBackwardBias { kind }, vec![dy]))
             }
+            // The running-statistics update feeds no value: no gradient flows through it.
             Op::NormBackwardInput { .. }
             | Op::NormBackwardWeight { .. }
-            | Op::NormBackwardBias { .. } => Err(cx.not_forward(op)),
+            | Op::NormBackwardBias { .. }
+            | Op::BatchNormStats { .. } => Err(cx.not_forward(op)),
             _ => Err(cx.foreign(op, "norm")),
         }
     }

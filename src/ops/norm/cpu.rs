@@ -1,5 +1,5 @@
 //! CPU reference kernels of the norm ops (layer, RMS, batch and group normalization and
-//! their input, weight and bias backwards).
+//! their input, weight and bias backwards, and batch norm's running statistics).
 
 mod kernels;
 
@@ -25,6 +25,13 @@ impl CpuKernel for super::Family {
             Op::NormBackwardBias { kind } => {
                 kernels::norm_backward_bias(*kind, x(0), s, step.output())
             }
+            Op::BatchNormStats { momentum } => kernels::batch_norm_stats(
+                *momentum,
+                x(2),
+                step.shape(2),
+                step.input_mut(0),
+                step.input_mut(1),
+            ),
             op => return Err(foreign_op(op, "norm")),
         }
         Ok(())

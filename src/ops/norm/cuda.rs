@@ -1,7 +1,8 @@
 //! CUDA lowering of the normalizations onto `norm.cu`: the forward and the input gradient, one
 //! block per statistics group; the weight and bias gradients, two-stage reductions over
 //! position chunks (fp32 partials per chunk and channel in the workspace, summed over the
-//! chunks in order by a thread per channel).
+//! chunks in order by a thread per channel); batch norm's running statistics, a block per
+//! channel.
 
 use crate::codegen::build::{c_bool, c_f32, c_int, c_u64};
 use crate::codegen::geometry::{numel, pow2_block, split, u};
@@ -207,6 +208,26 @@ impl CudaLowering for super::Family {
                         &[a.ty(0)?, a.ty(1)?, a.ty(2)?],
                         3,
                     ),
+                    Launch::PerBlock(groups, pow2_block(gsize, 32, 512)),
+                ))
+            }
+            Op::BatchNormStats { momentum } => {
+                let x = a.at(2)?;
+                let (mut lines, groups, gsize) = norm_cfg(NormKind::Batch, 0.0, &x.shape, false);
+                lines.push(c_f32("MOMENTUM", *momentum));
+                Ok(single(
+                    "batch_norm_stats",
+                    &[TEMPLATE],
+                    lines,
+                    format!(
+                        "batch_norm_stats_kernel<{}, Cfg>(arena, in0, in1, in2)",
+                        a.ty(2)?
+                    ),
+                    &[
+                        KernelParam::Input(0),
+                        KernelParam::Input(1),
+                        KernelParam::Input(2),
+                    ],
                     Launch::PerBlock(groups, pow2_block(gsize, 32, 512)),
                 ))
             }

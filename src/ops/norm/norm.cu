@@ -1,5 +1,5 @@
 //! Layer, RMS, batch (training statistics) and group normalization: forward and the input,
-//! weight and bias backwards. The forward and the input gradient take one block per
+//! weight and bias backwards, and batch norm's running statistics. The forward and the input gradient take one block per
 //! statistics group; the weight and bias gradients are two-stage reductions over positions.
 //! Statistics in fp32 with a two-pass (mean, then centred variance) scheme.
 //!
@@ -18,8 +18,9 @@ template <typename C> __device__ __forceinline__ u64 norm_ch(u64 g, u64 e) {
     return e;
 }
 
-// (mean, rstd) of group g; mean is 0 for rms. Every thread of the block must call it.
-template <typename T, typename C> __device__ __forceinline__ float2 norm_stats(const T* x, u64 g) {
+// (mean, biased variance) of group g; mean is 0 for rms. Every thread of the block must
+// call it.
+template <typename T, typename C> __device__ __forceinline__ float2 norm_moments(const T* x, u64 g) {
     float mean = 0.0f;
     if (C::KIND != 1) {
         float s = 0.0f;
@@ -31,8 +32,30 @@ template <typename T, typename C> __device__ __forceinline__ float2 norm_stats(c
         const float d = ld(x, norm_off<C>(g, e)) - mean;
         v += d * d;
     }
-    const float var = block_sum(v) / (float)C::GSIZE;
-    return make_float2(mean, rsqrtf(var + C::EPS));
+    return make_float2(mean, block_sum(v) / (float)C::GSIZE);
+}
+
+// (mean, rstd) of group g; mean is 0 for rms. Every thread of the block must call it.
+template <typename T, typename C> __device__ __forceinline__ float2 norm_stats(const T* x, u64 g) {
+    const float2 mv = norm_moments<T, C>(x, g);
+    return make_float2(mv.x, rsqrtf(mv.y + C::EPS));
+}
+
+// Batch norm's running statistics (fp32 [CH]) moved towards x's per-channel mean and unbiased
+// variance, one block per channel (C::KIND 2): r = (1 - MOMENTUM) r + MOMENTUM batch.
+template <typename T, typename C>
+__device__ void batch_norm_stats_kernel(char* arena, u64 o_mean, u64 o_var, u64 o_x) {
+    float* rm = tensor_at<float>(arena, o_mean);
+    float* rv = tensor_at<float>(arena, o_var);
+    const T* x = tensor_at<T>(arena, o_x);
+    for (u64 g = blockIdx.x; g < C::GROUPS; g += gridDim.x) {
+        const float2 mv = norm_moments<T, C>(x, g);
+        if (threadIdx.x == 0) {
+            const float unbiased = mv.y * ((float)C::GSIZE / (float)(C::GSIZE - 1));
+            rm[g] = (1.0f - C::MOMENTUM) * rm[g] + C::MOMENTUM * mv.x;
+            rv[g] = (1.0f - C::MOMENTUM) * rv[g] + C::MOMENTUM * unbiased;
+        }
+    }
 }
 
 // out = normalize(x) * w + b (C::HAS_BIAS; o_b is ignored otherwise).

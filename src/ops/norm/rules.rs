@@ -2,7 +2,7 @@
 //! ops, and the channel count their affine parameters have.
 
 use super::NormKind;
-use crate::ir::{Op, TensorType};
+use crate::ir::{DType, Op, OpClass, TensorType};
 use crate::ops::rules::{
     arity, elementwise_flops, fail, first_numel, float, foreign, rank_at_least, same_shape,
     Behaviour, PrecisionClass, Result, Rules,
@@ -52,9 +52,43 @@ fn norm(kind: NormKind, x: &TensorType, params: &[&TensorType]) -> Result<Tensor
     Ok(x.clone())
 }
 
+/// The running-statistics update's rule: `x` floating `[N, C, ...]` with more than one
+/// value per channel (the unbiased variance divides by one less), both statistics fp32
+/// `[C]`; the output is the empty tensor of an in-place step.
+fn batch_norm_stats(inputs: &[&TensorType], momentum: f32) -> Result<TensorType> {
+    let x = inputs[2];
+    float(x, "batch norm input")?;
+    let c = channels(NormKind::Batch, x)?;
+    if !(0.0..=1.0).contains(&momentum) {
+        return fail(
+            format!("batch norm momentum {momentum} is outside [0, 1]"),
+            "the running statistics move by this fraction of the batch's each step (PyTorch's default 0.1)",
+        );
+    }
+    if x.numel() <= c as u64 {
+        return fail(
+            format!("batch norm in training needs more than one value per channel, found {x}"),
+            "use a batch larger than 1 (or spatial dims), as torch.nn.BatchNorm requires",
+        );
+    }
+    for t in &inputs[..2] {
+        if t.shape != [c] || t.dtype != DType::F32 {
+            return fail(
+                format!("batch norm running statistic {t} does not match {c} channels of {x}"),
+                format!("it is f32[{c}]"),
+            );
+        }
+    }
+    Ok(TensorType::new(DType::F32, vec![0]))
+}
+
 impl Rules for super::Family {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         match op {
+            Op::BatchNormStats { momentum } => {
+                arity(op, inputs, 3, 3)?;
+                batch_norm_stats(inputs, *momentum)
+            }
             Op::Norm { kind, .. } => {
                 arity(op, inputs, 2, 3)?;
                 norm(*kind, inputs[0], &inputs[1..])
@@ -82,6 +116,7 @@ impl Rules for super::Family {
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
         match op {
             Op::NormBackwardBias { .. } => elementwise_flops(inputs, out),
+            Op::BatchNormStats { .. } => 3 * inputs.get(2).map_or(0, |x| x.numel()),
             _ => 8 * first_numel(inputs),
         }
     }
@@ -96,6 +131,13 @@ impl Rules for super::Family {
                 ..
             } => Behaviour::CHEAP,
             Op::Norm { .. } => Behaviour::CHEAP.in_precision(PrecisionClass::Fp32),
+            // Writes the two fp32 running statistics in place, reading `x` as it is (fp32
+            // sums); never recomputed.
+            Op::BatchNormStats { .. } => Behaviour {
+                class: OpClass::Update,
+                mutated_inputs: &[0, 1],
+                ..Behaviour::CHEAP.in_precision(PrecisionClass::AsIs)
+            },
             _ => Behaviour::CHEAP,
         }
     }

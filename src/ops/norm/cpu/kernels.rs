@@ -247,6 +247,31 @@ pub fn norm_backward_bias(kind: NormKind, dy: &[f32], shape: &[usize], db: &mut 
     Layout::new(kind, shape).channel_sums(None, db, |_, i| f64::from(dy[i]));
 }
 
+/// Moves batch norm's running statistics towards the per-channel mean and unbiased variance
+/// of `x` (`[N, C, ...]`, more than one value per channel; sums in f64 in a fixed order):
+/// `r = (1 - momentum) * r + momentum * batch`, as `torch.nn.BatchNorm` in training mode.
+pub fn batch_norm_stats(
+    momentum: f32,
+    x: &[f32],
+    shape: &[usize],
+    running_mean: &mut [f32],
+    running_var: &mut [f32],
+) {
+    let l = Layout::new(NormKind::Batch, shape);
+    let count = (l.chunk * l.chunks / l.groups.max(1)) as f64;
+    let m = f64::from(momentum);
+    for c in 0..l.channels {
+        let mut sum = 0.0f64;
+        l.for_each_in_group(c, |i, _| sum += f64::from(x[i]));
+        let mean = sum / count;
+        let mut sq = 0.0f64;
+        l.for_each_in_group(c, |i, _| sq += (f64::from(x[i]) - mean).powi(2));
+        let var = sq / (count - 1.0).max(1.0);
+        running_mean[c] = ((1.0 - m) * f64::from(running_mean[c]) + m * mean) as f32;
+        running_var[c] = ((1.0 - m) * f64::from(running_var[c]) + m * var) as f32;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
