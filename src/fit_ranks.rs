@@ -68,6 +68,7 @@ pub fn fewest_ranks(
                 data,
                 zero,
                 global_batch,
+                ..Parallel::default()
             };
             let attempt = Options {
                 // One rank is the plain step: no collectives.

@@ -136,7 +136,7 @@ fn advise_compares_layouts() {
         parallel: Some(memc::parallel::Parallel {
             data: 4,
             zero: 0,
-            global_batch: false,
+            ..memc::parallel::Parallel::default()
         }),
         ..Options::default()
     };

@@ -37,6 +37,7 @@ fn parallel(data: u32, zero: u8, global_batch: bool) -> Option<Parallel> {
         data,
         zero,
         global_batch,
+        ..Parallel::default()
     })
 }
 

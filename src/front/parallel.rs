@@ -59,6 +59,12 @@ pub fn check(t: &TrainSpec, p: Parallel) -> Result<(), UserError> {
             "drop `accumulate` (each rank's batch is already 1/N of the step's), or drop `parallel`",
         );
     }
+    if p.tensor > 1 && t.settings.lora.is_some() {
+        return refuse(
+            "with `tensor` does not combine with LoRA yet",
+            "drop `tensor` (LoRA's adapters are small enough to replicate) or drop `lora`",
+        );
+    }
     if t.settings.offload.is_some() {
         return refuse(
             "does not combine with offloading yet",

@@ -238,6 +238,7 @@ impl Buffers {
                     shard_of: crate::passes::partition::full_shape(graph, p),
                     master: crate::passes::partition::master_of(graph, p)
                         .and_then(|m| self.of[m.index()]),
+                    tensor_split: None,
                 })
             })
             .collect()

@@ -261,6 +261,10 @@ pub struct ParamBinding {
     /// initial values; the parameter's buffer holds the whole 16-bit copy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub master: Option<BufferId>,
+    /// Under tensor parallelism, how this rank's slice of the whole parameter is taken (the
+    /// buffer holds the slice, of [`crate::parallel::TensorSplit::local_shape`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_split: Option<crate::parallel::TensorSplit>,
 }
 
 /// Persistent state that is not trained (optimizer moments, the loss scale) and the value

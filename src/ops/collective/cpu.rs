@@ -1,6 +1,7 @@
 //! CPU kernels of the collectives: each exchanges the step's values with the other ranks'
 //! executors through their in-process group (`crate::exec::group`), which sums in rank
-//! order, so all ranks compute the same bits. A plan for one rank runs without a group.
+//! order, so all ranks compute the same bits. The tensor-parallel sum meets the ranks of the
+//! executor's tensor group instead. A plan for one rank runs without a group.
 
 use super::shard_len;
 use crate::exec::cpu::CpuStep;
@@ -26,6 +27,15 @@ fn concat(dst: &mut [f32], shards: &[Vec<f32>]) {
     }
 }
 
+/// The sum over the ranks of `values`, in rank order.
+fn sum_of(values: &[Vec<f32>], dst: &mut [f32]) {
+    for (i, d) in dst.iter_mut().enumerate() {
+        *d = values
+            .iter()
+            .fold(0.0f32, |acc, v| acc + v.get(i).copied().unwrap_or(0.0));
+    }
+}
+
 /// Elements `range` of the mean over the ranks of `values`, summed in rank order.
 fn mean_of(values: &[Vec<f32>], dst: &mut [f32], offset: usize) {
     let n = values.len() as f32;
@@ -40,6 +50,18 @@ fn mean_of(values: &[Vec<f32>], dst: &mut [f32], offset: usize) {
 
 impl CpuKernel for super::Family {
     fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
+        match step.op() {
+            Op::TensorCopy { .. } => {
+                step.output().copy_from_slice(step.input(0));
+                return Ok(());
+            }
+            Op::TensorReduce { ranks } => {
+                let out = step.output();
+                return step
+                    .tensor_exchange(*ranks as usize, step.input(0), |all| sum_of(all, out));
+            }
+            _ => {}
+        }
         let (op, ranks) = match step.op() {
             op @ (Op::AllReduce { ranks }
             | Op::ReduceScatter { ranks }
@@ -90,6 +112,13 @@ mod tests {
         let mut back = [0.0; 5];
         concat(&mut back, &[vec![1.0, 2.0], vec![3.0, 4.0], vec![5.0, 0.0]]);
         assert_eq!(back, full);
+    }
+
+    #[test]
+    fn tensor_sums_add_every_rank() {
+        let mut out = [0.0; 2];
+        sum_of(&[vec![1.0, 2.0], vec![3.0, 4.5]], &mut out);
+        assert_eq!(out, [4.0, 6.5]);
     }
 
     #[test]
