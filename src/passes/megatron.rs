@@ -302,7 +302,7 @@ pub fn run(graph: &Graph, ranks: u32) -> Result<Split, SplitError> {
                 inverse: *inverse,
             },
             (Op::Attention(a), _) if split_values.contains(&v) => {
-                let mut a = a.clone();
+                let mut a = *a;
                 (a.heads, a.kv_heads) = (a.heads / t, a.kv_heads / t);
                 Op::Attention(a)
             }
