@@ -27,11 +27,13 @@ pub struct Parallel {
     pub tensor: u32,
 }
 
-fn one() -> u32 {
+/// 1, the default rank count of a serialized layout.
+pub(crate) fn one() -> u32 {
     1
 }
 
-fn is_one(n: &u32) -> bool {
+/// Whether a serialized rank count is the default, 1 (left out).
+pub(crate) fn is_one(n: &u32) -> bool {
     *n == 1
 }
 

@@ -126,11 +126,10 @@ impl super::cpu::CpuStep<'_> {
         read: impl FnOnce(&[Vec<f32>]),
     ) -> Result<(), ExecError> {
         match self.tensor_member() {
-            Some((rank, group)) if group.ranks() == ranks => group.exchange(rank, values, read),
-            None if ranks == 1 => {
-                read(&[values.to_vec()]);
-                Ok(())
+            member @ Some((_, group)) if group.ranks() == ranks => {
+                exchange_in(member, values, read)
             }
+            None if ranks == 1 => exchange_in(None, values, read),
             member => Err(ExecError::Unsupported(format!(
                 "a tensor-parallel sum over {ranks} ranks, run by {} tensor rank(s): run the \
                  plan's ranks together (`memc run --parallel`, `exec::ranks::Ranks`)",
@@ -145,12 +144,22 @@ impl super::cpu::CpuStep<'_> {
         values: &[f32],
         read: impl FnOnce(&[Vec<f32>]),
     ) -> Result<(), ExecError> {
-        match self.member() {
-            Some((rank, group)) => group.exchange(rank, values, read),
-            None => {
-                read(&[values.to_vec()]);
-                Ok(())
-            }
+        exchange_in(self.member(), values, read)
+    }
+}
+
+/// `values` exchanged as rank `rank` of `group` when `member` is `Some((rank, group))`;
+/// alone, `read` sees `values`.
+fn exchange_in(
+    member: Option<(usize, &Group)>,
+    values: &[f32],
+    read: impl FnOnce(&[Vec<f32>]),
+) -> Result<(), ExecError> {
+    match member {
+        Some((rank, group)) => group.exchange(rank, values, read),
+        None => {
+            read(&[values.to_vec()]);
+            Ok(())
         }
     }
 }

@@ -49,7 +49,10 @@ pub struct ParallelReport {
     /// ZeRO stage.
     pub zero: u8,
     /// Tensor-parallel ranks per replica (Megatron's split; 1: none).
-    #[serde(default = "one", skip_serializing_if = "is_one")]
+    #[serde(
+        default = "crate::parallel::one",
+        skip_serializing_if = "crate::parallel::is_one"
+    )]
     pub tensor: u32,
     /// Whether the model's batch was the whole step's, split over the ranks (else each
     /// rank runs the model's batch: `data` times it in all).
@@ -71,14 +74,6 @@ pub struct ParallelReport {
     pub nccl_reserve: Option<u64>,
     /// Every rank's bytes, in rank order.
     pub per_rank: Vec<RankEntry>,
-}
-
-fn one() -> u32 {
-    1
-}
-
-fn is_one(n: &u32) -> bool {
-    *n == 1
 }
 
 /// The role name of every rank of a parallel plan.

@@ -27,12 +27,17 @@ fn concat(dst: &mut [f32], shards: &[Vec<f32>]) {
     }
 }
 
+/// Element `i` summed over the ranks' `values` in rank order (0 past a rank's end).
+fn sum_at(values: &[Vec<f32>], i: usize) -> f32 {
+    values
+        .iter()
+        .fold(0.0f32, |acc, v| acc + v.get(i).copied().unwrap_or(0.0))
+}
+
 /// The sum over the ranks of `values`, in rank order.
 fn sum_of(values: &[Vec<f32>], dst: &mut [f32]) {
     for (i, d) in dst.iter_mut().enumerate() {
-        *d = values
-            .iter()
-            .fold(0.0f32, |acc, v| acc + v.get(i).copied().unwrap_or(0.0));
+        *d = sum_at(values, i);
     }
 }
 
@@ -40,11 +45,7 @@ fn sum_of(values: &[Vec<f32>], dst: &mut [f32]) {
 fn mean_of(values: &[Vec<f32>], dst: &mut [f32], offset: usize) {
     let n = values.len() as f32;
     for (j, d) in dst.iter_mut().enumerate() {
-        let i = offset + j;
-        let sum = values
-            .iter()
-            .fold(0.0f32, |acc, v| acc + v.get(i).copied().unwrap_or(0.0));
-        *d = sum / n;
+        *d = sum_at(values, offset + j) / n;
     }
 }
 
