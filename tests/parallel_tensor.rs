@@ -217,3 +217,43 @@ fn the_command_line_runs_tensor_ranks() {
     ]);
     assert_eq!(cuda.status.code(), Some(2));
 }
+
+/// A matmul whose output also reaches the loss directly cannot run split: its weight (and
+/// the row weight after it, now fed a whole value) stay whole on every rank, the other
+/// pair splits, and the ranks still train as one.
+#[test]
+fn a_region_that_escapes_stays_whole() {
+    let src = "model m {
+  dim B = 4, D = 8, F = 16
+  input x: [B, D]
+  param w1: [D, F] = normal(0.5)
+  param w2: [F, D] = normal(0.5)
+  param w3: [D, F] = normal(0.5)
+  param w4: [F, D] = normal(0.5)
+  let h = x @ w3
+  let y = relu(x @ w1) @ w2 + relu(h) @ w4
+  loss = mean(y * y) + mean(h)
+  train {
+    optimizer = adamw(lr = 1e-2)
+  }
+}";
+    let run = |tensor: u32| {
+        let o = layout(&[], 4, Precision::Fp32, (1, tensor, 0));
+        let c = compiled_with(src, &o);
+        let split: Vec<String> = (c.plan.plan().params.iter())
+            .filter(|p| p.tensor_split.is_some())
+            .map(|p| p.name.clone())
+            .collect();
+        let mut ranks = Ranks::new(&c.plan).unwrap();
+        ranks.start(1).unwrap();
+        let losses: Vec<f32> = (0..3).map(|_| ranks.run_step().unwrap().unwrap()).collect();
+        (split, losses)
+    };
+    let (none, one) = run(1);
+    let (split, two) = run(2);
+    assert!(none.is_empty());
+    assert_eq!(split, ["w1", "w2"]);
+    for (a, b) in one.iter().zip(&two) {
+        assert!((a - b).abs() <= 2e-6 * a.abs(), "{a} vs {b}");
+    }
+}

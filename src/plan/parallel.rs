@@ -167,9 +167,14 @@ pub fn render(out: &mut String, plan: &Plan) {
     let Some(r) = &plan.report.parallel else {
         return;
     };
-    let batch = match r.global_batch {
-        true => format!("1/{} of the model's batch", r.data),
-        false => format!("a batch of its own ({} times the model's in all)", r.data),
+    let batch = match (r.global_batch, r.tensor) {
+        (true, 1) => format!("1/{} of the model's batch", r.data),
+        (false, 1) => format!("a batch of its own ({} times the model's in all)", r.data),
+        (true, _) => format!("its replica's 1/{} of the model's batch", r.data),
+        (false, _) => format!(
+            "its replica's batch (a batch of its own for each of the {} replicas)",
+            r.data
+        ),
     };
     let tensor = match r.tensor {
         1 => String::new(),
