@@ -1,5 +1,6 @@
 //! The verifier's check of views: each sits at its root's bytes within the root's lifetime,
-//! comes from a reshape (or a tensor-parallel entry) of the same storage, and no step writes shared bytes in place.
+//! comes from a reshape (or a tensor-parallel entry) of the same storage, and no step
+//! writes shared bytes in place.
 
 use super::{at, Checker};
 use crate::plan::BufferId;
