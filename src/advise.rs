@@ -355,37 +355,57 @@ fn per_rank(r: &crate::plan::ParallelReport) -> String {
     )
 }
 
-/// With data parallelism over N ranks (`--parallel data=N`, N > 1), the other data-parallel
-/// layouts, each with checkpointing fitted to the budget (`fitted`): every other ZeRO stage
-/// over N ranks, and ZeRO-3 over N / 2 (from 2) and 2N ranks (up to
-/// [`crate::parallel::MAX_RANKS`]); nothing without it. Their arenas are per rank.
+/// With data parallelism over N ranks (`--parallel data=N`, N > 1, or any layout of more
+/// than one rank), the other layouts, each with checkpointing fitted to the budget
+/// (`fitted`): every other ZeRO stage over N ranks, ZeRO-3 over N / 2 (from 2) and 2N ranks
+/// (up to [`crate::parallel::MAX_RANKS`]), and the same GPUs split Megatron's way over
+/// tensor = 2, 4 and 8 ranks per replica where they divide them (the stage kept while more
+/// than one replica remains); nothing on one rank. Their arenas are per rank.
 fn layout_rows(source: &str, fitted: &Options, budget: u64) -> Vec<Advice> {
-    let Some(given) = fitted.parallel.filter(|p| p.data > 1) else {
+    let Some(given) = fitted.parallel.filter(|p| p.world() > 1) else {
         return Vec::new();
     };
     let n = given.data;
-    let stages = (0..=3u8).filter(|&z| z != given.zero).map(|z| (n, z));
+    let stages = (0..=3u8)
+        .filter(|&z| z != given.zero)
+        .map(|z| (n, given.tensor, z));
     let counts = [n / 2, n.saturating_mul(2)].into_iter();
     let counts = counts.filter(|&d| (2..=crate::parallel::MAX_RANKS).contains(&d) && d != n);
+    let world = given.world();
+    let tensors = [2, 4, 8]
+        .into_iter()
+        .filter(|&t| world % t == 0 && t != given.tensor);
+    let splits = tensors.map(|t| (world / t, t, if world > t { given.zero } else { 0 }));
     let budget_flag = budget.to_string();
-    (stages.chain(counts.map(|d| (d, 3))))
-        .map(|(data, zero)| {
-            let layout = format!("data={data},zero={zero}");
-            let option = format!("data = {data}, ZeRO-{zero} + checkpointing to fit");
-            let selects = flags(&["--parallel", &layout, "--budget", &budget_flag]);
-            let parallel = crate::parallel::Parallel {
-                data,
-                zero,
-                ..given
-            };
-            let o = Options {
-                parallel: Some(parallel),
-                ..fitted.clone()
-            };
-            let note = "another data-parallel layout, bytes per rank";
-            row(source, (&option, selects), o, budget, note)
-        })
-        .collect()
+    (stages
+        .chain(counts.map(|d| (d, given.tensor, 3)))
+        .chain(splits))
+    .map(|(data, tensor, zero)| {
+        let (layout, option) = match tensor {
+            1 => (
+                format!("data={data},zero={zero}"),
+                format!("data = {data}, ZeRO-{zero} + checkpointing to fit"),
+            ),
+            t => (
+                format!("data={data},zero={zero},tensor={t}"),
+                format!("data = {data}, tensor = {t}, ZeRO-{zero} + checkpointing to fit"),
+            ),
+        };
+        let selects = flags(&["--parallel", &layout, "--budget", &budget_flag]);
+        let parallel = crate::parallel::Parallel {
+            data,
+            zero,
+            tensor,
+            ..given
+        };
+        let o = Options {
+            parallel: Some(parallel),
+            ..fitted.clone()
+        };
+        let note = "another parallel layout, bytes per rank";
+        row(source, (&option, selects), o, budget, note)
+    })
+    .collect()
 }
 
 /// The mixed- and low-precision rows, each on top of `base`.

@@ -7,39 +7,57 @@ use crate::exec::kernels::rng;
 use crate::ir::{DType, Init};
 use crate::plan::{BufferId, Plan};
 
+/// Where a rank sits in a parallel layout: its index among the data-parallel ranks that
+/// hold its tensor slice (the ZeRO shard it holds) and its tensor rank (the slice of each
+/// tensor-parallel parameter it holds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankIndex {
+    /// Data-parallel index, 0-based.
+    pub data: usize,
+    /// Tensor-parallel index, 0-based.
+    pub tensor: usize,
+}
+
+impl RankIndex {
+    /// The first rank, and the only rank of a plan on one device.
+    pub const FIRST: RankIndex = RankIndex { data: 0, tensor: 0 };
+}
+
 /// The values (as f32, before any 16-bit rounding) parameter `k` of `plan` starts from under
 /// `seed` on rank `rank`: its initializer keyed by `seed` and the parameter's position among
-/// the parameters (running statistics not counted); a
-/// parameter sharded over the ranks (ZeRO-3) starts from rank `rank`'s slice of the values
-/// its full shape starts from, zero past their end, so N ranks start from what one does.
-pub fn param_values(plan: &Plan, k: usize, seed: u64, rank: usize) -> Vec<f32> {
+/// the parameters (running statistics not counted), evaluated at each element's index in the
+/// whole parameter (a tensor-parallel rank's slice takes the elements of the whole its slice
+/// holds); a parameter sharded over the data-parallel ranks (ZeRO-3) starts from its shard of
+/// those values, zero past their end, so N ranks start from what one does.
+pub fn param_values(plan: &Plan, k: usize, seed: u64, rank: RankIndex) -> Vec<f32> {
     let Some(p) = plan.params.get(k) else {
         return Vec::new();
     };
     match &p.shard_of {
-        Some(full) => sliced(plan, k, full, Some((p.buffer, rank)), seed),
-        None => sliced(plan, k, &plan.param_shape(p), None, seed),
+        Some(full) => sliced(plan, k, full, (Some(p.buffer), rank), seed),
+        None => sliced(plan, k, &plan.param_shape(p), (None, rank), seed),
     }
 }
 
 /// The values parameter `k`'s fp32 master shard (ZeRO-1 and 2 with mixed precision) starts
 /// from on rank `rank`: its slice of the values the whole parameter starts from, zero past
 /// their end, so the rank's 16-bit copy and master agree as one rank's cast would.
-fn master_values(plan: &Plan, k: usize, master: BufferId, seed: u64, rank: usize) -> Vec<f32> {
+fn master_values(plan: &Plan, k: usize, master: BufferId, seed: u64, rank: RankIndex) -> Vec<f32> {
     match plan.params.get(k) {
-        Some(p) => sliced(plan, k, &plan.param_shape(p), Some((master, rank)), seed),
+        Some(p) => sliced(plan, k, &plan.param_shape(p), (Some(master), rank), seed),
         None => Vec::new(),
     }
 }
 
-/// The values parameter `k` of shape `full` starts from under `seed`: all of them, or with
-/// `shard = Some((buffer, rank))` rank `rank`'s slice of `buffer`'s length, zero past their
-/// end.
+/// The values parameter `k` of (this tensor rank's) shape `full` starts from under `seed`:
+/// all of them, or with `shard = (Some(buffer), rank)` data rank `rank.data`'s slice of
+/// `buffer`'s length, zero past their end; a tensor-parallel parameter's element `i` is the
+/// initializer's at its index in the whole parameter on tensor rank `rank.tensor`.
 fn sliced(
     plan: &Plan,
     k: usize,
     full: &[usize],
-    shard: Option<(BufferId, usize)>,
+    (shard, rank): (Option<BufferId>, RankIndex),
     seed: u64,
 ) -> Vec<f32> {
     let Some(p) = plan.params.get(k) else {
@@ -54,14 +72,19 @@ fn sliced(
         .count();
     let key = seed.wrapping_mul(1_000_003).wrapping_add(position as u64);
     let (range, len) = match shard {
-        Some((b, rank)) => {
+        Some(b) => {
             let len = plan.buffers[b.index()].ty.numel();
-            let rank = rank as u64;
-            ((rank * len).min(n)..((rank + 1) * len).min(n), len)
+            let data = rank.data as u64;
+            ((data * len).min(n)..((data + 1) * len).min(n), len)
         }
         None => (0..n, n),
     };
+    let whole_index = |i: u64| match &p.tensor_split {
+        Some(split) => split.global_index(i as usize, rank.tensor) as u64,
+        None => i,
+    };
     let mut values: Vec<f32> = range
+        .map(whole_index)
         .map(|i| match p.init {
             Init::Zeros => 0.0,
             Init::Ones => 1.0,
@@ -74,13 +97,13 @@ fn sliced(
 }
 
 /// Every persistent buffer (each parameter, then each optimizer-state buffer) with the values
-/// it holds before the first step under `seed` on rank `rank` (0 without data parallelism),
+/// it holds before the first step under `seed` on rank `rank` ([`RankIndex::FIRST`] on one device),
 /// computed lazily one buffer at a time; a parameter's fp32 master shard starts from the
 /// rank's slice of the parameter's values.
 pub fn persistent(
     plan: &Plan,
     seed: u64,
-    rank: usize,
+    rank: RankIndex,
 ) -> impl Iterator<Item = (BufferId, Vec<f32>)> + '_ {
     let params = (0..plan.params.len())
         .map(move |k| (plan.params[k].buffer, param_values(plan, k, seed, rank)));
@@ -203,7 +226,7 @@ mod tests {
             let plan = plan.plan();
             let dtype = |b: BufferId| plan.buffers[b.index()].ty.dtype;
             let mut seen = 0;
-            for (b, values) in persistent(plan, 7, 0) {
+            for (b, values) in persistent(plan, 7, RankIndex::FIRST) {
                 assert_eq!(
                     lowp::to_bytes(dtype(b), &values),
                     lowp::to_bytes(dtype(b), &cpu.read(b)),

@@ -123,6 +123,15 @@ impl From<UserError> for CompileError {
     }
 }
 
+impl From<passes::megatron::SplitError> for CompileError {
+    fn from(e: passes::megatron::SplitError) -> CompileError {
+        match e {
+            passes::megatron::SplitError::User(u) => CompileError::User(u),
+            passes::megatron::SplitError::Internal(s) => s.into(),
+        }
+    }
+}
+
 impl From<passes::quantize::QuantizeError> for CompileError {
     fn from(e: passes::quantize::QuantizeError) -> CompileError {
         match e {
@@ -321,6 +330,18 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
             module = lowered(&ast, &overrides, options)?;
         }
     }
+    let mut tensor_splits = std::collections::BTreeMap::new();
+    if let (Some(p), Some(t)) = (parallel.filter(|p| p.tensor > 1), module.train.as_ref()) {
+        let split = passes::megatron::run(&module.graph, p.tensor).map_err(|e| match e {
+            passes::megatron::SplitError::User(u) if u.span.is_none() => CompileError::User(
+                diagnostic::UserError::at(t.span, u.message, "this train section", u.help),
+            ),
+            e => e.into(),
+        })?;
+        verified(&split.graph, "megatron")?;
+        module.graph = split.graph;
+        tensor_splits = split.params;
+    }
     if let Some(spec) = module.train.as_ref().and_then(|t| t.settings.lora.clone()) {
         module.graph = passes::lora::run(&module.graph, &spec)?;
         verified(&module.graph, "lora")?;
@@ -443,6 +464,9 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
         nccl_reserve: nccl.unwrap_or(0),
         total: (plan.arena_bytes.saturating_add(context_reserve)).saturating_add(nccl.unwrap_or(0)),
     });
+    for p in &mut plan.params {
+        p.tensor_split = tensor_splits.get(&p.name).cloned();
+    }
     plan.report.parallel = parallel.map(|p| plan::parallel_report(&plan, p, nccl));
     plan.report.largest_at_peak = plan::largest_at_peak(&plan, source, 10);
     plan::attach_lines(&mut plan, source);

@@ -1,6 +1,7 @@
-//! How a training step is spread over devices: `train { parallel = (data = N, zero = K) }`
-//! and `--parallel data=N,zero=K` read into one [`Parallel`], with one reader of their
-//! `key = value` pairs so the file and the flag accept and refuse the same things.
+//! How a training step is spread over devices: `train { parallel = (data = N, zero = K,
+//! tensor = T) }` and `--parallel data=N,zero=K,tensor=T` read into one [`Parallel`], with
+//! one reader of their `key = value` pairs so the file and the flag accept and refuse the
+//! same things.
 
 use crate::diagnostic::UserError;
 use crate::ir::Span;
@@ -21,6 +22,31 @@ pub struct Parallel {
     /// (`batch = global`), rather than each rank's (`batch = per_rank`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub global_batch: bool,
+    /// Tensor-parallel ranks per replica (1: no tensor split).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub tensor: u32,
+}
+
+/// 1, the default rank count of a serialized layout.
+pub(crate) fn one() -> u32 {
+    1
+}
+
+/// Whether a serialized rank count is the default, 1 (left out).
+pub(crate) fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+impl Default for Parallel {
+    /// One rank: no data or tensor split, ZeRO-0, the batch per rank.
+    fn default() -> Parallel {
+        Parallel {
+            data: 1,
+            zero: 0,
+            global_batch: false,
+            tensor: 1,
+        }
+    }
 }
 
 /// A value as written after `key =`: a number, a word, or something else (its span says
@@ -68,19 +94,24 @@ impl Parallel {
         self.data
     }
 
+    /// Every rank of the layout: `data` replicas of `tensor` ranks each. Rank `r` is tensor
+    /// rank `r % tensor` of replica `r / tensor` (a replica's tensor ranks are adjacent, as
+    /// Megatron places them within a node).
+    pub fn world(&self) -> u32 {
+        self.data.saturating_mul(self.tensor)
+    }
+
     /// Reads the pairs of a `parallel` setting. `data` is a whole number of ranks of at
-    /// least 1 (default 1), `zero` a stage 0 to 3 (default 0); `tensor` and `pipeline` are
-    /// accepted as 1 (one rank per layer and per tensor) and refused otherwise, as are
-    /// `microbatches` and `sequence_parallel`, which only pipeline and tensor parallelism
-    /// read. Every refusal names the pair's span; a key given twice is refused.
+    /// least 1 (default 1), `zero` a stage 0 to 3 (default 0), `tensor` a whole number of
+    /// tensor-parallel ranks (default 1); `sequence_parallel = off` is accepted and `on`
+    /// refused (not planned yet), `pipeline` is accepted as 1 and refused otherwise, as is
+    /// `microbatches`, which only pipeline parallelism reads. `data` times `tensor` is at
+    /// most [`MAX_RANKS`]. Every refusal names the pair's span; a key given twice is refused.
     pub fn from_pairs<'a>(
         pairs: impl IntoIterator<Item = Pair<'a>>,
     ) -> Result<Parallel, UserError> {
-        let mut out = Parallel {
-            data: 1,
-            zero: 0,
-            global_batch: false,
-        };
+        let mut out = Parallel::default();
+        let mut world_span = None;
         let mut seen: Vec<&str> = Vec::new();
         for p in pairs {
             if !KEYS.contains(&p.key) {
@@ -101,12 +132,25 @@ impl Parallel {
             }
             seen.push(p.key);
             match p.key {
-                "data" => out.data = count(&p)?,
+                "data" => (out.data, world_span) = (count(&p)?, Some(p.value_span)),
+                "tensor" => (out.tensor, world_span) = (count(&p)?, Some(p.value_span)),
                 "zero" => out.zero = stage(&p)?,
                 "batch" => out.global_batch = global(&p)?,
-                "tensor" | "pipeline" if count(&p)? == 1 => {}
+                "sequence_parallel" if !switch(&p)? => {}
+                "pipeline" if count(&p)? == 1 => {}
                 _ => return Err(unsupported(&p)),
             }
+        }
+        if let (true, Some(span)) = (
+            u64::from(out.data) * u64::from(out.tensor) > u64::from(MAX_RANKS),
+            world_span,
+        ) {
+            return Err(UserError::at(
+                span,
+                format!("`data` times `tensor` is at most {MAX_RANKS} ranks"),
+                "too many",
+                "plan a smaller job: the report lists every rank",
+            ));
         }
         if seen.contains(&"zero") && !seen.contains(&"data") {
             return Err(UserError::general(
@@ -149,6 +193,58 @@ impl Parallel {
             });
         }
         Parallel::from_pairs(pairs)
+    }
+}
+
+/// How a tensor-parallel rank holds its slice of a parameter: along `axis`, the full
+/// extent is the contiguous `parts` in order (a fused q, k, v projection's three column
+/// blocks; one part otherwise), and rank `r` of `ranks` holds the `r`-th of `ranks` equal
+/// pieces of every part, in part order. Every part divides by `ranks`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorSplit {
+    /// The parameter's whole shape.
+    pub full: Vec<usize>,
+    /// The dim the ranks split.
+    pub axis: usize,
+    /// The extents of the parts along `axis`, summing to `full[axis]`.
+    pub parts: Vec<usize>,
+    /// Tensor-parallel ranks.
+    pub ranks: u32,
+}
+
+impl TensorSplit {
+    /// The shape each rank holds: `full` with `axis` divided by the ranks.
+    pub fn local_shape(&self) -> Vec<usize> {
+        let mut shape = self.full.clone();
+        if let Some(d) = shape.get_mut(self.axis) {
+            *d /= self.ranks.max(1) as usize;
+        }
+        shape
+    }
+
+    /// The flat index in the whole parameter of element `local` (a flat index into
+    /// [`TensorSplit::local_shape`]) of rank `rank`'s slice.
+    pub fn global_index(&self, local: usize, rank: usize) -> usize {
+        let ranks = self.ranks.max(1) as usize;
+        let inner: usize = self.full.iter().skip(self.axis + 1).product();
+        let extent = self.full.get(self.axis).copied().unwrap_or(1);
+        let local_extent = extent / ranks;
+        let (outer, rest) = (
+            local / (local_extent * inner),
+            local % (local_extent * inner),
+        );
+        let (mut a, i) = (rest / inner, rest % inner);
+        let mut part_start = 0;
+        for &part in &self.parts {
+            let piece = part / ranks;
+            if a < piece {
+                let global = part_start + rank * piece + a;
+                return (outer * extent + global) * inner + i;
+            }
+            a -= piece;
+            part_start += part;
+        }
+        (outer * extent + part_start + a) * inner + i
     }
 }
 
@@ -196,6 +292,20 @@ fn count(p: &Pair) -> Result<u32, UserError> {
     }
 }
 
+/// Whether `p` says `on` (true) or `off` (false).
+fn switch(p: &Pair) -> Result<bool, UserError> {
+    match p.value {
+        Setting::Word("on") => Ok(true),
+        Setting::Word("off") => Ok(false),
+        _ => Err(UserError::at(
+            p.value_span,
+            format!("`{}` is `on` or `off`", p.key),
+            "not a switch",
+            format!("write `{} = off`", p.key),
+        )),
+    }
+}
+
 /// Whether `p` says the batch is the whole step's (`global`) or each rank's (`per_rank`).
 fn global(p: &Pair) -> Result<bool, UserError> {
     match p.value {
@@ -230,15 +340,21 @@ fn not_a_stage(p: &Pair) -> UserError {
 }
 
 fn unsupported(p: &Pair) -> UserError {
-    let what = match p.key {
-        "tensor" | "sequence_parallel" => "tensor parallelism (Megatron's split)",
-        _ => "pipeline parallelism",
+    let (what, help) = match p.key {
+        "sequence_parallel" => (
+            "sequence parallelism (norm and dropout activations split along the sequence)",
+            "plan `tensor = T` without it: each all-reduce stays whole",
+        ),
+        _ => (
+            "pipeline parallelism",
+            "plan data and tensor parallelism instead: `data = N, zero = 0..3, tensor = T`",
+        ),
     };
     UserError::at(
         p.key_span,
         format!("`{}` asks for {what}, which memc does not plan yet", p.key),
         "not supported yet",
-        "plan data parallelism with ZeRO instead: `data = N, zero = 0..3`",
+        help,
     )
 }
 
@@ -253,17 +369,19 @@ mod tests {
             Ok(Parallel {
                 data: 8,
                 zero: 3,
-                global_batch: false
+                ..Parallel::default()
             })
         );
         assert_eq!(
             Parallel::parse_flag(" data = 4 , tensor=1,batch=global"),
             Ok(Parallel {
                 data: 4,
-                zero: 0,
-                global_batch: true
+                global_batch: true,
+                ..Parallel::default()
             })
         );
+        let split = Parallel::parse_flag("data=2,tensor=4,sequence_parallel=off");
+        assert_eq!(split.map(|p| (p.world(), p.ranks())), Ok((8, 2)));
     }
 
     /// The ZeRO paper's Figure 1 example: 7.5B parameters, K = 12, 64 devices.
@@ -283,13 +401,43 @@ mod tests {
         assert_eq!(gb, ["120.0", "31.4", "16.6", "1.9"]);
     }
 
+    /// A fused q, k, v projection `[2, 6]` over 2 ranks: rank 1 holds the second column of
+    /// each of the three blocks of two.
+    #[test]
+    fn split_parts_map_to_their_columns() {
+        let split = TensorSplit {
+            full: vec![2, 6],
+            axis: 1,
+            parts: vec![2, 2, 2],
+            ranks: 2,
+        };
+        assert_eq!(split.local_shape(), vec![2, 3]);
+        let rank1: Vec<usize> = (0..6).map(|i| split.global_index(i, 1)).collect();
+        assert_eq!(rank1, vec![1, 3, 5, 7, 9, 11]);
+        let rows = TensorSplit {
+            full: vec![4, 3],
+            axis: 0,
+            parts: vec![4],
+            ranks: 2,
+        };
+        let rank1: Vec<usize> = (0..6).map(|i| rows.global_index(i, 1)).collect();
+        assert_eq!(rank1, vec![6, 7, 8, 9, 10, 11]);
+    }
+
     #[test]
     fn flag_refusals_point_at_the_value() {
         for (text, span, message) in [
             ("data=8,zero=4", (12, 13), "ZeRO stage"),
             ("data=0", (5, 6), "at least 1"),
             ("data=2.5", (5, 8), "at least 1"),
-            ("data=8,tensor=2", (7, 13), "tensor parallelism"),
+            (
+                "data=8,sequence_parallel=on",
+                (7, 24),
+                "sequence parallelism",
+            ),
+            ("tensor=2,sequence_parallel=yes", (27, 30), "`on` or `off`"),
+            ("data=65536,tensor=2", (18, 19), "times `tensor`"),
+            ("data=8,pipeline=2", (7, 15), "pipeline parallelism"),
             ("data=8,pipe=2", (7, 11), "unknown parallel setting"),
             ("data=8,zero", (7, 11), "not a `key=value`"),
             ("data=2,data=4", (7, 11), "twice"),

@@ -3,6 +3,9 @@
 //! transformer layer stores `sbh(34 + 5as/h)` bytes of 16-bit activations without
 //! recomputation (`s` sequence, `b` batch, `h` hidden, `a` heads), of which `5as²b` are the
 //! attention scores, softmax and its dropout mask, which flash attention never stores.
+//! With tensor parallelism over `t` ranks (Section 4.2) each rank stores
+//! `sbh(10 + 24/t + 5as/(ht))`: the 10sbh of the layernorms, their outputs and the dropout
+//! masks stay whole on every rank, the rest is split.
 #![allow(clippy::panic, clippy::unwrap_used)]
 
 mod common;
@@ -41,12 +44,28 @@ fn saved_in(plan: &Plan, scope: &str) -> Vec<(&'static str, u64)> {
         .collect()
 }
 
+/// Korthikanti et al.'s per-layer bytes on each of `t` tensor-parallel ranks, with the
+/// attention term or without it (flash).
+fn korthikanti_tensor(t: u64, flash: bool) -> u64 {
+    let scores = if flash { 0 } else { 5 * A * S * S * B / t };
+    10 * S * B * H + 24 * S * B * H / t + scores
+}
+
 fn gpt2_bf16(checkpoint: CheckpointMode) -> memc::Compiled {
+    gpt2_bf16_over(checkpoint, 1)
+}
+
+/// GPT-2 small in bf16 on each of `tensor` tensor-parallel ranks.
+fn gpt2_bf16_over(checkpoint: CheckpointMode, tensor: u32) -> memc::Compiled {
     let dims = [("B", B as i64), ("T", S as i64)];
     let o = Options {
         overrides: overrides(&dims),
         precision: Some(Precision::Bf16),
         checkpoint,
+        parallel: (tensor > 1).then_some(memc::parallel::Parallel {
+            tensor,
+            ..memc::parallel::Parallel::default()
+        }),
         ..Options::default()
     };
     compiled_with(&example("gpt2"), &o)
@@ -105,5 +124,47 @@ fn gpt2_layers_by_default() {
             (17_301_504, 22),
             "layer {layer}: {saved:?}"
         );
+    }
+}
+
+/// GPT-2 small in bf16 over t = 2 and 4 tensor ranks, everything saved: each rank keeps
+/// the replicated layernorm inputs (fp32, 4sbh each), the QKV and MLP inputs (2sbh each),
+/// and 1/t of Q, K, V, the attention output (2sbh each), the first linear's output and
+/// GELU's (8sbh each): 12sbh + 24sbh/t, the formula's flash form less the absent dropout
+/// masks (2sbh) plus the fp32 residual (2 x 2sbh) as at t = 1: 24sbh = 18,874,368 bytes at
+/// t = 2, 18sbh = 14,155,776 at t = 4.
+#[test]
+fn gpt2_tensor_parallel_layers_against_korthikanti() {
+    let sbh = S * B * H;
+    assert_eq!(korthikanti_tensor(1, true), korthikanti(true));
+    assert_eq!(korthikanti_tensor(1, false), korthikanti(false));
+    assert_eq!(korthikanti_tensor(2, true), 17_301_504);
+    assert_eq!(korthikanti_tensor(2, false), 48_758_784);
+    for (t, expected) in [(2u64, 18_874_368), (4, 14_155_776)] {
+        let c = gpt2_bf16_over(CheckpointMode::KeepAll, t as u32);
+        let plan = c.plan.plan();
+        for layer in 0..LAYERS {
+            let saved = saved_in(plan, &format!("layer.{layer}"));
+            let units: Vec<(&str, u64)> = saved.iter().map(|&(op, b)| (op, b * t / sbh)).collect();
+            assert_eq!(
+                units,
+                [
+                    ("cast", 2 * t),   // layernorm 1's output in bf16, whole
+                    ("slice", 2),      // this rank's Q heads
+                    ("slice", 2),      // K
+                    ("slice", 2),      // V
+                    ("attention", 2),  // their output
+                    ("binary", 4 * t), // the fp32 residual, whole
+                    ("cast", 2 * t),   // layernorm 2's output in bf16, whole
+                    ("binary", 8),     // this rank's columns of the first linear's output
+                    ("unary", 8),      // GELU's output
+                    ("binary", 4 * t), // the fp32 layer output, whole
+                ],
+                "t = {t}, layer {layer}"
+            );
+            let bytes: u64 = saved.iter().map(|&(_, b)| b).sum();
+            assert_eq!(bytes, expected, "t = {t}");
+            assert_eq!(bytes, korthikanti_tensor(t, true) - 2 * sbh + 2 * 2 * sbh);
+        }
     }
 }

@@ -117,9 +117,10 @@ fn rows_say_the_flags_that_select_them_and_mark_the_frontier() {
         .any(|r| r.option == "bf16 mixed precision + checkpointing to fit" && r.fits));
 }
 
-/// `memc advise` with `--parallel data=4`: rows for the other stages over 4 ranks and for
-/// ZeRO-3 over 2 and 8, each fitted to the budget, its arena per rank and its note saying
-/// each rank's bytes.
+/// `memc advise` with `--parallel data=4`: rows for the other stages over 4 ranks, for
+/// ZeRO-3 over 2 and 8, and for the 4 GPUs split over tensor = 2 and 4, each fitted to the
+/// budget, its arena per rank and its note saying each rank's bytes. Tensor = 4 (no data
+/// parallelism left) fits and ranks first.
 #[test]
 fn advise_compares_layouts() {
     let dims = [
@@ -136,21 +137,32 @@ fn advise_compares_layouts() {
         parallel: Some(memc::parallel::Parallel {
             data: 4,
             zero: 0,
-            global_batch: false,
+            ..memc::parallel::Parallel::default()
         }),
         ..Options::default()
     };
     let rows = advise(&common::example("gpt2"), &o, 1000 << 10);
-    let layout = |data: u32, zero: u8| {
-        let name = format!("data = {data}, ZeRO-{zero} + checkpointing to fit");
+    let split = |data: u32, tensor: u32, zero: u8| {
+        let (name, flag) = match tensor {
+            1 => (
+                format!("data = {data}, ZeRO-{zero} + checkpointing to fit"),
+                format!("data={data},zero={zero}"),
+            ),
+            t => (
+                format!("data = {data}, tensor = {t}, ZeRO-{zero} + checkpointing to fit"),
+                format!("data={data},zero={zero},tensor={t}"),
+            ),
+        };
         let Some(row) = rows.iter().find(|r| r.option == name) else {
             panic!("no row {name}");
         };
         // A row without a plan says why instead of its flags.
-        let flag = format!("data={data},zero={zero}");
         assert!(!row.fits || row.flags[..2] == ["--parallel".to_string(), flag]);
         (row.fits, row.arena_bytes)
     };
+    let layout = |data: u32, zero: u8| split(data, 1, zero);
+    assert_eq!(split(1, 4, 0), (true, Some(858_628)));
+    assert_eq!(split(2, 2, 0), (false, None));
     assert_eq!(layout(4, 3), (true, Some(970_500)));
     assert_eq!(layout(8, 3), (true, Some(795_396)));
     assert_eq!(layout(2, 3), (false, None));
@@ -164,7 +176,7 @@ fn advise_compares_layouts() {
     };
     assert!(
         best.note
-            .contains("per rank: params 57.9 KiB, grads 57.9 KiB, optimizer 115.8 KiB"),
+            .contains("per rank: params 172.4 KiB, grads 172.4 KiB, optimizer 344.8 KiB"),
         "{}",
         best.note
     );

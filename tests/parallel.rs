@@ -37,6 +37,7 @@ fn parallel(data: u32, zero: u8, global_batch: bool) -> Option<Parallel> {
         data,
         zero,
         global_batch,
+        ..Parallel::default()
     })
 }
 
@@ -454,45 +455,57 @@ fn other_settings_train_alike() {
     }
 }
 
-/// `memc fit --ranks`: the fewest ranks, then the lowest stage, whose per-rank plan fits;
-/// every layout tried on the way is listed, and a budget nothing meets is an error listing
-/// them all.
+/// `memc fit --ranks`: the fewest ranks, then the lowest stage, then the fewest tensor
+/// ranks, whose per-rank plan fits; every layout tried on the way is listed, and a budget
+/// nothing meets is an error listing them all. At 1000 KiB the small GPT fits on 4 ranks
+/// split Megatron's way (tensor = 4), before ZeRO-3 over 4 data-parallel ranks is tried.
 #[test]
 fn fit_finds_the_fewest_ranks() {
     use memc::fit_ranks::{fewest_ranks, RanksFitError};
     let src = example("gpt2");
     let o = options(GPT, 2, Precision::Fp32);
     let found = fewest_ranks(&src, &o, 1000 << 10, 16).unwrap();
-    assert_eq!(found.parallel, parallel(4, 3, false).unwrap());
-    assert_eq!(found.plan.plan().report.budgeted_bytes(), 970_500);
-    let tried: Vec<(u32, u8, bool)> = found
+    let tensor_4 = Parallel {
+        tensor: 4,
+        ..Parallel::default()
+    };
+    assert_eq!(found.parallel, tensor_4);
+    assert_eq!(found.plan.plan().report.budgeted_bytes(), FIT_BYTES);
+    let tried: Vec<(u32, u32, u8, bool)> = found
         .probes
         .iter()
-        .map(|p| (p.data, p.zero, p.bytes.is_some()))
+        .map(|p| (p.data, p.tensor, p.zero, p.bytes.is_some()))
         .collect();
-    let mut expected = vec![(1, 0, false)];
-    for data in [2, 4] {
-        expected.extend((0..4).map(|zero| (data, zero, data == 4 && zero == 3)));
-    }
+    let mut expected = vec![(1, 1, 0, false), (2, 1, 0, false), (1, 2, 0, false)];
+    expected.extend((1..4).map(|zero| (2, 1, zero, false)));
+    expected.extend([(4, 1, 0, false), (2, 2, 0, false), (1, 4, 0, true)]);
     assert_eq!(tried, expected);
     let Err(RanksFitError::Infeasible { max_ranks, probes }) =
-        fewest_ranks(&src, &o, 600 << 10, 16)
+        fewest_ranks(&src, &o, 400 << 10, 16)
     else {
-        panic!("600 KiB fitted");
+        panic!("400 KiB fitted");
     };
-    assert_eq!((max_ranks, probes.len()), (16, 17));
-    assert!(probes.iter().all(|p| p
-        .refusal
-        .as_ref()
-        .is_some_and(|r| r.contains("no plan fits"))));
+    // 1 layout of 1 rank, 5 of 2, 9 of 4, 13 of 8 and 16 of 16; tensor = 8 does not
+    // divide the 4 heads.
+    assert_eq!((max_ranks, probes.len()), (16, 44));
+    for p in probes {
+        let why = p.refusal.unwrap_or_default();
+        let heads = why.contains("does not divide the 4 heads");
+        assert_eq!(heads, p.tensor == 8, "{why}");
+        assert!(heads || why.contains("no plan fits"), "{why}");
+    }
     let out = memc_gpt("fit", &["--budget", "1000KiB", "--ranks", "16"]);
     common::assert_success(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.starts_with("fit ranks: the fewest within 1000.0 KiB per device is data = 4, ZeRO-3 (--parallel data=4,zero=3): 947.8 KiB (970,500 bytes) per rank"),
+        text.starts_with(&format!("fit ranks: the fewest within 1000.0 KiB per device is data = 1, ZeRO-0, tensor = 4 (--parallel data=1,zero=0,tensor=4): {FIT_TEXT} per rank")),
         "{text}"
     );
 }
+
+/// The budgeted bytes of the small GPT over tensor = 4, and as `memc fit` prints them.
+const FIT_BYTES: u64 = 858_628;
+const FIT_TEXT: &str = "838.5 KiB (858,628 bytes)";
 
 /// Under ZeRO-3 every gather of a parameter in forward is freed by the end of forward
 /// (after its last forward reader), backward gathers again what it reads, and the gathered

@@ -1,7 +1,8 @@
 //! A Llama-2-70B-shaped model (80 layers, D = 8192, 64 query heads sharing 8 key/value
 //! heads, FFN 28672, V = 32000: 68,976,648,192 parameters) in bf16 with AdamW, one sequence
-//! of 2,048 tokens per GPU, planned for the GPU: exact per-rank bytes on 8 GPUs at ZeRO 0-3,
-//! and the fewest 80 GiB GPUs for its full fine-tuning.
+//! of 2,048 tokens per GPU, planned for the GPU: exact per-rank bytes on 8 GPUs at ZeRO 0-3
+//! and split Megatron's way over tensor = 8 (alone and with 2 data-parallel replicas), and
+//! the fewest 80 GiB GPUs for its full fine-tuning.
 #![allow(clippy::panic, clippy::unwrap_used)]
 
 mod common;
@@ -88,9 +89,99 @@ fn eight_gpus_at_each_stage() {
     }
 }
 
-/// With an 80 GiB budget 8 GPUs at ZeRO-3, the most sharded layout, find no plan however
-/// much they recompute (fewer GPUs hold more a GPU), and 16 GPUs at ZeRO-3 fit with
-/// checkpointing: what `memc fit --ranks` answers (its scan from one GPU is slow for a test).
+/// Per-rank bytes over tensor = 8 (every rank the same): each rank holds 9,081,987,072
+/// parameters, 1/8 of every block's matmul weights and the whole embedding, loss head and
+/// norms (525,606,912, replicated), and half the activations of the data-parallel layout
+/// (the layernorms' inputs and outputs stay whole). With 2 replicas (16 GPUs) ZeRO shards
+/// the model states over the 2 ranks holding each slice.
+#[test]
+fn tensor_parallel_over_eight() {
+    let rows: [(&str, usize, [u64; 5]); 5] = [
+        (
+            "tensor=8",
+            8,
+            [
+                36_327_948_288,
+                36_327_948_288,
+                72_655_896_576,
+                127_707_226_116,
+                128_798_793_732,
+            ],
+        ),
+        (
+            "data=2,zero=0,tensor=8",
+            16,
+            [
+                36_327_948_288,
+                36_327_948_288,
+                72_655_896_576,
+                127_707_226_116,
+                128_798_793_732,
+            ],
+        ),
+        (
+            "data=2,zero=1,tensor=8",
+            16,
+            [
+                18_690_899_968,
+                18_690_899_968,
+                53_964_996_608,
+                90_857_627_652,
+                91_949_195_268,
+            ],
+        ),
+        (
+            "data=2,zero=2,tensor=8",
+            16,
+            [
+                18_690_899_968,
+                9_345_449_984,
+                53_964_996_608,
+                90_595_483_652,
+                91_687_051_268,
+            ],
+        ),
+        (
+            "data=2,zero=3,tensor=8",
+            16,
+            [
+                18_163_974_144,
+                18_163_974_144,
+                36_327_948_288,
+                72_254_873_604,
+                73_346_441_220,
+            ],
+        ),
+    ];
+    for (layout, ranks, want) in rows {
+        let out = compile_70b(&["--parallel", layout, "--format", "json"]);
+        common::assert_success(&out);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let r = &v["report"];
+        assert_eq!(r["param_count"], 9_081_987_072u64, "{layout}");
+        assert_eq!(r["parallel"]["tensor"], 8, "{layout}");
+        let per_rank = r["parallel"]["per_rank"].as_array().unwrap();
+        assert_eq!(per_rank.len(), ranks, "{layout}");
+        assert!(per_rank.iter().all(|e| e["bytes"] == per_rank[0]["bytes"]));
+        let b = &per_rank[0]["bytes"];
+        let got = |k: &str| b[k].as_u64().unwrap();
+        assert_eq!(got("activations"), 16_592_674_816, "{layout}");
+        let total = r["device"]["total"].as_u64().unwrap();
+        let bytes = [
+            got("params"),
+            got("grads"),
+            got("optimizer"),
+            got("arena"),
+            total,
+        ];
+        assert_eq!(bytes, want, "{layout}");
+    }
+}
+
+/// With an 80 GiB budget no layout of 8 GPUs finds a plan however much it recomputes:
+/// neither ZeRO-3 nor tensor = 8 (fewer GPUs hold more a GPU); 16 GPUs as 2 replicas of
+/// tensor = 8 at ZeRO-1 fit with checkpointing, what `memc fit --ranks` answers (its scan
+/// from one GPU is slow for a test), as do 16 data-parallel GPUs at ZeRO-3.
 #[test]
 fn sixteen_80gib_gpus_fit_full_finetuning() {
     let eight = compile_70b(&["--parallel", "data=8,zero=3", "--budget", "80GiB"]);
@@ -98,6 +189,21 @@ fn sixteen_80gib_gpus_fit_full_finetuning() {
     let err = String::from_utf8_lossy(&eight.stderr);
     assert!(err.contains("no plan fits"), "{err}");
     assert!(err.contains("111220379652 bytes"), "{err}");
+    let tensor = compile_70b(&["--parallel", "tensor=8", "--budget", "80GiB"]);
+    assert_eq!(tensor.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&tensor.stderr);
+    assert!(err.contains("112523845636 bytes"), "{err}");
+    let split = compile_70b(&[
+        "--parallel",
+        "data=2,zero=1,tensor=8",
+        "--budget",
+        "80GiB",
+        "--format",
+        "json",
+    ]);
+    common::assert_success(&split);
+    let v: serde_json::Value = serde_json::from_slice(&split.stdout).unwrap();
+    assert_eq!(v["report"]["device"]["total"], 85_856_968_708u64);
     let sixteen = compile_70b(&[
         "--parallel",
         "data=16,zero=3",

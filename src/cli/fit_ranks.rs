@@ -1,4 +1,4 @@
-//! `memc fit --ranks`: prints the fewest data-parallel ranks and the ZeRO stage whose
+//! `memc fit --ranks`: prints the fewest ranks, the ZeRO stage and the tensor split whose
 //! per-rank plan fits the budget, every layout tried, and the plan's report.
 
 use super::{output, Failure, Format};
@@ -19,7 +19,7 @@ pub(super) fn fit(
         Err(RanksFitError::Internal(errs)) => return Err(Failure::Internal(errs)),
         Err(RanksFitError::Infeasible { max_ranks, probes }) => {
             return Err(Failure::Plain(format!(
-                "no data-parallel layout of up to {max_ranks} ranks fits {} per device:\n{}",
+                "no parallel layout of up to {max_ranks} ranks fits {} per device:\n{}",
                 human_bytes(budget),
                 lines(&probes)
             )))
@@ -27,16 +27,19 @@ pub(super) fn fit(
     };
     let (p, plan) = (found.parallel, found.plan.plan());
     let bytes = plan.report.budgeted_bytes();
+    let flag = format!("data={},zero={},tensor={}", p.data, p.zero, p.tensor);
     let text = if format == Format::Json {
         super::fit::to_json(serde_json::json!({
             "data": p.data,
             "zero": p.zero,
-            "flags": ["--parallel", format!("data={},zero={}", p.data, p.zero)],
+            "tensor": p.tensor,
+            "flags": ["--parallel", flag],
             "budget": budget,
             "bytes_per_rank": bytes,
             "tried": found.probes.iter().map(|t| serde_json::json!({
                 "data": t.data,
                 "zero": t.zero,
+                "tensor": t.tensor,
                 "bytes": t.bytes,
                 "refusal": t.refusal,
             })).collect::<Vec<_>>(),
@@ -44,12 +47,11 @@ pub(super) fn fit(
         }))?
     } else {
         let mut out = format!(
-            "fit ranks: the fewest within {} per device is data = {}, ZeRO-{} (--parallel data={},zero={}): {} ({} bytes) per rank\n{}",
+            "fit ranks: the fewest within {} per device is data = {}, ZeRO-{}, tensor = {} (--parallel {flag}): {} ({} bytes) per rank\n{}",
             human_bytes(budget),
             p.data,
             p.zero,
-            p.data,
-            p.zero,
+            p.tensor,
             human_bytes(bytes),
             grouped(bytes),
             lines(&found.probes)
@@ -69,7 +71,11 @@ fn lines(probes: &[RankProbe]) -> String {
             (None, Some(why)) => format!("does not fit: {why}"),
             (None, None) => "does not fit".into(),
         };
-        let _ = writeln!(out, "  data = {:>4}, ZeRO-{}: {verdict}", t.data, t.zero);
+        let _ = writeln!(
+            out,
+            "  data = {:>4}, ZeRO-{}, tensor = {}: {verdict}",
+            t.data, t.zero, t.tensor
+        );
     }
     out
 }

@@ -28,6 +28,8 @@ pub struct CpuExecutor {
     quantized: QuantizedParams,
     /// This executor's rank and the group of a data-parallel run (None: one rank alone).
     member: Option<(usize, std::sync::Arc<super::group::Group>)>,
+    /// This executor's tensor rank and its replica's tensor group (None: no tensor split).
+    tensor_member: Option<(usize, std::sync::Arc<super::group::Group>)>,
 }
 
 impl CpuExecutor {
@@ -47,6 +49,7 @@ impl CpuExecutor {
             micro: 0,
             bound: Vec::new(),
             member: None,
+            tensor_member: None,
         })
     }
 
@@ -54,6 +57,12 @@ impl CpuExecutor {
     /// its sharded parameters start from their slice of the full initial values.
     pub fn join(&mut self, rank: usize, group: std::sync::Arc<super::group::Group>) {
         self.member = Some((rank, group));
+    }
+
+    /// Makes this executor tensor rank `rank` of its replica's `group`: its tensor-parallel
+    /// sums meet the other tensor ranks', its split parameters start from their slice.
+    pub fn join_tensor(&mut self, rank: usize, group: std::sync::Arc<super::group::Group>) {
+        self.tensor_member = Some((rank, group));
     }
 
     /// Sets the run's seed, which keys its dropout masks (0 until set).
@@ -200,7 +209,10 @@ impl CpuExecutor {
     /// and sets the persistent state (moments, loss scale) to its initial value.
     pub fn init_params(&mut self, seed: u64) -> Result<(), ExecError> {
         let plan = self.plan.clone();
-        let rank = self.member.as_ref().map_or(0, |m| m.0);
+        let rank = crate::init::RankIndex {
+            data: self.member.as_ref().map_or(0, |m| m.0),
+            tensor: self.tensor_member.as_ref().map_or(0, |m| m.0),
+        };
         for (b, values) in crate::init::persistent(&plan, seed, rank) {
             self.write(b, &values)?;
         }
@@ -503,6 +515,11 @@ impl<'a> CpuStep<'a> {
     /// This step's rank and its group in a data-parallel run (None: one rank alone).
     pub fn member(&self) -> Option<(usize, &'a super::group::Group)> {
         self.exec.member.as_ref().map(|(r, g)| (*r, g.as_ref()))
+    }
+
+    /// This step's tensor rank and its replica's tensor group (None: no tensor split).
+    pub fn tensor_member(&self) -> Option<(usize, &'a super::group::Group)> {
+        (self.exec.tensor_member.as_ref()).map(|(r, g)| (*r, g.as_ref()))
     }
 
     /// The 1-based number of the training step running (AdamW bias correction).

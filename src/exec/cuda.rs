@@ -267,7 +267,7 @@ impl CudaExecutor {
     /// a time, and restarts the step count.
     pub fn init_params(&mut self, seed: u64) -> Result<(), ExecError> {
         let plan = self.plan.clone();
-        for (b, values) in crate::init::persistent(&plan, seed, 0) {
+        for (b, values) in crate::init::persistent(&plan, seed, crate::init::RankIndex::FIRST) {
             self.write_values(b, &values)?;
         }
         self.step = 1;

@@ -2,7 +2,9 @@
 //! thread each, meet at every collective step, each putting its values in its slot; once all
 //! have, each reads every slot (the reduction order is the rank order, fixed), and they meet
 //! again before the slots are reused. A rank that fails aborts the group, so the others
-//! return an error instead of waiting for it.
+//! return an error instead of waiting for it. With tensor parallelism each executor is a
+//! member of two groups: the data-parallel ranks holding its tensor slice, and its
+//! replica's tensor ranks.
 
 use super::ExecError;
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -115,18 +117,49 @@ impl super::cpu::CpuStep<'_> {
         }
     }
 
+    /// This tensor rank's part of a tensor-parallel collective over `ranks` ranks
+    /// ([`Group::exchange`] in its replica's tensor group); alone, `read` sees `values`.
+    pub fn tensor_exchange(
+        &self,
+        ranks: usize,
+        values: &[f32],
+        read: impl FnOnce(&[Vec<f32>]),
+    ) -> Result<(), ExecError> {
+        match self.tensor_member() {
+            member @ Some((_, group)) if group.ranks() == ranks => {
+                exchange_in(member, values, read)
+            }
+            None if ranks == 1 => exchange_in(None, values, read),
+            member => Err(ExecError::Unsupported(format!(
+                "a tensor-parallel sum over {ranks} ranks, run by {} tensor rank(s): run the \
+                 plan's ranks together (`memc run --parallel`, `exec::ranks::Ranks`)",
+                member.map_or(1, |(_, g)| g.ranks())
+            ))),
+        }
+    }
+
     /// This rank's part of a collective ([`Group::exchange`]); alone, `read` sees `values`.
     pub fn exchange(
         &self,
         values: &[f32],
         read: impl FnOnce(&[Vec<f32>]),
     ) -> Result<(), ExecError> {
-        match self.member() {
-            Some((rank, group)) => group.exchange(rank, values, read),
-            None => {
-                read(&[values.to_vec()]);
-                Ok(())
-            }
+        exchange_in(self.member(), values, read)
+    }
+}
+
+/// `values` exchanged as rank `rank` of `group` when `member` is `Some((rank, group))`;
+/// alone, `read` sees `values`.
+fn exchange_in(
+    member: Option<(usize, &Group)>,
+    values: &[f32],
+    read: impl FnOnce(&[Vec<f32>]),
+) -> Result<(), ExecError> {
+    match member {
+        Some((rank, group)) => group.exchange(rank, values, read),
+        None => {
+            read(&[values.to_vec()]);
+            Ok(())
         }
     }
 }

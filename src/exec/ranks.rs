@@ -1,8 +1,9 @@
-//! Every rank of a data-parallel plan in one process: one CPU executor per rank, each on its
-//! own thread, meeting at the plan's collectives through one in-process [`Group`]. The
-//! ranks start from the parameters one rank would (sharded ones sliced) and draw the
-//! synthetic inputs of the whole batch, each taking its rows, so N ranks run the step one
-//! rank runs on the whole batch.
+//! Every rank of a parallel plan in one process: one CPU executor per rank, each on its own
+//! thread, meeting at the plan's collectives through in-process [`Group`]s: the data
+//! collectives among the ranks holding the same tensor slice, the tensor-parallel sums
+//! among a replica's tensor ranks. The ranks start from the parameters one rank would
+//! (sharded ones sliced, split ones cut) and draw the synthetic inputs of the whole batch,
+//! each replica taking its rows, so the ranks run the step one rank runs on the whole batch.
 
 use super::cpu::CpuExecutor;
 use super::group::Group;
@@ -10,30 +11,46 @@ use super::ExecError;
 use crate::plan::VerifiedPlan;
 use std::sync::Arc;
 
-/// The executors of all ranks of one data-parallel plan.
+/// The executors of all ranks of one parallel plan.
 pub struct Ranks {
     executors: Vec<CpuExecutor>,
-    group: Arc<Group>,
+    groups: Vec<Arc<Group>>,
+    tensor: usize,
 }
 
 impl Ranks {
     /// One executor per rank of `plan` (as many as `report.parallel` names; one for a plan
-    /// without it), all members of one group.
+    /// without it): rank `r` is tensor rank `r % tensor` of replica `r / tensor`, a member
+    /// of its tensor slice's data group and of its replica's tensor group.
     pub fn new(plan: &VerifiedPlan) -> Result<Ranks, ExecError> {
-        let ranks = plan.plan().report.parallel.as_ref().map_or(1, |p| p.data) as usize;
+        let layout = plan.plan().report.parallel.as_ref();
+        let data = layout.map_or(1, |p| p.data) as usize;
+        let tensor = layout.map_or(1, |p| p.tensor) as usize;
         if plan.plan().micro_steps() > 1 {
             return Err(ExecError::Unsupported(
                 "a data-parallel plan with gradient accumulation".into(),
             ));
         }
-        let group = Arc::new(Group::new(ranks));
-        let mut executors = Vec::with_capacity(ranks);
-        for rank in 0..ranks {
+        let data_groups: Vec<Arc<Group>> =
+            (0..tensor).map(|_| Arc::new(Group::new(data))).collect();
+        let tensor_groups: Vec<Arc<Group>> =
+            (0..data).map(|_| Arc::new(Group::new(tensor))).collect();
+        let mut executors = Vec::with_capacity(data * tensor);
+        for rank in 0..data * tensor {
+            let (replica, slice) = (rank / tensor, rank % tensor);
             let mut ex = CpuExecutor::new(plan)?;
-            ex.join(rank, Arc::clone(&group));
+            ex.join(replica, Arc::clone(&data_groups[slice]));
+            if tensor > 1 {
+                ex.join_tensor(slice, Arc::clone(&tensor_groups[replica]));
+            }
             executors.push(ex);
         }
-        Ok(Ranks { executors, group })
+        let groups = data_groups.into_iter().chain(tensor_groups).collect();
+        Ok(Ranks {
+            executors,
+            groups,
+            tensor,
+        })
     }
 
     /// The executors, in rank order.
@@ -41,15 +58,17 @@ impl Ranks {
         &self.executors
     }
 
-    /// Initializes every rank's parameters and state from `seed` (each sharded parameter
-    /// from its slice of the full values), keys the dropout masks of rank `r` by
-    /// `seed + r`, and binds synthetic inputs: the whole batch's, drawn as one rank with the
-    /// whole batch draws them, each rank taking its rows.
+    /// Initializes every rank's parameters and state from `seed` (each sharded or split
+    /// parameter from its slice of the full values), keys the dropout masks of replica `d`
+    /// by `seed + d` (a replica's tensor ranks draw the same masks of the values they all
+    /// hold), and binds synthetic inputs: the whole batch's, drawn as one rank with the
+    /// whole batch draws them, each replica taking its rows.
     pub fn start(&mut self, seed: u64) -> Result<(), ExecError> {
-        let ranks = self.executors.len();
+        let tensor = self.tensor;
+        let replicas = self.executors.len() / tensor;
         for (rank, ex) in self.executors.iter_mut().enumerate() {
             ex.init_params(seed)?;
-            ex.set_seed(seed.wrapping_add(rank as u64));
+            ex.set_seed(seed.wrapping_add((rank / tensor) as u64));
         }
         let Some(first) = self.executors.first() else {
             return Ok(());
@@ -58,8 +77,9 @@ impl Ranks {
         for (k, input) in plan.inputs.iter().enumerate() {
             let ty = &plan.buffers[input.buffer.index()].ty;
             let n = ty.numel() as usize;
-            let all = crate::init::synthetic_values(input, ty, (n * ranks) as u64, (k, seed));
-            for (ex, rows) in self.executors.iter_mut().zip(all.chunks(n.max(1))) {
+            let all = crate::init::synthetic_values(input, ty, (n * replicas) as u64, (k, seed));
+            for (rank, ex) in self.executors.iter_mut().enumerate() {
+                let rows = all.chunks(n.max(1)).nth(rank / tensor).unwrap_or_default();
                 ex.bind_input(input.buffer, rows.to_vec())?;
             }
         }
@@ -74,11 +94,11 @@ impl Ranks {
     }
 
     /// Runs one training step on every rank at once, one thread each, and returns the
-    /// step's loss: the mean of the ranks' losses, summed in rank order (None for a plan
-    /// without a loss). A rank that fails aborts the group, and the first failure in rank
-    /// order is returned.
+    /// step's loss: the mean of the replicas' losses (each replica's tensor rank 0's),
+    /// summed in replica order (None for a plan without a loss). A rank that fails aborts
+    /// every group, and the first failure in rank order is returned.
     pub fn run_step(&mut self) -> Result<Option<f32>, ExecError> {
-        let group = &self.group;
+        let groups = &self.groups;
         let results: Vec<Result<(), ExecError>> = std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .executors
@@ -87,7 +107,7 @@ impl Ranks {
                     s.spawn(move || {
                         let result = ex.run_step(None);
                         if result.is_err() {
-                            group.abort();
+                            groups.iter().for_each(|g| g.abort());
                         }
                         result
                     })
@@ -111,9 +131,7 @@ impl Ranks {
         if let Some(e) = failures.into_iter().nth(cause) {
             return Err(e);
         }
-        let losses: Option<Vec<f32>> = self
-            .executors
-            .iter()
+        let losses: Option<Vec<f32>> = (self.executors.iter().step_by(self.tensor))
             .map(|ex| ex.output("loss").and_then(|l| l.first().copied()))
             .collect();
         Ok(losses.map(|l| l.iter().sum::<f32>() / l.len().max(1) as f32))

@@ -77,6 +77,43 @@ pub fn check(t: &TrainSpec, p: Parallel) -> Result<(), UserError> {
             "use `precision = bf16` (no loss scaling) or `zero = 1`",
         );
     }
+    check_tensor(t, p)
+}
+
+/// Refuses the settings of `t` that tensor parallelism over `p.tensor` ranks does not plan:
+/// LoRA (its adapters would be split with their weights), and global-norm clipping and fp16
+/// loss scaling, whose global norm and overflow check would see only the rank's slice of
+/// each split gradient.
+fn check_tensor(t: &TrainSpec, p: Parallel) -> Result<(), UserError> {
+    let refuse = |what: &str, help: &str| {
+        Err(UserError::at(
+            t.span,
+            format!("tensor parallelism (tensor = {}) {what}", p.tensor),
+            "this train section",
+            help,
+        ))
+    };
+    if p.tensor == 1 {
+        return Ok(());
+    }
+    if t.settings.lora.is_some() {
+        return refuse(
+            "does not combine with LoRA yet",
+            "drop `tensor` (LoRA's adapters are small enough to replicate) or drop `lora`",
+        );
+    }
+    if t.settings.clip_grad_norm.is_some() {
+        return refuse(
+            "splits gradients, and global-norm clipping needs all of them on every rank",
+            "drop `clip_grad_norm`, or plan data parallelism at `zero = 0` or 1",
+        );
+    }
+    if t.settings.precision == Precision::Fp16 {
+        return refuse(
+            "splits gradients, and fp16's overflow check needs all of them on every rank",
+            "use `precision = bf16` (no loss scaling)",
+        );
+    }
     Ok(())
 }
 

@@ -252,6 +252,12 @@ pub enum Op {
     /// `x -> [ceil(numel/ranks)]`: this rank's slice of the flattened `x`, zero past its end;
     /// no communication.
     Shard { ranks: u32 },
+    /// `x -> x`: Megatron's `f` at the entry of a tensor-parallel region: the same value on
+    /// every tensor rank; its gradient is [`Op::TensorReduce`] of the incoming one.
+    TensorCopy { ranks: u32 },
+    /// `x -> x`: Megatron's `g` after a row-parallel matmul: the sum over the tensor ranks
+    /// of every rank's partial `x`, summed in rank order; its gradient passes unchanged.
+    TensorReduce { ranks: u32 },
 }
 
 /// What kind of work an op is, for cost models and recomputation policy.
@@ -388,6 +394,8 @@ impl Op {
             AllGather { .. } => "all_gather",
             AllGatherInto { .. } => "all_gather_into",
             Shard { .. } => "shard",
+            TensorCopy { .. } => "tensor_copy",
+            TensorReduce { .. } => "tensor_reduce",
         }
     }
 }

@@ -101,6 +101,8 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::ReduceScatter { .. }
         | Op::AllGather { .. }
         | Op::AllGatherInto { .. }
-        | Op::Shard { .. } => &collective::Family,
+        | Op::Shard { .. }
+        | Op::TensorCopy { .. }
+        | Op::TensorReduce { .. } => &collective::Family,
     }
 }

@@ -6,6 +6,7 @@ pub mod freeze;
 pub mod fuse_loss;
 pub mod liveness;
 pub mod lora;
+pub mod megatron;
 pub mod optimizer;
 pub mod partition;
 pub mod precision;

@@ -245,6 +245,7 @@ impl Buffers {
                     master: crate::passes::partition::master_of(graph, p)
                         .and_then(|m| self.of[m.index()]),
                     running_statistic: *running_statistic,
+                    tensor_split: None,
                 })
             })
             .collect()

@@ -265,6 +265,10 @@ pub struct ParamBinding {
     /// never trained (no gradient), not counted among the parameters.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub running_statistic: bool,
+    /// Under tensor parallelism, how this rank's slice of the whole parameter is taken (the
+    /// buffer holds the slice, of [`crate::parallel::TensorSplit::local_shape`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_split: Option<crate::parallel::TensorSplit>,
 }
 
 /// Persistent state that is not trained (optimizer moments, the loss scale) and the value

@@ -1,5 +1,6 @@
-//! The data-parallel part of a plan's report (`report.parallel`): the ranks, their roles and
-//! each rank's exact bytes, and the NCCL reserve stated beside a GPU plan's arena.
+//! The parallel part of a plan's report (`report.parallel`): the ranks (data-parallel
+//! replicas of tensor-parallel ranks), their roles and each rank's exact bytes, and the
+//! NCCL reserve stated beside a GPU plan's arena.
 
 use super::{grouped, human_bytes, BufferId, Plan};
 use crate::ir::Op;
@@ -47,12 +48,18 @@ pub struct ParallelReport {
     pub data: u32,
     /// ZeRO stage.
     pub zero: u8,
+    /// Tensor-parallel ranks per replica (Megatron's split; 1: none).
+    #[serde(
+        default = "crate::parallel::one",
+        skip_serializing_if = "crate::parallel::is_one"
+    )]
+    pub tensor: u32,
     /// Whether the model's batch was the whole step's, split over the ranks (else each
     /// rank runs the model's batch: `data` times it in all).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub global_batch: bool,
-    /// Distinct rank roles, each with its own plan; pure data parallelism has one (every
-    /// rank runs this plan on its share of the batch).
+    /// Distinct rank roles, each with its own plan: one, as every rank runs this plan on its
+    /// share of the batch and, under tensor parallelism, its slice of each split weight.
     pub roles: u32,
     /// Trained parameters whose elements the ranks do not divide (ZeRO 1-3): shards are
     /// `ceil(numel / ranks)` elements, so theirs end in zeros on the last rank(s), and every
@@ -69,11 +76,15 @@ pub struct ParallelReport {
     pub per_rank: Vec<RankEntry>,
 }
 
-/// The role name of every rank of a data-parallel plan.
+/// The role name of every rank of a parallel plan.
 pub fn role(p: Parallel) -> String {
-    match p.zero {
-        0 => "data-parallel replica".into(),
+    let data = match p.zero {
+        0 => "data-parallel replica".to_string(),
         z => format!("data-parallel ZeRO-{z} shard"),
+    };
+    match p.tensor {
+        1 => data,
+        t => format!("tensor-parallel 1/{t} slice, {data}"),
     }
 }
 
@@ -85,7 +96,10 @@ pub fn report(plan: &Plan, p: Parallel, nccl_reserve: Option<u64>) -> ParallelRe
         .filter(|s| {
             matches!(
                 s.op,
-                Op::AllReduce { .. } | Op::ReduceScatter { .. } | Op::AllGather { .. }
+                Op::AllReduce { .. }
+                    | Op::ReduceScatter { .. }
+                    | Op::AllGather { .. }
+                    | Op::TensorReduce { .. }
             )
         })
         .filter_map(|s| s.output)
@@ -109,12 +123,13 @@ pub fn report(plan: &Plan, p: Parallel, nccl_reserve: Option<u64>) -> ParallelRe
     ParallelReport {
         data: p.data,
         zero: p.zero,
+        tensor: p.tensor,
         global_batch: p.global_batch,
         roles: 1,
         uneven_tensors,
         padding_elements,
         nccl_reserve,
-        per_rank: (0..p.data)
+        per_rank: (0..p.world())
             .map(|rank| RankEntry {
                 rank,
                 role: role(p),
@@ -152,13 +167,24 @@ pub fn render(out: &mut String, plan: &Plan) {
     let Some(r) = &plan.report.parallel else {
         return;
     };
-    let batch = match r.global_batch {
-        true => format!("1/{} of the model's batch", r.data),
-        false => format!("a batch of its own ({} times the model's in all)", r.data),
+    let batch = match (r.global_batch, r.tensor) {
+        (true, 1) => format!("1/{} of the model's batch", r.data),
+        (false, 1) => format!("a batch of its own ({} times the model's in all)", r.data),
+        (true, _) => format!("its replica's 1/{} of the model's batch", r.data),
+        (false, _) => format!(
+            "its replica's batch (a batch of its own for each of the {} replicas)",
+            r.data
+        ),
+    };
+    let tensor = match r.tensor {
+        1 => String::new(),
+        t => {
+            format!(", tensor = {t} (Megatron's split: embedding, loss head and norms replicated)")
+        }
     };
     let _ = writeln!(
         out,
-        "  parallel: data = {}, ZeRO-{}: {} rank(s), {} role(s); each rank runs this plan on {batch}",
+        "  parallel: data = {}{tensor}, ZeRO-{}: {} rank(s), {} role(s); each rank runs this plan on {batch}",
         r.data,
         r.zero,
         r.per_rank.len(),

@@ -1,4 +1,5 @@
-//! Views: a `reshape` changes no byte of a contiguous tensor, so its output shares its
+//! Views: a `reshape` (or a tensor-parallel region's entry, `tensor_copy`, the same value on
+//! every tensor rank) changes no byte of a contiguous tensor, so its output shares its
 //! input's storage instead of being copied. The view's buffer sits at its root's offset, its
 //! step launches no kernel, and the root lives as long as any of its views.
 //!
@@ -26,7 +27,8 @@ pub fn roots<C: PartialEq>(graph: &Graph, class: impl Fn(ValueId) -> C) -> Vec<O
     let mut root: Vec<Option<ValueId>> = vec![None; graph.len()];
     for v in graph.values() {
         let node = graph.node(v);
-        if !matches!(node.op, Op::Reshape { .. }) || written_in_place[v.index()] {
+        let same_bytes = matches!(node.op, Op::Reshape { .. } | Op::TensorCopy { .. });
+        if !same_bytes || written_in_place[v.index()] {
             continue;
         }
         let input = node.inputs[0];

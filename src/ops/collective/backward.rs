@@ -1,6 +1,9 @@
 //! Backward rule of the collectives: gathering a parameter's shards (ZeRO-3) has the
 //! reduce-scatter of its gradient as its gradient, so each rank receives its shard of the
-//! ranks' mean gradient; the other collectives are inserted after differentiation.
+//! ranks' mean gradient. Megatron's conjugate pair: the gradient of a tensor-parallel
+//! region's entry (`f`) is the tensor ranks' sum of the partial gradients, and the sum
+//! after a row-parallel matmul (`g`) passes its gradient unchanged. The other collectives
+//! are inserted after differentiation.
 
 use crate::ir::Op;
 use crate::ops::backward::{Backward, Vjp};
@@ -14,6 +17,11 @@ impl Backward for super::Family {
                 let ranks = *ranks;
                 cx.set(0, |rw| rw.add(Op::ReduceScatter { ranks }, vec![dy]))
             }
+            Op::TensorCopy { ranks } => {
+                let ranks = *ranks;
+                cx.set(0, |rw| rw.add(Op::TensorReduce { ranks }, vec![dy]))
+            }
+            Op::TensorReduce { .. } => cx.set(0, |_| Ok(dy)),
             Op::AllReduce { .. }
             | Op::ReduceScatter { .. }
             | Op::AllGatherInto { .. }

@@ -1,6 +1,7 @@
 //! CPU kernels of the collectives: each exchanges the step's values with the other ranks'
 //! executors through their in-process group (`crate::exec::group`), which sums in rank
-//! order, so all ranks compute the same bits. A plan for one rank runs without a group.
+//! order, so all ranks compute the same bits. The tensor-parallel sum meets the ranks of the
+//! executor's tensor group instead. A plan for one rank runs without a group.
 
 use super::shard_len;
 use crate::exec::cpu::CpuStep;
@@ -26,20 +27,42 @@ fn concat(dst: &mut [f32], shards: &[Vec<f32>]) {
     }
 }
 
+/// Element `i` summed over the ranks' `values` in rank order (0 past a rank's end).
+fn sum_at(values: &[Vec<f32>], i: usize) -> f32 {
+    values
+        .iter()
+        .fold(0.0f32, |acc, v| acc + v.get(i).copied().unwrap_or(0.0))
+}
+
+/// The sum over the ranks of `values`, in rank order.
+fn sum_of(values: &[Vec<f32>], dst: &mut [f32]) {
+    for (i, d) in dst.iter_mut().enumerate() {
+        *d = sum_at(values, i);
+    }
+}
+
 /// Elements `range` of the mean over the ranks of `values`, summed in rank order.
 fn mean_of(values: &[Vec<f32>], dst: &mut [f32], offset: usize) {
     let n = values.len() as f32;
     for (j, d) in dst.iter_mut().enumerate() {
-        let i = offset + j;
-        let sum = values
-            .iter()
-            .fold(0.0f32, |acc, v| acc + v.get(i).copied().unwrap_or(0.0));
-        *d = sum / n;
+        *d = sum_at(values, offset + j) / n;
     }
 }
 
 impl CpuKernel for super::Family {
     fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
+        match step.op() {
+            Op::TensorCopy { .. } => {
+                step.output().copy_from_slice(step.input(0));
+                return Ok(());
+            }
+            Op::TensorReduce { ranks } => {
+                let out = step.output();
+                return step
+                    .tensor_exchange(*ranks as usize, step.input(0), |all| sum_of(all, out));
+            }
+            _ => {}
+        }
         let (op, ranks) = match step.op() {
             op @ (Op::AllReduce { ranks }
             | Op::ReduceScatter { ranks }
@@ -90,6 +113,13 @@ mod tests {
         let mut back = [0.0; 5];
         concat(&mut back, &[vec![1.0, 2.0], vec![3.0, 4.0], vec![5.0, 0.0]]);
         assert_eq!(back, full);
+    }
+
+    #[test]
+    fn tensor_sums_add_every_rank() {
+        let mut out = [0.0; 2];
+        sum_of(&[vec![1.0, 2.0], vec![3.0, 4.5]], &mut out);
+        assert_eq!(out, [4.0, 6.5]);
     }
 
     #[test]

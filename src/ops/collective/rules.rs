@@ -2,7 +2,8 @@
 //! type; a reduce-scatter and a shard give a flat shard of it; an all-gather gives the shape
 //! it names from a flat shard of that many elements; an all-gather into a buffer writes it in
 //! place (an fp32 shard into a 16-bit buffer rounded to it) and outputs an empty tensor, as
-//! the optimizer updates do.
+//! the optimizer updates do; a tensor-parallel region's entry and the tensor ranks' sum
+//! keep their input's type.
 
 use super::shard_len;
 use crate::ir::{DType, Op, OpClass, TensorType};
@@ -43,6 +44,12 @@ impl Rules for super::Family {
                 float(inputs[0], "an all-reduce's input")?;
                 Ok(inputs[0].clone())
             }
+            Op::TensorCopy { ranks } | Op::TensorReduce { ranks } => {
+                arity(op, inputs, 1, 1)?;
+                ranks_positive(*ranks)?;
+                float(inputs[0], "a tensor-parallel collective's input")?;
+                Ok(inputs[0].clone())
+            }
             Op::ReduceScatter { ranks } | Op::Shard { ranks } => {
                 arity(op, inputs, 1, 1)?;
                 ranks_positive(*ranks)?;
@@ -78,7 +85,7 @@ impl Rules for super::Family {
     /// rank); gathers and shards move bytes only.
     fn flops(&self, op: &Op, inputs: &[&TensorType], _: &TensorType) -> u64 {
         match op {
-            Op::AllReduce { ranks } | Op::ReduceScatter { ranks } => {
+            Op::AllReduce { ranks } | Op::ReduceScatter { ranks } | Op::TensorReduce { ranks } => {
                 inputs.first().map_or(0, |t| t.numel()) * u64::from(ranks.saturating_sub(1))
             }
             _ => 0,
@@ -86,10 +93,16 @@ impl Rules for super::Family {
     }
 
     /// Gathers and shards of parameters are cheap forward work (recomputed for backward as a
-    /// weight copy is); the reductions and the gather into a parameter belong to the update.
+    /// weight copy is), as is a tensor-parallel region's entry (a view of its input); the
+    /// tensor ranks' sum is forward work recomputed only when the budget demands it, as a
+    /// matmul is; the reductions and the gather into a parameter belong to the update.
     fn behaviour(&self, op: &Op) -> Behaviour {
         match op {
-            Op::AllGather { .. } | Op::Shard { .. } => Behaviour::CHEAP,
+            Op::AllGather { .. } | Op::Shard { .. } | Op::TensorCopy { .. } => Behaviour::CHEAP,
+            Op::TensorReduce { .. } => Behaviour {
+                class: OpClass::Heavy,
+                ..Behaviour::CHEAP
+            },
             _ => Behaviour {
                 class: OpClass::Update,
                 mutated_inputs: match op {

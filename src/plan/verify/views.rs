@@ -1,5 +1,6 @@
 //! The verifier's check of views: each sits at its root's bytes within the root's lifetime,
-//! comes from a reshape of the same storage, and no step writes shared bytes in place.
+//! comes from a reshape (or a tensor-parallel entry) of the same storage, and no step
+//! writes shared bytes in place.
 
 use super::{at, Checker};
 use crate::plan::BufferId;
@@ -51,7 +52,11 @@ impl Checker<'_> {
                     (Some(&i), Some(o)) => root_of(i) == root_of(o),
                     _ => false,
                 };
-                if !matches!(step.op, crate::ir::Op::Reshape { .. }) || !same {
+                let same_bytes = matches!(
+                    step.op,
+                    crate::ir::Op::Reshape { .. } | crate::ir::Op::TensorCopy { .. }
+                );
+                if !same_bytes || !same {
                     self.error(format!(
                         "{} outputs a view but is not a reshape of its root",
                         at(s, step)
