@@ -11,6 +11,7 @@ pub mod partition;
 pub mod precision;
 pub mod quantize;
 pub mod saves;
+pub mod tile;
 pub mod schedule;
 pub mod widen;
 
