@@ -11,8 +11,8 @@ pub mod partition;
 pub mod precision;
 pub mod quantize;
 pub mod saves;
-pub mod tile;
 pub mod schedule;
+pub mod tile;
 pub mod widen;
 
 use std::fmt;

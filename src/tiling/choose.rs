@@ -143,7 +143,10 @@ pub fn compile_at(
     }
     let Some(budget) = g.budget else {
         return Err(UserError::general(
-            format!("--tile {}=auto picks the largest tile that fits the budget, and none is set", g.dim),
+            format!(
+                "--tile {}=auto picks the largest tile that fits the budget, and none is set",
+                g.dim
+            ),
             "give --budget SIZE, or a tile side such as --tile S=64",
         )
         .into());
@@ -222,7 +225,10 @@ fn dim_value(dims: &[(String, i64)], dim: &str) -> Result<usize, UserError> {
 fn targets(graph: &Graph) -> Result<(String, i32), UserError> {
     let loss = graph.output("loss").map(|v| graph.node(v));
     let Some((node, Op::CrossEntropy(ce))) = loss.map(|n| (n, &n.op)) else {
-        return Err(UserError::general("tiled training needs a cross-entropy `loss`", "add one"));
+        return Err(UserError::general(
+            "tiled training needs a cross-entropy `loss`",
+            "add one",
+        ));
     };
     let mut v = node.inputs[1];
     loop {

@@ -52,7 +52,10 @@ fn boxed(
     pick: impl Fn(Span1) -> usize,
     side: usize,
 ) -> (Vec<usize>, Vec<usize>) {
-    let at = dims.iter().map(|d| d.map_or(0, |a| pick(tile[a]))).collect();
+    let at = dims
+        .iter()
+        .map(|d| d.map_or(0, |a| pick(tile[a])))
+        .collect();
     let extent = shape
         .iter()
         .zip(dims)
@@ -63,7 +66,12 @@ fn boxed(
 
 /// The window of input `name` for `tile`: the whole input's voxels under the window, or for
 /// the loss's targets only the tile's own voxels, the halo holding the ignored id.
-fn window_of(t: &Tiling, name: &str, whole: &Tensor, tile: &[Span1]) -> Result<Vec<f32>, ExecError> {
+fn window_of(
+    t: &Tiling,
+    name: &str,
+    whole: &Tensor,
+    tile: &[Span1],
+) -> Result<Vec<f32>, ExecError> {
     let dims = t
         .inputs
         .iter()
@@ -71,7 +79,11 @@ fn window_of(t: &Tiling, name: &str, whole: &Tensor, tile: &[Span1]) -> Result<V
         .map(|(_, d)| d.as_slice())
         .ok_or_else(|| ExecError::Shape(format!("no input `{name}` in the tiling")))?;
     if dims.len() != whole.shape.len()
-        || whole.shape.iter().zip(dims).any(|(&e, d)| d.is_some() && e != t.side)
+        || whole
+            .shape
+            .iter()
+            .zip(dims)
+            .any(|(&e, d)| d.is_some() && e != t.side)
     {
         return Err(ExecError::Shape(format!(
             "`{name}` is {:?}, and its tiled dims must be {} long",
@@ -85,21 +97,32 @@ fn window_of(t: &Tiling, name: &str, whole: &Tensor, tile: &[Span1]) -> Result<V
             let mut out = vec![f32::from_bits(*id as u32); n];
             let (from_at, extent) = boxed(&whole.shape, dims, tile, |s| s.at, t.tile);
             let (to_at, _) = boxed(&whole.shape, dims, tile, |s| s.at - s.start, t.tile);
-            copy_box((&whole.data, &whole.shape, &from_at), (&mut out, &shape, &to_at), &extent);
+            copy_box(
+                (&whole.data, &whole.shape, &from_at),
+                (&mut out, &shape, &to_at),
+                &extent,
+            );
             Ok(out)
         }
         _ => {
             let mut out = vec![0.0; n];
             let (from_at, extent) = boxed(&whole.shape, dims, tile, |s| s.start, t.window);
             let zero = vec![0; shape.len()];
-            copy_box((&whole.data, &whole.shape, &from_at), (&mut out, &shape, &zero), &extent);
+            copy_box(
+                (&whole.data, &whole.shape, &from_at),
+                (&mut out, &shape, &zero),
+                &extent,
+            );
             Ok(out)
         }
     }
 }
 
 /// The whole inputs as the plan's inputs, in its order.
-fn named<'a>(plan: &VerifiedPlan, inputs: &'a [(String, Tensor)]) -> Result<Vec<(crate::plan::BufferId, &'a str, &'a Tensor)>, ExecError> {
+fn named<'a>(
+    plan: &VerifiedPlan,
+    inputs: &'a [(String, Tensor)],
+) -> Result<Vec<(crate::plan::BufferId, &'a str, &'a Tensor)>, ExecError> {
     plan.plan()
         .inputs
         .iter()
@@ -124,7 +147,12 @@ pub fn infer(
     let bound = named(plan, inputs)?;
     let mut outputs: Vec<(String, Tensor)> = Vec::new();
     for (name, dims) in &t.outputs {
-        let b = plan.plan().outputs.iter().find(|(n, _)| n == name).map(|&(_, b)| b);
+        let b = plan
+            .plan()
+            .outputs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, b)| b);
         let b = b.ok_or_else(|| ExecError::Shape(format!("no output `{name}` in the plan")))?;
         let shape = resized(&plan.plan().buffers[b.index()].ty.shape, dims, t.side);
         let data = vec![0.0; shape.iter().product()];
@@ -144,7 +172,11 @@ pub fn infer(
             let shape = resized(&whole.shape, dims, t.window);
             let (from_at, extent) = boxed(&whole.shape, dims, &tile, |s| s.at - s.start, t.tile);
             let (to_at, _) = boxed(&whole.shape, dims, &tile, |s| s.at, t.tile);
-            copy_box((&window, &shape, &from_at), (&mut whole.data, &whole.shape, &to_at), &extent);
+            copy_box(
+                (&window, &shape, &from_at),
+                (&mut whole.data, &whole.shape, &to_at),
+                &extent,
+            );
         }
     }
     Ok(outputs)

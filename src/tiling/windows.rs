@@ -50,7 +50,9 @@ pub fn copy_box(
     let mut index = vec![0usize; rank - 1];
     loop {
         let offset = |at: &[usize], s: &[usize]| {
-            (0..rank).map(|d| (at[d] + index.get(d).copied().unwrap_or(0)) * s[d]).sum::<usize>()
+            (0..rank)
+                .map(|d| (at[d] + index.get(d).copied().unwrap_or(0)) * s[d])
+                .sum::<usize>()
         };
         let (f, t) = (offset(from_at, &fs), offset(to_at, &ts));
         to[t..t + row].copy_from_slice(&from[f..f + row]);
@@ -88,7 +90,11 @@ mod tests {
     fn copies_a_box_between_shapes() {
         let from: Vec<f32> = (0..24).map(|i| i as f32).collect();
         let mut to = vec![0.0; 8];
-        copy_box((&from, &[2, 3, 4], &[0, 1, 1]), (&mut to, &[2, 2, 2], &[0, 0, 0]), &[2, 2, 2]);
+        copy_box(
+            (&from, &[2, 3, 4], &[0, 1, 1]),
+            (&mut to, &[2, 2, 2], &[0, 0, 0]),
+            &[2, 2, 2],
+        );
         assert_eq!(to, vec![5.0, 6.0, 9.0, 10.0, 17.0, 18.0, 21.0, 22.0]);
     }
 }

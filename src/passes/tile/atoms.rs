@@ -159,11 +159,9 @@ pub fn merge(a: &[Atom], b: &[Atom]) -> Option<Dim> {
                         extent: extent2,
                         grid: grid2,
                     },
-                ) if axis == axis2 && extent == extent2 => grid.union(grid2).map(|grid| Atom::Tiled {
-                    axis,
-                    extent,
-                    grid,
-                }),
+                ) if axis == axis2 && extent == extent2 => grid
+                    .union(grid2)
+                    .map(|grid| Atom::Tiled { axis, extent, grid }),
                 _ => None,
             })
             .collect(),
@@ -185,7 +183,12 @@ mod tests {
 
     #[test]
     fn reshape_merges_and_splits_tiled_axes_whole() {
-        let dims = vec![vec![Atom::Plain(2)], vec![Atom::Plain(3)], vec![tiled(0, 8)], vec![tiled(1, 8)]];
+        let dims = vec![
+            vec![Atom::Plain(2)],
+            vec![Atom::Plain(3)],
+            vec![tiled(0, 8)],
+            vec![tiled(1, 8)],
+        ];
         let merged = reshape(&dims, &[2, 3, 64]).unwrap();
         assert_eq!(merged[2], vec![tiled(0, 8), tiled(1, 8)]);
         let back = reshape(&merged, &[6, 8, 8]).unwrap();
@@ -205,10 +208,25 @@ mod tests {
 
     #[test]
     fn merge_takes_the_wider_reach_and_refuses_other_axes() {
-        let a = vec![Atom::Tiled { axis: 0, extent: 4, grid: Grid { r: 2, lo: 3, hi: 1 } }];
-        let b = vec![Atom::Tiled { axis: 0, extent: 4, grid: Grid { r: 2, lo: 1, hi: 5 } }];
+        let a = vec![Atom::Tiled {
+            axis: 0,
+            extent: 4,
+            grid: Grid { r: 2, lo: 3, hi: 1 },
+        }];
+        let b = vec![Atom::Tiled {
+            axis: 0,
+            extent: 4,
+            grid: Grid { r: 2, lo: 1, hi: 5 },
+        }];
         let m = merge(&a, &b).unwrap();
-        assert_eq!(m, vec![Atom::Tiled { axis: 0, extent: 4, grid: Grid { r: 2, lo: 3, hi: 5 } }]);
+        assert_eq!(
+            m,
+            vec![Atom::Tiled {
+                axis: 0,
+                extent: 4,
+                grid: Grid { r: 2, lo: 3, hi: 5 }
+            }]
+        );
         assert!(merge(&a, &[tiled(1, 4)]).is_none());
         assert_eq!(merge(&[Atom::Plain(4)], &a).unwrap(), a);
     }

@@ -90,11 +90,25 @@ mod tests {
 
     #[test]
     fn transposed_convolutions_split_cells() {
-        let coarse = Grid { r: 8, lo: 30, hi: 30 };
+        let coarse = Grid {
+            r: 8,
+            lo: 30,
+            hi: 30,
+        };
         // 2x2x2 stride 2: element j reads input floor(j/2), whose cell spans j's sibling too.
-        assert_eq!(w(2, 2, 0, 1).transposed(coarse), Some(Grid { r: 4, lo: 34, hi: 34 }));
+        assert_eq!(
+            w(2, 2, 0, 1).transposed(coarse),
+            Some(Grid {
+                r: 4,
+                lo: 34,
+                hi: 34
+            })
+        );
         assert_eq!(w(2, 2, 0, 1).transposed(Grid { r: 1, lo: 0, hi: 0 }), None);
         // 3x3 stride 1 padding 1 transposed is a 3x3 convolution.
-        assert_eq!(w(3, 1, 1, 1).transposed(Grid::INPUT), Some(Grid { r: 1, lo: 1, hi: 1 }));
+        assert_eq!(
+            w(3, 1, 1, 1).transposed(Grid::INPUT),
+            Some(Grid { r: 1, lo: 1, hi: 1 })
+        );
     }
 }

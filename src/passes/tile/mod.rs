@@ -126,14 +126,16 @@ fn input_layout(name: &str, shape: &[usize], inputs: &TiledDims) -> Layout {
         dims: shape
             .iter()
             .enumerate()
-            .map(|(i, &e)| match axes.and_then(|a| a.get(i).copied().flatten()) {
-                Some(axis) => vec![Atom::Tiled {
-                    axis,
-                    extent: e,
-                    grid: atoms::Grid::INPUT,
-                }],
-                None => atoms::plain_dim(e),
-            })
+            .map(
+                |(i, &e)| match axes.and_then(|a| a.get(i).copied().flatten()) {
+                    Some(axis) => vec![Atom::Tiled {
+                        axis,
+                        extent: e,
+                        grid: atoms::Grid::INPUT,
+                    }],
+                    None => atoms::plain_dim(e),
+                },
+            )
             .collect(),
         from_fills: false,
     }
@@ -184,8 +186,12 @@ fn output_axes(
     }
     let mut axes = Vec::with_capacity(layout.dims.len());
     for d in &layout.dims {
-        if d.iter().any(|a| matches!(a, Atom::Tiled { grid, .. } if grid.r != 1)) {
-            return Err(bad("its elements stand for several input voxels (a coarser grid)"));
+        if d.iter()
+            .any(|a| matches!(a, Atom::Tiled { grid, .. } if grid.r != 1))
+        {
+            return Err(bad(
+                "its elements stand for several input voxels (a coarser grid)",
+            ));
         }
         match d[..] {
             [Atom::Tiled { axis, .. }] => axes.push(Some(axis)),

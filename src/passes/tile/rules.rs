@@ -91,10 +91,20 @@ pub fn transfer(graph: &Graph, v: ValueId, ins: &[&Layout]) -> Result<Layout, Re
             Ok(ins[0].clone())
         }
         Op::Norm { kind, .. } => norm(*kind, ins[0]),
-        Op::Conv(conv) => slide(ins[0], shape, &conv_windows(conv, input_shape(1)), false, false),
-        Op::ConvTranspose { conv, .. } => {
-            slide(ins[0], shape, &conv_windows(conv, input_shape(1)), true, false)
-        }
+        Op::Conv(conv) => slide(
+            ins[0],
+            shape,
+            &conv_windows(conv, input_shape(1)),
+            false,
+            false,
+        ),
+        Op::ConvTranspose { conv, .. } => slide(
+            ins[0],
+            shape,
+            &conv_windows(conv, input_shape(1)),
+            true,
+            false,
+        ),
         Op::MaxPool2d(p) | Op::AvgPool2d(p) => {
             let windows: Vec<Window> = (0..2)
                 .map(|a| Window {
@@ -173,8 +183,7 @@ fn broadcast(ins: &[&Layout], shape: &[usize]) -> Result<Layout, Refusal> {
 /// A sum or max down to `shape`: a reduced dim must not hold a tiled axis.
 fn reduce(x: &Layout, from: &[usize], shape: &[usize]) -> Result<Layout, Refusal> {
     let skip = from.len() - shape.len();
-    let reduced =
-        |i: usize| i < skip || (shape[i - skip] == 1 && from[i] != 1);
+    let reduced = |i: usize| i < skip || (shape[i - skip] == 1 && from[i] != 1);
     if (0..from.len()).any(|i| reduced(i) && has_tiled(&x.dims[i])) {
         return Err(refuse(
             "it reduces over a tiled axis (global pooling or a spatial sum), so every voxel's result depends on the whole input",
@@ -192,7 +201,7 @@ fn reduce(x: &Layout, from: &[usize], shape: &[usize]) -> Result<Layout, Refusal
 fn norm(kind: NormKind, x: &Layout) -> Result<Layout, Refusal> {
     match kind {
         NormKind::Batch | NormKind::Group(_) => Err(refuse(
-            "its statistics span the tiled axes (batch statistics over the whole volume), so a tile's would differ from the whole input's",
+            "its statistics span the tiled axes, so a tile's statistics would differ from the whole input's",
             "normalize per voxel (layernorm over channels), or drop the norm, to tile this network",
         )),
         NormKind::Layer | NormKind::Rms if has_tiled(&x.dims[x.dims.len() - 1]) => Err(refuse(
