@@ -277,6 +277,14 @@ fn case_study_tiles_of_the_256_cube() {
         precision: Some(memc::settings::Precision::Bf16),
         ..Options::default()
     };
+    let keep_all = Options {
+        checkpoint: memc::budget::CheckpointMode::parse("none").unwrap(),
+        ..Options::default()
+    };
+    let whole = common::compiled_with(&src, &keep_all);
+    assert_eq!(whole.plan.plan().arena_bytes, 25_283_356_420);
+    let (c, _) = tiled(&src, &keep_all, "S=64");
+    assert_eq!(c.plan.plan().arena_bytes, 8_283_621_124);
     let whole = common::compiled_with(&src, &options);
     assert_eq!(whole.plan.plan().arena_bytes, 9_538_050_052);
     let rows = [

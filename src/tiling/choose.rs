@@ -89,7 +89,11 @@ impl Geometry {
         let (lo, hi) = self.halo();
         let f = self.field.factor;
         let whole = tile == self.side;
-        if !whole && (tile % f != 0 || self.side % tile != 0 || tile + lo + hi > self.side) {
+        if !whole
+            && (!tile.is_multiple_of(f)
+                || !self.side.is_multiple_of(tile)
+                || tile + lo + hi > self.side)
+        {
             return Err(UserError::general(
                 format!(
                     "a tile of {tile} does not cut {} = {}: tiles must be multiples of the network's grid factor {f} that divide the side, and a tile with its halo ({lo} before, {hi} after) must fit inside it",
@@ -124,7 +128,7 @@ impl Geometry {
             (1..self.side / f)
                 .rev()
                 .map(|k| k * f)
-                .filter(|&t| self.side % t == 0 && t + lo + hi <= self.side),
+                .filter(|&t| self.side.is_multiple_of(t) && t + lo + hi <= self.side),
         );
         sides
     }

@@ -41,7 +41,7 @@ impl Window {
     /// stride) ..= floor((j + padding) / stride)`; the pattern repeats every `stride`
     /// elements, so the reach is the largest over `j` in `0..stride`.
     pub fn transposed(self, g: Grid) -> Option<Grid> {
-        if g.r % self.stride != 0 {
+        if !g.r.is_multiple_of(self.stride) {
             return None;
         }
         let r = g.r / self.stride;
