@@ -8,6 +8,7 @@ mod common;
 use memc::exec::cpu::CpuExecutor;
 use memc::tiling::{compile_tiled, run, TileSpec, Tiling};
 use memc::{Compiled, Options};
+use std::path::Path;
 
 /// A 2-D UNet of two levels with a dilated convolution at the bottom: pooling, transposed
 /// convolution, concatenated skip.
@@ -359,4 +360,60 @@ fn compile_reports_the_tiling() {
         stdout.contains("tiling: overlapping windows recompute 1462.50% of the voxel work; beside the arena, whole inputs 55296 B, whole outputs 110592 B"),
         "{stdout}"
     );
+}
+
+/// The `step N loss X` lines of `memc run` on `path` with `extra` flags.
+fn run_losses(path: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["run", path.to_str().unwrap(), "--steps", "3"];
+    args.extend(extra);
+    let out = common::memc(&args);
+    common::assert_success(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("step "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// `memc run --tile` trains over tiles from the same seeded parameters and whole inputs as
+/// `memc run`: three steps print the same losses (to the printed digits).
+#[test]
+fn run_trains_over_tiles_as_over_the_whole_image() {
+    let path = common::scratch("tiling-run-train").join("unet2d.mdl");
+    std::fs::write(&path, unet2d_training().replace("lr = 1.0", "lr = 0.1")).unwrap();
+    let whole = run_losses(&path, &[]);
+    assert_eq!(whole.len(), 3, "{whole:?}");
+    assert_eq!(run_losses(&path, &["--tile", "S=8"]), whole);
+}
+
+/// `memc run --tile --dump` writes the whole output, equal to the untiled run's.
+#[test]
+fn run_infers_over_tiles_into_the_whole_output() {
+    let dir = common::scratch("tiling-run-infer");
+    let path = dir.join("unet3d_small.mdl");
+    std::fs::write(&path, UNET3D_SMALL).unwrap();
+    let read = |sub: &str, tile: &[&str]| {
+        let out_dir = dir.join(sub);
+        let mut args = vec![
+            "run",
+            path.to_str().unwrap(),
+            "--dump",
+            out_dir.to_str().unwrap(),
+        ];
+        args.extend(tile);
+        common::assert_success(&common::memc(&args));
+        let bytes = std::fs::read(out_dir.join("output.y.npy")).unwrap();
+        match memc::exec::io::read_npy(&bytes).unwrap() {
+            memc::exec::io::TensorData::F32(shape, v) => (shape, v),
+            other => panic!("not f32: {other:?}"),
+        }
+    };
+    let (whole_shape, whole) = read("whole", &[]);
+    let (shape, tiled) = read("tiled", &["--tile", "S=8"]);
+    assert_eq!(
+        (shape, whole_shape.clone()),
+        (vec![1, 2, 24, 24, 24], whole_shape)
+    );
+    assert!(max_abs_diff(&tiled, &whole) <= 1e-6);
 }

@@ -131,7 +131,7 @@ pub struct CompileArgs {
     parallel: Option<String>,
     /// Run over tiles: DIM=SIDE cuts every input dim written as DIM into tiles of SIDE,
     /// each computed from a window with the halo its receptive field reads; DIM=auto takes
-    /// the largest tile whose plan fits --budget (`memc compile` and `memc check`).
+    /// the largest tile whose plan fits --budget (`memc compile`, `memc check`, `memc run`).
     #[arg(long, value_name = "DIM=SIDE|DIM=auto")]
     tile: Option<String>,
 }
@@ -482,7 +482,7 @@ pub fn compile_file(args: &CompileArgs) -> Result<Compiled, Failure> {
     }
     if args.tile.is_some() {
         return Err(Failure::Plain(
-            "--tile applies to `memc compile` and `memc check`".into(),
+            "--tile applies to `memc compile`, `memc check` and `memc run`".into(),
         ));
     }
     let src = read_source(&args.file)?;

@@ -7,7 +7,7 @@ use memc::{CompileError, Compiled};
 use std::path::Path;
 
 /// Compiles the file named in `args` to run over the tiles its `--tile` asks for.
-pub fn tiled(args: &CompileArgs) -> Result<(Compiled, Tiling), Failure> {
+pub(super) fn tiled(args: &CompileArgs) -> Result<(Compiled, Tiling), Failure> {
     let text = args.tile.as_deref().unwrap_or_default();
     let spec: TileSpec = text.parse().map_err(Failure::Plain)?;
     let src = read_source(&args.file)?;
@@ -20,7 +20,7 @@ pub fn tiled(args: &CompileArgs) -> Result<(Compiled, Tiling), Failure> {
 
 /// `memc compile --tile`: what `memc compile` prints of the window's plan, the text report
 /// followed by the tiling's lines.
-pub fn compile(
+pub(super) fn compile(
     args: &CompileArgs,
     emit: Emit,
     format: Format,

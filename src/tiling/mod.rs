@@ -103,6 +103,24 @@ impl Tiling {
         ratio.powi(self.axes as i32) - 1.0
     }
 
+    /// The shape over the whole input of a tensor whose window has shape `window` and
+    /// whose tiled dims are `dims`.
+    pub fn whole_shape(&self, dims: &[Option<usize>], window: &[usize]) -> Vec<usize> {
+        window
+            .iter()
+            .zip(dims)
+            .map(|(&e, d)| if d.is_some() { self.side } else { e })
+            .collect()
+    }
+
+    /// The dims of input `name` that are tiled (empty when it has none).
+    pub fn input_dims(&self, name: &str) -> &[Option<usize>] {
+        self.inputs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(&[], |(_, d)| d.as_slice())
+    }
+
     /// The report's lines about tiling.
     pub fn lines(&self) -> Vec<String> {
         let cube = |n: usize| format!("{n}^{}", self.axes);

@@ -34,15 +34,6 @@ fn tiles(t: &Tiling) -> Vec<Vec<Span1>> {
     all
 }
 
-/// The shape of `whole` with its tiled dims (`dims`) at `side`.
-fn resized(whole: &[usize], dims: &[Option<usize>], side: usize) -> Vec<usize> {
-    whole
-        .iter()
-        .zip(dims)
-        .map(|(&e, d)| if d.is_some() { side } else { e })
-        .collect()
-}
-
 /// Per dim of a tensor with tiled dims `dims`: the offset `pick` gives a tiled dim's span
 /// (0 elsewhere) and the extent (`side` along tiled dims, the dim's own elsewhere).
 fn boxed(
@@ -72,12 +63,7 @@ fn window_of(
     whole: &Tensor,
     tile: &[Span1],
 ) -> Result<Vec<f32>, ExecError> {
-    let dims = t
-        .inputs
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, d)| d.as_slice())
-        .ok_or_else(|| ExecError::Shape(format!("no input `{name}` in the tiling")))?;
+    let dims = t.input_dims(name);
     if dims.len() != whole.shape.len()
         || whole
             .shape
@@ -90,7 +76,9 @@ fn window_of(
             whole.shape, t.side
         )));
     }
-    let shape = resized(&whole.shape, dims, t.window);
+    let shape: Vec<usize> = (whole.shape.iter().zip(dims))
+        .map(|(&e, d)| if d.is_some() { t.window } else { e })
+        .collect();
     let n: usize = shape.iter().product();
     match &t.targets {
         Some((target, id)) if target == name => {
@@ -145,18 +133,14 @@ pub fn infer(
     inputs: &[(String, Tensor)],
 ) -> Result<Vec<(String, Tensor)>, ExecError> {
     let bound = named(plan, inputs)?;
-    let mut outputs: Vec<(String, Tensor)> = Vec::new();
+    let mut outputs: Vec<(String, Vec<usize>, Tensor)> = Vec::new();
     for (name, dims) in &t.outputs {
-        let b = plan
-            .plan()
-            .outputs
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|&(_, b)| b);
+        let b = plan.plan().outputs.iter().find(|(n, _)| n == name);
         let b = b.ok_or_else(|| ExecError::Shape(format!("no output `{name}` in the plan")))?;
-        let shape = resized(&plan.plan().buffers[b.index()].ty.shape, dims, t.side);
+        let window = plan.plan().buffers[b.1.index()].ty.shape.clone();
+        let shape = t.whole_shape(dims, &window);
         let data = vec![0.0; shape.iter().product()];
-        outputs.push((name.clone(), Tensor { shape, data }));
+        outputs.push((name.clone(), window, Tensor { shape, data }));
     }
     for tile in tiles(t) {
         for &(b, name, whole) in &bound {
@@ -164,22 +148,21 @@ pub fn infer(
             exec.bind_input(b, words)?;
         }
         exec.run_step(None)?;
-        for ((name, dims), (_, whole)) in t.outputs.iter().zip(outputs.iter_mut()) {
+        for ((name, dims), (_, shape, whole)) in t.outputs.iter().zip(outputs.iter_mut()) {
             let window = exec
                 .output(name)
                 .ok_or_else(|| ExecError::Shape(format!("no output `{name}`")))?
                 .into_owned();
-            let shape = resized(&whole.shape, dims, t.window);
             let (from_at, extent) = boxed(&whole.shape, dims, &tile, |s| s.at - s.start, t.tile);
             let (to_at, _) = boxed(&whole.shape, dims, &tile, |s| s.at, t.tile);
             copy_box(
-                (&window, &shape, &from_at),
+                (&window, shape, &from_at),
                 (&mut whole.data, &whole.shape, &to_at),
                 &extent,
             );
         }
     }
-    Ok(outputs)
+    Ok(outputs.into_iter().map(|(n, _, t)| (n, t)).collect())
 }
 
 /// Runs one training step of the plan of `exec` (compiled with one micro-step per tile)
