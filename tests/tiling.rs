@@ -417,3 +417,21 @@ fn run_infers_over_tiles_into_the_whole_output() {
     );
     assert!(max_abs_diff(&tiled, &whole) <= 1e-6);
 }
+
+/// Targets that already hold the ignored id would make the tiles' means weigh voxels
+/// unequally: the tiled step refuses them instead of training on a wrong gradient.
+#[test]
+fn tiled_training_refuses_targets_holding_the_ignored_id() {
+    let src = unet2d_training();
+    let mut labels = data(&[1, 64, 64], Some(3), 9);
+    labels.data[100] = f32::from_bits(-1i32 as u32);
+    let inputs = vec![
+        ("image".to_string(), data(&[1, 2, 64, 64], None, 5)),
+        ("labels".to_string(), labels),
+    ];
+    let (c, tiling) = tiled(&src, &Options::default(), "S=8");
+    let mut tx = CpuExecutor::new(&c.plan).unwrap();
+    tx.init_params(1).unwrap();
+    let err = run::train(&mut tx, &c.plan, &tiling, &inputs).unwrap_err();
+    assert!(err.to_string().contains("holds the ignored id -1"), "{err}");
+}

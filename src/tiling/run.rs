@@ -175,6 +175,15 @@ pub fn train(
     inputs: &[(String, Tensor)],
 ) -> Result<f32, ExecError> {
     let bound = named(plan, inputs)?;
+    if let Some((name, id)) = &t.targets {
+        let ignored = *id as u32;
+        let held = bound.iter().find(|(_, n, _)| n == name);
+        if held.is_some_and(|(_, _, x)| x.data.iter().any(|v| v.to_bits() == ignored)) {
+            return Err(ExecError::Unsupported(format!(
+                "`{name}` holds the ignored id {id}: each tile's loss is the mean over its own voxels, so tiles with ignored voxels would weigh the rest unequally; train over tiles on targets without it"
+            )));
+        }
+    }
     let all = tiles(t);
     if exec.micro_steps() as usize != all.len() {
         return Err(ExecError::Shape(format!(
