@@ -30,6 +30,12 @@ pub fn run(args: &RunArgs) -> Result<(), Failure> {
     }
     let (compiled, tiling) = crate::cli::tile::tiled(&args.compile)?;
     let plan = compiled.plan;
+    if plan.plan().report.parallel.is_some() {
+        return Err(Failure::Plain(
+            "a tiled run runs one rank's windows; drop --parallel (or run the plan without --tile)"
+                .into(),
+        ));
+    }
     let mut ex = CpuExecutor::new(&plan).map_err(plain)?;
     ex.set_seed(args.seed);
     ex.init_params(args.seed).map_err(plain)?;
