@@ -284,6 +284,9 @@ fn case_study_tiles_of_the_256_cube() {
     };
     let whole = common::compiled_with(&src, &keep_all);
     assert_eq!(whole.plan.plan().arena_bytes, 25_283_356_420);
+    // unet3d.mdl's 5,601,220 less its 14 batch norms' weights and biases (2 x 1,408
+    // channels), plus the 14 convolutions' biases (1,408).
+    assert_eq!(whole.plan.plan().report.param_count, 5_599_812);
     let (c, _) = tiled(&src, &keep_all, "S=64");
     assert_eq!(c.plan.plan().arena_bytes, 8_283_621_124);
     let whole = common::compiled_with(&src, &options);
