@@ -89,11 +89,7 @@ impl Geometry {
         let (lo, hi) = self.halo();
         let f = self.field.factor;
         let whole = tile == self.side;
-        if !whole
-            && (!tile.is_multiple_of(f)
-                || !self.side.is_multiple_of(tile)
-                || tile + lo + hi > self.side)
-        {
+        if !self.allows(tile) {
             return Err(UserError::general(
                 format!(
                     "a tile of {tile} does not cut {} = {}: tiles must be multiples of the network's grid factor {f} that divide the side, and a tile with its halo ({lo} before, {hi} after) must fit inside it",
@@ -119,18 +115,20 @@ impl Geometry {
         })
     }
 
+    /// Whether tiles of `tile` cut the input: the whole side, or a multiple of the grid
+    /// factor that divides the side and whose window fits inside it.
+    fn allows(&self, tile: usize) -> bool {
+        let (lo, hi) = self.halo();
+        tile == self.side
+            || (tile > 0
+                && tile.is_multiple_of(self.field.factor)
+                && self.side.is_multiple_of(tile)
+                && tile + lo + hi <= self.side)
+    }
+
     /// Every tile side this input allows, largest first (the whole side first).
     pub fn sides(&self) -> Vec<usize> {
-        let (lo, hi) = self.halo();
-        let f = self.field.factor;
-        let mut sides = vec![self.side];
-        sides.extend(
-            (1..self.side / f)
-                .rev()
-                .map(|k| k * f)
-                .filter(|&t| self.side.is_multiple_of(t) && t + lo + hi <= self.side),
-        );
-        sides
+        (1..=self.side).rev().filter(|&t| self.allows(t)).collect()
     }
 }
 
