@@ -23,6 +23,7 @@ pub mod parallel;
 pub mod passes;
 pub mod plan;
 pub mod settings;
+pub mod tiling;
 pub mod viz;
 
 use diagnostic::UserError;

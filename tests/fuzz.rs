@@ -50,6 +50,7 @@ fn overrides(example: &str) -> Vec<(String, i64)> {
         "unet.mdl" => &[("B", 1), ("S", 16)],
         "sd_unet.mdl" => &[("B", 1), ("S", 16), ("M", 64), ("L", 4)],
         "unet3d.mdl" => &[("B", 2), ("S", 8), ("F", 4)],
+        "unet3d_tileable.mdl" => &[("B", 1), ("S", 8), ("F", 4)],
         "mlp.mdl" => &[("B", 2), ("IN", 16), ("H", 8)],
         _ => &[],
     };

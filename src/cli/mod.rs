@@ -8,6 +8,7 @@ mod fit_ranks;
 mod import;
 mod output;
 mod run;
+mod tile;
 mod viz;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -128,6 +129,11 @@ pub struct CompileArgs {
     /// `memc run` runs every rank.
     #[arg(long, value_name = "data=N,zero=K")]
     parallel: Option<String>,
+    /// Run over tiles: DIM=SIDE cuts every input dim written as DIM into tiles of SIDE,
+    /// each computed from a window with the halo its receptive field reads; DIM=auto takes
+    /// the largest tile whose plan fits --budget (`memc compile`, `memc check`, `memc run`).
+    #[arg(long, value_name = "DIM=SIDE|DIM=auto")]
+    tile: Option<String>,
 }
 
 impl CompileArgs {
@@ -155,6 +161,7 @@ impl CompileArgs {
             ("--quantize-frozen", self.quantize_frozen.is_some()),
             ("--offload", self.offload.is_some()),
             ("--parallel", self.parallel.is_some()),
+            ("--tile", self.tile.is_some()),
         ];
         given
             .into_iter()
@@ -474,6 +481,11 @@ pub fn compile_file(args: &CompileArgs) -> Result<Compiled, Failure> {
                 .into(),
         ));
     }
+    if args.tile.is_some() {
+        return Err(Failure::Plain(
+            "--tile applies to `memc compile`, `memc check` and `memc run`".into(),
+        ));
+    }
     let src = read_source(&args.file)?;
     let opts = options(args)?;
     let (compiled, offloaded) = memc::compile_or_offload(&src, &opts).map_err(|e| match e {
@@ -488,6 +500,25 @@ pub fn compile_file(args: &CompileArgs) -> Result<Compiled, Failure> {
     Ok(compiled)
 }
 
+/// What `memc compile` prints of `compiled`: the summary table, the AST, the graph, the
+/// plan or the report as `emit` and `format` ask.
+fn rendered(
+    compiled: &Compiled,
+    emit: Emit,
+    format: Format,
+    summary: bool,
+) -> Result<String, Failure> {
+    Ok(match (emit, format) {
+        _ if summary => memc::plan::render_memory_summary(compiled.plan.plan()),
+        (Emit::Ast, _) => format!("{:#?}\n", compiled.ast),
+        (Emit::Graph, _) => memc::ir::print(&compiled.graph),
+        (Emit::Plan, _) | (Emit::Report, Format::Json) => {
+            output::json(compiled.plan.plan(), emit == Emit::Plan)?
+        }
+        (Emit::Report, Format::Text) => memc::plan::render_text(compiled.plan.plan()),
+    })
+}
+
 fn dispatch(command: Command) -> Result<(), Failure> {
     match command {
         Command::Compile {
@@ -496,21 +527,23 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             emit,
             summary,
             output,
+        } if args.tile.is_some() => tile::compile(&args, emit, format, summary, output.as_deref()),
+        Command::Compile {
+            args,
+            format,
+            emit,
+            summary,
+            output,
         } => {
-            let compiled = compile_file(&args)?;
-            let text = match (emit, format) {
-                _ if summary => memc::plan::render_memory_summary(compiled.plan.plan()),
-                (Emit::Ast, _) => format!("{:#?}\n", compiled.ast),
-                (Emit::Graph, _) => memc::ir::print(&compiled.graph),
-                (Emit::Plan, _) | (Emit::Report, Format::Json) => {
-                    output::json(compiled.plan.plan(), emit == Emit::Plan)?
-                }
-                (Emit::Report, Format::Text) => memc::plan::render_text(compiled.plan.plan()),
-            };
+            let text = rendered(&compile_file(&args)?, emit, format, summary)?;
             output::write(output.as_deref(), &text)
         }
         Command::Check { args } => {
-            compile_file(&args)?;
+            if args.tile.is_some() {
+                tile::tiled(&args)?;
+            } else {
+                compile_file(&args)?;
+            }
             eprintln!("ok: {}", args.file.display());
             Ok(())
         }

@@ -14,6 +14,7 @@ use memc::plan::{human_bytes, verify, BufferId, Plan, VerifiedPlan};
 
 mod profile;
 mod ranks;
+mod tiled;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
@@ -480,6 +481,9 @@ fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> R
 
 /// Runs the command.
 pub fn run(args: RunArgs) -> Result<(), Failure> {
+    if args.compile.tile.is_some() {
+        return tiled::run(&args);
+    }
     let cuda = args.compile.device == "cuda";
     if cuda && args.compile.parallel.is_some() {
         return Err(Failure::Plain(memc::exec::PARALLEL_ON_CUDA.into()));

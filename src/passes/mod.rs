@@ -13,6 +13,7 @@ pub mod precision;
 pub mod quantize;
 pub mod saves;
 pub mod schedule;
+pub mod tile;
 pub mod widen;
 
 use std::fmt;

@@ -1,0 +1,253 @@
+//! The tile: what the whole model's graph says about tiling it (halo, grid factor, the
+//! tiles a side allows), and the window's plan for a given tile or the largest that fits
+//! the budget.
+
+use super::{tiled_inputs, Tiling};
+use crate::diagnostic::UserError;
+use crate::ir::{Graph, Op};
+use crate::passes::tile::{analyze, Field, Objective, TiledDims};
+use crate::{CompileError, Compiled, Options};
+
+/// The whole model's tiling geometry, before a tile is chosen.
+#[derive(Debug, Clone)]
+pub struct Geometry {
+    dim: String,
+    side: usize,
+    axes: usize,
+    inputs: TiledDims,
+    field: Field,
+    objective: Objective,
+    targets: Option<(String, i32)>,
+    input_bytes: u64,
+    output_bytes: u64,
+    budget: Option<u64>,
+}
+
+impl Geometry {
+    /// Analyses the model at its own size (`options.overrides` applied) for tiling `dim`.
+    pub fn of(source: &str, options: &Options, dim: &str) -> Result<Geometry, CompileError> {
+        let ast = crate::front::parse(source)?;
+        let module = crate::front::lower(&ast, &options.overrides)?;
+        let (inputs, axes) = tiled_inputs(&ast, dim)?;
+        let side = dim_value(&module.dims, dim)?;
+        let objective = match &module.train {
+            Some(t) if t.settings.accumulate > 1 || options.accumulate.is_some_and(|a| a > 1) => {
+                return Err(UserError::at(
+                    t.span,
+                    "tiled training accumulates over the tiles itself, and this step also accumulates micro-batches",
+                    "accumulate is set",
+                    "drop `accumulate` (or --accumulate) to train over tiles",
+                )
+                .into())
+            }
+            Some(_) => Objective::Loss,
+            None => Objective::Outputs,
+        };
+        let field = analyze(&module.graph, &inputs, side, objective)?;
+        let targets = match objective {
+            Objective::Loss => Some(targets(&module.graph)?),
+            Objective::Outputs => None,
+        };
+        let bytes = |names: &mut dyn Iterator<Item = crate::ir::ValueId>| {
+            names.map(|v| module.graph.node(v).ty.bytes()).sum::<u64>()
+        };
+        let input_bytes = bytes(&mut module.graph.values().filter(|&v| {
+            matches!(&module.graph.node(v).op, Op::Input { name, .. }
+                if inputs.iter().any(|(n, d)| n == name && d.iter().any(Option::is_some)))
+        }));
+        let output_bytes = match objective {
+            Objective::Outputs => bytes(&mut module.graph.outputs.iter().map(|&(_, v)| v)),
+            Objective::Loss => 0,
+        };
+        let budget = options
+            .budget
+            .or(module.train.as_ref().and_then(|t| t.settings.budget));
+        Ok(Geometry {
+            dim: dim.to_string(),
+            side,
+            axes,
+            inputs,
+            field,
+            objective,
+            targets,
+            input_bytes,
+            output_bytes,
+            budget,
+        })
+    }
+
+    /// The halo before and after a tile: the receptive field's reach rounded up to the grid
+    /// factor, so every window starts on the coarsest grid.
+    fn halo(&self) -> (usize, usize) {
+        let f = self.field.factor;
+        (self.field.lo.div_ceil(f) * f, self.field.hi.div_ceil(f) * f)
+    }
+
+    /// The tiling with tiles of `tile`, or why that tile is not one: a multiple of the grid
+    /// factor that divides the side, whose window fits inside the input.
+    fn tiling(&self, tile: usize) -> Result<Tiling, UserError> {
+        let (lo, hi) = self.halo();
+        let f = self.field.factor;
+        let whole = tile == self.side;
+        if !self.allows(tile) {
+            return Err(UserError::general(
+                format!(
+                    "a tile of {tile} does not cut {} = {}: tiles must be multiples of the network's grid factor {f} that divide the side, and a tile with its halo ({lo} before, {hi} after) must fit inside it",
+                    self.dim, self.side
+                ),
+                format!("tiles that fit: {}", self.sides().iter().map(usize::to_string).collect::<Vec<_>>().join(", ")),
+            ));
+        }
+        Ok(Tiling {
+            dim: self.dim.clone(),
+            side: self.side,
+            tile,
+            lo: if whole { 0 } else { lo },
+            hi: if whole { 0 } else { hi },
+            factor: f,
+            window: if whole { self.side } else { tile + lo + hi },
+            axes: self.axes,
+            inputs: self.inputs.clone(),
+            outputs: self.field.outputs.clone(),
+            targets: self.targets.clone(),
+            input_bytes: self.input_bytes,
+            output_bytes: self.output_bytes,
+        })
+    }
+
+    /// Whether tiles of `tile` cut the input: the whole side, or a multiple of the grid
+    /// factor that divides the side and whose window fits inside it.
+    fn allows(&self, tile: usize) -> bool {
+        let (lo, hi) = self.halo();
+        tile == self.side
+            || (tile > 0
+                && tile.is_multiple_of(self.field.factor)
+                && self.side.is_multiple_of(tile)
+                && tile + lo + hi <= self.side)
+    }
+
+    /// Every tile side this input allows, largest first (the whole side first).
+    pub fn sides(&self) -> Vec<usize> {
+        (1..=self.side).rev().filter(|&t| self.allows(t)).collect()
+    }
+}
+
+/// The window's plan for tiles of `side` (None: the largest whose plan fits the budget).
+pub fn compile_at(
+    source: &str,
+    options: &Options,
+    g: &Geometry,
+    side: Option<usize>,
+) -> Result<(Compiled, Tiling), CompileError> {
+    if let Some(side) = side {
+        let tiling = g.tiling(side)?;
+        return Ok((compile_window(source, options, g, &tiling)?, tiling));
+    }
+    let Some(budget) = g.budget else {
+        return Err(UserError::general(
+            format!(
+                "--tile {}=auto picks the largest tile that fits the budget, and none is set",
+                g.dim
+            ),
+            "give --budget SIZE, or a tile side such as --tile S=64",
+        )
+        .into());
+    };
+    let mut last = None;
+    for side in g.sides() {
+        let tiling = g.tiling(side)?;
+        match compile_window(source, options, g, &tiling) {
+            Ok(c) if c.plan.plan().report.budgeted_bytes() <= budget => return Ok((c, tiling)),
+            Ok(c) => last = Some(c.plan.plan().report.budgeted_bytes()),
+            Err(CompileError::User(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Err(UserError::general(
+        format!(
+            "no tile of {} fits the budget of {budget} B{}",
+            g.dim,
+            last.map_or(String::new(), |b| format!(" (the smallest window's plan takes {b} B)"))
+        ),
+        format!(
+            "the smallest tile is {} with windows of {}; raise the budget or combine with --checkpoint and --precision",
+            g.sides().last().copied().unwrap_or(g.side),
+            g.sides().last().map_or(g.side, |&t| g.tiling(t).map_or(g.side, |t| t.window))
+        ),
+    )
+    .into())
+}
+
+/// The plan of one window (training: one micro-step per tile), after checking that the
+/// model at the window's size tiles the same way.
+fn compile_window(
+    source: &str,
+    options: &Options,
+    g: &Geometry,
+    tiling: &Tiling,
+) -> Result<Compiled, CompileError> {
+    let mut overrides = options.overrides.clone();
+    overrides.push((g.dim.clone(), tiling.window as i64));
+    let ast = crate::front::parse(source)?;
+    let module = crate::front::lower(&ast, &overrides)?;
+    let field = analyze(&module.graph, &g.inputs, tiling.window, g.objective)?;
+    if field.factor != g.field.factor {
+        return Err(CompileError::Internal(vec![format!(
+            "tiling: the window of {} has grid factor {}, the whole input {}",
+            tiling.window, field.factor, g.field.factor
+        )]));
+    }
+    let accumulate = match g.objective {
+        Objective::Loss => Some(tiling.count() as u32),
+        Objective::Outputs => options.accumulate,
+    };
+    let window = Options {
+        overrides,
+        accumulate,
+        ..options.clone()
+    };
+    crate::compile(source, &window)
+}
+
+/// The value of `dim` after overrides, or an error naming it.
+fn dim_value(dims: &[(String, i64)], dim: &str) -> Result<usize, UserError> {
+    dims.iter()
+        .find(|(n, _)| n == dim)
+        .and_then(|&(_, v)| usize::try_from(v).ok())
+        .ok_or_else(|| {
+            UserError::general(
+                format!("`--tile {dim}=...` names no dim of this model"),
+                "name a `dim` the inputs' spatial axes are declared with",
+            )
+        })
+}
+
+/// The input that holds the loss's targets (through reshapes and permutes) and the id the
+/// loss ignores, which a window's halo voxels take.
+fn targets(graph: &Graph) -> Result<(String, i32), UserError> {
+    let loss = graph.output("loss").map(|v| graph.node(v));
+    let Some((node, Op::CrossEntropy(ce))) = loss.map(|n| (n, &n.op)) else {
+        return Err(UserError::general(
+            "tiled training needs a cross-entropy `loss`",
+            "add one",
+        ));
+    };
+    let mut v = node.inputs[1];
+    loop {
+        let n = graph.node(v);
+        match &n.op {
+            Op::Input { name, .. } => {
+                return Ok((name.clone(), ce.ignore_index.unwrap_or(-1)));
+            }
+            Op::Reshape { .. } | Op::Permute { .. } => v = n.inputs[0],
+            _ => {
+                return Err(UserError::at(
+                    n.span,
+                    "tiled training needs the loss's targets to be an input (reshaped or permuted at most)",
+                    "targets computed here",
+                    "pass the targets as an `input` cut into windows like the data",
+                ))
+            }
+        }
+    }
+}

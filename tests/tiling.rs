@@ -1,0 +1,440 @@
+//! Tiled execution: a window's plan run over every tile gives what the whole input's plan
+//! gives (inference outputs; a training step's loss and updates), the halo is what makes
+//! it so, the refusals name the op, and the 3-D case study's exact bytes.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use memc::exec::cpu::CpuExecutor;
+use memc::tiling::{compile_tiled, run, TileSpec, Tiling};
+use memc::{Compiled, Options};
+use std::path::Path;
+
+/// A 2-D UNet of two levels with a dilated convolution at the bottom: pooling, transposed
+/// convolution, concatenated skip.
+const UNET2D: &str = "model unet2d {
+  dim B = 1, S = 64, F = 4, K = 3
+  input image: [B, 2, S, S]
+  input labels: i32[B, S, S]
+
+  block double(x, cin, cout) {
+    param c1: conv2d(cin, cout, 3, bias = true)
+    param c2: conv2d(cout, cout, 3, bias = true)
+    let h = relu(conv2d(x, c1, padding = 1))
+    return relu(conv2d(h, c2, padding = 1))
+  }
+
+  param d: conv2d(2*F, 2*F, 3, bias = true)
+  param t: conv_transpose2d(2*F, F, 2, bias = true)
+  param head: conv2d(F, K, 1, bias = true)
+  let e1 = double(image, 2, F)
+  let e2 = double(max_pool2d(e1, 2), F, 2*F)
+  let b = relu(conv2d(e2, d, padding = 2, dilation = 2))
+  let x = double(concat(conv_transpose2d(b, t, stride = 2), e1, axis = 1), 2*F, F)
+  let scores = conv2d(x, head)
+  TAIL
+}";
+
+/// `UNET2D` as an inference model (its scores the output).
+fn unet2d_inference() -> String {
+    UNET2D.replace("TAIL", "output y = scores")
+}
+
+/// `UNET2D` trained with SGD on a per-pixel cross-entropy that ignores id -1.
+fn unet2d_training() -> String {
+    UNET2D.replace(
+        "TAIL",
+        "let logits = permute(reshape(scores, (B, K, S*S)), (0, 2, 1))
+  loss = cross_entropy(logits, reshape(labels, (B, S*S)), ignore_index = -1)
+  train { optimizer = sgd(lr = 1.0) }",
+    )
+}
+
+/// A 3-D UNet of two levels (3-D max pooling, transposed convolution, skip), one
+/// convolution a level.
+const UNET3D_SMALL: &str = "model unet3d_small {
+  dim B = 1, S = 24, F = 2
+  input volume: [B, 1, S, S, S]
+  param c1: conv3d(1, F, 3, bias = true)
+  param c2: conv3d(F, 2*F, 3, bias = true)
+  param t: conv_transpose3d(2*F, F, 2, bias = true)
+  param c3: conv3d(2*F, 2, 3, bias = true)
+  let e1 = relu(conv3d(volume, c1, padding = 1))
+  let e2 = relu(conv3d(max_pool3d(e1, 2), c2, padding = 1))
+  let u = concat(conv_transpose3d(e2, t, stride = 2), e1, axis = 1)
+  output y = conv3d(u, c3, padding = 1)
+}";
+
+fn spec(text: &str) -> TileSpec {
+    text.parse().unwrap()
+}
+
+fn tiled(src: &str, options: &Options, side: &str) -> (Compiled, Tiling) {
+    match compile_tiled(src, options, &spec(side)) {
+        Ok(c) => c,
+        Err(memc::CompileError::User(e)) => {
+            panic!("{:?}", miette::Report::new(e.with_source("test.mdl", src)))
+        }
+        Err(memc::CompileError::Internal(e)) => panic!("internal: {e:?}"),
+    }
+}
+
+/// Seeded values for a whole input of `shape`: normal-ish floats, or class ids below
+/// `classes` as bit patterns.
+fn data(shape: &[usize], classes: Option<u32>, seed: u32) -> run::Tensor {
+    let n: usize = shape.iter().product();
+    let data = (0..n)
+        .map(|i| {
+            let h = (i as u32 ^ seed)
+                .wrapping_mul(2_654_435_761)
+                .rotate_left(13)
+                ^ seed;
+            match classes {
+                Some(k) => f32::from_bits(h % k),
+                None => (h % 2001) as f32 / 1000.0 - 1.0,
+            }
+        })
+        .collect();
+    run::Tensor {
+        shape: shape.to_vec(),
+        data,
+    }
+}
+
+/// Writes every parameter of `from` into the same-named parameter of `to`.
+fn copy_params(from: &CpuExecutor, to: &mut CpuExecutor) {
+    let params = to.plan().params.clone();
+    for p in params {
+        let src = from
+            .plan()
+            .params
+            .iter()
+            .find(|q| q.name == p.name)
+            .unwrap();
+        let values = from.read(src.buffer).into_owned();
+        to.write(p.buffer, &values).unwrap();
+    }
+}
+
+/// The whole input's outputs for `inputs` from a plan compiled without tiling.
+fn whole_outputs(c: &Compiled, ex: &mut CpuExecutor, inputs: &[(String, run::Tensor)]) -> Vec<f32> {
+    for b in c.plan.plan().inputs.clone() {
+        let x = &inputs.iter().find(|(n, _)| *n == b.name).unwrap().1;
+        ex.bind_input(b.buffer, x.data.clone()).unwrap();
+    }
+    ex.run_step(None).unwrap();
+    ex.output("y").unwrap().into_owned()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Tiled inference of `src` with tiles of `side` against the whole input's: the largest
+/// difference, and the largest with the windows pushed `shift` voxels forward (so each
+/// window misses that much of the halo before its tile).
+fn inference_gap(
+    src: &str,
+    side: &str,
+    inputs: &[(String, run::Tensor)],
+    shift: usize,
+) -> (f32, f32) {
+    let whole = common::compiled(src);
+    let mut wx = CpuExecutor::new(&whole.plan).unwrap();
+    wx.init_params(7).unwrap();
+    let expected = whole_outputs(&whole, &mut wx, inputs);
+    let (c, tiling) = tiled(src, &Options::default(), side);
+    let mut tx = CpuExecutor::new(&c.plan).unwrap();
+    copy_params(&wx, &mut tx);
+    let got = run::infer(&mut tx, &c.plan, &tiling, inputs).unwrap();
+    assert_eq!(
+        got[0].1.shape,
+        whole.plan.plan().buffers[whole.plan.plan().outputs[0].1.index()]
+            .ty
+            .shape
+    );
+    let exact = max_abs_diff(&got[0].1.data, &expected);
+    let short = Tiling {
+        lo: tiling.lo - shift,
+        ..tiling.clone()
+    };
+    let got = run::infer(&mut tx, &c.plan, &short, inputs).unwrap();
+    (exact, max_abs_diff(&got[0].1.data, &expected))
+}
+
+#[test]
+fn tiled_2d_inference_equals_the_whole_image() {
+    let src = unet2d_inference();
+    let inputs = vec![("image".to_string(), data(&[1, 2, 64, 64], None, 1))];
+    let (_, tiling) = tiled(&src, &Options::default(), "S=8");
+    // Two 3x3 convolutions (2), pooled, two more and a dilated one (2*(2+2)), transposed
+    // (+1: its sibling's cell), two more at full resolution (2): 13, rounded up to the
+    // pooling factor 2.
+    assert_eq!(
+        (
+            tiling.factor,
+            tiling.lo,
+            tiling.hi,
+            tiling.window,
+            tiling.count()
+        ),
+        (2, 14, 14, 36, 64)
+    );
+    let (exact, short) = inference_gap(&src, "S=8", &inputs, 8);
+    assert!(exact <= 1e-6, "tiled differs from whole by {exact}");
+    assert!(short > 1e-4, "a halo 8 short still matched ({short})");
+}
+
+#[test]
+fn tiled_3d_inference_equals_the_whole_volume() {
+    let inputs = vec![("volume".to_string(), data(&[1, 1, 24, 24, 24], None, 3))];
+    let (_, tiling) = tiled(UNET3D_SMALL, &Options::default(), "S=8");
+    assert_eq!(
+        (
+            tiling.factor,
+            tiling.lo,
+            tiling.hi,
+            tiling.window,
+            tiling.count()
+        ),
+        (2, 6, 6, 20, 27)
+    );
+    assert_eq!(tiling.input_bytes, 24 * 24 * 24 * 4);
+    assert_eq!(tiling.output_bytes, 2 * 24 * 24 * 24 * 4);
+    let (exact, short) = inference_gap(UNET3D_SMALL, "S=8", &inputs, 2);
+    assert!(exact <= 1e-6, "tiled differs from whole by {exact}");
+    assert!(short > 1e-3, "a halo 2 short still matched ({short})");
+}
+
+#[test]
+fn tiled_training_step_equals_the_whole_image_step() {
+    let src = unet2d_training();
+    let inputs = vec![
+        ("image".to_string(), data(&[1, 2, 64, 64], None, 5)),
+        ("labels".to_string(), data(&[1, 64, 64], Some(3), 9)),
+    ];
+    let whole = common::compiled(&src);
+    let mut wx = CpuExecutor::new(&whole.plan).unwrap();
+    wx.init_params(11).unwrap();
+    let (c, tiling) = tiled(&src, &Options::default(), "S=8");
+    assert_eq!((tiling.count(), tiling.window), (64, 36));
+    assert_eq!(tiling.targets, Some(("labels".to_string(), -1)));
+    let mut tx = CpuExecutor::new(&c.plan).unwrap();
+    assert_eq!(tx.micro_steps(), 64);
+    copy_params(&wx, &mut tx);
+    let before: Vec<(String, Vec<f32>)> = (wx.plan().params.iter())
+        .map(|p| (p.name.clone(), wx.read(p.buffer).into_owned()))
+        .collect();
+    for b in whole.plan.plan().inputs.clone() {
+        let x = &inputs.iter().find(|(n, _)| *n == b.name).unwrap().1;
+        wx.bind_input(b.buffer, x.data.clone()).unwrap();
+    }
+    wx.run_step(None).unwrap();
+    let whole_loss = wx.output("loss").unwrap()[0];
+    let tiled_loss = run::train(&mut tx, &c.plan, &tiling, &inputs).unwrap();
+    assert!(
+        (whole_loss - tiled_loss).abs() < 1e-5,
+        "loss {whole_loss} vs {tiled_loss}"
+    );
+    let mut worst = 0.0f32;
+    for (name, p0) in &before {
+        let find = |ex: &CpuExecutor| {
+            let b = ex
+                .plan()
+                .params
+                .iter()
+                .find(|q| &q.name == name)
+                .unwrap()
+                .buffer;
+            ex.read(b).into_owned()
+        };
+        let (pw, pt) = (find(&wx), find(&tx));
+        // SGD with lr 1: each update is minus the gradient.
+        let scale = pw
+            .iter()
+            .zip(p0)
+            .map(|(a, b)| (a - b).abs())
+            .fold(1e-3, f32::max);
+        let gw: Vec<f32> = pw.iter().zip(p0).map(|(a, b)| a - b).collect();
+        let gt: Vec<f32> = pt.iter().zip(p0).map(|(a, b)| a - b).collect();
+        worst = worst.max(max_abs_diff(&gw, &gt) / scale);
+    }
+    assert!(
+        worst < 1e-3,
+        "tiled gradients differ from whole by {worst} (relative)"
+    );
+}
+
+/// The 256^3 case study of the README: the tileable 3-D UNet's window plans, exact bytes.
+#[test]
+fn case_study_tiles_of_the_256_cube() {
+    let src = common::example("unet3d_tileable");
+    let options = Options {
+        checkpoint: memc::budget::CheckpointMode::parse("block").unwrap(),
+        precision: Some(memc::settings::Precision::Bf16),
+        ..Options::default()
+    };
+    let keep_all = Options {
+        checkpoint: memc::budget::CheckpointMode::parse("none").unwrap(),
+        ..Options::default()
+    };
+    let whole = common::compiled_with(&src, &keep_all);
+    assert_eq!(whole.plan.plan().arena_bytes, 25_283_356_420);
+    // unet3d.mdl's 5,601,220 less its 14 batch norms' weights and biases (2 x 1,408
+    // channels), plus the 14 convolutions' biases (1,408).
+    assert_eq!(whole.plan.plan().report.param_count, 5_599_812);
+    let (c, _) = tiled(&src, &keep_all, "S=64");
+    assert_eq!(c.plan.plan().arena_bytes, 8_283_621_124);
+    let whole = common::compiled_with(&src, &options);
+    assert_eq!(whole.plan.plan().arena_bytes, 9_538_050_052);
+    let rows = [
+        ("S=128", 7_893_360_900u64, 8, 240),
+        ("S=64", 3_167_240_452, 64, 176),
+        ("S=32", 1_775_300_868, 512, 144),
+    ];
+    for (side, arena, count, window) in rows {
+        let (c, t) = tiled(&src, &options, side);
+        assert_eq!(
+            (c.plan.plan().arena_bytes, t.count(), t.window),
+            (arena, count, window),
+            "{side}"
+        );
+        assert_eq!(
+            (t.lo, t.hi, t.factor, t.input_bytes),
+            (56, 56, 8, 134_217_728)
+        );
+    }
+    let budgeted = Options {
+        budget: Some(4 << 30),
+        ..options
+    };
+    let (c, t) = tiled(&src, &budgeted, "S=auto");
+    assert_eq!((t.tile, c.plan.plan().arena_bytes), (64, 3_167_240_452));
+}
+
+/// Every model of tests/tiling/ is refused under its first line's `--tile` with a
+/// diagnostic (exit 2, a help line, the op at fault under its source line).
+#[test]
+fn refusal_corpus() {
+    insta::glob!("tiling", "*.mdl", |path| {
+        let text = std::fs::read_to_string(path).unwrap();
+        let flags: Vec<&str> = text
+            .lines()
+            .next()
+            .unwrap()
+            .trim_start_matches("# memc check")
+            .split_whitespace()
+            .collect();
+        let rel = path
+            .strip_prefix(std::path::Path::new(env!("CARGO_MANIFEST_DIR")))
+            .unwrap();
+        let mut args = vec!["check", rel.to_str().unwrap()];
+        args.extend(flags);
+        let out = common::memc(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{}: {stderr}", path.display());
+        assert!(
+            stderr.contains("help:") && !stderr.contains("panicked"),
+            "{stderr}"
+        );
+        insta::assert_snapshot!("stderr", stderr);
+    });
+}
+
+/// `memc compile --tile` prints the window's report and the tiling: tiles, windows, halo,
+/// the recompute of overlapping windows, the whole tensors beside the arena.
+#[test]
+fn compile_reports_the_tiling() {
+    let path = common::scratch("tiling-report").join("unet3d_small.mdl");
+    std::fs::write(&path, UNET3D_SMALL).unwrap();
+    let out = common::memc(&["compile", path.to_str().unwrap(), "--tile", "S=8"]);
+    common::assert_success(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("tiling: S = 24^3 cut into 27 tiles of 8^3 (3 per axis); windows of 20^3 (halo 6 before, 6 after, grid factor 2)"),
+        "{stdout}"
+    );
+    // 27 windows of 20^3 over 24^3 voxels: 2.5^3 - 1.
+    assert!(
+        stdout.contains("tiling: overlapping windows recompute 1462.50% of the voxel work; beside the arena, whole inputs 55296 B, whole outputs 110592 B"),
+        "{stdout}"
+    );
+}
+
+/// The `step N loss X` lines of `memc run` on `path` with `extra` flags.
+fn run_losses(path: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["run", path.to_str().unwrap(), "--steps", "3"];
+    args.extend(extra);
+    let out = common::memc(&args);
+    common::assert_success(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("step "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// `memc run --tile` trains over tiles from the same seeded parameters and whole inputs as
+/// `memc run`: three steps print the same losses (to the printed digits).
+#[test]
+fn run_trains_over_tiles_as_over_the_whole_image() {
+    let path = common::scratch("tiling-run-train").join("unet2d.mdl");
+    std::fs::write(&path, unet2d_training().replace("lr = 1.0", "lr = 0.1")).unwrap();
+    let whole = run_losses(&path, &[]);
+    assert_eq!(whole.len(), 3, "{whole:?}");
+    assert_eq!(run_losses(&path, &["--tile", "S=8"]), whole);
+}
+
+/// `memc run --tile --dump` writes the whole output, equal to the untiled run's.
+#[test]
+fn run_infers_over_tiles_into_the_whole_output() {
+    let dir = common::scratch("tiling-run-infer");
+    let path = dir.join("unet3d_small.mdl");
+    std::fs::write(&path, UNET3D_SMALL).unwrap();
+    let read = |sub: &str, tile: &[&str]| {
+        let out_dir = dir.join(sub);
+        let mut args = vec![
+            "run",
+            path.to_str().unwrap(),
+            "--dump",
+            out_dir.to_str().unwrap(),
+        ];
+        args.extend(tile);
+        common::assert_success(&common::memc(&args));
+        let bytes = std::fs::read(out_dir.join("output.y.npy")).unwrap();
+        match memc::exec::io::read_npy(&bytes).unwrap() {
+            memc::exec::io::TensorData::F32(shape, v) => (shape, v),
+            other => panic!("not f32: {other:?}"),
+        }
+    };
+    let (whole_shape, whole) = read("whole", &[]);
+    let (shape, tiled) = read("tiled", &["--tile", "S=8"]);
+    assert_eq!(
+        (shape, whole_shape.clone()),
+        (vec![1, 2, 24, 24, 24], whole_shape)
+    );
+    assert!(max_abs_diff(&tiled, &whole) <= 1e-6);
+}
+
+/// Targets that already hold the ignored id would make the tiles' means weigh voxels
+/// unequally: the tiled step refuses them instead of training on a wrong gradient.
+#[test]
+fn tiled_training_refuses_targets_holding_the_ignored_id() {
+    let src = unet2d_training();
+    let mut labels = data(&[1, 64, 64], Some(3), 9);
+    labels.data[100] = f32::from_bits(-1i32 as u32);
+    let inputs = vec![
+        ("image".to_string(), data(&[1, 2, 64, 64], None, 5)),
+        ("labels".to_string(), labels),
+    ];
+    let (c, tiling) = tiled(&src, &Options::default(), "S=8");
+    let mut tx = CpuExecutor::new(&c.plan).unwrap();
+    tx.init_params(1).unwrap();
+    let err = run::train(&mut tx, &c.plan, &tiling, &inputs).unwrap_err();
+    assert!(err.to_string().contains("holds the ignored id -1"), "{err}");
+}
