@@ -7,6 +7,7 @@
 mod activation;
 mod composed;
 mod conv;
+mod conv_transpose;
 mod dense;
 mod elementwise;
 mod layout;
