@@ -22,7 +22,10 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
         "GlobalAveragePool" | "GlobalMaxPool" => global_pool(node, env, w),
         "LRN" => lrn(node, env, w),
         "Pad" => pad(node, env, w),
-        "Resize" | "Upsample" => upsample(node, env, w),
+        // One integer factor repeats elements exactly; every other resize is a matmul.
+        "Resize" | "Upsample" => {
+            upsample(node, env, w).or_else(|_| super::resize::resize(node, env, w))
+        }
         _ => return Ok(None),
     };
     out.map(Some)
