@@ -150,8 +150,8 @@ fn spec(node: &Node) -> R<Spec> {
 }
 
 /// The scale and output size of every axis, from the scales (an attribute before Upsample-9,
-/// an input after; a constant or computed at run time, then the output's declared shape
-/// gives the sizes) or the constant sizes, over `axes` when given.
+/// an input after) or the sizes, over `axes` when given. Scales or sizes computed at run
+/// time take the output sizes from the output's declared shape.
 fn scales_and_sizes(
     node: &Node,
     env: &Env,
@@ -232,19 +232,8 @@ fn scales_and_sizes(
         }
         (Some(Value::Dyn(d)), _) => {
             count_is(d.shape.iter().product(), "scales")?;
+            let declared = declared(node, w, rank, &d.expr)?;
             let name = node.p.output.first().cloned().unwrap_or_default();
-            let Some(declared) = w.declared_shape(&name).map(<[usize]>::to_vec) else {
-                return Err(node.err(
-                    format!("scales `{}` are computed at run time and output `{name}` declares no static shape", d.expr),
-                    "declare the output's shape in the graph, or make the scales an initializer",
-                ));
-            };
-            if declared.len() != rank {
-                return Err(node.err(
-                    format!("output `{name}` is declared {declared:?} for a rank-{rank} input"),
-                    "the file is malformed",
-                ));
-            }
             for (k, &a) in axes.iter().enumerate() {
                 let expr = format!("slice({}, {k}, {}, axis = 0)", d.expr, k + 1);
                 let s = w.bind(&format!("{name}_scale{a}"), expr, vec![1], vec![None]);
@@ -260,9 +249,7 @@ fn scales_and_sizes(
                 ));
             }
         }
-        (None, Some(_)) => {
-            let sizes = node.konst(env, 3)?.ints();
-            count_is(sizes.len(), "sizes")?;
+        (None, Some(v)) => {
             let policy = node
                 .string("keep_aspect_ratio_policy")
                 .unwrap_or_else(|| "stretch".into());
@@ -272,6 +259,15 @@ fn scales_and_sizes(
                     "export with `stretch`, or with scales",
                 ));
             }
+            // Sizes computed at run time are the sizes the output's declared shape states.
+            let sizes: Vec<i64> = match v {
+                Value::Const(c) => c.ints(),
+                Value::Dyn(d) => {
+                    let declared = declared(node, w, rank, &d.expr)?;
+                    axes.iter().map(|&a| declared[a] as i64).collect()
+                }
+            };
+            count_is(sizes.len(), "sizes")?;
             for (k, &a) in axes.iter().enumerate() {
                 let n = usize::try_from(sizes[k]).ok().filter(|&n| n > 0);
                 let Some(n) = n else {
@@ -289,6 +285,27 @@ fn scales_and_sizes(
         }
     }
     Ok((scales, out))
+}
+
+/// The static shape the graph declares for the node's output, which scales or sizes
+/// computed at run time (`operand`) must give.
+fn declared(node: &Node, w: &Writer, rank: usize, operand: &str) -> R<Vec<usize>> {
+    let name = node.p.output.first().cloned().unwrap_or_default();
+    let Some(declared) = w.declared_shape(&name).map(<[usize]>::to_vec) else {
+        return Err(node.err(
+            format!(
+                "`{operand}` is computed at run time and output `{name}` declares no static shape"
+            ),
+            "declare the output's shape in the graph, or make the scales or sizes an initializer",
+        ));
+    };
+    if declared.len() != rank {
+        return Err(node.err(
+            format!("output `{name}` is declared {declared:?} for a rank-{rank} input"),
+            "the file is malformed",
+        ));
+    }
+    Ok(declared)
 }
 
 /// A constant parameter of the node named `<output>_<what>`.
