@@ -283,6 +283,29 @@ fn selections_and_static_shape_arithmetic_match_onnxruntime() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Resize (linear and nearest by fractional scales, cubic to sizes with align_corners,
+/// antialiased cubic shrinking) as interpolation matrices, Pow with a computed exponent and
+/// ConvTranspose of a computed weight to an `output_shape` agree with onnxruntime.
+#[test]
+fn interpolation_powers_and_transposed_convolutions_match_onnxruntime() {
+    let Some(py) = python() else { return };
+    let dir = scratch("interpolate");
+    let model = Path::new(ROOT).join("tests/onnx/interpolate.onnx");
+    let (err, refs) = compare(&py, &model, &dir, false);
+    assert_eq!(refs.len(), 6, "every output compared");
+    assert!(err < RTOL, "max rel error vs onnxruntime {err:.2e}");
+    let text = std::fs::read_to_string(dir.join("m.mdl")).expect("mdl");
+    for call in [
+        "pow(base, x)",
+        "conv_transpose2d(x, w,",
+        "] frozen",
+        "@ transpose(",
+    ] {
+        assert!(text.contains(call), "no `{call}` in\n{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `tests/onnx/dynamic_batch.onnx` imported into a fresh scratch dir `name`: the dir and
 /// the `.mdl` path.
 fn import_dynamic_batch(name: &str) -> (PathBuf, PathBuf) {

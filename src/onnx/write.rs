@@ -274,12 +274,23 @@ impl Writer {
 
     /// A parameter holding the constant `c` (ONNX value `name`), declared once.
     pub(super) fn param(&mut self, name: &str, c: &Const) -> Dyn {
+        self.declare(name, c, "")
+    }
+
+    /// A `frozen` parameter holding the constant `c`, declared once: a table the importer
+    /// derives (indexes, folding matrices) that training must not move.
+    pub(super) fn constant(&mut self, name: &str, c: &Const) -> Dyn {
+        self.declare(name, c, " frozen")
+    }
+
+    /// `param <name>: [shape]<suffix>` holding `c`, declared once per ONNX name.
+    fn declare(&mut self, name: &str, c: &Const, suffix: &str) -> Dyn {
         if let Some(d) = self.params.get(name) {
             return d.clone();
         }
         let id = self.ident(name);
         self.body.push(Line {
-            text: format!("param {id}: [{}]", shape_text(&c.shape, &[])),
+            text: format!("param {id}: [{}]{suffix}", shape_text(&c.shape, &[])),
             defines: id.clone(),
             param: true,
         });

@@ -69,9 +69,16 @@ pub(super) fn resize(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
             continue;
         }
         if rank < 2 || axis + 2 < rank {
+            let what = match scales[axis] {
+                Scale::Run(_) => format!(
+                    "the scale of axis {axis} (size {n_in}) is computed at run time, so it may resize that axis"
+                ),
+                Scale::Const(_) => format!("resizes axis {axis} of a rank-{rank} input"),
+            };
             return Err(node.err(
-                format!("resizes axis {axis} of a rank-{rank} input"),
-                "memc resizes the last two axes of an input of rank 2 or more",
+                what,
+                "memc resizes the last two axes of an input of rank 2 or more; make the scales an \
+                 initializer, or pass only the last two axes' scales with `axes`",
             ));
         }
         let m = matrix(node, w, &spec, &scales[axis], (n_in, n_out), axis)?;
@@ -308,10 +315,10 @@ fn declared(node: &Node, w: &Writer, rank: usize, operand: &str) -> R<Vec<usize>
     Ok(declared)
 }
 
-/// A constant parameter of the node named `<output>_<what>`.
+/// A frozen constant of the node named `<output>_<what>`.
 fn constant(node: &Node, w: &mut Writer, what: &str, shape: Vec<usize>, v: Vec<f32>) -> Dyn {
     let out = node.p.output.first().cloned().unwrap_or_default();
-    w.param(&format!("{out}_{what}"), &Const::new(shape, Data::Float(v)))
+    w.constant(&format!("{out}_{what}"), &Const::new(shape, Data::Float(v)))
 }
 
 /// `let <output>_<what> = expr`, a value of `shape`.
