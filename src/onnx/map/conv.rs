@@ -103,6 +103,30 @@ pub(super) fn geometry(node: &Node, rank: usize, w: &[usize]) -> R<Geometry> {
     Ok((n, groups, strides, dilations))
 }
 
+/// `call` (a convolution by a weight computed at run time, `o` channels over `spatial`
+/// axes) plus the node's bias (input 2) per channel, when it has one.
+pub(super) fn plus_bias(
+    node: &Node,
+    env: &Env,
+    w: &mut Writer,
+    call: String,
+    o: usize,
+    spatial: usize,
+) -> R<String> {
+    if node.input_name(2).is_none() {
+        return Ok(call);
+    }
+    let b = operand(node, env, w, 2)?;
+    if b.shape != [o] {
+        return Err(node.err(
+            format!("bias shape {:?} is not [{o}]", b.shape),
+            "the file is malformed",
+        ));
+    }
+    let ones = vec!["1"; spatial].join(", ");
+    Ok(format!("{call} + reshape({}, ({o}, {ones}))", b.expr))
+}
+
 /// The shape of the node's weight (input 1), constant or computed at run time.
 pub(super) fn weight_shape(node: &Node, env: &Env) -> R<Vec<usize>> {
     Ok(match node.input(env, 1)? {
@@ -142,19 +166,8 @@ pub(super) fn declare_and_call(
         } else {
             format!(", groups = {groups}")
         };
-        let mut call = format!("{name}({x}, {}{grouped}{options})", weight.expr);
-        if node.input_name(2).is_some() {
-            let b = operand(node, env, w, 2)?;
-            if b.shape != [o] {
-                return Err(node.err(
-                    format!("bias shape {:?} is not [{o}]", b.shape),
-                    "the file is malformed",
-                ));
-            }
-            let ones = vec!["1"; shape.len() - 2].join(", ");
-            call = format!("{call} + reshape({}, ({o}, {ones}))", b.expr);
-        }
-        return Ok(call);
+        let call = format!("{name}({x}, {}{grouped}{options})", weight.expr);
+        return plus_bias(node, env, w, call, o, shape.len() - 2);
     }
     let wt = node.konst(env, 1)?;
     let mut ctor = format!("{name}({c}, {o}, {}", axes_text(&shape[2..]));

@@ -132,15 +132,13 @@ fn arithmetic(node: &Node, env: &Env, w: &mut Writer, op: &str) -> R<Out> {
     ))
 }
 
+/// Two operands' `.mdl` texts, with their broadcast shape and dim names.
+type Operands = (Vec<String>, Vec<usize>, Vec<Option<String>>);
+
 /// A binary node's two operands as `.mdl` text (a finite one-element constant of no higher
 /// rank than the other operand as a number literal, where `literals` allows), with the
 /// broadcast shape and dim names.
-fn two_operands(
-    node: &Node,
-    env: &Env,
-    w: &mut Writer,
-    literals: bool,
-) -> R<(Vec<String>, Vec<usize>, Vec<Option<String>>)> {
+fn two_operands(node: &Node, env: &Env, w: &mut Writer, literals: bool) -> R<Operands> {
     let literal = |i: usize| -> Option<String> {
         match node.input(env, i).ok()? {
             Value::Const(c) if c.data.len() == 1 && literals => {
