@@ -446,3 +446,32 @@ fn comparison_output_is_a_boolean_mask() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// ONNX's LRN window of an even size holds the extra channel after the centre (c - 0 to
+/// c + 1 for size 2), as `lrn` computes it and the README says; PyTorch's window (c - 1 to
+/// c) would give [1/2, 1/3, 3/14] here.
+#[test]
+fn lrn_of_an_even_size_places_its_window_as_onnx_does() {
+    use memc::exec::cpu::CpuExecutor;
+    let src = "model lrn_even {
+  input x: [1, 3, 1, 1]
+  output y = lrn(x, size = 2, alpha = 2, beta = 1, bias = 1)
+}
+";
+    let plan = memc::compile(src, &memc::Options::default())
+        .map_err(|e| format!("{e:?}"))
+        .expect("compile")
+        .plan;
+    let p = plan.plan();
+    let mut ex = CpuExecutor::new(&plan).expect("executor");
+    ex.bind_input(p.inputs[0].buffer, vec![1.0, 2.0, 3.0])
+        .expect("bind");
+    ex.run_step(None).expect("run");
+    let (_, y) = p.outputs[0];
+    // y_c = x_c / (1 + (2 / 2) * sum of x_k^2 over the window).
+    let want = [1.0 / 6.0, 2.0 / 14.0, 3.0 / 10.0];
+    let got = ex.read(y);
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() < 1e-6, "got {got:?}, want {want:?}");
+    }
+}
