@@ -173,6 +173,9 @@ gradcheck! {
     minimum_broadcast: ("A = 3, B = 4", XY, "minimum(x, z)", "[A, B]", 1e-3, 1e-2);
     maximum_broadcast: ("A = 3, B = 4", XY, "maximum(z, x)", "[A, B]", 1e-3, 1e-2);
     maximum_number: ("A = 3, B = 4", X, "maximum(x, 0.25)", "[A, B]", 1e-3, 1e-2);
+    // Both operands of pow get a gradient: a positive base, a broadcast exponent.
+    pow_broadcast: ("A = 3, B = 4", "  param x: [A, B] = uniform(0.5, 2.0)\n  param z: [B] = uniform(-1.5, 2.5)", "pow(x, z)", "[A, B]", 1e-3, 1e-2);
+    pow_number: ("A = 3, B = 4", "  param x: [A, B] = uniform(0.5, 2.0)", "pow(x, 1.5) + pow(2.0, x)", "[A, B]", 1e-3, 1e-2);
     // A mask has no gradient; the product's gradient flows through `x` alone.
     comparison_mask: ("A = 3, B = 4", XY, "less(x, z) * x + greater_equal(z, x) * z", "[A, B]", 1e-3, 1e-2);
     where_broadcast: ("A = 3, B = 4", XY, "where(greater(x, 0.0), x * 2.0, z)", "[A, B]", 1e-3, 1e-2);

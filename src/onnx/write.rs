@@ -31,6 +31,30 @@ pub(super) struct Writer {
     params: HashMap<String, Dyn>,
     ints: HashSet<String>,
     masks: HashSet<String>,
+    declared: HashMap<String, Vec<usize>>,
+}
+
+/// The static shapes the graph declares for its outputs and annotated values (every dim a
+/// positive size), by value name.
+fn declared_shapes(graph: &GraphProto) -> HashMap<String, Vec<usize>> {
+    graph
+        .output
+        .iter()
+        .chain(&graph.value_info)
+        .filter_map(|vi| {
+            let shape = vi.r#type.as_ref()?.tensor_type.as_ref()?.shape.as_ref()?;
+            let dims = shape
+                .dim
+                .iter()
+                .map(|d| {
+                    d.dim_value
+                        .and_then(|v| usize::try_from(v).ok())
+                        .filter(|&v| v > 0)
+                })
+                .collect::<Option<Vec<usize>>>()?;
+            Some((vi.name.clone(), dims))
+        })
+        .collect()
 }
 
 /// The longest prefix ending in `/` shared by every value name (`gpu_0/`), dropped from names.
@@ -117,7 +141,13 @@ impl Writer {
             params: HashMap::new(),
             ints: HashSet::new(),
             masks: HashSet::new(),
+            declared: declared_shapes(graph),
         }
+    }
+
+    /// The static shape the graph declares for value `name`, if it declares one.
+    pub(super) fn declared_shape(&self, name: &str) -> Option<&[usize]> {
+        self.declared.get(name).map(Vec::as_slice)
     }
 
     /// A fresh identifier derived from the ONNX name `name`.
@@ -244,12 +274,23 @@ impl Writer {
 
     /// A parameter holding the constant `c` (ONNX value `name`), declared once.
     pub(super) fn param(&mut self, name: &str, c: &Const) -> Dyn {
+        self.declare(name, c, "")
+    }
+
+    /// A `frozen` parameter holding the constant `c`, declared once: a table the importer
+    /// derives (indexes, folding matrices) that training must not move.
+    pub(super) fn constant(&mut self, name: &str, c: &Const) -> Dyn {
+        self.declare(name, c, " frozen")
+    }
+
+    /// `param <name>: [shape]<suffix>` holding `c`, declared once per ONNX name.
+    fn declare(&mut self, name: &str, c: &Const, suffix: &str) -> Dyn {
         if let Some(d) = self.params.get(name) {
             return d.clone();
         }
         let id = self.ident(name);
         self.body.push(Line {
-            text: format!("param {id}: [{}]", shape_text(&c.shape, &[])),
+            text: format!("param {id}: [{}]{suffix}", shape_text(&c.shape, &[])),
             defines: id.clone(),
             param: true,
         });

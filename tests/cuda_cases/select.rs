@@ -41,7 +41,7 @@ pub fn select_cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             vec![f(&[4, 33]), f(&[4, 33])],
         ),
     ];
-    let binary: [(&'static str, BinaryFn); 7] = [
+    let binary: [(&'static str, BinaryFn); 8] = [
         ("minimum", BinaryFn::Minimum),
         ("maximum", BinaryFn::Maximum),
         ("less", BinaryFn::Less),
@@ -49,6 +49,7 @@ pub fn select_cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ("greater", BinaryFn::Greater),
         ("greater_equal", BinaryFn::GreaterEqual),
         ("equal", BinaryFn::Equal),
+        ("pow", BinaryFn::Pow),
     ];
     for (label, fun) in binary {
         cases.push((label, Op::Binary(fun), vec![f(&[2, 3, 4]), f(&[3, 1])]));

@@ -27,7 +27,9 @@ to the batch and concatenated, CastLike and a Cast of a mask to float;
 tests/onnx/bool_output.onnx: a comparison as a graph output (a 0/1 mask);
 tests/onnx/errors/bool_output.onnx, errors/slice_step.onnx: a float value declared as a boolean
 graph output and a strided Slice of a computed value, refused; errors/loss_negative_ignore.onnx: a
-SoftmaxCrossEntropyLoss whose ignore_index (-1) is not a class, refused.
+SoftmaxCrossEntropyLoss whose ignore_index (-1) is not a class, refused; errors/resize_crop.onnx:
+a tf_crop_and_resize Resize, refused;
+tests/onnx/interpolate.onnx: see `interpolate`.
 """
 import os
 
@@ -203,10 +205,12 @@ def main():
         model([reflect], [tensor("x", [1, 2, 4, 4])], [tensor("y", [1, 2, 5, 5])], [ints([0, 0, 1, 0, 0, 0, 0, 1], "pads")]),
         "errors/pad_reflect.onnx",
     )
-    linear = mk("Resize", ["x", "", "scales"], ["y"], name="bilinear", mode="linear")
+    crop = mk("Resize", ["x", "roi", "", "sizes"], ["y"], name="crop", mode="linear",
+              coordinate_transformation_mode="tf_crop_and_resize")
     save(
-        model([linear], [tensor("x", [1, 2, 4, 4])], [tensor("y", [1, 2, 8, 8])], [floats([1, 1, 2, 2], "scales")]),
-        "errors/resize_linear.onnx",
+        model([crop], [tensor("x", [1, 2, 4, 4])], [tensor("y", [1, 2, 3, 3])],
+              [floats([0, 0, 0.2, 0.2, 1, 1, 0.8, 0.8], "roi"), ints([1, 2, 3, 3], "sizes")]),
+        "errors/resize_crop.onnx",
     )
     nodes = [
         mk("MatMul", ["x", "w"], ["h"], name="proj"),
@@ -242,6 +246,7 @@ def main():
     outs = [tensor("min", [3]), tensor("sum_square", [3, 1]), tensor("l1", [5]), tensor("l2", [3]), tensor("log_sum_exp", [3]), tensor("log_sum", [3])]
     save(model(nodes, [tensor("x", [3, 4])], outs, [weight("w", [4, 5])]), "reduce_family.onnx")
     select_shapes()
+    interpolate()
 
 
 def select_shapes():
@@ -319,6 +324,43 @@ def select_shapes():
     sce = mk("SoftmaxCrossEntropyLoss", ["x", "t"], ["loss"], name="ce", ignore_index=-1)
     targets = tensor("t", [3], TensorProto.INT64)
     save(model([sce], [tensor("x", [3, 5]), targets], [tensor("loss", [])]), "errors/loss_negative_ignore.onnx")
+
+
+def interpolate():
+    """tests/onnx/interpolate.onnx: Resize linear by fractional scales, cubic to sizes with
+    align_corners, antialiased cubic downsampling, nearest (round_prefer_ceil, asymmetric) by
+    fractional scales; Pow with a computed exponent; ConvTranspose of a computed weight to an
+    `output_shape` (opset 19)."""
+    mk = helper.make_node
+    f32 = lambda v, name: numpy_helper.from_array(np.array(v, dtype=np.float32), name)
+    i64 = lambda v, name: numpy_helper.from_array(np.array(v, dtype=np.int64), name)
+    nodes = [
+        mk("Resize", ["x", "", "s_linear"], ["linear"], name="linear", mode="linear"),
+        mk("Resize", ["x", "", "", "n_cubic"], ["cubic"], name="cubic", mode="cubic",
+           coordinate_transformation_mode="align_corners"),
+        mk("Resize", ["x", "", "s_shrink"], ["antialias"], name="antialias", mode="cubic", antialias=1),
+        mk("Resize", ["x", "", "s_nearest"], ["nearest"], name="nearest", mode="nearest",
+           nearest_mode="round_prefer_ceil", coordinate_transformation_mode="asymmetric"),
+        mk("Sigmoid", ["x"], ["base"], name="base"),
+        mk("Pow", ["base", "x"], ["power"], name="power"),
+        mk("ConvTranspose", ["x", "w"], ["deconv"], name="deconv", strides=[2, 2], output_shape=[10, 12]),
+    ]
+    inits = [
+        f32([1, 1, 1.5, 0.75], "s_linear"),
+        i64([1, 2, 9, 11], "n_cubic"),
+        f32([1, 1, 0.6, 0.5], "s_shrink"),
+        f32([1, 1, 1.6, 2.5], "s_nearest"),
+    ]
+    outs = [
+        tensor("linear", [1, 2, 7, 4]),
+        tensor("cubic", [1, 2, 9, 11]),
+        tensor("antialias", [1, 2, 3, 3]),
+        tensor("nearest", [1, 2, 8, 15]),
+        tensor("power", [1, 2, 5, 6]),
+        tensor("deconv", [1, 3, 10, 12]),
+    ]
+    ins = [tensor("x", [1, 2, 5, 6]), tensor("w", [2, 3, 3, 3])]
+    save(model(nodes, ins, outs, inits, opset=19), "interpolate.onnx")
 
 
 if __name__ == "__main__":

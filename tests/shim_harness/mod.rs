@@ -332,7 +332,10 @@ pub fn case_data(op: &Op, inputs: &[TensorType], seed: u64) -> Vec<Vec<f32>> {
         } else {
             let positive = matches!(
                 (op, i),
-                (Op::AdamW(_), 3..=5) | (Op::Sgd(_), 3) | (Op::Binary(_), 1)
+                (Op::AdamW(_), 3..=5)
+                    | (Op::Sgd(_), 3)
+                    | (Op::Binary(_), 1)
+                    | (Op::Binary(BinaryFn::Pow), 0)
             );
             (0..n)
                 .map(|j| {

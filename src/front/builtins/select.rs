@@ -14,6 +14,7 @@ pub(super) fn binary_fn(name: &str) -> Option<BinaryFn> {
     match name {
         "minimum" => Some(BinaryFn::Minimum),
         "maximum" => Some(BinaryFn::Maximum),
+        "pow" => Some(BinaryFn::Pow),
         _ => BinaryFn::COMPARISONS
             .iter()
             .find(|(_, n)| *n == name)
@@ -22,7 +23,7 @@ pub(super) fn binary_fn(name: &str) -> Option<BinaryFn> {
 }
 
 impl Lowerer<'_> {
-    /// `minimum(a, b)`, `maximum(a, b)` or a comparison, broadcasting.
+    /// `minimum(a, b)`, `maximum(a, b)`, `pow(a, b)` or a comparison, broadcasting.
     pub(super) fn selection(&mut self, f: BinaryFn, args: &mut Args, span: Span) -> R<Val> {
         let a = args.positional("first")?;
         let b = args.positional("second")?;

@@ -3,7 +3,8 @@
 //! computed `B` or `C` as `alpha * (A' @ B') + beta * C`, and `LayerNormalization` with
 //! computed scale or bias, over several trailing axes, or with its `Mean` and `InvStdDev`
 //! outputs, as ONNX's own function body computes it (mean, centred square mean, `rsqrt`);
-//! eval-mode `BatchNormalization` with computed statistics, scale or bias as
+//! `BatchNormalization` with computed statistics, scale or bias, or in training mode (the
+//! batch's statistics, and the running ones as outputs), as
 //! `(x - mean) / sqrt(var + epsilon) * scale + bias` per channel.
 
 use super::{attr_number, literal, operand, Out, R};
@@ -17,7 +18,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
     let computed = |i: usize| matches!(node.input(env, i), Ok(Value::Dyn(_)));
     match node.op() {
         "Gemm" if computed(1) || computed(2) => gemm(node, env, w).map(Some),
-        "BatchNormalization" if (1..5).any(computed) && node.int("training_mode", 0) == 0 => {
+        "BatchNormalization" if (1..5).any(computed) || node.int("training_mode", 0) != 0 => {
             batchnorm(node, env, w).map(Some)
         }
         "LayerNormalization" => {
@@ -194,14 +195,18 @@ fn layernorm(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     Ok(Out::Values(values))
 }
 
-/// Eval-mode `BatchNormalization` whose statistics, scale or bias are computed: each `[C]`
-/// operand reshaped to broadcast over the channel axis.
+/// `BatchNormalization` whose statistics, scale or bias are computed, or in training mode:
+/// each `[C]` operand reshaped to broadcast over the channel axis. In training mode the
+/// statistics are the batch's (mean and population variance over every axis but the
+/// channels), and the optional outputs 1 and 2 are the running mean and variance,
+/// `input * momentum + batch statistic * (1 - momentum)`.
 fn batchnorm(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     let x = operand(node, env, w, 0)?;
     let c = x.shape.get(1).copied().unwrap_or(0);
     let mut per_channel = vec![c];
     per_channel.resize(x.shape.len().saturating_sub(1), 1);
     let mut ps = Vec::new();
+    let mut flat = Vec::new();
     for i in 1..5 {
         let p = operand(node, env, w, i)?;
         if p.shape != [c] {
@@ -215,11 +220,81 @@ fn batchnorm(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
             p.expr,
             shape_text(&per_channel, &[])
         ));
+        flat.push(p.expr);
     }
     let eps = attr_number(node, "epsilon", 1e-5)?;
-    let expr = format!(
-        "({} - {}) / sqrt({} + {eps}) * {} + {}",
-        x.expr, ps[2], ps[3], ps[0], ps[1]
+    if node.int("training_mode", 0) == 0 {
+        let expr = format!(
+            "({} - {}) / sqrt({} + {eps}) * {} + {}",
+            x.expr, ps[2], ps[3], ps[0], ps[1]
+        );
+        return Ok(Out::Expr(expr, x.shape.clone(), x.syms.clone()));
+    }
+    let out = |k: usize| node.p.output.get(k).filter(|o| !o.is_empty()).cloned();
+    let base = out(0).unwrap_or_default();
+    let axes: Vec<String> = (0..x.shape.len())
+        .filter(|&k| k != 1)
+        .map(|k| k.to_string())
+        .collect();
+    let axes = if axes.len() == 1 {
+        axes[0].clone()
+    } else {
+        format!("({})", axes.join(", "))
+    };
+    let mut kept = vec![1; x.shape.len()];
+    kept[1] = c;
+    let none = vec![None; kept.len()];
+    let mean = w.bind(
+        &format!("{base}_mean"),
+        format!("mean({}, axis = {axes}, keepdim = true)", x.expr),
+        kept.clone(),
+        none.clone(),
     );
-    Ok(Out::Expr(expr, x.shape.clone(), x.syms.clone()))
+    let centred = w.bind(
+        &format!("{base}_centred"),
+        format!("{} - {}", x.expr, mean.expr),
+        x.shape.clone(),
+        x.syms.clone(),
+    );
+    let var = w.bind(
+        &format!("{base}_var"),
+        format!(
+            "mean({0} * {0}, axis = {axes}, keepdim = true)",
+            centred.expr
+        ),
+        kept,
+        none,
+    );
+    let y = w.bind(
+        &base,
+        format!(
+            "{} / sqrt({} + {eps}) * {} + {}",
+            centred.expr, var.expr, ps[0], ps[1]
+        ),
+        x.shape.clone(),
+        x.syms.clone(),
+    );
+    let momentum = node.float("momentum", 0.9);
+    if !momentum.is_finite() {
+        return Err(node.err(
+            format!("attribute `momentum` is {momentum}"),
+            "memc imports finite attribute values",
+        ));
+    }
+    let mut values = vec![Value::Dyn(y.clone())];
+    for (k, stat, running) in [(1, &mean, &flat[2]), (2, &var, &flat[3])] {
+        let Some(name) = out(k) else {
+            // Unnamed: the importer binds no value to it.
+            values.push(Value::Dyn(y.clone()));
+            continue;
+        };
+        let expr = format!(
+            "{running} * {} + reshape({}, ({c})) * {}",
+            literal(momentum),
+            stat.expr,
+            literal(1.0 - momentum)
+        );
+        values.push(Value::Dyn(w.bind(&name, expr, vec![c], vec![None])));
+    }
+    Ok(Out::Values(values))
 }

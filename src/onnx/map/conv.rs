@@ -1,12 +1,12 @@
 //! ONNX `Conv` over NCL and NCDHW inputs (the NCHW form is `window.rs`'s, with its
-//! asymmetric padding), `ConvTranspose` over NCL, NCHW and NCDHW, and `MaxPool` /
-//! `AveragePool` over NCDHW, as `.mdl` `conv1d` / `conv3d`, `conv_transpose1d` ..
-//! `conv_transpose3d` and `max_pool3d` / `avg_pool3d` calls. Padding must be symmetric per
-//! axis: anything else is refused naming the node.
+//! asymmetric padding) and `MaxPool` / `AveragePool` over NCDHW, as `.mdl` `conv1d` /
+//! `conv3d` and `max_pool3d` / `avg_pool3d` calls, and the weight and bias handling that
+//! `ConvTranspose` (`conv_transpose.rs`) shares. Padding must be symmetric per axis:
+//! anything else is refused naming the node.
 
 use super::{batch_named, group_name, operand, tuple_text, Out, R};
 use crate::onnx::write::Writer;
-use crate::onnx::{Env, Node};
+use crate::onnx::{Env, Node, Value};
 
 /// Maps `node` when it is a `Conv` of rank 3 or 5, a `ConvTranspose` or a pooling of rank 5;
 /// `None` otherwise (rank-4 convolutions and pooling are `window.rs`'s).
@@ -19,7 +19,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
             }
             batch_named(node, env, w, conv)
         }
-        "ConvTranspose" => batch_named(node, env, w, conv_transpose),
+        "ConvTranspose" => batch_named(node, env, w, super::conv_transpose::conv_transpose),
         "MaxPool" | "AveragePool" => {
             if operand(node, env, w, 0)?.shape.len() != 5 {
                 return Ok(None);
@@ -67,7 +67,7 @@ fn symmetric_pads(node: &Node, n: usize) -> R<Vec<usize>> {
             format!(
                 "attribute `pads` = {p:?} is not the same {n} non-negative values at both ends"
             ),
-            "memc imports symmetric padding for 1-D, 3-D and transposed convolutions",
+            "memc imports symmetric padding for 1-D and 3-D convolutions and pooling",
         ));
     }
     Ok(p[..n].iter().map(|&v| v as usize).collect())
@@ -82,12 +82,12 @@ fn axes_text(v: &[usize]) -> String {
     }
 }
 
-/// A convolution node's geometry: (spatial rank, groups, strides, dilations, paddings).
-type Geometry = (usize, usize, Vec<usize>, Vec<usize>, Vec<usize>);
+/// A convolution node's geometry: (spatial rank, groups, strides, dilations).
+pub(super) type Geometry = (usize, usize, Vec<usize>, Vec<usize>);
 
 /// The geometry of `node` over input rank `rank` with weight `w` (`[a, b, kernel...]`,
 /// channels checked by the caller).
-fn geometry(node: &Node, rank: usize, w: &[usize]) -> R<Geometry> {
+pub(super) fn geometry(node: &Node, rank: usize, w: &[usize]) -> R<Geometry> {
     let n = rank.saturating_sub(2);
     if !(1..=3).contains(&n) || w.len() != rank || w[2..].contains(&0) {
         return Err(node.err(
@@ -100,14 +100,46 @@ fn geometry(node: &Node, rank: usize, w: &[usize]) -> R<Geometry> {
     let groups = usize::try_from(node.int("group", 1)).unwrap_or(0);
     let strides = positive(node, "strides", n)?;
     let dilations = positive(node, "dilations", n)?;
-    let pads = symmetric_pads(node, n)?;
-    Ok((n, groups, strides, dilations, pads))
+    Ok((n, groups, strides, dilations))
 }
 
-/// Declares the node's parameter group for the `.mdl` function `name` (its weight, and its
-/// bias when the node has one) and returns the call of `name` on `x` with the keyword
-/// arguments `(keyword, per-axis values, default)` that differ from their defaults.
-fn declare_and_call(
+/// `call` (a convolution by a weight computed at run time, `o` channels over `spatial`
+/// axes) plus the node's bias (input 2) per channel, when it has one.
+pub(super) fn plus_bias(
+    node: &Node,
+    env: &Env,
+    w: &mut Writer,
+    call: String,
+    o: usize,
+    spatial: usize,
+) -> R<String> {
+    if node.input_name(2).is_none() {
+        return Ok(call);
+    }
+    let b = operand(node, env, w, 2)?;
+    if b.shape != [o] {
+        return Err(node.err(
+            format!("bias shape {:?} is not [{o}]", b.shape),
+            "the file is malformed",
+        ));
+    }
+    let ones = vec!["1"; spatial].join(", ");
+    Ok(format!("{call} + reshape({}, ({o}, {ones}))", b.expr))
+}
+
+/// The shape of the node's weight (input 1), constant or computed at run time.
+pub(super) fn weight_shape(node: &Node, env: &Env) -> R<Vec<usize>> {
+    Ok(match node.input(env, 1)? {
+        Value::Dyn(d) => d.shape.clone(),
+        Value::Const(c) => c.shape.clone(),
+    })
+}
+
+/// The call of the `.mdl` function `name` on `x` with the node's weight and bias, and the
+/// keyword arguments `(keyword, per-axis values, default)` that differ from their defaults.
+/// A constant weight becomes a parameter group (its bias declared with it); a weight
+/// computed at run time is passed as a tensor, a bias then added per channel.
+pub(super) fn declare_and_call(
     node: &Node,
     env: &Env,
     w: &mut Writer,
@@ -115,18 +147,34 @@ fn declare_and_call(
     groups: usize,
     keywords: &[(&str, &[usize], usize)],
 ) -> R<String> {
-    let wt = node.konst(env, 1)?;
+    let shape = weight_shape(node, env)?;
     // The weight is [O, C/g, k...] for a convolution, [C, O/g, k...] when transposed.
     let (c, o) = if name.starts_with("conv_transpose") {
-        (wt.shape[0], wt.shape[1] * groups)
+        (shape[0], shape[1] * groups)
     } else {
-        (wt.shape[1] * groups, wt.shape[0])
+        (shape[1] * groups, shape[0])
     };
-    let mut ctor = format!("{name}({c}, {o}, {}", axes_text(&wt.shape[2..]));
+    let mut options = String::new();
+    for (keyword, v, default) in keywords {
+        if v.iter().any(|x| x != default) {
+            options += &format!(", {keyword} = {}", axes_text(v));
+        }
+    }
+    if let Value::Dyn(weight) = node.input(env, 1)? {
+        let grouped = if groups == 1 {
+            String::new()
+        } else {
+            format!(", groups = {groups}")
+        };
+        let call = format!("{name}({x}, {}{grouped}{options})", weight.expr);
+        return plus_bias(node, env, w, call, o, shape.len() - 2);
+    }
+    let wt = node.konst(env, 1)?;
+    let mut ctor = format!("{name}({c}, {o}, {}", axes_text(&shape[2..]));
     if groups != 1 {
         ctor += &format!(", groups = {groups}");
     }
-    let mut parts = vec![("weight".to_string(), wt.shape.clone(), wt.floats())];
+    let mut parts = vec![("weight".to_string(), shape.clone(), wt.floats())];
     if node.input_name(2).is_some() {
         let b = node.konst(env, 2)?;
         if b.shape != [o] {
@@ -140,21 +188,15 @@ fn declare_and_call(
     }
     ctor.push(')');
     let g = w.group(&group_name(node, 1), ctor, parts);
-    let mut call = format!("{name}({x}, {g}");
-    for (keyword, v, default) in keywords {
-        if v.iter().any(|x| x != default) {
-            call += &format!(", {keyword} = {}", axes_text(v));
-        }
-    }
-    call.push(')');
-    Ok(call)
+    Ok(format!("{name}({x}, {g}{options})"))
 }
 
 fn conv(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
     let x = operand(node, env, w, 0)?;
-    let wt = node.konst(env, 1)?;
-    let (n, groups, strides, dilations, pads) = geometry(node, x.shape.len(), &wt.shape)?;
-    let (c, o, cg) = (x.shape[1], wt.shape[0], wt.shape[1]);
+    let ws = weight_shape(node, env)?;
+    let (n, groups, strides, dilations) = geometry(node, x.shape.len(), &ws)?;
+    let pads = symmetric_pads(node, n)?;
+    let (c, o, cg) = (x.shape[1], ws[0], ws[1]);
     if groups == 0 || cg * groups != c || o % groups != 0 {
         return Err(node.err(
             format!("{groups} groups do not fit {c} input and {o} output channels"),
@@ -163,13 +205,13 @@ fn conv(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
     }
     let mut out = vec![x.shape[0], o];
     for d in 0..n {
-        let span = dilations[d] * (wt.shape[2 + d] - 1) + 1;
+        let span = dilations[d] * (ws[2 + d] - 1) + 1;
         let padded = x.shape[2 + d] + 2 * pads[d];
         if padded < span {
             return Err(node.err(
                 format!(
                     "the kernel {:?} does not fit the input {:?}",
-                    &wt.shape[2..],
+                    &ws[2..],
                     x.shape
                 ),
                 "check the model's input size",
@@ -183,69 +225,6 @@ fn conv(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
         ("dilation", &dilations, 1),
     ];
     let call = declare_and_call(node, env, w, (&format!("conv{n}d"), &x.expr), groups, &kw)?;
-    Ok((call, out))
-}
-
-fn conv_transpose(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
-    let x = operand(node, env, w, 0)?;
-    let wt = node.konst(env, 1)?;
-    let (n, groups, strides, dilations, pads) = geometry(node, x.shape.len(), &wt.shape)?;
-    let (c, og) = (x.shape[1], wt.shape[1]);
-    if groups == 0 || wt.shape[0] != c || c % groups != 0 {
-        return Err(node.err(
-            format!(
-                "weight shape {:?} with {groups} groups does not fit {c} input channels",
-                wt.shape
-            ),
-            "the weight must be [C, M/group, kernel...]",
-        ));
-    }
-    if node.ints("output_shape").is_some() {
-        return Err(node.err(
-            "ConvTranspose with `output_shape` is not supported",
-            "export with `pads` and `output_padding` instead",
-        ));
-    }
-    let extra = match node.ints("output_padding") {
-        None => vec![0; n],
-        Some(v) if v.len() == n && v.iter().all(|&a| a >= 0) => {
-            v.iter().map(|&a| a as usize).collect()
-        }
-        Some(v) => {
-            return Err(node.err(
-                format!("attribute `output_padding` = {v:?} is not {n} non-negative values"),
-                "give one value per spatial axis",
-            ))
-        }
-    };
-    let o = og * groups;
-    let mut out = vec![x.shape[0], o];
-    for d in 0..n {
-        let full = strides[d] * (x.shape[2 + d].saturating_sub(1))
-            + dilations[d] * (wt.shape[2 + d] - 1)
-            + 1
-            + extra[d];
-        match full.checked_sub(2 * pads[d]) {
-            Some(v) if v > 0 && extra[d] < strides[d].max(dilations[d]) => out.push(v),
-            _ => {
-                return Err(node.err(
-                    format!(
-                        "pads {pads:?} and output_padding {extra:?} leave no valid output for input {:?}",
-                        x.shape
-                    ),
-                    "output_padding must be below the stride or the dilation, and pads leave an output",
-                ))
-            }
-        }
-    }
-    let kw = [
-        ("stride", &strides[..], 1),
-        ("padding", &pads, 0),
-        ("output_padding", &extra, 0),
-        ("dilation", &dilations, 1),
-    ];
-    let name = format!("conv_transpose{n}d");
-    let call = declare_and_call(node, env, w, (&name, &x.expr), groups, &kw)?;
     Ok((call, out))
 }
 

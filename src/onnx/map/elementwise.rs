@@ -1,5 +1,5 @@
 //! ONNX elementwise ops as `.mdl` expressions: unary functions (every [`UnaryFn`] with an
-//! ONNX name), `Gelu`, arithmetic, `Sum`, `Pow(x, n)` for small whole `n`, and the ops that
+//! ONNX name), `Gelu`, arithmetic, `Sum`, `Pow` (small whole powers as products), and the ops that
 //! pass their input on (`Identity`, eval-mode `Dropout`, `Cast` to float).
 
 use super::{broadcast_dyns, operand, operands, same, Out, R};
@@ -124,9 +124,24 @@ fn arithmetic(node: &Node, env: &Env, w: &mut Writer, op: &str) -> R<Out> {
         "Mul" => "*",
         _ => "/",
     };
+    let (texts, out, syms) = two_operands(node, env, w, op != "Div")?;
+    Ok(Out::Expr(
+        format!("{} {sym} {}", texts[0], texts[1]),
+        out,
+        syms,
+    ))
+}
+
+/// Two operands' `.mdl` texts, with their broadcast shape and dim names.
+type Operands = (Vec<String>, Vec<usize>, Vec<Option<String>>);
+
+/// A binary node's two operands as `.mdl` text (a finite one-element constant of no higher
+/// rank than the other operand as a number literal, where `literals` allows), with the
+/// broadcast shape and dim names.
+fn two_operands(node: &Node, env: &Env, w: &mut Writer, literals: bool) -> R<Operands> {
     let literal = |i: usize| -> Option<String> {
         match node.input(env, i).ok()? {
-            Value::Const(c) if c.data.len() == 1 && op != "Div" => {
+            Value::Const(c) if c.data.len() == 1 && literals => {
                 let v = c.floats()[0];
                 v.is_finite().then(|| number(v)).map(|s| (s, c.shape.len()))
             }
@@ -153,11 +168,7 @@ fn arithmetic(node: &Node, env: &Env, w: &mut Writer, op: &str) -> R<Out> {
         }
     }
     let (out, syms) = broadcast_dyns(node, &dyns)?;
-    Ok(Out::Expr(
-        format!("{} {sym} {}", texts[0], texts[1]),
-        out,
-        syms,
-    ))
+    Ok((texts, out, syms))
 }
 
 /// `Sum` of any number of operands.
@@ -175,17 +186,35 @@ fn sum(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
 }
 
 /// `Pow(x, n)` for a constant whole `n` from -4 to 4, not 0: `x * x * ...` (n factors), its
-/// reciprocal for `n < 0`.
+/// reciprocal for `n < 0`; any other exponent (a constant, or computed at run time) ->
+/// `pow(x, y)`.
 fn power(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
-    let x = operand(node, env, w, 0)?;
-    let e = node.konst(env, 1)?;
-    let n = e.data.get(0);
-    if e.data.len() != 1 || !(1.0..=4.0).contains(&n.abs()) || n.fract() != 0.0 {
-        return Err(node.err(
-            "raises to a power other than a constant whole number from -4 to 4, not 0",
-            "memc imports Pow(x, n) as a product of n factors x (its reciprocal for n < 0)",
+    let whole = match node.input(env, 1)? {
+        Value::Const(e) if e.data.len() == 1 => {
+            let n = e.data.get(0);
+            ((1.0..=4.0).contains(&n.abs()) && n.fract() == 0.0).then_some(n)
+        }
+        _ => None,
+    };
+    let Some(n) = whole else {
+        for i in 0..2 {
+            if let Value::Dyn(d) = node.input(env, i)? {
+                if w.is_integer(d) {
+                    return Err(node.err(
+                        format!("input {i} (`{}`) is an integer tensor", d.expr),
+                        "memc raises floats to float powers; cast integer inputs to float in the model",
+                    ));
+                }
+            }
+        }
+        let (texts, out, syms) = two_operands(node, env, w, true)?;
+        return Ok(Out::Expr(
+            format!("pow({}, {})", texts[0], texts[1]),
+            out,
+            syms,
         ));
-    }
+    };
+    let x = operand(node, env, w, 0)?;
     let product = vec![x.expr.as_str(); n.abs() as usize].join(" * ");
     if n < 0.0 {
         return same(&x, format!("reciprocal({product})"));

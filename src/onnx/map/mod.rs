@@ -7,10 +7,12 @@
 mod activation;
 mod composed;
 mod conv;
+mod conv_transpose;
 mod dense;
 mod elementwise;
 mod layout;
 mod loss;
+mod resize;
 mod select;
 mod window;
 
@@ -94,7 +96,7 @@ pub fn mapped_ops() -> Vec<&'static str> {
 /// Every ONNX op the importer maps, for the help line of an unsupported one.
 fn supported() -> String {
     format!(
-        "{} (Pow by a constant whole power from -4 to 4, Resize/Upsample nearest by an integer factor, Pad constant on H and W, \
+        "{} (Resize/Upsample nearest, linear or cubic over the last two axes (not tf_crop_and_resize), Pad constant on H and W, \
          Gather as an embedding (of a constant table, or at integer input ids), Cast to float, Slice with step 1, Expand to a constant shape, \
          comparisons as masks), and any op on constants that folding evaluates",
         mapped_ops().join(", ")

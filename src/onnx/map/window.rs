@@ -22,7 +22,10 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
         "GlobalAveragePool" | "GlobalMaxPool" => global_pool(node, env, w),
         "LRN" => lrn(node, env, w),
         "Pad" => pad(node, env, w),
-        "Resize" | "Upsample" => upsample(node, env, w),
+        // One integer factor repeats elements exactly; every other resize is a matmul.
+        "Resize" | "Upsample" => {
+            upsample(node, env, w).or_else(|_| super::resize::resize(node, env, w))
+        }
         _ => return Ok(None),
     };
     out.map(Some)
@@ -173,18 +176,8 @@ fn conv(node: &Node, env: &Env, w: &mut Writer) -> R<(String, Vec<usize>)> {
         if groups != 1 {
             options += &format!(", groups = {groups}");
         }
-        let mut call = format!("conv2d({}, {}{options})", x.expr, weight.expr);
-        if node.input_name(2).is_some() {
-            let b = operand(node, env, w, 2)?;
-            if b.shape != [o] {
-                return Err(node.err(
-                    format!("bias shape {:?} is not [{o}]", b.shape),
-                    "the file is malformed",
-                ));
-            }
-            call = format!("{call} + reshape({}, ({o}, 1, 1))", b.expr);
-        }
-        return Ok((call, shape));
+        let call = format!("conv2d({}, {}{options})", x.expr, weight.expr);
+        return Ok((super::conv::plus_bias(node, env, w, call, o, 2)?, shape));
     }
     let wt = node.konst(env, 1)?;
     let bias = match node.input_name(2) {

@@ -23,6 +23,7 @@ impl Backward for super::Family {
             }),
             Op::Binary(f) if f.is_comparison() => Ok(()),
             Op::Binary(f @ (BinaryFn::Minimum | BinaryFn::Maximum)) => extremum(cx, *f),
+            Op::Binary(BinaryFn::Pow) => power(cx),
             Op::Binary(f) => binary(cx, *f),
             Op::Where => select(cx),
             Op::Clamp(bounds) => cx.set(0, |rw| rw.add(Op::ClampBackward(*bounds), vec![x[0], dy])),
@@ -102,6 +103,40 @@ fn extremum(cx: &mut Vjp<'_>, f: BinaryFn) -> Result<(), StageError> {
             vec![w],
         )?;
         let t = rw.add(Op::Binary(BinaryFn::Mul), vec![dy, rest])?;
+        rw.sum_to(t, b)
+    })
+}
+
+/// Gradients of `pow(a, b)` as PyTorch defines them: `dy * b * pow(a, b - 1)` to `a`, 0
+/// where `b == 0`; `dy * y * log(a)` to `b`, 0 where `a == 0` and `b >= 0`; each summed back
+/// to its operand's shape.
+fn power(cx: &mut Vjp<'_>) -> Result<(), StageError> {
+    let (a, b, y, dy) = (cx.x[0], cx.x[1], cx.y, cx.dy);
+    cx.set(0, |rw| {
+        let lower = rw.add(
+            Op::Affine {
+                scale: 1.0,
+                shift: -1.0,
+            },
+            vec![b],
+        )?;
+        let t = rw.add(Op::Binary(BinaryFn::Pow), vec![a, lower])?;
+        let t = rw.add(Op::Binary(BinaryFn::Mul), vec![t, b])?;
+        let t = rw.add(Op::Binary(BinaryFn::Mul), vec![dy, t])?;
+        let zero = zero_like(rw, dy)?;
+        let constant = rw.add(Op::Binary(BinaryFn::Equal), vec![b, zero])?;
+        let t = rw.add(Op::Where, vec![constant, zero, t])?;
+        rw.sum_to(t, a)
+    })?;
+    cx.set(1, |rw| {
+        let t = rw.add(Op::Unary(UnaryFn::Log), vec![a])?;
+        let t = rw.add(Op::Binary(BinaryFn::Mul), vec![y, t])?;
+        let t = rw.add(Op::Binary(BinaryFn::Mul), vec![dy, t])?;
+        let zero = zero_like(rw, dy)?;
+        let base_zero = rw.add(Op::Binary(BinaryFn::Equal), vec![a, zero])?;
+        let not_negative = rw.add(Op::Binary(BinaryFn::GreaterEqual), vec![b, zero])?;
+        let flat = rw.add(Op::Binary(BinaryFn::Mul), vec![base_zero, not_negative])?;
+        let t = rw.add(Op::Where, vec![flat, zero, t])?;
         rw.sum_to(t, b)
     })
 }

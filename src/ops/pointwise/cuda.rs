@@ -50,6 +50,7 @@ fn binary_code(f: BinaryFn) -> i64 {
         BinaryFn::Greater => 8,
         BinaryFn::GreaterEqual => 9,
         BinaryFn::Equal => 10,
+        BinaryFn::Pow => 11,
     }
 }
 

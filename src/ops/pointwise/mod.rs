@@ -114,7 +114,10 @@ impl UnaryFn {
 /// `Minimum` and `Maximum` propagate NaN (as `torch.minimum`/`torch.maximum` and ONNX
 /// `Min`/`Max`); where the operands tie, each receives half the gradient, as in PyTorch.
 /// The comparisons give a mask, 1 where the relation holds and 0 elsewhere (0 for NaN
-/// operands), in the operands' dtype; they have no gradient.
+/// operands), in the operands' dtype; they have no gradient. `Pow` is C's `powf` (NaN for a
+/// negative base and a fractional exponent); its gradients are PyTorch's: none to the base
+/// where the exponent is 0, none to the exponent where the base is 0 and the exponent is not
+/// negative.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BinaryFn {
@@ -129,6 +132,7 @@ pub enum BinaryFn {
     Greater,
     GreaterEqual,
     Equal,
+    Pow,
 }
 
 impl BinaryFn {
@@ -163,6 +167,7 @@ impl BinaryFn {
             BinaryFn::Greater => mask(a > b),
             BinaryFn::GreaterEqual => mask(a >= b),
             BinaryFn::Equal => mask(a == b),
+            BinaryFn::Pow => a.powf(b),
         }
     }
 }

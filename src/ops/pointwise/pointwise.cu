@@ -137,7 +137,8 @@ template <typename T, typename C> __device__ void binary_kernel(char* arena, u64
         case 7: r = x <= y ? 1.0f : 0.0f; break;
         case 8: r = x > y ? 1.0f : 0.0f; break;
         case 9: r = x >= y ? 1.0f : 0.0f; break;
-        default: r = x == y ? 1.0f : 0.0f; break;
+        case 10: r = x == y ? 1.0f : 0.0f; break;
+        default: r = powf(x, y); break;
         }
         st(out, i, r);
     }
