@@ -209,10 +209,7 @@ fn impossible_budget_names_the_minimum() {
         e.message
     );
     assert!(e.help.contains("minimum feasible budget"), "{}", e.help);
-    assert!(
-        e.span.is_none(),
-        "the budget is the options', not the file's"
-    );
+    assert_eq!(e.span, None, "a budget given as an option");
 }
 
 #[test]
