@@ -28,6 +28,9 @@ pub struct Probe {
     /// `arena_bytes` is of the plan compiled without a budget, because the compiler found
     /// no plan within it (with checkpointing, the least it could do is not reported).
     pub without_budget: bool,
+    /// The model does not compile at this value (a rule such as a dim that must divide
+    /// another): no plan, `arena_bytes` 0, counted as not fitting.
+    pub refused: bool,
 }
 
 /// The answer of [`fit_dim`].
@@ -46,6 +49,10 @@ pub struct FitResult {
     /// `next_arena_bytes` is of the plan at `next_value` compiled without a budget, because
     /// no plan within the budget was found there.
     pub next_without_budget: bool,
+    /// Why the model does not compile at `next_value`, when it does not (the search counts
+    /// such a value as not fitting: the answer is then the largest value found that compiles
+    /// and fits below it).
+    pub next_refusal: Option<String>,
     /// The budget searched against.
     pub budget: u64,
     /// The dim's value in the file (after the other `--set` overrides): where the search began.
@@ -240,8 +247,11 @@ impl fmt::Display for FitError {
 /// activations to fit where its checkpointing settings allow) and fits when it succeeds with an
 /// arena of at most `budget` bytes; the returned plan records `budget` as its budget.
 ///
+/// A probed value at which the model does not compile (a dim that must divide another)
+/// counts as not fitting: the search goes on below it and the result names the refusal.
+///
 /// Errors: [`FitError::UnknownDim`], [`FitError::Compile`] when the file does not compile
-/// (or a probed value does not, e.g. a dim that must divide another),
+/// at the value the search starts from (or at 1),
 /// [`FitError::Infeasible`] when value 1 does not fit, [`FitError::Unbounded`].
 pub fn fit_dim(
     source: &str,
@@ -307,11 +317,9 @@ fn search_dim(
                 });
             }
             let next = lo.0.saturating_mul(2).min(top_k);
-            let p = search.probe(at(next))?;
-            if p.1.fits {
-                lo = (next, p.0);
-            } else {
-                break (lo, (next, p.1));
+            match search.probe_or_refused(at(next))? {
+                Ok((plan, p)) if p.fits => lo = (next, plan),
+                Ok((_, p)) | Err(p) => break (lo, (next, p)),
             }
         }
     } else if first_k == 1 {
@@ -325,11 +333,9 @@ fn search_dim(
     };
     while hi.0 - lo.0 > 1 {
         let mid = lo.0 + (hi.0 - lo.0) / 2;
-        let p = search.probe(at(mid))?;
-        if p.1.fits {
-            lo = (mid, p.0);
-        } else {
-            hi = (mid, p.1);
+        match search.probe_or_refused(at(mid))? {
+            Ok((plan, p)) if p.fits => lo = (mid, plan),
+            Ok((_, p)) | Err(p) => hi = (mid, p),
         }
     }
     let plan = lo.1;
@@ -340,6 +346,7 @@ fn search_dim(
         next_value: at(hi.0),
         next_arena_bytes: hi.1.arena_bytes,
         next_without_budget: hi.1.without_budget,
+        next_refusal: search.refusals.remove(&at(hi.0)),
         budget,
         start,
         plan,
@@ -385,6 +392,8 @@ struct Search<'a> {
     on_probe: &'a mut dyn FnMut(&Probe),
     /// With gradient accumulation: the batch each probed micro-batch accumulates to.
     accumulate_to: Option<i64>,
+    /// Why each refused value (see [`Search::probe_or_refused`]) does not compile.
+    refusals: std::collections::BTreeMap<i64, String>,
 }
 
 impl<'a> Search<'a> {
@@ -405,6 +414,7 @@ impl<'a> Search<'a> {
             probes: Vec::new(),
             on_probe,
             accumulate_to,
+            refusals: std::collections::BTreeMap::new(),
         }
     }
 
@@ -448,10 +458,40 @@ impl<'a> Search<'a> {
             arena_bytes,
             fits: plan.plan().report.budgeted_bytes() <= self.budget,
             without_budget,
+            refused: false,
         };
         self.probes.push(p);
         (self.on_probe)(&p);
         Ok((plan, p))
+    }
+
+    /// [`Search::probe`], but a value at which the model does not compile for a user error
+    /// (a dim that must divide another, say) is a refused probe, recorded with its reason,
+    /// instead of the search's end: the search goes on below it.
+    fn probe_or_refused(
+        &mut self,
+        value: i64,
+    ) -> Result<Result<(VerifiedPlan, Probe), Probe>, FitError> {
+        match self.probe(value) {
+            Ok(found) => Ok(Ok(found)),
+            Err(FitError::Compile {
+                error: CompileError::User(why),
+                ..
+            }) => {
+                let p = Probe {
+                    value,
+                    arena_bytes: 0,
+                    fits: false,
+                    without_budget: false,
+                    refused: true,
+                };
+                self.refusals.insert(value, why.message);
+                self.probes.push(p);
+                (self.on_probe)(&p);
+                Ok(Err(p))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn infeasible(&self, plan: VerifiedPlan, p: Probe) -> FitError {

@@ -223,3 +223,44 @@ fn cli_reports_the_answer_in_bf16_beside_the_fp32_one() {
         "{text}"
     );
 }
+
+/// Heads must divide the width (64): a value that breaks the rule does not end the search
+/// but counts as not fitting, and the answer is the largest head count found that compiles
+/// and fits, with the refusal named at the next value.
+#[test]
+fn values_that_do_not_compile_count_as_not_fitting() {
+    let src = source("gpt2.mdl");
+    let r = fit_dim(&src, &options(&SMALL_GPT2), "H", 1 << 40).unwrap();
+    assert_eq!(r.value, 64);
+    assert_eq!(r.next_value, 65);
+    let why = r.next_refusal.as_deref().unwrap_or_default();
+    assert!(why.contains("heads"), "{why}");
+    assert!(r.probes.iter().any(|p| p.refused && p.arena_bytes == 0));
+    assert!(r
+        .probes
+        .iter()
+        .filter(|p| !p.refused)
+        .all(|p| p.arena_bytes > 0));
+    let out = memc(&[
+        "fit",
+        "examples/gpt2.mdl",
+        "--dim",
+        "H",
+        "--budget",
+        "1TiB",
+        "--set",
+        "L=2",
+        "--set",
+        "D=64",
+        "--set",
+        "T=32",
+        "--set",
+        "V=256",
+        "--set",
+        "H=4",
+    ]);
+    assert_success(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("largest H within"), "{text}");
+    assert!(text.contains("H=65: does not compile"), "{text}");
+}

@@ -38,13 +38,17 @@ pub fn fit(a: FitArgs) -> Result<(), Failure> {
     let mut on_probe = |p: &Probe| {
         if let Some(bar) = &bar {
             bar.inc(1);
-            bar.set_message(format!(
-                "{}={} needs {} ({})",
-                a.dim,
-                p.value,
-                human_bytes(p.arena_bytes),
-                if p.fits { "fits" } else { "too big" }
-            ));
+            bar.set_message(if p.refused {
+                format!("{}={} does not compile", a.dim, p.value)
+            } else {
+                format!(
+                    "{}={} needs {} ({})",
+                    a.dim,
+                    p.value,
+                    human_bytes(p.arena_bytes),
+                    if p.fits { "fits" } else { "too big" }
+                )
+            });
         }
     };
     let json_format = a.format == Format::Json;
@@ -138,8 +142,24 @@ fn in_bf16(
 }
 
 fn text(r: &FitResult, bf16: Option<&FitResult>) -> String {
+    let next = match &r.next_refusal {
+        Some(why) => format!(
+            "does not compile ({why}), so the answer is the largest value found below it that compiles and fits"
+        ),
+        None => format!(
+            "arena {} ({} bytes), does not fit{}",
+            human_bytes(r.next_arena_bytes),
+            r.next_arena_bytes,
+            if r.next_without_budget {
+                " (no plan within the budget; this is the plan compiled without one)"
+            } else {
+                ""
+            }
+        ),
+    };
+    let refused = r.probes.iter().filter(|p| p.refused).count();
     let mut out = format!(
-        "fit {dim}: largest {dim} within {} ({} bytes) is {}\n  {dim}={}: arena {} ({} bytes), fits\n  {dim}={}: arena {} ({} bytes), does not fit{}\n  {} compiles (searched from {dim}={})\n",
+        "fit {dim}: largest {dim} within {} ({} bytes) is {}\n  {dim}={}: arena {} ({} bytes), fits\n  {dim}={}: {next}\n  {} compiles (searched from {dim}={}){}\n",
         human_bytes(r.budget),
         r.budget,
         r.value,
@@ -147,15 +167,13 @@ fn text(r: &FitResult, bf16: Option<&FitResult>) -> String {
         human_bytes(r.arena_bytes),
         r.arena_bytes,
         r.next_value,
-        human_bytes(r.next_arena_bytes),
-        r.next_arena_bytes,
-        if r.next_without_budget {
-            " (no plan within the budget; this is the plan compiled without one)"
-        } else {
-            ""
-        },
         r.probes.len(),
         r.start,
+        if refused > 0 {
+            format!("; {refused} value(s) did not compile and count as not fitting")
+        } else {
+            String::new()
+        },
         dim = r.dim,
     );
     if let Some(b) = bf16 {
@@ -247,6 +265,7 @@ fn json(r: &FitResult, bf16: Option<&FitResult>) -> Result<String, Failure> {
         "next_value": r.next_value,
         "next_arena_bytes": r.next_arena_bytes,
         "next_without_budget": r.next_without_budget,
+        "next_refusal": r.next_refusal,
         "budget": r.budget,
         "compiles": r.probes.len(),
         "report": r.plan.plan().report,
