@@ -475,3 +475,48 @@ fn lrn_of_an_even_size_places_its_window_as_onnx_does() {
         assert!((g - w).abs() < 1e-6, "got {got:?}, want {want:?}");
     }
 }
+
+/// Names sharing a `gpu_0/` prefix lose it in the `.mdl`, the input's ONNX name noted beside
+/// it; `memc run --input` takes either name and binds the same tensor.
+#[test]
+fn an_imported_input_binds_by_its_onnx_name_too() {
+    let dir = scratch("prefixed-names");
+    let mdl = dir.join("m.mdl");
+    let model = Path::new(ROOT).join("tests/onnx/prefixed_names.onnx");
+    ok(memc(&["import", s(&model), "-o", s(&mdl)]), "import");
+    let text = std::fs::read_to_string(&mdl).expect("mdl");
+    assert!(
+        text.contains("input data_0: [2, 4]  # ONNX input `gpu_0/data_0`"),
+        "{text}"
+    );
+    let x = dir.join("x.npy");
+    let mut bytes = Vec::new();
+    {
+        use npyz::WriterBuilder;
+        let mut w = npyz::WriteOptions::<f32>::new()
+            .default_dtype()
+            .shape(&[2, 4])
+            .writer(&mut bytes)
+            .begin_nd()
+            .expect("npy writer");
+        w.extend((0..8).map(|i| i as f32 - 3.5)).expect("npy data");
+        w.finish().expect("npy end");
+    }
+    std::fs::write(&x, bytes).expect("write x");
+    let outputs: Vec<Vec<f32>> = ["gpu_0/data_0", "data_0"]
+        .iter()
+        .map(|name| {
+            let out = dir.join(name.replace('/', "-"));
+            let input = format!("{name}={}", x.display());
+            ok(
+                memc(&["run", s(&mdl), "--input", &input, "--dump", s(&out)]),
+                "run",
+            );
+            floats(&out.join("output.y.npy")).1
+        })
+        .collect();
+    assert_eq!(outputs[0], outputs[1]);
+    let unknown = memc(&["run", s(&mdl), "--input", "gpu_1/data_0=x.npy"]);
+    assert_eq!(unknown.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}

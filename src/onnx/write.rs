@@ -224,8 +224,14 @@ impl Writer {
             self.masks.insert(name.clone());
         }
         self.input_names.push(name.clone());
+        // The ONNX name beside a renamed input: `memc run --input` takes either.
+        let onnx_name = if name == vi.name {
+            String::new()
+        } else {
+            format!("  # ONNX input `{}`", vi.name)
+        };
         self.inputs.push(format!(
-            "input {name}: {dtype}[{}]",
+            "input {name}: {dtype}[{}]{onnx_name}",
             shape_text(&shape, &syms)
         ));
         Ok(Dyn {

@@ -229,6 +229,9 @@ def main():
         mk("ReduceSum", ["h"], ["y"], name="noop_sum", noop_with_empty_axes=1),
     ]
     save(model(nodes, [tensor("x", [3, 4])], [tensor("y", [3, 2])], [weight("w", [4, 2])]), "reduce_noop.onnx")
+    # Caffe2-style names sharing a `gpu_0/` prefix: memc names the input `data_0`.
+    nodes = [mk("MatMul", ["gpu_0/data_0", "gpu_0/w"], ["gpu_0/y"], name="gpu_0/proj")]
+    save(model(nodes, [tensor("gpu_0/data_0", [2, 4])], [tensor("gpu_0/y", [2, 3])], [weight("gpu_0/w", [4, 3])]), "prefixed_names.onnx")
     ints = TensorProto.INT32
     save(model([mk("Identity", ["x"], ["y"], name="same")], [tensor("x", [2, 3], ints)], [tensor("y", [2, 3], ints)]), "errors/integer_output.onnx")
     save(model([mk("Cast", ["x"], ["y"], name="widen", to=1)], [tensor("x", [2, 3], ints)], [tensor("y", [2, 3])]), "errors/cast_integer_input.onnx")
