@@ -188,6 +188,7 @@ fn light_models_match_onnxruntime() {
         "reduce_family",
         "conv_volume",
         "conv_line",
+        "instance_norm",
     ] {
         let path = Path::new(ROOT).join(format!("tests/onnx/{small}.onnx"));
         cases.push((small.into(), path, false));

@@ -229,6 +229,9 @@ def main():
         mk("ReduceSum", ["h"], ["y"], name="noop_sum", noop_with_empty_axes=1),
     ]
     save(model(nodes, [tensor("x", [3, 4])], [tensor("y", [3, 2])], [weight("w", [4, 2])]), "reduce_noop.onnx")
+    # Instance norm with constant scale and bias: memc's groupnorm with a group per channel.
+    nodes = [mk("InstanceNormalization", ["x", "s", "b"], ["y"], name="inorm", epsilon=1e-3)]
+    save(model(nodes, [tensor("x", [2, 3, 5, 4])], [tensor("y", [2, 3, 5, 4])], [weight("s", [3]), weight("b", [3])]), "instance_norm.onnx")
     # Caffe2-style names sharing a `gpu_0/` prefix: memc names the input `data_0`.
     nodes = [mk("MatMul", ["gpu_0/data_0", "gpu_0/w"], ["gpu_0/y"], name="gpu_0/proj")]
     save(model(nodes, [tensor("gpu_0/data_0", [2, 4])], [tensor("gpu_0/y", [2, 3])], [weight("gpu_0/w", [4, 3])]), "prefixed_names.onnx")

@@ -32,6 +32,7 @@ const MAPPED: &[&str] = &[
     "Gemm",
     "MatMul",
     "BatchNormalization",
+    "InstanceNormalization",
     "Gelu",
     "MaxPool",
     "AveragePool",
