@@ -10,6 +10,7 @@ mod conv;
 mod conv_transpose;
 mod dense;
 mod elementwise;
+mod instance_norm;
 mod layout;
 mod loss;
 mod resize;

@@ -1,6 +1,6 @@
 //! ONNX ops over NCHW windows as `.mdl` expressions: convolution (of a constant weight as a
 //! `conv2d` group, of a computed one as the tensor form of `conv2d`), pooling (windowed and
-//! global; a 1-D pool as a 2-D one of height 1), batch and instance normalization, LRN, `Pad` and
+//! global; a 1-D pool as a 2-D one of height 1), batch normalization, LRN, `Pad` and
 //! nearest-neighbour `Resize`/`Upsample`.
 
 use super::{batch_named, group_name, operand, pair_text, rank_is, same, tuple_text, Out, R};
@@ -19,7 +19,7 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Option<Out>> {
             _ => batch_named(node, env, w, pool),
         },
         "BatchNormalization" => batchnorm(node, env, w),
-        "InstanceNormalization" => instance_norm(node, env, w),
+        "InstanceNormalization" => super::instance_norm::instance_norm(node, env, w),
         "GlobalAveragePool" | "GlobalMaxPool" => global_pool(node, env, w),
         "LRN" => lrn(node, env, w),
         "Pad" => pad(node, env, w),
@@ -361,99 +361,6 @@ fn global_pool(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
         shape,
         syms,
     ))
-}
-
-/// `InstanceNormalization`: each sample's channels normalized over space. A constant scale
-/// and bias make a `groupnorm` with one group per channel; computed ones scale and shift the
-/// normalized input through `[C, 1, ...]` views.
-fn instance_norm(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
-    let x = operand(node, env, w, 0)?;
-    let rank = x.shape.len();
-    if rank < 3 {
-        return Err(node.err(
-            format!("input has rank {rank}, not N, C and spatial dims"),
-            "the file is malformed",
-        ));
-    }
-    let c = x.shape[1];
-    let eps = node.float("epsilon", 1e-5);
-    if !eps.is_finite() {
-        return Err(node.err(format!("epsilon is {eps}"), "memc imports a finite epsilon"));
-    }
-    let constant = [1, 2].map(|i| matches!(node.input(env, i), Ok(Value::Const(_))));
-    if constant == [true, true] {
-        let mut parts = Vec::new();
-        for (i, what) in [(1, "weight"), (2, "bias")] {
-            let k = node.konst(env, i)?;
-            if k.shape != [c] {
-                return Err(node.err(
-                    format!("input {i} has shape {:?}, expected [{c}]", k.shape),
-                    "the file is malformed",
-                ));
-            }
-            parts.push((what.to_string(), vec![c], k.floats()));
-        }
-        let g = w.group(&group_name(node, 1), format!("groupnorm({c}, {c})"), parts);
-        return same(
-            &x,
-            format!("groupnorm({}, {g}, eps = {})", x.expr, number(eps)),
-        );
-    }
-    let mut per_channel = vec![c];
-    per_channel.resize(rank - 1, 1);
-    let mut views = Vec::new();
-    for i in [1, 2] {
-        let p = operand(node, env, w, i)?;
-        if p.shape != [c] {
-            return Err(node.err(
-                format!("input {i} has shape {:?}, expected [{c}]", p.shape),
-                "the file is malformed",
-            ));
-        }
-        views.push(format!(
-            "reshape({}, ({}))",
-            p.expr,
-            shape_text(&per_channel, &[])
-        ));
-    }
-    let axes: Vec<String> = (2..rank).map(|a| a.to_string()).collect();
-    let axes = format!("({})", axes.join(", "));
-    let base = node.p.output.first().cloned().unwrap_or_default();
-    let mut kept = x.shape[..2].to_vec();
-    kept.resize(rank, 1);
-    let none = vec![None; rank];
-    let mean = w.bind(
-        &format!("{base}_mean"),
-        format!("mean({}, axis = {axes}, keepdim = true)", x.expr),
-        kept.clone(),
-        none.clone(),
-    );
-    let centred = w.bind(
-        &format!("{base}_centred"),
-        format!("{} - {}", x.expr, mean.expr),
-        x.shape.clone(),
-        x.syms.clone(),
-    );
-    let var = w.bind(
-        &format!("{base}_var"),
-        format!(
-            "mean({0} * {0}, axis = {axes}, keepdim = true)",
-            centred.expr
-        ),
-        kept,
-        none,
-    );
-    same(
-        &x,
-        format!(
-            "{} / sqrt({} + {}) * {} + {}",
-            centred.expr,
-            var.expr,
-            number(eps),
-            views[0],
-            views[1]
-        ),
-    )
 }
 
 /// `LRN` across channels.
