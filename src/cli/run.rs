@@ -12,6 +12,7 @@ use memc::ir::DType;
 use memc::ops::quant::pack::ErrorSums;
 use memc::plan::{human_bytes, verify, BufferId, Plan, VerifiedPlan};
 
+mod input_name;
 mod profile;
 mod ranks;
 mod tiled;
@@ -235,40 +236,13 @@ fn load_params(ex: &mut impl Buffers, path: &Path) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The input a `--input` name means: the input of that name, or else the one input whose
-/// name the given one becomes as `memc import` writes an ONNX graph input's name (characters
-/// outside `[A-Za-z0-9_]` as `_`, a `prefix/` every name shares dropped: `gpu_0/data_0` is
-/// `data_0`); None when no input, or more than one, matches.
-fn input_named(plan: &memc::plan::Plan, name: &str) -> Option<memc::plan::InputBinding> {
-    if let Some(exact) = plan.inputs.iter().find(|i| i.name == name) {
-        return Some(exact.clone());
-    }
-    let written: String = name
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    // The character before a shared prefix's remainder is its `/` (names are ASCII in the
-    // model, so character and byte counts agree there).
-    let after_prefix = |i: &&memc::plan::InputBinding| {
-        written.ends_with(&i.name) && name.chars().rev().nth(i.name.len()) == Some('/')
-    };
-    let mut matching = plan
-        .inputs
-        .iter()
-        .filter(|i| written == i.name || after_prefix(i));
-    match (matching.next(), matching.next()) {
-        (Some(one), None) => Some(one.clone()),
-        _ => None,
-    }
-}
-
 fn bind_input(ex: &mut impl Buffers, spec: &str) -> Result<(), Failure> {
     let Some((name, file)) = spec.split_once('=') else {
         return Err(Failure::Plain(format!(
             "`--input {spec}`: expected NAME=FILE.npy"
         )));
     };
-    let Some(binding) = input_named(ex.plan(), name) else {
+    let Some(binding) = input_name::input_named(ex.plan(), name) else {
         let known: Vec<String> = ex.plan().inputs.iter().map(|i| i.name.clone()).collect();
         return Err(Failure::Plain(format!(
             "`--input {spec}`: the model has no input `{name}` (inputs: {})",
