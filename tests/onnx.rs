@@ -189,6 +189,7 @@ fn light_models_match_onnxruntime() {
         "conv_volume",
         "conv_line",
         "instance_norm",
+        "einsum",
     ] {
         let path = Path::new(ROOT).join(format!("tests/onnx/{small}.onnx"));
         cases.push((small.into(), path, false));

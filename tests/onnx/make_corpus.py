@@ -232,6 +232,28 @@ def main():
     # Instance norm with constant scale and bias: memc's groupnorm with a group per channel.
     nodes = [mk("InstanceNormalization", ["x", "s", "b"], ["y"], name="inorm", epsilon=1e-3)]
     save(model(nodes, [tensor("x", [2, 3, 5, 4])], [tensor("y", [2, 3, 5, 4])], [weight("s", [3]), weight("b", [3])]), "instance_norm.onnx")
+    # Einsum in the usual transformer patterns: attention scores and their product with the
+    # values, a transpose, a matmul, a batched inner product and a sum.
+    nodes = [
+        mk("Einsum", ["q", "k"], ["scores"], name="scores", equation="bhqd,bhkd->bhqk"),
+        mk("Einsum", ["scores", "k"], ["context"], name="context", equation="bhqk,bhkd->bhqd"),
+        mk("Einsum", ["q"], ["swapped"], name="swap", equation="bhqd->bdhq"),
+        mk("Einsum", ["m", "w"], ["mm"], name="mm", equation="ij,jk"),
+        mk("Einsum", ["m", "m"], ["dots"], name="dots", equation="ij,ij->i"),
+        mk("Einsum", ["m"], ["colsum"], name="colsum", equation="ij->j"),
+    ]
+    outs = [
+        tensor("scores", [2, 3, 4, 5]),
+        tensor("context", [2, 3, 4, 6]),
+        tensor("swapped", [2, 6, 3, 4]),
+        tensor("mm", [4, 2]),
+        tensor("dots", [4]),
+        tensor("colsum", [3]),
+    ]
+    ins = [tensor("q", [2, 3, 4, 6]), tensor("k", [2, 3, 5, 6]), tensor("m", [4, 3])]
+    save(model(nodes, ins, outs, [weight("w", [3, 2])], opset=12), "einsum.onnx")
+    nodes = [mk("Einsum", ["x"], ["y"], name="diagonal", equation="ii->i")]
+    save(model(nodes, [tensor("x", [3, 3])], [tensor("y", [3])], opset=12), "errors/einsum_diagonal.onnx")
     # Caffe2-style names sharing a `gpu_0/` prefix: memc names the input `data_0`.
     nodes = [mk("MatMul", ["gpu_0/data_0", "gpu_0/w"], ["gpu_0/y"], name="gpu_0/proj")]
     save(model(nodes, [tensor("gpu_0/data_0", [2, 4])], [tensor("gpu_0/y", [2, 3])], [weight("gpu_0/w", [4, 3])]), "prefixed_names.onnx")

@@ -9,6 +9,7 @@ mod composed;
 mod conv;
 mod conv_transpose;
 mod dense;
+mod einsum;
 mod elementwise;
 mod instance_norm;
 mod layout;
@@ -34,6 +35,7 @@ const MAPPED: &[&str] = &[
     "MatMul",
     "BatchNormalization",
     "InstanceNormalization",
+    "Einsum",
     "Gelu",
     "MaxPool",
     "AveragePool",
@@ -119,8 +121,9 @@ type Family = fn(&Node, &Env, &mut Writer) -> R<Option<Out>>;
 /// Maps `node` to `.mdl` statements; returns its output values.
 pub(super) fn map(node: &Node, env: &Env, w: &mut Writer) -> R<Vec<Value>> {
     refuse_masks(node, env, w)?;
-    let families: [Family; 9] = [
+    let families: [Family; 10] = [
         elementwise::map,
+        einsum::map,
         select::map,
         activation::map,
         composed::map,
