@@ -233,7 +233,7 @@ def main():
     nodes = [mk("InstanceNormalization", ["x", "s", "b"], ["y"], name="inorm", epsilon=1e-3)]
     save(model(nodes, [tensor("x", [2, 3, 5, 4])], [tensor("y", [2, 3, 5, 4])], [weight("s", [3]), weight("b", [3])]), "instance_norm.onnx")
     # Einsum in the usual transformer patterns: attention scores and their product with the
-    # values, a transpose, a matmul, a batched inner product and a sum.
+    # values, a transpose, a matmul, a batched inner product, a sum and a full contraction.
     nodes = [
         mk("Einsum", ["q", "k"], ["scores"], name="scores", equation="bhqd,bhkd->bhqk"),
         mk("Einsum", ["scores", "k"], ["context"], name="context", equation="bhqk,bhkd->bhqd"),
@@ -241,6 +241,7 @@ def main():
         mk("Einsum", ["m", "w"], ["mm"], name="mm", equation="ij,jk"),
         mk("Einsum", ["m", "m"], ["dots"], name="dots", equation="ij,ij->i"),
         mk("Einsum", ["m"], ["colsum"], name="colsum", equation="ij->j"),
+        mk("Einsum", ["m", "m"], ["total"], name="total", equation="ij,ij->"),
     ]
     outs = [
         tensor("scores", [2, 3, 4, 5]),
@@ -249,6 +250,7 @@ def main():
         tensor("mm", [4, 2]),
         tensor("dots", [4]),
         tensor("colsum", [3]),
+        tensor("total", []),
     ]
     ins = [tensor("q", [2, 3, 4, 6]), tensor("k", [2, 3, 5, 6]), tensor("m", [4, 3])]
     save(model(nodes, ins, outs, [weight("w", [3, 2])], opset=12), "einsum.onnx")

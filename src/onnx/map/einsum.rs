@@ -129,7 +129,12 @@ pub(super) fn map(node: &Node, env: &Env, w: &mut crate::onnx::write::Writer) ->
         );
         let got: Vec<char> = [&batch[..], &rows, &cols].concat();
         let dims: Vec<usize> = got.iter().map(|&c| size(c)).collect();
-        let product = format!("reshape({left} @ {right}, ({}))", shape_text(&dims, &[]));
+        // A full contraction is a scalar: the sum of the `[1, 1, 1]` product.
+        let product = if dims.is_empty() {
+            format!("sum({left} @ {right})")
+        } else {
+            format!("reshape({left} @ {right}, ({}))", shape_text(&dims, &[]))
+        };
         return Ok(Some(permuted(product, &got, &out, size)));
     }
     let (x, t) = &xs[0];
