@@ -232,39 +232,8 @@ fn batchnorm(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
     }
     let out = |k: usize| node.p.output.get(k).filter(|o| !o.is_empty()).cloned();
     let base = out(0).unwrap_or_default();
-    let axes: Vec<String> = (0..x.shape.len())
-        .filter(|&k| k != 1)
-        .map(|k| k.to_string())
-        .collect();
-    let axes = if axes.len() == 1 {
-        axes[0].clone()
-    } else {
-        format!("({})", axes.join(", "))
-    };
-    let mut kept = vec![1; x.shape.len()];
-    kept[1] = c;
-    let none = vec![None; kept.len()];
-    let mean = w.bind(
-        &format!("{base}_mean"),
-        format!("mean({}, axis = {axes}, keepdim = true)", x.expr),
-        kept.clone(),
-        none.clone(),
-    );
-    let centred = w.bind(
-        &format!("{base}_centred"),
-        format!("{} - {}", x.expr, mean.expr),
-        x.shape.clone(),
-        x.syms.clone(),
-    );
-    let var = w.bind(
-        &format!("{base}_var"),
-        format!(
-            "mean({0} * {0}, axis = {axes}, keepdim = true)",
-            centred.expr
-        ),
-        kept,
-        none,
-    );
+    let axes: Vec<usize> = (0..x.shape.len()).filter(|&k| k != 1).collect();
+    let [mean, centred, var] = centred_moments(w, &base, &x, &axes);
     let y = w.bind(
         &base,
         format!(
@@ -297,4 +266,41 @@ fn batchnorm(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
         values.push(Value::Dyn(w.bind(&name, expr, vec![c], vec![None])));
     }
     Ok(Out::Values(values))
+}
+
+/// The mean of `x` over `axes`, `x` less it, and the mean of that square over `axes` (the
+/// population variance), the reduced axes kept as dims of 1, bound as `<base>_mean`,
+/// `<base>_centred` and `<base>_var`: a batch or instance normalization's statistics.
+pub(super) fn centred_moments(w: &mut Writer, base: &str, x: &Dyn, axes: &[usize]) -> [Dyn; 3] {
+    let listed: Vec<String> = axes.iter().map(usize::to_string).collect();
+    let axes_text = match &listed[..] {
+        [one] => one.clone(),
+        _ => format!("({})", listed.join(", ")),
+    };
+    let kept: Vec<usize> = (0..x.shape.len())
+        .map(|k| if axes.contains(&k) { 1 } else { x.shape[k] })
+        .collect();
+    let none = vec![None; kept.len()];
+    let mean = w.bind(
+        &format!("{base}_mean"),
+        format!("mean({}, axis = {axes_text}, keepdim = true)", x.expr),
+        kept.clone(),
+        none.clone(),
+    );
+    let centred = w.bind(
+        &format!("{base}_centred"),
+        format!("{} - {}", x.expr, mean.expr),
+        x.shape.clone(),
+        x.syms.clone(),
+    );
+    let var = w.bind(
+        &format!("{base}_var"),
+        format!(
+            "mean({0} * {0}, axis = {axes_text}, keepdim = true)",
+            centred.expr
+        ),
+        kept,
+        none,
+    );
+    [mean, centred, var]
 }

@@ -57,33 +57,9 @@ pub(super) fn instance_norm(node: &Node, env: &Env, w: &mut Writer) -> R<Out> {
             shape_text(&per_channel, &[])
         ));
     }
-    let axes: Vec<String> = (2..rank).map(|a| a.to_string()).collect();
-    let axes = format!("({})", axes.join(", "));
     let base = node.p.output.first().cloned().unwrap_or_default();
-    let mut kept = x.shape[..2].to_vec();
-    kept.resize(rank, 1);
-    let none = vec![None; rank];
-    let mean = w.bind(
-        &format!("{base}_mean"),
-        format!("mean({}, axis = {axes}, keepdim = true)", x.expr),
-        kept.clone(),
-        none.clone(),
-    );
-    let centred = w.bind(
-        &format!("{base}_centred"),
-        format!("{} - {}", x.expr, mean.expr),
-        x.shape.clone(),
-        x.syms.clone(),
-    );
-    let var = w.bind(
-        &format!("{base}_var"),
-        format!(
-            "mean({0} * {0}, axis = {axes}, keepdim = true)",
-            centred.expr
-        ),
-        kept,
-        none,
-    );
+    let axes: Vec<usize> = (2..rank).collect();
+    let [_, centred, var] = super::composed::centred_moments(w, &base, &x, &axes);
     same(
         &x,
         format!(
