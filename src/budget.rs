@@ -325,18 +325,21 @@ pub fn plan_with(
                 .join("; "),
         )
     })?;
+    let offload = train.and_then(|t| t.settings.offload);
+    let (graph, clones) = if offload.is_some_and(crate::settings::Offload::activations) {
+        let o = crate::passes::offload_activations::run(&rewritten.graph)?;
+        let clones = (rewritten.clones.iter())
+            .map(|&(v, c)| (v, o.map[c.index()]))
+            .collect();
+        (o.graph, clones)
+    } else {
+        (rewritten.graph, rewritten.clones)
+    };
     let train = train.map(TrainSummary::from);
-    let clones = rewritten.clones.iter().map(|&(_, c)| c).collect();
-    let mut plan = plan::build_for(
-        target,
-        model,
-        &rewritten.graph,
-        train.as_ref(),
-        options,
-        &clones,
-    )?;
-    plan.report.checkpoint = summary(policy, &rewritten.graph, &rewritten.clones, &plan);
-    Ok((rewritten.graph, plan))
+    let clone_ids = clones.iter().map(|&(_, c)| c).collect();
+    let mut plan = plan::build_for(target, model, &graph, train.as_ref(), options, &clone_ids)?;
+    plan.report.checkpoint = summary(policy, &graph, &clones, &plan);
+    Ok((graph, plan))
 }
 
 /// The diagnostic for a budget no plan meets: `arena_budget` is what the budget leaves for

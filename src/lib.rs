@@ -375,7 +375,7 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
                 mixed.objective = sharded.map[mixed.objective.index()];
                 mixed.loss_scale = mixed.loss_scale.map(|s| sharded.map[s.index()]);
             }
-            let offload = t.offload == Some(settings::Offload::Optimizer);
+            let offload = t.offload.is_some_and(settings::Offload::optimizer);
             let masters = parallel.is_some_and(|p| matches!(p.zero, 1 | 2))
                 && t.precision != settings::Precision::Fp32
                 && t.master_weights
@@ -393,12 +393,24 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
                 mixed.objective = map[mixed.objective.index()];
                 mixed.loss_scale = mixed.loss_scale.map(|s| map[s.index()]);
             }
+            let (graph, map) = passes::widen::narrow_norms(&mixed.graph)?;
+            verified(&graph, "narrow")?;
+            mixed.graph = graph;
+            let kept = |v: ir::ValueId| {
+                map[v.index()].ok_or_else(|| {
+                    CompileError::Internal(vec![format!("narrowing folded away {v}")])
+                })
+            };
+            mixed.objective = kept(mixed.objective)?;
+            mixed.loss_scale = mixed.loss_scale.map(kept).transpose()?;
             let diff = passes::autodiff::run(&mixed.graph, mixed.objective)?;
             verified(&diff.graph, "autodiff")?;
             let diff = passes::saves::choose(diff)?.diff;
             verified(&diff.graph, "saves")?;
             let diff = passes::widen::run(&diff)?;
             verified(&diff.graph, "widen")?;
+            let diff = passes::concat_grads::run(&diff)?;
+            verified(&diff.graph, "concat_grads")?;
             let opts = passes::optimizer::OptimizerOptions {
                 optimizer: t.optimizer,
                 clip_grad_norm: t.clip_grad_norm,

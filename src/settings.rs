@@ -70,21 +70,40 @@ pub enum Offload {
     /// The optimizer state, updated on the host as ZeRO-Offload does: each gradient and
     /// parameter is copied to the host, updated there, and the parameter copied back.
     Optimizer,
+    /// The activations backward reads: each copied to the host after its forward producer
+    /// and back to the device before its first backward reader
+    /// (`passes::offload_activations`).
+    Activations,
+    /// Both the optimizer state and the saved activations.
+    All,
 }
 
 impl Offload {
-    /// The setting a word names (`optimizer`), as `--offload` and `train { offload }`
-    /// spell it; None for any other word.
+    /// The setting a word names (`optimizer`, `activations`, `all`), as `--offload` and
+    /// `train { offload }` spell it; None for any other word.
     pub fn parse(word: &str) -> Option<Offload> {
         match word {
             "optimizer" => Some(Offload::Optimizer),
+            "activations" => Some(Offload::Activations),
+            "all" => Some(Offload::All),
             _ => None,
         }
     }
 
+    /// Whether the optimizer state lives on the host.
+    pub fn optimizer(self) -> bool {
+        matches!(self, Offload::Optimizer | Offload::All)
+    }
+
+    /// Whether the saved activations wait on the host between forward and backward.
+    pub fn activations(self) -> bool {
+        matches!(self, Offload::Activations | Offload::All)
+    }
+
     /// What to write instead of a word [`Offload::parse`] refuses.
-    pub const HELP: &'static str = "use `optimizer`: the optimizer state lives in host memory \
-         and the update runs on the host (master weights and activations stay on the device)";
+    pub const HELP: &'static str = "use `optimizer` (the optimizer state lives in host memory \
+         and the update runs on the host), `activations` (what backward reads waits in host \
+         memory between forward and backward) or `all` (both)";
 }
 
 fn yes() -> bool {

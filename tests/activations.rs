@@ -90,13 +90,13 @@ fn gpt2_layers_against_korthikanti() {
         assert_eq!(
             units,
             [
-                ("cast", 2),      // layernorm 1's output in bf16: the QKV matmul's input
+                ("norm", 2),      // layernorm 1's output, stored bf16: the QKV matmul's input
                 ("slice", 2),     // Q
                 ("slice", 2),     // K
                 ("slice", 2),     // V
                 ("attention", 2), // its output: the projection's input, flash's backward
                 ("binary", 4),    // the fp32 residual after attention: layernorm 2's input
-                ("cast", 2),      // layernorm 2's output in bf16: the MLP's input
+                ("norm", 2),      // layernorm 2's output, stored bf16: the MLP's input
                 ("binary", 8),    // the first linear's output: GELU's input
                 ("unary", 8),     // GELU's output: the second linear's input
                 ("binary", 4),    // the fp32 layer output: the next layernorm's input

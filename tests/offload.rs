@@ -185,10 +185,10 @@ fn llama7b_bf16_offload_moves_exactly_the_optimizer_state_to_the_host() {
 /// `memc run --device cuda` through the same check once a driver is found).
 #[test]
 fn offload_refusals_are_diagnostics() {
-    let out = common::memc(&["compile", common::MLP, "--offload", "activations"]);
+    let out = common::memc(&["compile", common::MLP, "--offload", "weights"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("unknown offload `activations`"), "{err}");
+    assert!(err.contains("unknown offload `weights`"), "{err}");
     let dir = common::scratch("offload_inference");
     let inference = dir.join("infer.mdl");
     std::fs::write(

@@ -117,10 +117,12 @@ pub struct CompileArgs {
     /// qualifies. `memc run --save-params` writes such weights dequantized, as f32.
     #[arg(long, value_name = "int8|nf4")]
     quantize_frozen: Option<String>,
-    /// Keep the optimizer state in host memory, overriding `train { offload }`: the update
-    /// runs on the host, each gradient and parameter copied there and the parameter back
-    /// (`optimizer`).
-    #[arg(long, value_name = "optimizer")]
+    /// Keep the optimizer state or the saved activations in host memory, overriding
+    /// `train { offload }`: `optimizer` runs the update on the host, each gradient and
+    /// parameter copied there and the parameter back; `activations` copies each activation
+    /// backward reads to the host after its producer and back before its first backward
+    /// reader; `all` does both.
+    #[arg(long, value_name = "optimizer|activations|all")]
     offload: Option<String>,
     /// Data parallelism, overriding `train { parallel }`:
     /// data=N[,zero=0|1|2|3][,batch=per_rank|global] plans one rank of N, each running the

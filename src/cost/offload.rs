@@ -6,8 +6,10 @@
 //! `cudaMemcpyAsync` that issues it; the host updates stream every byte they touch
 //! at [`HOST_UPDATE_BANDWIDTH`]; with the optimizer in backward, copies and host updates
 //! overlap the device's backward steps that run after the first copy (ZeRO-Offload's
-//! overlap), and otherwise nothing overlaps (the next forward needs the updated
-//! parameters). So the extra time is `max(0, copies + host updates - overlappable)`.
+//! overlap); with activations offloaded, the copies overlap the device's forward and
+//! backward steps after the first copy (they run on a copy stream beside the compute);
+//! otherwise nothing overlaps (the next forward needs the updated parameters). So the
+//! extra time is `max(0, copies + host updates - overlappable)`.
 
 use super::{Gpu, StepTime, Work, LAUNCH_OVERHEAD_S};
 use crate::ir::{Op, Phase};
@@ -43,12 +45,14 @@ pub struct OffloadTime {
 /// Whether `step` of `plan` runs off the device: a copy between tiers, or a step on host
 /// buffers. The device estimate leaves such steps out; [`offload_time`] costs them.
 pub fn off_device(plan: &Plan, step: &Step) -> bool {
-    matches!(step.op, Op::CopyToHost | Op::CopyToDevice)
-        || step
-            .inputs
-            .first()
-            .and_then(|b| plan.buffers.get(b.index()))
-            .is_some_and(|b| b.tier == Tier::Host)
+    matches!(
+        step.op,
+        Op::CopyToHost | Op::CopyToDevice | Op::CopyFromHost
+    ) || step
+        .inputs
+        .first()
+        .and_then(|b| plan.buffers.get(b.index()))
+        .is_some_and(|b| b.tier == Tier::Host)
 }
 
 /// The time offload adds to a step of `plan` on `gpu`, given the device steps' estimates
@@ -56,42 +60,49 @@ pub fn off_device(plan: &Plan, step: &Step) -> bool {
 pub fn offload_time(plan: &Plan, gpu: Gpu, device: &[StepTime]) -> Option<OffloadTime> {
     let link = gpu.spec().host_link;
     let ty = |b: &crate::plan::BufferId| plan.buffers.get(b.index()).map(|b| &b.ty);
+    // Forward and backward steps (the activations' copies) run once per micro-batch.
+    let repeats = |phase: Phase| match phase {
+        Phase::Update => 1,
+        Phase::Forward | Phase::Backward => plan.micro_steps().max(1),
+    };
     let (mut copied, mut updated, mut first_copy, mut copies) = (0u64, 0u64, None, 0u32);
     for (s, step) in plan.steps.iter().enumerate() {
         if !off_device(plan, step) {
             continue;
         }
         let inputs: Vec<_> = step.inputs.iter().filter_map(ty).collect();
+        let times = repeats(step.phase);
         match step.op {
             Op::CopyToHost => {
-                copied += step.output.as_ref().and_then(ty).map_or(0, |t| t.bytes());
+                copied +=
+                    u64::from(times) * step.output.as_ref().and_then(ty).map_or(0, |t| t.bytes());
                 first_copy.get_or_insert(s);
             }
-            Op::CopyToDevice => copied += inputs.first().map_or(0, |t| t.bytes()),
+            Op::CopyToDevice | Op::CopyFromHost => {
+                copied += u64::from(times) * inputs.first().map_or(0, |t| t.bytes())
+            }
             _ => {
                 updated += Work::new(&step.op, step.flops, &inputs, None, 0).bytes;
                 continue;
             }
         }
-        copies += 1;
+        copies += times;
     }
     let first_copy = first_copy?;
-    let overlapped = if plan.report.optimizer_in_backward {
-        let backward_after = |t: &&StepTime| {
-            t.step > first_copy
-                && plan
-                    .steps
-                    .get(t.step)
-                    .is_some_and(|s| s.phase == Phase::Backward)
-        };
-        device
-            .iter()
-            .filter(backward_after)
-            .map(|t| t.seconds)
-            .sum()
-    } else {
-        0.0
+    let activations = plan.steps.iter().any(|s| s.op == Op::CopyFromHost);
+    let hides = |phase: Phase| match phase {
+        Phase::Backward => activations || plan.report.optimizer_in_backward,
+        Phase::Forward => activations,
+        Phase::Update => false,
     };
+    let overlapped = device
+        .iter()
+        .filter(|t| t.step > first_copy)
+        .filter_map(|t| {
+            let phase = plan.steps.get(t.step)?.phase;
+            hides(phase).then(|| t.seconds * f64::from(repeats(phase)))
+        })
+        .sum();
     let transfer = copied as f64 / link.bandwidth + f64::from(copies) * LAUNCH_OVERHEAD_S;
     let host = updated as f64 / HOST_UPDATE_BANDWIDTH;
     Some(OffloadTime {

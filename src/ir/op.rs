@@ -74,8 +74,14 @@ pub enum Op {
     ClampBackward(Bounds),
     /// `x -> x * scale + shift`.
     Affine { scale: f32, shift: f32 },
-    /// `x -> sum of x over the dims where `shape` has 1 (or that it lacks)`.
-    SumTo { shape: Vec<usize> },
+    /// `x -> sum of x over the dims where `shape` has 1 (or that it lacks)`. With `f32_out`
+    /// the output is fp32 whatever the input's precision: the fp32 sum stored unrounded (a
+    /// low-precision bias gradient written straight into its fp32 gradient, `passes::widen`).
+    SumTo {
+        shape: Vec<usize>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        f32_out: bool,
+    },
     /// `x -> x broadcast to shape`.
     BroadcastTo { shape: Vec<usize> },
     /// `x -> max of x over the dims where `shape` (same rank) has 1`.
@@ -90,8 +96,15 @@ pub enum Op {
     LogSoftmax { axis: usize },
     /// `(y, dy) -> dx` for `y = log_softmax(x)`.
     LogSoftmaxBackward { axis: usize },
-    /// `(x, weight[, bias]) -> normalize(x) * weight + bias`.
-    Norm { kind: NormKind, eps: f32 },
+    /// `(x, weight[, bias]) -> normalize(x) * weight + bias`, computed in fp32 and stored in
+    /// `x`'s precision or, with `store`, rounded once to that low precision (an fp32 norm
+    /// whose only reader was a cast to it, `passes::widen::narrow_norms`).
+    Norm {
+        kind: NormKind,
+        eps: f32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        store: Option<DType>,
+    },
     /// `(x, weight, dy) -> dx`.
     NormBackwardInput { kind: NormKind, eps: f32 },
     /// `(x, dy) -> dweight`.
@@ -237,6 +250,9 @@ pub enum Op {
     /// `(dst, src) -> ()`: host value `src` copied into device buffer `dst` in place, after
     /// every in-place writer of `src` in its phase ([`Op::reads_after_writers`]).
     CopyToDevice,
+    /// `h -> h` in the device arena: host value `h` copied into a new device buffer (a saved
+    /// activation's prefetch before its backward readers, `offload = activations`).
+    CopyFromHost,
     /// `x -> x`: the mean over the data-parallel ranks of every rank's `x`, summed in rank
     /// order, so every rank holds the same bits.
     AllReduce { ranks: u32 },
@@ -281,6 +297,23 @@ impl Op {
         Op::MatMul {
             ta,
             tb,
+            f32_out: false,
+        }
+    }
+
+    /// The normalization of `kind`, stored in its input's precision.
+    pub fn norm(kind: NormKind, eps: f32) -> Op {
+        Op::Norm {
+            kind,
+            eps,
+            store: None,
+        }
+    }
+
+    /// The sum of `x` onto `shape`, in its input's precision.
+    pub fn sum_to(shape: Vec<usize>) -> Op {
+        Op::SumTo {
+            shape,
             f32_out: false,
         }
     }
@@ -389,6 +422,7 @@ impl Op {
             Sgd(_) => "sgd",
             CopyToHost => "copy_to_host",
             CopyToDevice => "copy_to_device",
+            CopyFromHost => "copy_from_host",
             AllReduce { .. } => "all_reduce",
             ReduceScatter { .. } => "reduce_scatter",
             AllGather { .. } => "all_gather",

@@ -96,7 +96,7 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::AccumulateGrad { .. }
         | Op::AdamW(_)
         | Op::Sgd(_) => &optimizer::Family,
-        Op::CopyToHost | Op::CopyToDevice => &transfer::Family,
+        Op::CopyToHost | Op::CopyToDevice | Op::CopyFromHost => &transfer::Family,
         Op::AllReduce { .. }
         | Op::ReduceScatter { .. }
         | Op::AllGather { .. }

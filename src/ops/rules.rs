@@ -367,7 +367,7 @@ mod tests {
     fn integer_tensors_move_but_are_not_reduced() {
         let ids = [TensorType::new(DType::I32, vec![2, 3])];
         assert!(ok(Op::Reshape { shape: vec![6] }, &ids));
-        assert!(!ok(Op::SumTo { shape: vec![3] }, &ids));
+        assert!(!ok(Op::sum_to(vec![3]), &ids));
         assert!(!ok(
             Op::BroadcastTo {
                 shape: vec![4, 2, 3]

@@ -52,38 +52,14 @@ impl Rewriter {
         self.graph.node(v).ty.dtype
     }
 
-    /// Reduces a broadcast gradient `g` back to `like`'s shape: a `SumTo` over the broadcast
-    /// axes, then a `Reshape` if leading axes were added; no node when already equal.
+    /// Reduces a broadcast gradient `g` back to `like`'s shape: one `SumTo` over the broadcast
+    /// axes (the leading axes `like` lacks included); no node when already equal.
     pub fn sum_to(&mut self, g: ValueId, like: ValueId) -> Result<ValueId, StageError> {
         let target = self.shape(like);
         if self.shape(g) == target {
             return Ok(g);
         }
-        let summed_shape = {
-            let gs = self.shape(g);
-            let pad = gs.len() - target.len();
-            gs.iter()
-                .enumerate()
-                .map(|(i, &d)| {
-                    if i < pad || target[i - pad] == 1 {
-                        1
-                    } else {
-                        d
-                    }
-                })
-                .collect::<Vec<_>>()
-        };
-        let s = self.add(
-            Op::SumTo {
-                shape: summed_shape.clone(),
-            },
-            vec![g],
-        )?;
-        if summed_shape == target {
-            Ok(s)
-        } else {
-            self.add(Op::Reshape { shape: target }, vec![s])
-        }
+        self.add(Op::sum_to(target), vec![g])
     }
 }
 

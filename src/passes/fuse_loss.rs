@@ -158,7 +158,7 @@ fn fused(
         .add(Op::LinearCrossEntropy(lce), inputs.to_vec(), origin)
         .map_err(internal)?;
     let sum = out
-        .add(Op::SumTo { shape: vec![] }, vec![per_row], origin)
+        .add(Op::sum_to(vec![]), vec![per_row], origin)
         .map_err(internal)?;
     let (mean, inputs) = match kept {
         Some(kept) => (Op::Binary(BinaryFn::Div), vec![sum, kept]),

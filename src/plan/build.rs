@@ -365,7 +365,11 @@ pub fn build_for(
         options.optimizer_in_backward,
     );
     report.precision = train.and_then(|t| precision_summary(graph, &sched, t.precision));
-    (report.host, report.transfers) = super::host::report(&buffers.buffers, &steps, layouts.host);
+    (report.host, report.transfers) = super::host::report(
+        &buffers.buffers,
+        &steps,
+        (layouts.host, train.map_or(1, |t| t.accumulate)),
+    );
     Ok(Plan {
         model: model.to_string(),
         params: buffers.params(graph),
@@ -504,7 +508,10 @@ fn report(
     let is_saved = origin::saved_for_backward(buffers, steps);
     for (&v, b) in values.iter().zip(buffers) {
         if is_saved[b.id.index()] {
-            let e = saved.entry(graph.node(v).op.name()).or_default();
+            // An activation waiting on the host is named by the op that computed it.
+            let e = saved
+                .entry(graph.node(on_device(graph, v)).op.name())
+                .or_default();
             e.0 += 1;
             e.1 += b.bytes;
         }

@@ -2,7 +2,7 @@
 //! and the bytes the step copies between the device and the host.
 
 use super::{grouped, human_bytes, Buffer, BufferClass, Step, Tier};
-use crate::ir::Op;
+use crate::ir::{Op, Phase};
 use crate::passes::arena::Layout;
 use serde::{Deserialize, Serialize};
 
@@ -15,17 +15,21 @@ pub struct HostBytes {
     pub arena: u64,
     /// Of it, the optimizer state (persistent).
     pub optimizer: u64,
+    /// The saved activations copied there (`offload = activations`), summed over the
+    /// buffers (they need not all be live at once).
+    #[serde(default)]
+    pub activations: u64,
     /// Proven lower bound of the host layout.
     pub lower_bound: u64,
 }
 
-/// Bytes copied between the device and the host in one step (once per step with gradient
-/// accumulation: the copies belong to the update).
+/// Bytes copied between the device and the host in one step: the update's copies once, the
+/// saved activations' (forward and backward steps) once per micro-batch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Transfers {
-    /// Device to host (gradients and parameters for a host update).
+    /// Device to host (gradients and parameters for a host update, saved activations).
     pub to_host: u64,
-    /// Host to device (updated parameters).
+    /// Host to device (updated parameters, saved activations before backward).
     pub to_device: u64,
     /// Copy steps.
     pub copies: u64,
@@ -40,7 +44,7 @@ pub struct Transfers {
 pub fn report(
     buffers: &[Buffer],
     steps: &[Step],
-    host: Option<Layout>,
+    (host, micro_steps): (Option<Layout>, u32),
 ) -> (Option<HostBytes>, Option<Transfers>) {
     let Some(layout) = host else {
         return (None, None);
@@ -53,20 +57,32 @@ pub fn report(
         time: None,
     };
     for step in steps {
-        match step.op {
-            Op::CopyToHost => transfers.to_host += step.output.as_ref().map_or(0, bytes),
-            Op::CopyToDevice => transfers.to_device += step.inputs.first().map_or(0, bytes),
+        let times = match step.phase {
+            Phase::Update => 1,
+            Phase::Forward | Phase::Backward => u64::from(micro_steps.max(1)),
+        };
+        let moved = match step.op {
+            Op::CopyToHost => &mut transfers.to_host,
+            Op::CopyToDevice | Op::CopyFromHost => &mut transfers.to_device,
             _ => continue,
-        }
-        transfers.copies += 1;
+        };
+        *moved += times
+            * match step.op {
+                Op::CopyToDevice => step.inputs.get(1).map_or(0, bytes),
+                _ => step.output.as_ref().map_or(0, bytes),
+            };
+        transfers.copies += times;
     }
+    let on_host = |class: BufferClass| -> u64 {
+        (buffers.iter())
+            .filter(|b| b.tier == Tier::Host && b.class == class)
+            .map(|b| b.bytes)
+            .sum()
+    };
     let host = HostBytes {
         arena: layout.size,
-        optimizer: buffers
-            .iter()
-            .filter(|b| b.tier == Tier::Host && b.class == BufferClass::OptimState)
-            .map(|b| b.bytes)
-            .sum(),
+        optimizer: on_host(BufferClass::OptimState),
+        activations: on_host(BufferClass::Activation),
         lower_bound: layout.lower_bound,
     };
     (Some(host), Some(transfers))
@@ -80,11 +96,13 @@ pub fn render(out: &mut String, report: &super::Report) {
     };
     let _ = writeln!(
         out,
-        "  host arena: {} ({} bytes; optimizer state {} bytes, lower bound {} bytes), updated on the host",
+        "  host arena: {} ({} bytes; optimizer state {} bytes, saved activations {} bytes, lower bound {} bytes){}",
         human_bytes(h.arena),
         grouped(h.arena),
         grouped(h.optimizer),
-        grouped(h.lower_bound)
+        grouped(h.activations),
+        grouped(h.lower_bound),
+        if h.optimizer > 0 { ", updated on the host" } else { "" }
     );
     let _ = writeln!(
         out,
@@ -97,7 +115,7 @@ pub fn render(out: &mut String, report: &super::Report) {
         let ms = crate::cost::ms;
         let _ = writeln!(
             out,
-            "  estimated extra step time on {}: copies {} over {} ({:.0} GB/s assumed) + host updates {} ({:.0} GB/s assumed) - {} overlapped with backward = {} (an estimate, not a measurement)",
+            "  estimated extra step time on {}: copies {} over {} ({:.0} GB/s assumed) + host updates {} ({:.0} GB/s assumed) - {} overlapped with the device's compute = {} (an estimate, not a measurement)",
             o.gpu.spec().name,
             ms(o.transfer_seconds),
             o.link,

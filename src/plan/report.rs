@@ -344,9 +344,9 @@ pub fn render_text(plan: &Plan) -> String {
             "each until its update"
         };
         row(&mut out, "grads", b.grads, grads_note);
-        let state = match r.host {
-            Some(_) => "on the host: the host arena below",
-            None => "persistent",
+        let state = match &r.host {
+            Some(h) if h.optimizer > 0 => "on the host: the host arena below",
+            _ => "persistent",
         };
         row(&mut out, "optimizer state", b.optimizer, state);
         row(

@@ -37,11 +37,13 @@ pub fn on_device(graph: &Graph, v: ValueId) -> ValueId {
 /// a copy back to the device.
 fn on_host(graph: &Graph, u: ValueId) -> bool {
     let node = graph.node(u);
-    !matches!(node.op, Op::CopyToHost | Op::CopyToDevice)
-        && node
-            .inputs
-            .iter()
-            .any(|&i| matches!(graph.node(i).op, Op::CopyToHost))
+    !matches!(
+        node.op,
+        Op::CopyToHost | Op::CopyToDevice | Op::CopyFromHost
+    ) && node
+        .inputs
+        .iter()
+        .any(|&i| matches!(graph.node(i).op, Op::CopyToHost))
 }
 
 /// The tier of value `v`: the host for a copy to the host, for what a step on the host
@@ -138,8 +140,9 @@ pub fn violations(plan: &Plan, alignment: u64) -> Vec<LayoutViolation> {
 }
 
 /// Steps whose operands are not where they run: a copy to the host reads a device buffer
-/// and outputs a host one, a copy to the device writes a device buffer from a host one,
-/// and every other step's buffers lie in one tier. Each entry names the step.
+/// and outputs a host one, a copy to the device writes a device buffer from a host one, a
+/// copy from the host reads a host buffer and outputs a device one, and every other step's
+/// buffers lie in one tier. Each entry names the step.
 pub fn misplaced(plan: &Plan) -> Vec<String> {
     let tier = |b: &super::BufferId| plan.buffers.get(b.index()).map(|x| x.tier);
     let mut out = Vec::new();
@@ -151,6 +154,7 @@ pub fn misplaced(plan: &Plan) -> Vec<String> {
         let fine = match step.op {
             Op::CopyToHost => inputs == [d] && output == Some(h),
             Op::CopyToDevice => inputs == [d, h],
+            Op::CopyFromHost => inputs == [h] && output == Some(d),
             _ => {
                 let mut all = inputs.iter().chain(&output).chain(&workspace);
                 let first = all.clone().next().copied().flatten();

@@ -85,18 +85,12 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ),
         (
             "batch_norm_ncdhw",
-            Op::Norm {
-                kind: NormKind::Batch,
-                eps: 1e-5,
-            },
+            Op::norm(NormKind::Batch, 1e-5),
             vec![f(&[2, 3, 4, 5, 6]), f(&[3]), f(&[3])],
         ),
         (
             "group_norm_ncdhw",
-            Op::Norm {
-                kind: NormKind::Group(2),
-                eps: 1e-5,
-            },
+            Op::norm(NormKind::Group(2), 1e-5),
             vec![f(&[2, 4, 3, 5, 6]), f(&[4]), f(&[4])],
         ),
         (

@@ -135,12 +135,10 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             },
             vec![f(&[10])],
         ),
-        ("sum_to", Op::SumTo { shape: vec![4] }, vec![f(&[2, 3, 4])]),
+        ("sum_to", Op::sum_to(vec![4]), vec![f(&[2, 3, 4])]),
         (
             "sum_to_keep",
-            Op::SumTo {
-                shape: vec![2, 1, 4],
-            },
+            Op::sum_to(vec![2, 1, 4]),
             vec![f(&[2, 3, 4])],
         ),
         (
@@ -174,34 +172,22 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ),
         (
             "layer_norm",
-            Op::Norm {
-                kind: NormKind::Layer,
-                eps: 1e-5,
-            },
+            Op::norm(NormKind::Layer, 1e-5),
             vec![f(&[6, 64]), f(&[64]), f(&[64])],
         ),
         (
             "rms_norm",
-            Op::Norm {
-                kind: NormKind::Rms,
-                eps: 1e-6,
-            },
+            Op::norm(NormKind::Rms, 1e-6),
             vec![f(&[6, 64]), f(&[64])],
         ),
         (
             "batch_norm",
-            Op::Norm {
-                kind: NormKind::Batch,
-                eps: 1e-5,
-            },
+            Op::norm(NormKind::Batch, 1e-5),
             vec![f(&[2, 3, 4, 4]), f(&[3]), f(&[3])],
         ),
         (
             "group_norm",
-            Op::Norm {
-                kind: NormKind::Group(2),
-                eps: 1e-5,
-            },
+            Op::norm(NormKind::Group(2), 1e-5),
             vec![f(&[2, 4, 3, 3]), f(&[4]), f(&[4])],
         ),
         (
@@ -377,6 +363,23 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
                 f32_out: true,
             },
             vec![f(&[130, 33]), f(&[130, 70])],
+        ),
+        (
+            "sum_to_f32_out",
+            Op::SumTo {
+                shape: vec![70],
+                f32_out: true,
+            },
+            vec![f(&[3, 130, 70])],
+        ),
+        (
+            "layer_norm_store_bf16",
+            Op::Norm {
+                kind: NormKind::Layer,
+                eps: 1e-5,
+                store: Some(DType::BF16),
+            },
+            vec![f(&[6, 64]), f(&[64]), f(&[64])],
         ),
         ("max_pool", Op::MaxPool2d(pool), vec![f(&[2, 3, 8, 8])]),
         (

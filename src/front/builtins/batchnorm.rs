@@ -24,14 +24,7 @@ impl Lowerer<'_> {
         }
         let mut inputs = vec![x, weight];
         inputs.extend(bias);
-        let y = self.add(
-            Op::Norm {
-                kind: NormKind::Batch,
-                eps,
-            },
-            inputs,
-            span,
-        )?;
+        let y = self.add(Op::norm(NormKind::Batch, eps), inputs, span)?;
         self.add(
             Op::BatchNormStats { momentum },
             vec![running[0], running[1], x],

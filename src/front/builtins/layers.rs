@@ -144,7 +144,7 @@ impl Lowerer<'_> {
         }
         let mut inputs = vec![x, weight];
         inputs.extend(g.bias);
-        self.op(Op::Norm { kind, eps }, inputs, span)
+        self.op(Op::norm(kind, eps), inputs, span)
     }
 
     /// `linear(x, layer)`.

@@ -81,9 +81,7 @@ impl Lowerer<'_> {
                 shape: kept.clone(),
             }
         } else {
-            Op::SumTo {
-                shape: kept.clone(),
-            }
+            Op::sum_to(kept.clone())
         };
         let mut y = self.add(total, vec![x], span)?;
         if name == "mean" {

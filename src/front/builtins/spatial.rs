@@ -183,7 +183,7 @@ impl Lowerer<'_> {
         let shape = self.spatial(x, "global_avg_pool", span)?;
         let mut kept = vec![shape[0], shape[1]];
         kept.extend(std::iter::repeat_n(1, shape.len() - 2));
-        let s = self.add(Op::SumTo { shape: kept }, vec![x], span)?;
+        let s = self.add(Op::sum_to(kept), vec![x], span)?;
         let count: usize = shape[2..].iter().product();
         let m = self.add(
             Op::Affine {

@@ -9,8 +9,17 @@ impl Backward for super::Family {
     fn vjp(&self, op: &Op, cx: &mut Vjp<'_>) -> Result<(), StageError> {
         let (x, dy) = (cx.x, cx.dy);
         match op {
-            Op::Norm { kind, eps } => {
+            Op::Norm { kind, eps, store } => {
                 let (kind, eps) = (*kind, *eps);
+                // A norm stored narrow takes its gradient back in the input's precision, as
+                // the cast it replaced did (a matmul writing it folds that cast in turn).
+                let dy = match store {
+                    Some(_) => {
+                        let to = cx.rw().dtype(x[0]);
+                        cx.rw().add(Op::Cast { to }, vec![dy])?
+                    }
+                    None => dy,
+                };
                 cx.set(0, |rw| {
                     rw.add(Op::NormBackwardInput { kind, eps }, vec![x[0], x[1], dy])
                 })?;

@@ -12,7 +12,7 @@ impl CpuKernel for super::Family {
     fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
         let (x, s) = (|i| step.input(i), step.shape(0));
         match step.op() {
-            Op::Norm { kind, eps } => {
+            Op::Norm { kind, eps, .. } => {
                 let bias = (step.input_count() > 2).then(|| x(2));
                 kernels::norm_forward(*kind, *eps, x(0), s, x(1), bias, step.output())
             }

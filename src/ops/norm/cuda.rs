@@ -54,9 +54,10 @@ fn forward(a: &Args, kind: NormKind, eps: f32) -> Result<Kernel, CodegenError> {
     let (lines, groups, gsize) = norm_cfg(kind, eps, &x.shape, has_bias);
     let b = if has_bias { "in2" } else { "in1" };
     let call = format!(
-        "norm_kernel<{}, {}, Cfg>(arena, in0, in1, {b}, out)",
+        "norm_kernel<{}, {}, {}, Cfg>(arena, in0, in1, {b}, out)",
         a.ty(0)?,
-        a.ty(1)?
+        a.ty(1)?,
+        a.out_ty()
     );
     let mut p = vec![KernelParam::Input(0), KernelParam::Input(1)];
     if has_bias {
@@ -195,7 +196,7 @@ impl CudaLowering for super::Family {
 
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
-            Op::Norm { kind, eps } => forward(a, *kind, *eps),
+            Op::Norm { kind, eps, .. } => forward(a, *kind, *eps),
             Op::NormBackwardInput { kind, eps } => {
                 let x = a.at(0)?;
                 let (lines, groups, gsize) = norm_cfg(*kind, *eps, &x.shape, false);

@@ -58,13 +58,13 @@ __device__ void batch_norm_stats_kernel(char* arena, u64 o_mean, u64 o_var, u64 
     }
 }
 
-// out = normalize(x) * w + b (C::HAS_BIAS; o_b is ignored otherwise).
-template <typename T, typename TW, typename C>
+// out = normalize(x) * w + b (C::HAS_BIAS; o_b is ignored otherwise), stored as TO.
+template <typename T, typename TW, typename TO, typename C>
 __device__ void norm_kernel(char* arena, u64 o_x, u64 o_w, u64 o_b, u64 o_out) {
     const T* x = tensor_at<T>(arena, o_x);
     const TW* w = tensor_at<TW>(arena, o_w);
     const TW* b = tensor_at<TW>(arena, o_b);
-    T* out = tensor_at<T>(arena, o_out);
+    TO* out = tensor_at<TO>(arena, o_out);
     for (u64 g = blockIdx.x; g < C::GROUPS; g += gridDim.x) {
         const float2 ms = norm_stats<T, C>(x, g);
         for (u64 e = threadIdx.x; e < C::GSIZE; e += blockDim.x) {

@@ -89,9 +89,13 @@ impl Rules for super::Family {
                 arity(op, inputs, 3, 3)?;
                 batch_norm_stats(inputs, *momentum)
             }
-            Op::Norm { kind, .. } => {
+            Op::Norm { kind, store, .. } => {
                 arity(op, inputs, 2, 3)?;
-                norm(*kind, inputs[0], &inputs[1..])
+                let y = norm(*kind, inputs[0], &inputs[1..])?;
+                Ok(match store {
+                    Some(low) => y.with_dtype(*low),
+                    None => y,
+                })
             }
             Op::NormBackwardInput { kind, .. } => {
                 arity(op, inputs, 3, 3)?;

@@ -11,7 +11,7 @@ impl CpuKernel for super::Family {
     fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
         let (x, s) = (|i| step.input(i), |i| step.shape(i));
         match step.op() {
-            Op::SumTo { shape } => sum_to(x(0), s(0), step.output(), shape),
+            Op::SumTo { shape, .. } => sum_to(x(0), s(0), step.output(), shape),
             Op::BroadcastTo { shape } => broadcast_to(x(0), s(0), step.output(), shape),
             Op::MaxTo { shape } => max_to(x(0), s(0), step.output(), shape),
             Op::MaxToBackward => max_to_backward(x(0), s(0), x(1), x(2), step.output(), s(1)),

@@ -14,7 +14,8 @@ impl super::Family {
     pub(crate) const TEMPLATE: &'static str = include_str!("reduce.cu");
 
     /// A `reduce_kernel` of `family` reducing input 0 (shape `x`) onto the dims where `keep`
-    /// is true, by sum or (`max`) maximum; one block per output element, fixed order.
+    /// is true, by sum or (`max`) maximum, into the output's type (fp32 for a widened
+    /// `sum_to`); one block per output element, fixed order.
     pub(crate) fn reduce(
         a: &Args,
         family: &'static str,
@@ -28,7 +29,7 @@ impl super::Family {
             family,
             &[Self::TEMPLATE],
             lines,
-            ("reduce_kernel", &[a.ty(0)?], 1),
+            ("reduce_kernel", &[a.ty(0)?, a.out_ty()], 1),
             Launch::PerBlock(groups, pow2_block(r, 32, 256)),
         ))
     }
@@ -42,7 +43,7 @@ fn kept(to: &[usize], x: &[usize]) -> Vec<bool> {
 impl CudaLowering for super::Family {
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
-            Op::SumTo { shape } => {
+            Op::SumTo { shape, .. } => {
                 let x = a.at(0)?;
                 let pad = x.shape.len().saturating_sub(shape.len());
                 let keep: Vec<bool> = (0..x.shape.len())

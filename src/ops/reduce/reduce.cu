@@ -3,9 +3,10 @@
 
 // Output element j reduces x over R elements: base offset strided<OUT, OST>(j) plus
 // strided<RSH, RST>(r) for r in 0..R. C::MAX selects max (else sum).
-template <typename T, typename C> __device__ void reduce_kernel(char* arena, u64 o_x, u64 o_out) {
+template <typename T, typename TO, typename C>
+__device__ void reduce_kernel(char* arena, u64 o_x, u64 o_out) {
     const T* x = tensor_at<T>(arena, o_x);
-    T* out = tensor_at<T>(arena, o_out);
+    TO* out = tensor_at<TO>(arena, o_out);
     for (u64 j = blockIdx.x; j < C::N; j += gridDim.x) {
         const u64 base = strided<typename C::OUT, typename C::OST>(j);
         float acc = C::MAX ? MEMC_NEG_INF : 0.0f;

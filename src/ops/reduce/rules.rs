@@ -1,7 +1,7 @@
 //! Shape and dtype rule, cost and precision class of the reductions and broadcasts between
 //! a shape and its broadcast. Integer tensors are neither reduced nor broadcast.
 
-use crate::ir::{broadcast, Op, ShapeDisplay, TensorType};
+use crate::ir::{broadcast, DType, Op, ShapeDisplay, TensorType};
 use crate::ops::rules::{
     arity, elementwise_flops, fail, float, foreign, same_shape, Behaviour, PrecisionClass, Result,
     Rules,
@@ -64,7 +64,14 @@ fn between_broadcasts(
 impl Rules for super::Family {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         match op {
-            Op::SumTo { shape } => between_broadcasts(op, inputs, shape, true),
+            Op::SumTo { shape, f32_out } => {
+                let sum = between_broadcasts(op, inputs, shape, true)?;
+                Ok(if *f32_out {
+                    sum.with_dtype(DType::F32)
+                } else {
+                    sum
+                })
+            }
             Op::BroadcastTo { shape } => between_broadcasts(op, inputs, shape, false),
             Op::MaxTo { shape } => {
                 arity(op, inputs, 1, 1)?;

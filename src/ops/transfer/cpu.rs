@@ -10,7 +10,7 @@ use crate::ops::cpu::{foreign_op, CpuKernel};
 impl CpuKernel for super::Family {
     fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
         match step.op() {
-            Op::CopyToHost => step.output().copy_from_slice(step.input(0)),
+            Op::CopyToHost | Op::CopyFromHost => step.output().copy_from_slice(step.input(0)),
             Op::CopyToDevice => step.input_mut(0).copy_from_slice(step.input(1)),
             op => return Err(foreign_op(op, "transfer")),
         }

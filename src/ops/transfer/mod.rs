@@ -1,6 +1,6 @@
 //! Copies between the two memory tiers of a plan, the device arena and the host arena
-//! (`--offload`): a value copied to the host, and a host value copied back into a device
-//! buffer in place. They move bytes unchanged, so a plan with them computes bit for bit what
+//! (`--offload`): a value copied to the host, a host value copied back into a device buffer
+//! in place, and a host value copied into a new device buffer. They move bytes unchanged, so a plan with them computes bit for bit what
 //! the plan without them computes.
 
 mod backward;

@@ -1,6 +1,7 @@
-//! Shape and dtype rule, cost and class of the copies between tiers: a copy to the host has
-//! its input's type; a copy to the device writes its first input in place from its second,
-//! of the same type, and outputs an empty tensor, as the optimizer updates do.
+//! Shape and dtype rule, cost and class of the copies between tiers: a copy to the host, and
+//! a copy from the host into a new device buffer, has its input's type; a copy to the device
+//! writes its first input in place from its second, of the same type, and outputs an empty
+//! tensor, as the optimizer updates do.
 
 use crate::ir::{DType, Op, OpClass, TensorType};
 use crate::ops::rules::{arity, fail, foreign, Behaviour, Result, Rules};
@@ -8,7 +9,7 @@ use crate::ops::rules::{arity, fail, foreign, Behaviour, Result, Rules};
 impl Rules for super::Family {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         match op {
-            Op::CopyToHost => {
+            Op::CopyToHost | Op::CopyFromHost => {
                 arity(op, inputs, 1, 1)?;
                 Ok(inputs[0].clone())
             }

@@ -1,0 +1,78 @@
+//! Rebuilding a graph with some nodes folded away: the shared step of the peephole passes
+//! (`widen`, `concat_grads`). Nodes are copied in creation order; an edited node is dropped,
+//! made an alias of an earlier value, or rebuilt with a new op and inputs.
+
+use super::StageError;
+use crate::ir::{Graph, Op, ValueId};
+
+/// What becomes of one node of the old graph.
+pub enum Edit {
+    /// Copied as it is.
+    Keep,
+    /// Not copied: its readers read this earlier old value instead.
+    Alias(ValueId),
+    /// Not copied; only other dropped or rebuilt nodes may read it.
+    Drop,
+    /// Copied with this op and these (old) inputs.
+    Rebuild(Op, Vec<ValueId>),
+}
+
+/// `graph` rebuilt under `edit` (called once per node, in creation order): the new graph and
+/// each old value's new one (`None` for a dropped node). Graph outputs follow their values;
+/// a kept node that reads a dropped one is an internal error of `pass`.
+pub fn rebuild(
+    graph: &Graph,
+    pass: &'static str,
+    mut edit: impl FnMut(ValueId) -> Edit,
+) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
+    let mut out = Graph::new();
+    let mut map: Vec<Option<ValueId>> = Vec::with_capacity(graph.len());
+    let mapped = |map: &[Option<ValueId>], v: ValueId| {
+        map.get(v.index())
+            .copied()
+            .flatten()
+            .ok_or_else(|| StageError::internal(pass, format!("{v} read where it was folded away")))
+    };
+    for v in graph.values() {
+        let node = graph.node(v);
+        let (op, inputs) = match edit(v) {
+            Edit::Keep => (node.op.clone(), node.inputs.clone()),
+            Edit::Alias(to) => {
+                map.push(Some(mapped(&map, to)?));
+                continue;
+            }
+            Edit::Drop => {
+                map.push(None);
+                continue;
+            }
+            Edit::Rebuild(op, inputs) => (op, inputs),
+        };
+        let inputs = inputs
+            .iter()
+            .map(|&i| mapped(&map, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let id = out
+            .add(op, inputs, &node.origin())
+            .map_err(|e| StageError::internal(pass, format!("{v}: {}", e.message)))?;
+        map.push(Some(id));
+    }
+    for (name, v) in &graph.outputs {
+        out.outputs.push((name.clone(), mapped(&map, *v)?));
+    }
+    Ok((out, map))
+}
+
+/// The new value of each of `pairs` (a parameter and its gradient) under `map`.
+pub fn remap_pairs(
+    pairs: &[(ValueId, ValueId)],
+    map: &[Option<ValueId>],
+    pass: &'static str,
+) -> Result<Vec<(ValueId, ValueId)>, StageError> {
+    let get = |v: ValueId| {
+        map.get(v.index())
+            .copied()
+            .flatten()
+            .ok_or_else(|| StageError::internal(pass, format!("gradient pair {v} folded away")))
+    };
+    pairs.iter().map(|&(p, g)| Ok((get(p)?, get(g)?))).collect()
+}
