@@ -1,6 +1,8 @@
-//! The host tier (`--offload optimizer`): the optimizer state leaves the device arena for a
-//! host arena of its own, exact bytes; the update runs on host copies, and the offloaded
-//! plan trains bit for bit as the plain one does on the CPU.
+//! The host tier (`--offload optimizer|activations|all`): the optimizer state, or the
+//! activations backward reads, leave the device arena for a host arena of its own, exact
+//! bytes; the update runs on host copies, saved activations wait on the host between
+//! forward and backward, and the offloaded plan trains bit for bit as the plain one does on
+//! the CPU.
 #![allow(
     clippy::panic,
     clippy::unwrap_used,
@@ -11,6 +13,8 @@
 mod common;
 
 use common::{compiled_with, example, executor, loss, overrides, SMALL_GPT};
+use memc::budget::CheckpointMode;
+use memc::ir::Op;
 use memc::plan::{BufferClass, Tier};
 use memc::settings::{Offload, Precision};
 use memc::Options;
@@ -386,7 +390,7 @@ fn the_verifier_checks_tiers_and_the_copy_after_its_update() {
     let back = early
         .steps
         .iter()
-        .position(|s| s.op == memc::ir::Op::CopyToDevice)
+        .position(|s| s.op == Op::CopyToDevice)
         .unwrap();
     let update = (0..back)
         .rev()
@@ -471,4 +475,125 @@ fn compile_offloads_only_when_nothing_fits_without_it() {
         err.contains("keeps it in host memory (--offload optimizer)"),
         "{err}"
     );
+}
+
+#[test]
+fn plans_with_activations_on_the_host_train_bitwise_like_plain_ones() {
+    let settings = [
+        ("fp32", Options::default()),
+        (
+            "bf16",
+            Options {
+                precision: Some(Precision::Bf16),
+                ..Options::default()
+            },
+        ),
+        (
+            "per-block checkpointing",
+            Options {
+                checkpoint: CheckpointMode::BLOCK,
+                ..Options::default()
+            },
+        ),
+        (
+            "accumulation",
+            Options {
+                accumulate: Some(2),
+                ..Options::default()
+            },
+        ),
+    ];
+    for (model, dims) in [("gpt2", SMALL_GPT), ("llama7b", SMALL_LLAMA)] {
+        let src = example(model);
+        for (label, options) in &settings {
+            let options = Options {
+                overrides: overrides(dims),
+                ..options.clone()
+            };
+            let plain = trained(&src, &options, 3);
+            for offload in [Offload::Activations, Offload::All] {
+                let moved = Options {
+                    offload: Some(offload),
+                    ..options.clone()
+                };
+                let c = compiled_with(&src, &moved);
+                let plan = c.plan.plan();
+                assert!(plan.host_bytes > 0, "{model} {label}: no host arena");
+                assert!(
+                    plan.steps.iter().any(|s| s.op == Op::CopyFromHost),
+                    "{model} {label}: nothing is fetched back"
+                );
+                let off = trained(&src, &moved, 3);
+                assert_eq!(plain.0, off.0, "{model} {label} {offload:?}: losses");
+                assert!(plain.1 == off.1, "{model} {label} {offload:?}: parameters");
+            }
+        }
+    }
+}
+
+/// GPT-2 small in bf16 at its file dims (B=8, T=1024): every byte backward reads from the
+/// forward crosses the link once each way, and the device arena no longer holds the saved
+/// activations across the step.
+#[test]
+fn gpt2_bf16_activations_move_to_the_host_in_exact_bytes() {
+    let src = example("gpt2");
+    let bf16 = Options {
+        precision: Some(Precision::Bf16),
+        ..Options::default()
+    };
+    let plain = compiled_with(&src, &bf16);
+    let off = compiled_with(
+        &src,
+        &Options {
+            offload: Some(Offload::Activations),
+            ..bf16.clone()
+        },
+    );
+    let (p, o) = (plain.plan.plan(), off.plan.plan());
+    let saved = p.report.bytes.activations;
+    let transfers = o.report.transfers.clone().expect("transfers");
+    assert_eq!((transfers.to_host, transfers.to_device), (saved, saved));
+    let host = o.report.host.expect("a host arena");
+    assert_eq!(o.host_bytes, host.arena);
+    assert_eq!(host.optimizer, 0);
+    assert!(o
+        .buffers
+        .iter()
+        .filter(|b| b.tier == Tier::Host)
+        .all(|b| b.class == BufferClass::Activation));
+    println!(
+        "gpt2 bf16: device arena {} plain, {} with activations on the host; host arena {}; \
+         saved {saved}",
+        p.arena_bytes, o.arena_bytes, host.arena
+    );
+    // 124 copies: 62 saved activations, each out and back; the host arena is their sum
+    // (all live at the end of the forward), the device arena falls by 44%.
+    assert_eq!(saved, 1_686_142_976);
+    assert_eq!(transfers.copies, 124);
+    assert_eq!(host.arena, saved);
+    assert_eq!(
+        (p.arena_bytes, o.arena_bytes),
+        (3_462_000_644, 1_956_446_212)
+    );
+}
+
+/// The estimate prices the copies by the host link and hides them behind the forward and
+/// backward compute they run beside.
+#[test]
+fn the_cost_model_overlaps_activation_copies_with_compute() {
+    let src = example("gpt2");
+    let options = Options {
+        precision: Some(Precision::Bf16),
+        offload: Some(Offload::Activations),
+        gpu: Some(memc::cost::Gpu::H100),
+        ..Options::default()
+    };
+    let c = compiled_with(&src, &options);
+    let estimate = c.plan.plan().report.estimate.clone().expect("an estimate");
+    let offload = estimate.offload.expect("an offload estimate");
+    assert!(offload.transfer_seconds > 0.0);
+    assert!(offload.overlapped_seconds > 0.0);
+    assert_eq!(offload.host_update_seconds, 0.0);
+    let want = (offload.transfer_seconds - offload.overlapped_seconds).max(0.0);
+    assert!((offload.extra_seconds - want).abs() < 1e-12);
 }
