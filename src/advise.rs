@@ -309,7 +309,8 @@ fn mark_frontier(rows: &mut [Advice]) {
 }
 
 /// The rows with the optimizer state in host memory (`--offload optimizer`), keeping every
-/// activation (`keep_all`) and with checkpointing fitted to the budget (`fitted`): their
+/// activation (`keep_all`) and with checkpointing fitted to the budget (`fitted`), and the
+/// row with every saved activation in host memory (`--offload activations`): their
 /// estimated time includes the copies and the host updates, so they rank first only
 /// where they win.
 fn offload_rows(
@@ -317,24 +318,46 @@ fn offload_rows(
     (keep_all, fitted): (&Options, &Options),
     budget: u64,
 ) -> Vec<Advice> {
+    use crate::settings::Offload;
     let budget_flag = budget.to_string();
-    let offload = ["--offload", "optimizer"];
-    let note = "state in host memory, updated by the CPU";
+    let state = "state in host memory, updated by the CPU";
+    let saved = "what backward reads waits in host memory";
+    let keep = ["--checkpoint", "none"];
     [
-        ("optimizer on the host", keep_all, ["--checkpoint", "none"]),
+        (
+            "optimizer on the host",
+            Offload::Optimizer,
+            keep_all,
+            keep,
+            state,
+        ),
         (
             "optimizer on the host + checkpointing to fit",
+            Offload::Optimizer,
             fitted,
             ["--budget", &budget_flag],
+            state,
+        ),
+        (
+            "activations on the host",
+            Offload::Activations,
+            keep_all,
+            keep,
+            saved,
         ),
     ]
     .into_iter()
-    .map(|(option, base, more)| {
+    .map(|(option, offload, base, more, note)| {
+        let word = match offload {
+            Offload::Optimizer => "optimizer",
+            Offload::Activations => "activations",
+            Offload::All => "all",
+        };
         let o = Options {
-            offload: Some(crate::settings::Offload::Optimizer),
+            offload: Some(offload),
             ..base.clone()
         };
-        let selects = flags(&[&offload[..], &more[..]].concat());
+        let selects = flags(&[&["--offload", word][..], &more[..]].concat());
         row(source, (option, selects), o, budget, note)
     })
     .collect()

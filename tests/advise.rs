@@ -24,12 +24,24 @@ fn rows_are_compiled_plans_sorted_best_first() {
         .arena_bytes;
     let budget = keep * 9 / 10;
     let rows = advise(&src, &options, budget);
-    assert_eq!(rows.len(), 21);
+    assert_eq!(rows.len(), 22);
     let arena = |option: &str| {
         let row = rows.iter().find(|r| r.option.starts_with(option)).unwrap();
         row.arena_bytes.unwrap()
     };
     assert!(arena("QLoRA r=16") < arena("LoRA r=16"), "{rows:?}");
+    // Saved activations on the host: a smaller device arena than keeping them, selected by
+    // its flag, and priced by its copies.
+    let host = rows
+        .iter()
+        .find(|r| r.option == "activations on the host")
+        .unwrap();
+    assert!(arena("activations on the host") < keep, "{host:?}");
+    assert!(
+        host.flags.join(" ").contains("--offload activations"),
+        "{host:?}"
+    );
+    assert!(host.note.contains("offload adds"), "{host:?}");
     for r in &rows {
         if let Some(a) = r.arena_bytes {
             assert_eq!(r.fits, a <= budget, "{r:?}");
