@@ -53,8 +53,10 @@ fn tiling(
             return None;
         };
         let single = graph.users(p) == [reader] && !outputs.contains(&p);
-        let extent = graph.node(pad.inputs[0]).ty.shape.get(axis).copied()?;
-        if !single || *along.get_or_insert((axis, full)) != (axis, full) {
+        let slice = &graph.node(pad.inputs[0]).ty;
+        let extent = slice.shape.get(axis).copied()?;
+        let same = slice.dtype == node.ty.dtype && pad.ty == node.ty;
+        if !single || !same || *along.get_or_insert((axis, full)) != (axis, full) {
             return None;
         }
         if slices.insert(start, (p, pad.inputs[0], extent)).is_some() {

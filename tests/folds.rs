@@ -1,0 +1,69 @@
+//! The compiler's launch-saving folds on a mixed-precision GPT-2 step, asserted on the plan
+//! (their values are checked where the gradients are: against PyTorch in `precision.rs`,
+//! by finite differences in `gradcheck.rs`): a bias gradient is one fp32 `sum_to`, a layer
+//! norm read only as bf16 stores bf16, the gradient of the q/k/v split is one `concat`,
+//! and the fused loss head takes at most 16 chunks.
+#![allow(clippy::panic, clippy::unwrap_used)]
+
+mod common;
+
+use memc::ir::{DType, Op};
+use memc::settings::Precision;
+use memc::Options;
+
+#[test]
+fn a_bf16_gpt2_step_folds_casts_pads_and_chunks() {
+    let options = Options {
+        precision: Some(Precision::Bf16),
+        ..Options::default()
+    };
+    let c = common::compiled_with(&common::example("gpt2"), &options);
+    let plan = c.plan.plan();
+    let dtype = |b: &memc::plan::BufferId| plan.buffers[b.index()].ty.dtype;
+    let producer = |b: &memc::plan::BufferId| {
+        plan.steps
+            .iter()
+            .find(|s| s.output.as_ref() == Some(b))
+            .map(|s| &s.op)
+    };
+    let layers = 12;
+    let count = |f: &dyn Fn(&memc::plan::Step) -> bool| plan.steps.iter().filter(|s| f(s)).count();
+    // The q/k/v gradient: one concat per layer, no zero-padded slices.
+    assert_eq!(count(&|s| matches!(s.op, Op::PadSlice { .. })), 0);
+    assert_eq!(count(&|s| matches!(s.op, Op::Concat { .. })), layers);
+    // Bias gradients: fp32 sums, and no cast reads a sum.
+    let wide_sums = count(&|s| {
+        matches!(s.op, Op::SumTo { f32_out: true, .. })
+            && s.output.as_ref().map(dtype) == Some(DType::F32)
+    });
+    assert_eq!(wide_sums, 4 * layers, "qkv, proj, fc and fc_proj biases");
+    let cast_of = |s: &memc::plan::Step, what: fn(&Op) -> bool| {
+        matches!(s.op, Op::Cast { .. }) && s.inputs.first().and_then(producer).is_some_and(what)
+    };
+    assert_eq!(
+        count(&|s| cast_of(s, |op| matches!(op, Op::SumTo { .. }))),
+        0
+    );
+    // Layer norms (two a layer and the final one) store bf16 themselves, in forward and in
+    // their recomputation for backward; no cast reads a norm.
+    let narrow = count(&|s| {
+        matches!(
+            s.op,
+            Op::Norm {
+                store: Some(DType::BF16),
+                ..
+            }
+        )
+    });
+    assert_eq!(narrow, 2 * (2 * layers + 1));
+    assert_eq!(
+        count(&|s| cast_of(s, |op| matches!(op, Op::Norm { .. }))),
+        0
+    );
+    // The loss head: 8 x 1024 rows in 16 chunks of 512.
+    for s in &plan.steps {
+        if let Op::LinearCrossEntropy(lce) | Op::LinearCrossEntropyBackward { lce, .. } = &s.op {
+            assert_eq!(lce.chunk, 512);
+        }
+    }
+}
