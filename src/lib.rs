@@ -422,13 +422,17 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
                 parallel,
                 masters,
             };
-            let g = passes::optimizer::run(&diff, &opts)?;
+            let mut g = passes::optimizer::run(&diff, &opts)?;
             verified(&g, "optimizer")?;
             let in_backward = optimizer_in_backward(
                 spec,
                 mixed.loss_scale.is_some(),
                 options.optimizer_in_backward,
             )?;
+            if !offload && parallel.is_none() {
+                g = passes::group_updates::run(&g, in_backward)?;
+                verified(&g, "group_updates")?;
+            }
             (g, in_backward)
         }
         None => (

@@ -1,8 +1,10 @@
 //! The compiler's launch-saving folds on a mixed-precision GPT-2 step, asserted on the plan
 //! (their values are checked where the gradients are: against PyTorch in `precision.rs`,
 //! by finite differences in `gradcheck.rs`): a bias gradient is one fp32 `sum_to`, a layer
-//! norm read only as bf16 stores bf16, the gradient of the q/k/v split is one `concat`,
-//! and the fused loss head takes at most 16 chunks.
+//! norm read only as bf16 stores bf16, the gradient of the q/k/v split is one `concat`, a
+//! block's AdamW steps are one group, and the fused loss head takes at most 16 chunks (the
+//! grouped updates train bit for bit as single ones: `offload.rs`, whose offloaded updates
+//! are not grouped).
 #![allow(clippy::panic, clippy::unwrap_used)]
 
 mod common;
@@ -60,10 +62,46 @@ fn a_bf16_gpt2_step_folds_casts_pads_and_chunks() {
         count(&|s| cast_of(s, |op| matches!(op, Op::Norm { .. }))),
         0
     );
+    // The optimizer runs in backward: each large weight (4 a layer, the two embeddings) is
+    // stepped as its gradient completes; the small parameters (biases, norm scales) of each
+    // block instance and of the top level are one group each.
+    let single = count(&|s| matches!(s.op, Op::AdamW(_)));
+    assert_eq!(single, 4 * layers + 2);
+    let groups: Vec<u32> = (plan.steps.iter())
+        .filter_map(|s| match s.op {
+            Op::AdamWGroup { tensors, .. } => Some(tensors),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(groups.len(), layers + 1);
+    assert_eq!(
+        groups.iter().sum::<u32>() as usize,
+        plan.params.len() - single
+    );
     // The loss head: 8 x 1024 rows in 16 chunks of 512.
     for s in &plan.steps {
         if let Op::LinearCrossEntropy(lce) | Op::LinearCrossEntropyBackward { lce, .. } = &s.op {
             assert_eq!(lce.chunk, 512);
         }
     }
+}
+
+/// Updating after backward, every gradient is live until the updates anyway: each block
+/// instance's parameters, large weights too, are one AdamW group, and the step needs the
+/// 3,462,000,644 bytes the ungrouped updates' plan needed.
+#[test]
+fn updates_after_backward_group_each_scope() {
+    let options = Options {
+        precision: Some(Precision::Bf16),
+        optimizer_in_backward: Some(false),
+        ..Options::default()
+    };
+    let c = common::compiled_with(&common::example("gpt2"), &options);
+    let plan = c.plan.plan();
+    assert!(!plan.steps.iter().any(|s| matches!(s.op, Op::AdamW(_))));
+    let groups = (plan.steps.iter())
+        .filter(|s| matches!(s.op, Op::AdamWGroup { .. }))
+        .count();
+    assert_eq!(groups, 13);
+    assert_eq!(plan.arena_bytes, 3_462_000_644);
 }

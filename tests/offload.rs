@@ -317,8 +317,9 @@ fn the_cost_model_prices_copies_by_the_host_link_and_updates_by_host_bandwidth()
 }
 
 /// Whether an advice row offloads the optimizer state.
+/// Whether the row keeps the optimizer state on the host.
 fn offloads(row: &memc::advise::Advice) -> bool {
-    row.flags.iter().any(|f| f == "--offload")
+    row.flags.join(" ").contains("--offload optimizer")
 }
 
 /// With a budget only offload meets while keeping the batch (the MLP's 1,628,240 bytes of

@@ -286,9 +286,10 @@ impl CpuExecutor {
         on_gradient: &mut Option<GradientHook>,
     ) -> Result<(), ExecError> {
         for step in steps {
-            let consumed = self.plan.gradient_consumed(step);
-            if let (Some(hook), Some((name, grad))) = (on_gradient.as_mut(), consumed) {
-                hook(name, &self.read(grad));
+            if let Some(hook) = on_gradient.as_mut() {
+                for (name, grad) in self.plan.gradients_consumed(step) {
+                    hook(name, &self.read(grad));
+                }
             }
             if !self.plan.launches(step) {
                 continue;

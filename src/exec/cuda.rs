@@ -13,7 +13,6 @@ use super::cublaslt::{Lt, PreparedGemm};
 use super::{ExecError, GradientHook};
 use crate::codegen::gemm::{Addr, Call};
 use crate::codegen::{nvrtc, plan_kernel_uses, Kernel, KernelParam};
-use crate::ir::Op;
 use crate::plan::{BufferId, Plan, Target, VerifiedPlan};
 use cudarc::driver::{
     sys::CUevent_flags, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr,
@@ -411,11 +410,12 @@ impl CudaExecutor {
             if !last && step.phase == crate::ir::Phase::Update {
                 continue;
             }
-            if let (Some(hook), Op::AdamW(_) | Op::Sgd(_)) = (on_gradient.as_mut(), &step.op) {
-                if let Some(p) = self.plan.params.iter().find(|p| p.buffer == step.inputs[0]) {
-                    let grad = step.inputs[1];
-                    let dtype = self.plan.buffers[grad.index()].ty.dtype;
-                    hook(&p.name, &super::lowp::from_bytes(dtype, &self.read(grad)?));
+            if let Some(hook) = on_gradient.as_mut() {
+                for (target, grad, _) in crate::ops::optimizer::stepped(&step.op, &step.inputs) {
+                    if let Some(p) = self.plan.params.iter().find(|p| p.buffer == target) {
+                        let dtype = self.plan.buffers[grad.index()].ty.dtype;
+                        hook(&p.name, &super::lowp::from_bytes(dtype, &self.read(grad)?));
+                    }
                 }
             }
             let start = self.record()?;

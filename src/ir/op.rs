@@ -241,6 +241,10 @@ pub enum Op {
     /// `(param, grad, m, v[, multiplier]) -> ()`: AdamW step writing param, m, v in place on
     /// the gradient times the multiplier; a multiplier of 0 skips the step.
     AdamW(AdamWParams),
+    /// `(p0, g0, m0, v0, p1, g1, m1, v1, ..[, multiplier]) -> ()`: the AdamW steps of
+    /// `tensors` parameters (fp32 moments, rounded to nearest) in one op, each exactly as
+    /// `AdamW` would step it; one launch for all of them (`passes::group_updates`).
+    AdamWGroup { hyper: AdamWParams, tensors: u32 },
     /// `(param, grad, momentum[, multiplier]) -> ()`: SGD step writing param and momentum in
     /// place, the multiplier as for AdamW.
     Sgd(SgdParams),
@@ -419,6 +423,7 @@ impl Op {
             LossScaleUpdate { .. } => "loss_scale_update",
             AccumulateGrad { .. } => "accumulate_grad",
             AdamW(_) => "adamw",
+            AdamWGroup { .. } => "adamw_group",
             Sgd(_) => "sgd",
             CopyToHost => "copy_to_host",
             CopyToDevice => "copy_to_device",

@@ -95,6 +95,7 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::LossScaleUpdate { .. }
         | Op::AccumulateGrad { .. }
         | Op::AdamW(_)
+        | Op::AdamWGroup { .. }
         | Op::Sgd(_) => &optimizer::Family,
         Op::CopyToHost | Op::CopyToDevice | Op::CopyFromHost => &transfer::Family,
         Op::AllReduce { .. }

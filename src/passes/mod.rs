@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod concat_grads;
 pub mod freeze;
 pub mod fuse_loss;
+pub mod group_updates;
 pub mod liveness;
 pub mod lora;
 pub mod megatron;

@@ -28,15 +28,17 @@ pub struct BuildOptions {
 /// The gradient each updated parameter's update reads, by parameter (they get class
 /// `Gradient`).
 fn gradient_values(graph: &Graph) -> BTreeMap<ValueId, ValueId> {
+    use crate::passes::partition::{reduced_gradient, updated_param};
     graph
         .values()
-        .filter_map(|v| match graph.node(v).op {
-            Op::AdamW(_) | Op::Sgd(_) => {
-                let [p, g] = [0, 1].map(|i| on_device(graph, graph.node(v).inputs[i]));
-                let p = crate::passes::partition::updated_param(graph, p);
-                Some((p, crate::passes::partition::reduced_gradient(graph, g)))
-            }
-            _ => None,
+        .flat_map(|v| {
+            let node = graph.node(v);
+            crate::ops::optimizer::stepped(&node.op, &node.inputs)
+                .into_iter()
+                .map(|(p, g, _)| {
+                    let [p, g] = [p, g].map(|x| on_device(graph, x));
+                    (updated_param(graph, p), reduced_gradient(graph, g))
+                })
         })
         .collect()
 }

@@ -85,19 +85,25 @@ impl Plan {
         )
     }
 
-    /// The parameter whose complete gradient `step` consumes and that gradient's buffer: an
-    /// update on the device reads it, an offloaded update's copy to the host copies it.
-    pub fn gradient_consumed(&self, step: &Step) -> Option<(&str, BufferId)> {
-        let input = *step.inputs.first()?;
-        let (param, grad) = match step.op {
-            Op::AdamW(_) | Op::Sgd(_) => {
-                let p = self.params.iter().find(|p| p.buffer == input)?;
-                (p, *step.inputs.get(1)?)
-            }
-            Op::CopyToHost => (self.params.iter().find(|p| p.grad == Some(input))?, input),
-            _ => return None,
+    /// The parameters whose complete gradients `step` consumes and those gradients' buffers:
+    /// an update on the device reads them (an AdamW group several), an offloaded update's
+    /// copy to the host copies one.
+    pub fn gradients_consumed(&self, step: &Step) -> Vec<(&str, BufferId)> {
+        let param = |buffer: BufferId| self.params.iter().find(|p| p.buffer == buffer);
+        let pairs = match step.op {
+            Op::CopyToHost => (step.inputs.first())
+                .and_then(|&g| Some((self.params.iter().find(|p| p.grad == Some(g))?, g)))
+                .into_iter()
+                .collect(),
+            ref op => crate::ops::optimizer::stepped(op, &step.inputs)
+                .into_iter()
+                .filter_map(|(p, g, _)| Some((param(p)?, g)))
+                .collect::<Vec<_>>(),
         };
-        Some((param.name.as_str(), grad))
+        pairs
+            .into_iter()
+            .map(|(p, g)| (p.name.as_str(), g))
+            .collect()
     }
 
     /// Micro-batches per training step: `accumulate` of the training spec (1 for inference).

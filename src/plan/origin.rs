@@ -93,10 +93,9 @@ fn state_owners(graph: &Graph) -> BTreeMap<ValueId, (Option<&Op>, ValueId)> {
     let mut owners = BTreeMap::new();
     for v in graph.values() {
         let node = graph.node(v);
-        if let Op::AdamW(_) | Op::Sgd(_) = node.op {
-            let (target, grad) = (node.inputs[0], node.inputs[1]);
+        for (target, grad, rest) in crate::ops::optimizer::stepped(&node.op, &node.inputs) {
             let param = updated_param(graph, target);
-            for &s in node.inputs.iter().skip(2) {
+            for &s in rest {
                 if let Op::OptimState { .. } = graph.node(s).op {
                     owners.insert(s, (Some(&node.op), param));
                 }
@@ -142,7 +141,9 @@ pub(super) fn assign(
         b.role = Some(match (&node.op, b.class, owner) {
             (_, BufferClass::Gradient, Some((_, of))) => Role::Gradient { of },
             (Op::OptimState { .. }, _, Some((None, of))) => Role::MasterWeights { of },
-            (Op::OptimState { .. }, _, Some((Some(Op::AdamW(_)), of))) => Role::AdamMoment { of },
+            (Op::OptimState { .. }, _, Some((Some(Op::AdamW(_) | Op::AdamWGroup { .. }), of))) => {
+                Role::AdamMoment { of }
+            }
             (Op::OptimState { .. }, _, Some((_, of))) => Role::Momentum { of },
             (Op::OptimState { .. }, _, None) => Role::LossScale,
             (Op::Param { buffer: true, .. }, _, _) => Role::RunningStatistic,

@@ -463,6 +463,22 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             Op::AdamW(adam),
             vec![f(&[10]), f(&[10]), f(&[10]), f(&[10]), f(&[])],
         ),
+        (
+            "adamw_group",
+            Op::AdamWGroup {
+                hyper: adam,
+                tensors: 3,
+            },
+            [vec![f(&[10]); 4], vec![f(&[37]); 4], vec![f(&[3, 5]); 4]].concat(),
+        ),
+        (
+            "adamw_group_clip",
+            Op::AdamWGroup {
+                hyper: adam,
+                tensors: 2,
+            },
+            [vec![f(&[700]); 4], vec![f(&[9]); 4], vec![f(&[])]].concat(),
+        ),
         ("adamw8", Op::AdamW(adamw8(0.01)), adamw8_inputs(2048 + 900)),
         ("sgd", Op::Sgd(sgd), vec![f(&[10]), f(&[10]), f(&[10])]),
         (

@@ -66,6 +66,18 @@ impl CpuKernel for super::Family {
                     }
                 }
             }
+            // Each parameter of a group exactly as its own AdamW step.
+            Op::AdamWGroup { hyper, tensors } => {
+                let quads = 4 * *tensors as usize;
+                let scale = if n > quads { x(quads)[0] } else { 1.0 };
+                let t = kernels::AdamWStep::new(hyper, step.step_number(), scale);
+                for k in (0..quads).step_by(4) {
+                    let store = kernels::Store::new(hyper.rounding, step.dropout_stream());
+                    let (p, g) = (step.input_mut(k), x(k + 1));
+                    let (m, v) = (step.input_mut(k + 2), step.input_mut(k + 3));
+                    kernels::adamw_update(p, g, m, v, &t, store);
+                }
+            }
             Op::Sgd(p) => kernels::sgd_update(
                 step.input_mut(0),
                 x(1),

@@ -3,10 +3,12 @@
 //! global-norm clip coefficient, the fused unscale-and-overflow check, the loss-scale update
 //! and gradient accumulation. The clip coefficient and the overflow check read their
 //! gradients through a tensor table in their workspace (their arguments do not grow with the
-//! model) and reduce them in two stages over up to [`PARTIAL_BLOCKS`] blocks.
+//! model) and reduce them in two stages over up to [`PARTIAL_BLOCKS`] blocks; an AdamW group
+//! reads its parameters, gradients and moments through such a table and steps them all in
+//! one elementwise launch.
 
 use super::quantize;
-use super::{adamw_states, Rounding, StateFormat};
+use super::{adamw_states, AdamWParams, Rounding, StateFormat};
 use crate::codegen::build::{c_bool, c_f32, c_int, c_u64, Gen};
 use crate::codegen::geometry::{split, PARTIAL_BLOCKS};
 use crate::codegen::launch::{in_names, single, Launch};
@@ -99,6 +101,63 @@ fn optimizer(
     Ok(k.finish())
 }
 
+/// AdamW's hyper-parameters as kernel constants.
+fn adamw_hyper(h: &AdamWParams) -> Vec<String> {
+    vec![
+        c_f32("LR", h.lr),
+        c_f32("B1", h.beta1),
+        c_f32("B2", h.beta2),
+        c_f32("EPS", h.eps),
+        c_f32("WD", h.weight_decay),
+    ]
+}
+
+/// The table of an AdamW group: every input of its `quads` (parameter, gradient, moments)
+/// in order.
+fn group_table(inputs: &[&TensorType], quads: usize) -> TensorTable {
+    TensorTable::new(
+        inputs[..quads.min(inputs.len())]
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (i, t.numel(), t.dtype)),
+    )
+}
+
+/// One launch stepping every parameter of an AdamW group (`adamw_group_kernel`): the group's
+/// table in the workspace, the multiplier (if any) and the step number as arguments.
+fn adamw_group(a: &Args, h: &AdamWParams, tensors: u32) -> Result<Kernel, CodegenError> {
+    let quads = 4 * tensors as usize;
+    let refs: Vec<&TensorType> = a.inputs.iter().collect();
+    let total: u64 = refs.iter().take(quads).step_by(4).map(|t| t.numel()).sum();
+    let clip = refs.len() > quads;
+    let mut lines = vec![c_u64("TENSORS", u64::from(tensors)), c_u64("TOTAL", total)];
+    lines.extend(adamw_hyper(h));
+    lines.extend([
+        c_bool("HAS_CLIP", clip),
+        c_bool("SR", false),
+        c_u64("SR_KEY", 0),
+    ]);
+    let mut k = Gen::new("adamw_group", &TEMPLATE);
+    k.cfg("Cfg", lines);
+    k.params(&[KernelParam::Workspace]);
+    let clip_arg = if clip {
+        k.params(&[In(quads)]);
+        format!("in{quads}")
+    } else {
+        "0ull".to_string()
+    };
+    k.params(&[Step]);
+    k.call(format!(
+        "adamw_group_kernel<{}, {}, {}, Cfg>(arena, ws, {clip_arg}, step)",
+        a.ty(0)?,
+        a.ty(1)?,
+        a.ty(2)?
+    ));
+    k.elementwise(total);
+    k.table(group_table(&refs, quads));
+    Ok(k.finish())
+}
+
 /// Elements a block of the gradient reductions takes at least: 16 per thread of a
 /// 256-thread block.
 const MIN_CHUNK: u64 = 16 * 256;
@@ -182,6 +241,9 @@ impl CudaLowering for super::Family {
                 let (table, _, blocks, _) = split_grads(inputs, scalar_input(op, inputs.len()));
                 table.len_bytes() + blocks * 8
             }
+            Op::AdamWGroup { tensors, .. } => {
+                group_table(inputs, 4 * *tensors as usize).len_bytes()
+            }
             _ => 0,
         }
     }
@@ -225,14 +287,9 @@ impl CudaLowering for super::Family {
                     Launch::Elementwise(g.numel()),
                 ))
             }
+            Op::AdamWGroup { hyper, tensors } => adamw_group(a, hyper, *tensors),
             Op::AdamW(h) => {
-                let hyper = vec![
-                    c_f32("LR", h.lr),
-                    c_f32("B1", h.beta1),
-                    c_f32("B2", h.beta2),
-                    c_f32("EPS", h.eps),
-                    c_f32("WD", h.weight_decay),
-                ];
+                let hyper = adamw_hyper(h);
                 let states = adamw_states(h.state);
                 match h.state {
                     StateFormat::Fp32 => {

@@ -8,6 +8,27 @@ mod rules;
 
 use serde::{Deserialize, Serialize};
 
+/// The most parameters one AdamW group steps (`Op::AdamWGroup`).
+pub const MAX_GROUP: usize = 512;
+
+/// What an update op steps, from its inputs: each parameter (or the shard or host copy it
+/// writes), its gradient and the inputs after them that belong to it (its state, and for
+/// AdamW and SGD the multiplier); one entry for AdamW and SGD, one a parameter of an AdamW
+/// group, none for any other op.
+pub fn stepped<'a, T: Copy>(op: &crate::ir::Op, inputs: &'a [T]) -> Vec<(T, T, &'a [T])> {
+    use crate::ir::Op;
+    match op {
+        Op::AdamW(_) | Op::Sgd(_) if inputs.len() >= 2 => {
+            vec![(inputs[0], inputs[1], &inputs[2..])]
+        }
+        Op::AdamWGroup { tensors, .. } => (inputs.chunks_exact(4))
+            .take(*tensors as usize)
+            .map(|q| (q[0], q[1], &q[2..]))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// The optimizer family; every stage's rule for its ops is implemented on it.
 pub struct Family;
 

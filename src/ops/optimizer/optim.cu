@@ -52,6 +52,37 @@ __device__ void adamw_kernel(char* arena, u64 o_p, u64 o_g, u64 o_m, u64 o_v, u6
     }
 }
 
+// The AdamW steps of C::TENSORS parameters in one launch, each element exactly as
+// adamw_kernel steps it. The table at the workspace's start has four rows a parameter (its
+// value, gradient and two moments; 3 u64s a row: byte offset, first element counted over
+// the rows, type code), so parameter k's elements start at element (row 4k's first) / 4 of
+// the C::TOTAL; a binary search finds the parameter of each element.
+template <typename T, typename TG, typename TS, typename C>
+__device__ void adamw_group_kernel(char* arena, u64 o_ws, u64 o_clip, u64 step) {
+    const u64* tab = tensor_at<u64>(arena, o_ws);
+    const float scale = C::HAS_CLIP ? ld(tensor_at<float>(arena, o_clip), 0) : 1.0f;
+    if (scale == 0.0f) return;
+    const float bc1 = adamw_bias_correction(C::B1, step), bc2 = adamw_bias_correction(C::B2, step);
+    MEMC_GRID_LOOP(e, C::TOTAL) {
+        u64 lo = 0, hi = C::TENSORS;
+        while (hi - lo > 1) {
+            const u64 mid = (lo + hi) / 2;
+            if (tab[12 * mid + 1] / 4 <= e) lo = mid; else hi = mid;
+        }
+        const u64* row = tab + 12 * lo;
+        const u64 i = e - row[1] / 4;
+        T* p = tensor_at<T>(arena, row[0]);
+        const TG* g = tensor_at<TG>(arena, row[3]);
+        TS* m = tensor_at<TS>(arena, row[6]);
+        TS* v = tensor_at<TS>(arena, row[9]);
+        float pi = ld(p, i), mi = ld(m, i), vi = ld(v, i);
+        adamw_element<C>(pi, ld(g, i), mi, vi, bc1, bc2, scale);
+        st(m, i, mi);
+        st(v, i, vi);
+        st(p, i, update_store_value<C>(pi, i, 0ull));
+    }
+}
+
 // The code whose value in the ascending 256-entry `map` is nearest to x, the lower on a tie:
 // the CPU's `quantize::nearest`, step for step.
 __device__ __forceinline__ unsigned char memc_nearest_code(const float* map, float x) {

@@ -3,7 +3,7 @@
 //! floating; the updates write their state in place and output an empty tensor.
 
 use super::quantize::blocks;
-use super::{adamw_states, AdamWParams, Rounding, StateFormat};
+use super::{adamw_states, AdamWParams, Rounding, StateFormat, MAX_GROUP};
 use crate::ir::{DType, Op, OpClass, TensorType};
 use crate::ops::rules::{
     arity, elementwise_flops, fail, first_numel, float, foreign, same_dtype, same_shape,
@@ -69,6 +69,52 @@ fn update(op: &Op, inputs: &[&TensorType], state: usize, rounding: Rounding) -> 
     }
 }
 
+/// `(p, g, m, v) x tensors [, multiplier]`: each quadruple as one fp32-moment AdamW reads
+/// it, every quadruple of the first one's types (one kernel steps them all).
+fn group(op: &Op, inputs: &[&TensorType], hyper: &AdamWParams, tensors: u32) -> Result<()> {
+    let n = 4 * tensors as usize;
+    let fp32_nearest = hyper.state == StateFormat::Fp32 && hyper.rounding == Rounding::Nearest;
+    if tensors == 0 || tensors as usize > MAX_GROUP || !fp32_nearest {
+        return fail(
+            format!(
+                "an AdamW group of {tensors} tensors ({:?} state, {:?})",
+                hyper.state, hyper.rounding
+            ),
+            "a group steps 1 to 512 parameters with fp32 moments, rounded to nearest",
+        );
+    }
+    arity(op, inputs, n, n + 1)?;
+    let types = |q: &[&TensorType]| [q[0].dtype, q[1].dtype, q[2].dtype, q[3].dtype];
+    for q in inputs[..n].chunks(4) {
+        update(op, q, 4, Rounding::Nearest)?;
+        same_dtype(q[2], q[3])?;
+        if types(q) != types(&inputs[..4]) {
+            return fail(
+                format!("an AdamW group mixing {} and {}", q[0], inputs[0]),
+                "every parameter of a group has the same types",
+            );
+        }
+    }
+    match inputs.get(n) {
+        Some(m) => scalar_f32(m, "the update's multiplier"),
+        None => Ok(()),
+    }
+}
+
+/// The in-place inputs of an AdamW group of up to [`MAX_GROUP`] tensors: each
+/// quadruple's parameter and moments.
+const GROUP_SLOTS: [usize; 3 * MAX_GROUP] = {
+    let mut slots = [0; 3 * MAX_GROUP];
+    let mut k = 0;
+    while k < MAX_GROUP {
+        slots[3 * k] = 4 * k;
+        slots[3 * k + 1] = 4 * k + 2;
+        slots[3 * k + 2] = 4 * k + 3;
+        k += 1;
+    }
+    slots
+};
+
 /// Whether `op` is AdamW on 8-bit moments.
 fn eight_bit(op: &Op) -> bool {
     matches!(
@@ -108,6 +154,7 @@ fn shape_rule(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
             Ok(empty)
         }
         Op::AdamW(p) => update(op, inputs, 2 + adamw_states(p.state), p.rounding).map(|()| empty),
+        Op::AdamWGroup { hyper, tensors } => group(op, inputs, hyper, *tensors).map(|()| empty),
         Op::Sgd(p) => update(op, inputs, 3, p.rounding).map(|()| empty),
         _ => foreign(op, "optimizer"),
     }
@@ -134,6 +181,7 @@ impl Rules for super::Family {
                 2 * inputs.iter().map(|t| t.numel()).sum::<u64>()
             }
             Op::AdamW(_) => 12 * first,
+            Op::AdamWGroup { .. } => 12 * inputs.iter().step_by(4).map(|t| t.numel()).sum::<u64>(),
             Op::Sgd(_) => 4 * first,
             _ => elementwise_flops(inputs, out),
         }
@@ -143,6 +191,9 @@ impl Rules for super::Family {
         let mutated_inputs: &'static [usize] = match op {
             Op::AdamW(_) if eight_bit(op) => &[0, 2, 3, 4, 5],
             Op::AdamW(_) => &[0, 2, 3],
+            Op::AdamWGroup { tensors, .. } => {
+                &GROUP_SLOTS[..3 * (*tensors as usize).min(MAX_GROUP)]
+            }
             Op::Sgd(_) => &[0, 2],
             Op::LossScaleUpdate { .. } => &[0, 1],
             Op::AccumulateGrad { .. } => &[0],
