@@ -336,7 +336,7 @@ pub fn case_data(op: &Op, inputs: &[TensorType], seed: u64) -> Vec<Vec<f32>> {
                     | (Op::Sgd(_), 3)
                     | (Op::Binary(_), 1)
                     | (Op::Binary(BinaryFn::Pow), 0)
-            );
+            ) || (matches!(op, Op::AdamWGroup { .. }) && i % 4 == 3);
             (0..n)
                 .map(|j| {
                     let v = rng::normal01(key, 0, j as u64);

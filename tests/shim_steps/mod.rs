@@ -88,14 +88,17 @@ pub fn shim_plan_step(plan: &Plan, arena: &mut Vec<u8>, dir: &Path) -> Result<Pl
         }
         let types: Vec<TensorType> = step.inputs.iter().map(|&b| buffer(b).ty.clone()).collect();
         let data: Vec<Vec<f32>> = step.inputs.iter().map(|&b| read(arena, b)).collect();
-        if let Op::AdamW(_) | Op::Sgd(_) = step.op {
+        let stepped = memc::ops::optimizer::stepped(&step.op, &step.inputs);
+        for (k, (target, _, _)) in stepped.into_iter().enumerate() {
             let name = plan
                 .params
                 .iter()
-                .find(|p| p.buffer == step.inputs[0])
+                .find(|p| p.buffer == target)
                 .map(|p| p.name.clone())
                 .ok_or("update of a non-parameter")?;
-            run.grads.insert(name, data[1].clone());
+            // The gradient follows its parameter: input 1 of a single update, 4k + 1 of a
+            // group's k-th parameter.
+            run.grads.insert(name, data[4 * k + 1].clone());
         }
         let (kernel, exe) = kernel_of[s].ok_or_else(|| format!("step {s} has no kernel"))?;
         if kernel.table.is_some() {
@@ -219,7 +222,7 @@ pub fn training_step_matches(name: &str, c: &memc::Compiled, tolerance: DType) {
         .steps
         .iter()
         .find_map(|s| match &s.op {
-            Op::AdamW(h) => Some(h.lr),
+            Op::AdamW(h) | Op::AdamWGroup { hyper: h, .. } => Some(h.lr),
             Op::Sgd(h) => Some(h.lr),
             _ => None,
         })
