@@ -273,6 +273,7 @@ fn plan_recomputing(
         optimizer_in_backward: true,
         layout_time: Duration::ZERO,
         alignment: Target::Cpu.alignment(),
+        pipeline: None,
     };
     let clones = rewritten.clones.iter().map(|&(_, c)| c).collect();
     let plan = memc::plan::build_for(

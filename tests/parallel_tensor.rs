@@ -42,6 +42,7 @@ fn layout(
             tensor,
             zero,
             global_batch: true,
+            ..Parallel::default()
         }),
         ..Options::default()
     }

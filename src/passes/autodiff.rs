@@ -87,6 +87,29 @@ impl Rewriter {
     }
 }
 
+/// Sends the gradient `dy` of a received value back to the stage it came from (zeros of
+/// `ty` when nothing on this stage differentiates it, so the sender's receive always meets
+/// a send).
+fn send_back(
+    rw: &mut Rewriter,
+    link: PipeLink,
+    dy: Option<ValueId>,
+    ty: &TensorType,
+) -> Result<(), StageError> {
+    let dy = match dy {
+        Some(dy) => dy,
+        None => rw.add(
+            Op::Fill {
+                value: 0.0,
+                ty: ty.clone(),
+            },
+            vec![],
+        )?,
+    };
+    rw.add(Op::PipelineSend(link.gradient()), vec![dy])?;
+    Ok(())
+}
+
 /// Differentiates `loss` with respect to every trained (not frozen) parameter it depends on;
 /// backward work that only frozen parameters would need is never built.
 pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
@@ -95,8 +118,10 @@ pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
     for v in graph.values() {
         let node = graph.node(v);
         requires[v.index()] = node.ty.dtype.is_float()
-            && (matches!(node.op, Op::Param { frozen: false, .. })
-                || node.inputs.iter().any(|i| requires[i.index()]));
+            && (matches!(
+                node.op,
+                Op::Param { frozen: false, .. } | Op::PipelineRecv { trained: true, .. }
+            ) || node.inputs.iter().any(|i| requires[i.index()]));
     }
     let mut rw = Rewriter {
         graph: graph.clone(),
@@ -108,6 +133,16 @@ pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
         alternatives: Vec::new(),
     };
     let mut grads: HashMap<ValueId, ValueId> = HashMap::new();
+    // On a pipeline stage, each parameter's gradient parts (one a micro-batch reading it)
+    // are summed after the sweep in micro-batch order, so 1F1B adds each part as soon as
+    // its backward is done instead of keeping every part until the last micro-batch's.
+    let pipelined = graph.values().any(|v| {
+        matches!(
+            graph.node(v).op,
+            Op::PipelineRecv { .. } | Op::PipelineSend(_)
+        )
+    });
+    let mut parts: std::collections::BTreeMap<ValueId, Vec<ValueId>> = Default::default();
     if requires[loss.index()] {
         let seed_ty = graph.node(loss).ty.clone();
         rw.origin.span = graph.node(loss).span;
@@ -121,8 +156,19 @@ pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
         grads.insert(loss, seed);
     }
     for y in (0..=loss.index()).rev().map(|i| ValueId(i as u32)) {
-        let Some(&dy) = grads.get(&y) else { continue };
         let node = graph.node(y);
+        if let Op::PipelineRecv {
+            link,
+            trained: true,
+            ..
+        } = &node.op
+        {
+            rw.origin.span = node.span;
+            rw.origin.scope = node.scope.clone();
+            send_back(&mut rw, *link, grads.get(&y).copied(), &node.ty)?;
+            continue;
+        }
+        let Some(&dy) = grads.get(&y) else { continue };
         if node.inputs.is_empty() {
             continue;
         }
@@ -134,12 +180,30 @@ pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
         let input_grads = cx.into_grads();
         for (&x, g) in node.inputs.iter().zip(input_grads) {
             let Some(g) = g else { continue };
+            if pipelined && matches!(graph.node(x).op, Op::Param { .. }) {
+                parts.entry(x).or_default().push(g);
+                continue;
+            }
             let total = match grads.get(&x) {
                 Some(&prev) => rw.add(Op::Binary(BinaryFn::Add), vec![prev, g])?,
                 None => g,
             };
             grads.insert(x, total);
         }
+    }
+    for (p, mut parts) in parts {
+        // Collected from the last reader back: summed from the first reader on.
+        rw.origin.span = graph.node(p).span;
+        rw.origin.scope = graph.node(p).scope.clone();
+        let mut ordered = parts.drain(..).rev();
+        let Some(first) = ordered.next() else {
+            continue;
+        };
+        let mut total = first;
+        for g in ordered {
+            total = rw.add(Op::Binary(BinaryFn::Add), vec![total, g])?;
+        }
+        grads.insert(p, total);
     }
     let grads = graph
         .params()

@@ -9,6 +9,7 @@ pub mod lora;
 pub mod megatron;
 pub mod optimizer;
 pub mod partition;
+pub mod pipeline;
 pub mod precision;
 pub mod quantize;
 pub mod saves;

@@ -1,0 +1,77 @@
+//! Which stage each forward value runs on: the top-level block instances (`layer.3`) in
+//! creation order, instance `i` of `L` on stage `i * P / L` (contiguous runs, as equal in
+//! blocks as `P` allows: the repeated blocks of a model are alike, so this balances their
+//! parameter bytes and ops); a value outside blocks on the latest stage of its inputs (the
+//! embedding on stage 0, the final norm and loss head after the last block on the last);
+//! a block's value never on a stage before its inputs'.
+
+use super::SplitError;
+use crate::diagnostic::UserError;
+use crate::ir::{Graph, Op};
+use crate::passes::checkpoint::instance;
+use std::collections::BTreeMap;
+
+/// The stage of every value (by index) of a forward graph.
+pub(super) type Assignment = Vec<u32>;
+
+/// Assigns every value of `graph` to one of `stages` stages.
+pub(super) fn assign(graph: &Graph, stages: u32) -> Result<Assignment, SplitError> {
+    let mut order: BTreeMap<&str, usize> = BTreeMap::new();
+    for v in graph.values() {
+        let own = instance(&graph.node(v).scope);
+        if !own.is_empty() && !order.contains_key(own) {
+            order.insert(own, order.len());
+        }
+    }
+    let blocks = order.len();
+    if blocks < stages as usize {
+        return Err(SplitError::User(UserError::general(
+            format!(
+                "pipeline = {stages} cuts the model's blocks into {stages} stages, and it has \
+                 {blocks} block instance(s)"
+            ),
+            format!(
+                "plan at most {} stage(s), one or more blocks each (`repeat L block(x)` \
+                 makes L instances)",
+                blocks.max(1)
+            ),
+        )));
+    }
+    let mut stage = vec![0u32; graph.len()];
+    for v in graph.values() {
+        let node = graph.node(v);
+        let after_inputs = node.inputs.iter().map(|i| stage[i.index()]).max();
+        let own = order
+            .get(instance(&node.scope))
+            .map(|&i| (i * stages as usize / blocks) as u32);
+        stage[v.index()] = own.max(after_inputs).unwrap_or(0);
+    }
+    tied(graph, &stage)?;
+    Ok(stage)
+}
+
+/// Refuses a trained parameter that ops on two stages read (tied weights, such as an
+/// embedding reused by the loss head): each stage holds and updates its own parameters.
+fn tied(graph: &Graph, stage: &[u32]) -> Result<(), SplitError> {
+    for p in graph.params() {
+        let Op::Param { name, .. } = &graph.node(p).op else {
+            continue;
+        };
+        let mut readers: Vec<u32> = graph.users(p).iter().map(|u| stage[u.index()]).collect();
+        readers.sort_unstable();
+        readers.dedup();
+        if let [first, .., last] = readers[..] {
+            return Err(SplitError::User(UserError::general(
+                format!(
+                    "parameter `{name}` is read on pipeline stages {} and {} (tied weights), \
+                     and each stage holds its own parameters",
+                    first + 1,
+                    last + 1
+                ),
+                "untie it (a separate parameter for each use), or plan `data = N` and \
+                 ZeRO without a pipeline",
+            )));
+        }
+    }
+    Ok(())
+}

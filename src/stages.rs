@@ -1,0 +1,103 @@
+//! Compiling a pipeline: the forward graph cut into stages (`passes::pipeline`), each
+//! stage's step planned as a plan of its own in 1F1B order, stage 0's plan carrying the
+//! others (`Plan::stages`) and `report.parallel` listing every rank with its stage's bytes.
+
+use crate::diagnostic::UserError;
+use crate::ir::{Graph, Op, Span};
+use crate::parallel::Parallel;
+use crate::passes::megatron::SplitError;
+use crate::passes::pipeline::{self, order::OneFOneB};
+use crate::plan::{self, PipelineStage, Plan};
+use crate::{front, planned, verified, CompileError, Compiled, Options};
+
+/// Compiles `module` (its forward graph lowered at the micro-batch size) as `p.pipeline`
+/// stages over `p.microbatches` micro-batches; refusals of the cut point at `train`, the
+/// train section's span. The returned graph is stage 0's.
+pub(crate) fn compile(
+    source: &str,
+    ast: front::ast::Model,
+    module: &front::Module,
+    options: &Options,
+    p: Parallel,
+    train: Span,
+) -> Result<Compiled, CompileError> {
+    let cut = pipeline::run(&module.graph, p.pipeline, p.microbatches).map_err(|e| match e {
+        SplitError::User(u) if u.span.is_none() => CompileError::User(UserError::at(
+            train,
+            u.message,
+            "this train section",
+            u.help,
+        )),
+        e => e.into(),
+    })?;
+    let positions = param_positions(&module.graph);
+    let inputs: Vec<String> = (module.graph.values())
+        .filter_map(|v| match &module.graph.node(v).op {
+            Op::Input { name, .. } => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    let mut plans: Vec<Plan> = Vec::with_capacity(cut.graphs.len());
+    let mut first_graph = None;
+    for (s, graph) in cut.graphs.into_iter().enumerate() {
+        let s = s as u32;
+        verified(&graph, "pipeline")?;
+        let stage = front::Module {
+            graph,
+            ..module.clone()
+        };
+        let order = OneFOneB::new(s, p.pipeline, p.microbatches);
+        let (graph, mut plan) = planned(&stage, options, Some(p), Some(order))?;
+        plan.pipeline = Some(PipelineStage {
+            stage: s,
+            stages: p.pipeline,
+            microbatches: p.microbatches,
+            positions: (plan.params.iter())
+                .map(|b| positions.iter().position(|n| *n == b.name).unwrap_or(0) as u64)
+                .collect(),
+            inputs: inputs.clone(),
+        });
+        plan.report.largest_at_peak = plan::largest_at_peak(&plan, source, 10);
+        plan::attach_lines(&mut plan, source);
+        first_graph.get_or_insert(graph);
+        plans.push(plan);
+    }
+    let nccl = plans
+        .first()
+        .and_then(|f| f.report.parallel.as_ref())
+        .and_then(|r| r.nccl_reserve);
+    let report = plan::pipeline_report(&plans, p, nccl);
+    for plan in &mut plans {
+        plan.report.parallel = Some(report.clone());
+    }
+    let mut rest = plans.split_off(1);
+    let mut first = plans
+        .pop()
+        .ok_or_else(|| CompileError::Internal(vec!["a pipeline of no stages".into()]))?;
+    first.stages.append(&mut rest);
+    let plan = plan::verify(first).map_err(|errs| {
+        CompileError::Internal(errs.into_iter().map(|e| e.to_string()).collect())
+    })?;
+    Ok(Compiled {
+        ast,
+        graph: first_graph.unwrap_or_default(),
+        plan,
+    })
+}
+
+/// The names of the model's trained and frozen parameters in creation order, running
+/// statistics left out: a parameter's index here keys its initial values.
+fn param_positions(graph: &Graph) -> Vec<String> {
+    graph
+        .params()
+        .into_iter()
+        .filter_map(|v| match &graph.node(v).op {
+            Op::Param {
+                name,
+                buffer: false,
+                ..
+            } => Some(name.clone()),
+            _ => None,
+        })
+        .collect()
+}
