@@ -26,8 +26,7 @@ pub struct Stages {
 
 /// Cuts `graph` (a forward graph with output `loss`, lowered at the micro-batch size) into
 /// `stages` stages unrolled over `micro` micro-batches. Refused when the model has fewer
-/// top-level block instances than stages, or when a trained parameter is read on two
-/// stages (tied weights).
+/// top-level block instances than stages.
 pub fn run(graph: &Graph, stages: u32, micro: u32) -> Result<Stages, SplitError> {
     let assignment = stages::assign(graph, stages)?;
     let graphs = (0..stages)

@@ -3,11 +3,13 @@
 //! blocks as `P` allows: the repeated blocks of a model are alike, so this balances their
 //! parameter bytes and ops); a value outside blocks on the latest stage of its inputs (the
 //! embedding on stage 0, the final norm and loss head after the last block on the last);
-//! a block's value never on a stage before its inputs'.
+//! a block's value never on a stage before its inputs'; a parameter on the first stage
+//! that reads it (a tied embedding on stage 0, sent to the last stage with each
+//! micro-batch, its gradient sent back).
 
 use super::SplitError;
 use crate::diagnostic::UserError;
-use crate::ir::{Graph, Op};
+use crate::ir::Graph;
 use crate::passes::checkpoint::instance;
 use std::collections::BTreeMap;
 
@@ -46,32 +48,10 @@ pub(super) fn assign(graph: &Graph, stages: u32) -> Result<Assignment, SplitErro
             .map(|&i| (i * stages as usize / blocks) as u32);
         stage[v.index()] = own.max(after_inputs).unwrap_or(0);
     }
-    tied(graph, &stage)?;
-    Ok(stage)
-}
-
-/// Refuses a trained parameter that ops on two stages read (tied weights, such as an
-/// embedding reused by the loss head): each stage holds and updates its own parameters.
-fn tied(graph: &Graph, stage: &[u32]) -> Result<(), SplitError> {
     for p in graph.params() {
-        let Op::Param { name, .. } = &graph.node(p).op else {
-            continue;
-        };
-        let mut readers: Vec<u32> = graph.users(p).iter().map(|u| stage[u.index()]).collect();
-        readers.sort_unstable();
-        readers.dedup();
-        if let [first, .., last] = readers[..] {
-            return Err(SplitError::User(UserError::general(
-                format!(
-                    "parameter `{name}` is read on pipeline stages {} and {} (tied weights), \
-                     and each stage holds its own parameters",
-                    first + 1,
-                    last + 1
-                ),
-                "untie it (a separate parameter for each use), or plan `data = N` and \
-                 ZeRO without a pipeline",
-            )));
-        }
+        // A parameter lives on the first stage that reads it; the others receive it.
+        let readers = graph.users(p).into_iter().map(|u| stage[u.index()]);
+        stage[p.index()] = readers.min().unwrap_or(stage[p.index()]);
     }
-    Ok(())
+    Ok(stage)
 }

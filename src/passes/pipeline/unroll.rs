@@ -1,5 +1,7 @@
 //! One stage's forward graph: the model's inputs bound whole (the micro-batch size times
-//! `M` rows), the parameters its ops read, and, for each micro-batch `m` in turn, a copy of
+//! `M` rows), the parameters that live on it (a parameter read on several stages lives on
+//! the first and is sent to the others like an activation), and, for each micro-batch `m`
+//! in turn, a copy of
 //! the stage's ops reading rows `m * b..(m + 1) * b` of each input, receiving what earlier
 //! stages computed and sending what later stages read. Values that depend on no input and
 //! no parameter (tables, masks) are computed once on each stage that reads them, for all
@@ -130,7 +132,6 @@ pub(super) fn stage_graph(
         bound: HashMap::new(),
         map: HashMap::new(),
     };
-    let reads = |v: ValueId| graph.users(v).iter().any(|u| stage[u.index()] == own);
     for v in graph.values() {
         let node = graph.node(v);
         let op = match &node.op {
@@ -142,7 +143,7 @@ pub(super) fn stage_graph(
                 let name = name.clone();
                 Op::Input { name, ty }
             }
-            Op::Param { .. } if reads(v) => node.op.clone(),
+            Op::Param { .. } if stage[v.index()] == own => node.op.clone(),
             _ => continue,
         };
         let w = copy.add(op, vec![], node.origin())?;
@@ -155,7 +156,7 @@ pub(super) fn stage_graph(
         copy.map.clear();
         for v in graph.values().filter(|v| stage[v.index()] == own) {
             let node = graph.node(v);
-            if matches!(node.op, Op::Param { .. } | Op::Input { .. }) || model.constant[v.index()] {
+            if matches!(node.op, Op::Input { .. }) || model.constant[v.index()] {
                 continue;
             }
             let w = copy.value(v)?;
