@@ -1,0 +1,275 @@
+//! Pipeline parallelism: P stages over M micro-batches in 1F1B order (and data replicas of
+//! them, with ZeRO) train as one rank with the whole batch up to fp32 summation order, each
+//! stage's rank has exact bytes, each stage holds the saved activations of min(P - s, M)
+//! micro-batches at its peak, and the refusals name what they refuse.
+#![allow(clippy::panic, clippy::unwrap_used)]
+
+mod common;
+
+use common::{compiled_with, example, overrides};
+use memc::budget::CheckpointMode;
+use memc::exec::ranks::Ranks;
+use memc::parallel::Parallel;
+use memc::settings::Precision;
+use memc::{compile, CompileError, Options};
+
+const GPT: &[(&str, i64)] = &[("L", 2), ("D", 64), ("T", 16), ("V", 128), ("H", 4)];
+/// LLaMA with grouped-query attention: 4 heads, 2 key/value heads.
+const LLAMA: &[(&str, i64)] = &[
+    ("L", 2),
+    ("D", 64),
+    ("T", 16),
+    ("V", 128),
+    ("H", 4),
+    ("KV", 2),
+    ("F", 96),
+];
+
+/// A layout: pipeline stages, micro-batches, data replicas, ZeRO stage.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    pipeline: u32,
+    microbatches: u32,
+    data: u32,
+    zero: u8,
+}
+
+const ONE: Layout = Layout {
+    pipeline: 1,
+    microbatches: 1,
+    data: 1,
+    zero: 0,
+};
+
+/// `dims` at batch `batch` in `precision` over `layout` (the batch split over the data
+/// replicas, then into the micro-batches).
+fn options(dims: &[(&str, i64)], batch: i64, precision: Precision, l: Layout) -> Options {
+    let mut dims = dims.to_vec();
+    dims.push(("B", batch));
+    Options {
+        overrides: overrides(&dims),
+        precision: Some(precision),
+        parallel: (l.pipeline * l.data > 1).then_some(Parallel {
+            data: l.data,
+            zero: l.zero,
+            pipeline: l.pipeline,
+            microbatches: l.microbatches,
+            global_batch: true,
+            ..Parallel::default()
+        }),
+        ..Options::default()
+    }
+}
+
+/// The losses of `steps` steps of `model` under `options` from seed 3.
+fn losses(model: &str, options: &Options, steps: usize) -> Vec<f32> {
+    let c = compiled_with(&example(model), options);
+    let mut ranks = Ranks::new(&c.plan).unwrap();
+    ranks.start(3).unwrap();
+    (0..steps)
+        .map(|_| {
+            let loss = ranks.run_step().unwrap();
+            loss.unwrap_or_else(|| panic!("{model}: no loss"))
+        })
+        .collect()
+}
+
+/// Two stages over two and four micro-batches, and two replicas of two stages at ZeRO-0,
+/// 1 and 3, print the losses of one rank with the whole batch on a small GPT-2 (its
+/// embedding tied to the loss head across the stages) and a small LLaMA, within fp32
+/// summation order, and in bf16 within its rounding.
+#[test]
+fn pipeline_stages_train_as_one_rank() {
+    let layouts = [
+        (2, 2, 1, 0),
+        (2, 4, 1, 0),
+        (2, 2, 2, 0),
+        (2, 2, 2, 1),
+        (2, 1, 2, 3),
+    ]
+    .map(|(pipeline, microbatches, data, zero)| Layout {
+        pipeline,
+        microbatches,
+        data,
+        zero,
+    });
+    for (model, dims) in [("gpt2", GPT), ("llama7b", LLAMA)] {
+        for (precision, tolerance) in [(Precision::Fp32, 2e-6), (Precision::Bf16, 1e-4)] {
+            let one = losses(model, &options(dims, 4, precision, ONE), 3);
+            for layout in layouts {
+                let many = losses(model, &options(dims, 4, precision, layout), 3);
+                assert_eq!(many.len(), 3);
+                for (step, (a, b)) in one.iter().zip(&many).enumerate() {
+                    assert!(
+                        (a - b).abs() <= tolerance * a.abs(),
+                        "{model} {precision:?} {layout:?} step {step}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Exact per-rank bytes of the small GPT-2 over two stages and two micro-batches in fp32:
+/// stage 1 holds the embeddings and the first block, stage 2 the second block and the
+/// final norm (the tied embedding reaches its loss head with each micro-batch).
+#[test]
+fn stage_ranks_have_exact_bytes() {
+    let (d, v, t) = (64u64, 128u64, 16u64);
+    let block = 12 * d * d + 13 * d;
+    let params = [v * d + t * d + block, block + 2 * d];
+    let layout = Layout {
+        pipeline: 2,
+        microbatches: 2,
+        ..ONE
+    };
+    let c = compiled_with(&example("gpt2"), &options(GPT, 4, Precision::Fp32, layout));
+    let r = c.plan.plan().report.parallel.clone().unwrap();
+    assert_eq!((r.pipeline, r.microbatches, r.roles), (2, 2, 2));
+    assert_eq!(r.per_rank.len(), 2);
+    for (s, e) in r.per_rank.iter().enumerate() {
+        assert_eq!(e.rank, s as u32);
+        assert_eq!(
+            e.role,
+            format!("stage {} of 2, data-parallel replica", s + 1)
+        );
+        assert_eq!(e.bytes.params, 4 * params[s], "stage {s}");
+        assert_eq!(e.bytes.grads, 4 * params[s], "stage {s}");
+        assert_eq!(e.bytes.optimizer, 8 * params[s], "stage {s}");
+    }
+    let measured = r.per_rank.iter().map(|e| {
+        let b = e.bytes;
+        (b.activations, b.comm, b.peak, b.arena)
+    });
+    assert_eq!(
+        measured.collect::<Vec<_>>(),
+        [
+            (262_400, 65_536, 1_249_540, 1_249_540),
+            (123_012, 65_536, 1_059_076, 1_059_076)
+        ]
+    );
+    assert_eq!(c.plan.plan().stages.len(), 1);
+}
+
+/// Saved activations at each stage's peak, every value kept (no recomputation): stage `s`
+/// of `P` over `M` micro-batches holds `min(P - s, M)` micro-batches' worth of what it
+/// holds over one, and the last stage one (and the 4-byte scale its mean's backward reads).
+#[test]
+fn one_forward_one_backward_holds_min_p_minus_s_micro_batches() {
+    let stage_activations = |layers: i64, p: u32, m: u32| -> Vec<u64> {
+        let mut dims = GPT.to_vec();
+        dims[0] = ("L", layers);
+        let layout = Layout {
+            pipeline: p,
+            microbatches: m,
+            ..ONE
+        };
+        let o = Options {
+            checkpoint: CheckpointMode::KeepAll,
+            ..options(&dims, i64::from(m), Precision::Fp32, layout)
+        };
+        let c = compiled_with(&example("gpt2"), &o);
+        let r = c.plan.plan().report.parallel.clone().unwrap();
+        r.per_rank.iter().map(|e| e.bytes.activations).collect()
+    };
+    let one = stage_activations(2, 2, 1);
+    assert_eq!(one, [65_600, 106_624]);
+    let four = stage_activations(2, 2, 4);
+    assert_eq!(four, [2 * one[0], one[1] + 4]);
+    assert!(four[0] > four[1] && four[0] > one[0]);
+    let one = stage_activations(4, 4, 1);
+    assert_eq!(one, [65_600, 65_536, 65_536, 106_624]);
+    for m in [2, 8] {
+        let held = stage_activations(4, 4, m);
+        let want: Vec<u64> = (0..4u32)
+            .map(|s| u64::from((4 - s).min(m)) * one[s as usize] + u64::from(s == 3) * 4)
+            .collect();
+        assert_eq!(held, want, "M = {m}");
+    }
+}
+
+/// More stages than blocks, a batch the micro-batches do not divide, and micro-batches
+/// without a pipeline are refused with a diagnostic that points at the source.
+#[test]
+fn pipeline_refusals_point_at_the_source() {
+    for (dims, layout, message) in [
+        (
+            GPT,
+            Layout {
+                pipeline: 4,
+                microbatches: 4,
+                ..ONE
+            },
+            "pipeline = 4 cuts the model's blocks into 4 stages, and it has 2 block",
+        ),
+        (
+            GPT,
+            Layout {
+                pipeline: 2,
+                microbatches: 3,
+                ..ONE
+            },
+            "does not split into microbatches = 3",
+        ),
+    ] {
+        match compile(&example("gpt2"), &options(dims, 4, Precision::Fp32, layout)) {
+            Err(CompileError::User(e)) => {
+                assert!(e.message.contains(message), "{}", e.message);
+                assert!(e.span.is_some(), "{}", e.message);
+            }
+            Err(e) => panic!("{layout:?}: not a user error: {e:?}"),
+            Ok(_) => panic!("{layout:?} compiled"),
+        }
+    }
+    let e = Parallel::parse_flag("data=2,microbatches=4").unwrap_err();
+    assert!(
+        e.message.contains("`pipeline` is not given"),
+        "{}",
+        e.message
+    );
+}
+
+/// `memc run --parallel pipeline=2,microbatches=4` (and with two replicas) prints the
+/// per-step loss lines of one rank, and `memc compile` prints a line per stage's ranks.
+#[test]
+fn the_command_line_runs_pipeline_stages() {
+    let dims: Vec<String> = (LLAMA.iter().chain(&[("B", 4)]))
+        .flat_map(|(k, v)| ["--set".to_string(), format!("{k}={v}")])
+        .collect();
+    let run = |command: &str, extra: &[&str]| {
+        let mut args = vec![command, "examples/llama7b.mdl"];
+        args.extend(dims.iter().map(String::as_str));
+        args.extend(extra);
+        let out = common::memc(&args);
+        common::assert_success(&out);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let steps = |text: String| {
+        let lines = text.lines().filter(|l| l.starts_with("step "));
+        lines.map(str::to_string).collect::<Vec<_>>()
+    };
+    let one = steps(run("run", &["--steps", "2"]));
+    assert_eq!(one.len(), 2);
+    let flag = ["--steps", "2", "--parallel"];
+    let pipe = [&flag[..], &["pipeline=2,microbatches=4"]].concat();
+    assert_eq!(steps(run("run", &pipe)), one);
+    let replicas = [
+        &flag[..],
+        &["pipeline=2,microbatches=2,data=2,batch=global"],
+    ]
+    .concat();
+    assert_eq!(steps(run("run", &replicas)), one);
+    let report = run("compile", &["--parallel", "pipeline=2,microbatches=4"]);
+    let stages: Vec<&str> = report.lines().filter(|l| l.contains("ranks ")).collect();
+    assert_eq!(stages.len(), 2, "{report}");
+    assert!(
+        stages[0].contains("ranks 0-0 (stage 1 of 2"),
+        "{}",
+        stages[0]
+    );
+    assert!(
+        stages[1].contains("ranks 1-1 (stage 2 of 2"),
+        "{}",
+        stages[1]
+    );
+}
