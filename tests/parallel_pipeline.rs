@@ -8,22 +8,12 @@ mod common;
 
 use common::{compiled_with, example, overrides};
 use memc::budget::CheckpointMode;
-use memc::exec::ranks::Ranks;
 use memc::parallel::Parallel;
 use memc::settings::Precision;
-use memc::{compile, CompileError, Options};
+use memc::Options;
 
-const GPT: &[(&str, i64)] = &[("L", 2), ("D", 64), ("T", 16), ("V", 128), ("H", 4)];
-/// LLaMA with grouped-query attention: 4 heads, 2 key/value heads.
-const LLAMA: &[(&str, i64)] = &[
-    ("L", 2),
-    ("D", 64),
-    ("T", 16),
-    ("V", 128),
-    ("H", 4),
-    ("KV", 2),
-    ("F", 96),
-];
+const GPT: &[(&str, i64)] = common::PARALLEL_GPT;
+const LLAMA: &[(&str, i64)] = common::PARALLEL_LLAMA;
 
 /// A layout: pipeline stages, micro-batches, data replicas, ZeRO stage.
 #[derive(Debug, Clone, Copy)]
@@ -61,19 +51,6 @@ fn options(dims: &[(&str, i64)], batch: i64, precision: Precision, l: Layout) ->
     }
 }
 
-/// The losses of `steps` steps of `model` under `options` from seed 3.
-fn losses(model: &str, options: &Options, steps: usize) -> Vec<f32> {
-    let c = compiled_with(&example(model), options);
-    let mut ranks = Ranks::new(&c.plan).unwrap();
-    ranks.start(3).unwrap();
-    (0..steps)
-        .map(|_| {
-            let loss = ranks.run_step().unwrap();
-            loss.unwrap_or_else(|| panic!("{model}: no loss"))
-        })
-        .collect()
-}
-
 /// Two stages over two and four micro-batches, and two replicas of two stages at ZeRO-0,
 /// 1 and 3, print the losses of one rank with the whole batch on a small GPT-2 (its
 /// embedding tied to the loss head across the stages) and a small LLaMA, within fp32
@@ -95,16 +72,11 @@ fn pipeline_stages_train_as_one_rank() {
     });
     for (model, dims) in [("gpt2", GPT), ("llama7b", LLAMA)] {
         for (precision, tolerance) in [(Precision::Fp32, 2e-6), (Precision::Bf16, 1e-4)] {
-            let one = losses(model, &options(dims, 4, precision, ONE), 3);
+            let one = common::rank_losses(model, &options(dims, 4, precision, ONE), 3);
             for layout in layouts {
-                let many = losses(model, &options(dims, 4, precision, layout), 3);
-                assert_eq!(many.len(), 3);
-                for (step, (a, b)) in one.iter().zip(&many).enumerate() {
-                    assert!(
-                        (a - b).abs() <= tolerance * a.abs(),
-                        "{model} {precision:?} {layout:?} step {step}: {a} vs {b}"
-                    );
-                }
+                let many = common::rank_losses(model, &options(dims, 4, precision, layout), 3);
+                let what = format!("{model} {precision:?} {layout:?}");
+                common::assert_losses_close(&one, &many, tolerance, &what);
             }
         }
     }
@@ -212,21 +184,10 @@ fn pipeline_refusals_point_at_the_source() {
             "does not split into microbatches = 3",
         ),
     ] {
-        match compile(&example("gpt2"), &options(dims, 4, Precision::Fp32, layout)) {
-            Err(CompileError::User(e)) => {
-                assert!(e.message.contains(message), "{}", e.message);
-                assert!(e.span.is_some(), "{}", e.message);
-            }
-            Err(e) => panic!("{layout:?}: not a user error: {e:?}"),
-            Ok(_) => panic!("{layout:?} compiled"),
-        }
+        let e = common::user_error(&example("gpt2"), &options(dims, 4, Precision::Fp32, layout));
+        assert!(e.message.contains(message), "{layout:?}: {}", e.message);
+        assert!(e.span.is_some(), "{layout:?}: {}", e.message);
     }
-    let e = Parallel::parse_flag("data=2,microbatches=4").unwrap_err();
-    assert!(
-        e.message.contains("`pipeline` is not given"),
-        "{}",
-        e.message
-    );
 }
 
 /// `memc run --parallel pipeline=2,microbatches=4` (and with two replicas) prints the

@@ -85,30 +85,26 @@ pub fn check(t: &TrainSpec, p: Parallel) -> Result<(), UserError> {
 /// global-norm clipping and fp16 loss scaling, whose global norm and overflow check would
 /// see only the stage's gradients.
 fn check_pipeline(t: &TrainSpec, p: Parallel) -> Result<(), UserError> {
-    let refuse = |what: &str, help: &str| {
-        Err(UserError::at(
-            t.span,
-            format!("pipeline parallelism (pipeline = {}) {what}", p.pipeline),
-            "this train section",
-            help,
-        ))
-    };
     if p.pipeline == 1 {
         return Ok(());
     }
-    if t.settings.clip_grad_norm.is_some() {
-        return refuse(
-            "keeps each stage's gradients on its stage, and global-norm clipping needs all of them",
-            "drop `clip_grad_norm`, or plan data parallelism without a pipeline",
-        );
-    }
-    if t.settings.precision == Precision::Fp16 {
-        return refuse(
-            "keeps each stage's gradients on its stage, and fp16's overflow check needs all of them",
-            "use `precision = bf16` (no loss scaling)",
-        );
-    }
-    Ok(())
+    let gradients = "keeps each stage's gradients on its stage, and";
+    first_refusal(
+        t,
+        format!("pipeline parallelism (pipeline = {})", p.pipeline),
+        &[
+            (
+                t.settings.clip_grad_norm.is_some(),
+                &format!("{gradients} global-norm clipping needs all of them"),
+                "drop `clip_grad_norm`, or plan data parallelism without a pipeline",
+            ),
+            (
+                t.settings.precision == Precision::Fp16,
+                &format!("{gradients} fp16's overflow check needs all of them"),
+                "use `precision = bf16` (no loss scaling)",
+            ),
+        ],
+    )
 }
 
 /// Refuses the settings of `t` that tensor parallelism over `p.tensor` ranks does not plan:
@@ -116,36 +112,48 @@ fn check_pipeline(t: &TrainSpec, p: Parallel) -> Result<(), UserError> {
 /// loss scaling, whose global norm and overflow check would see only the rank's slice of
 /// each split gradient.
 fn check_tensor(t: &TrainSpec, p: Parallel) -> Result<(), UserError> {
-    let refuse = |what: &str, help: &str| {
-        Err(UserError::at(
-            t.span,
-            format!("tensor parallelism (tensor = {}) {what}", p.tensor),
-            "this train section",
-            help,
-        ))
-    };
     if p.tensor == 1 {
         return Ok(());
     }
-    if t.settings.lora.is_some() {
-        return refuse(
-            "does not combine with LoRA yet",
-            "drop `tensor` (LoRA's adapters are small enough to replicate) or drop `lora`",
-        );
+    first_refusal(
+        t,
+        format!("tensor parallelism (tensor = {})", p.tensor),
+        &[
+            (
+                t.settings.lora.is_some(),
+                "does not combine with LoRA yet",
+                "drop `tensor` (LoRA's adapters are small enough to replicate) or drop `lora`",
+            ),
+            (
+                t.settings.clip_grad_norm.is_some(),
+                "splits gradients, and global-norm clipping needs all of them on every rank",
+                "drop `clip_grad_norm`, or plan data parallelism at `zero = 0` or 1",
+            ),
+            (
+                t.settings.precision == Precision::Fp16,
+                "splits gradients, and fp16's overflow check needs all of them on every rank",
+                "use `precision = bf16` (no loss scaling)",
+            ),
+        ],
+    )
+}
+
+/// The first of `refusals` (`(refused, what, help)`) that holds, as a diagnostic at the
+/// train section of `t` saying that `layout` does `what`; Ok when none holds.
+fn first_refusal(
+    t: &TrainSpec,
+    layout: String,
+    refusals: &[(bool, &str, &str)],
+) -> Result<(), UserError> {
+    match refusals.iter().find(|r| r.0) {
+        Some(&(_, what, help)) => Err(UserError::at(
+            t.span,
+            format!("{layout} {what}"),
+            "this train section",
+            help,
+        )),
+        None => Ok(()),
     }
-    if t.settings.clip_grad_norm.is_some() {
-        return refuse(
-            "splits gradients, and global-norm clipping needs all of them on every rank",
-            "drop `clip_grad_norm`, or plan data parallelism at `zero = 0` or 1",
-        );
-    }
-    if t.settings.precision == Precision::Fp16 {
-        return refuse(
-            "splits gradients, and fp16's overflow check needs all of them on every rank",
-            "use `precision = bf16` (no loss scaling)",
-        );
-    }
-    Ok(())
 }
 
 /// The dim overrides under which `model` runs one micro-batch of one rank's share of the
