@@ -87,6 +87,18 @@ impl Rewriter {
     }
 }
 
+/// The sum of a value's gradient parts `read`, collected from its last reader back,
+/// added from its first reader on.
+fn sum_from_first_reader(rw: &mut Rewriter, read: Vec<ValueId>) -> Result<ValueId, StageError> {
+    let mut ordered = read.into_iter().rev();
+    let first = ordered
+        .next()
+        .ok_or_else(|| StageError::internal("autodiff", "a gradient of no parts"))?;
+    ordered.try_fold(first, |total, g| {
+        rw.add(Op::Binary(BinaryFn::Add), vec![total, g])
+    })
+}
+
 /// Sends the gradient `dy` of a received value back to the stage it came from (zeros of
 /// `ty` when nothing on this stage differentiates it, so the sender's receive always meets
 /// a send).
@@ -133,16 +145,21 @@ pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
         alternatives: Vec::new(),
     };
     let mut grads: HashMap<ValueId, ValueId> = HashMap::new();
-    // On a pipeline stage, each parameter's gradient parts (one a micro-batch reading it)
-    // are summed after the sweep in micro-batch order, so 1F1B adds each part as soon as
-    // its backward is done instead of keeping every part until the last micro-batch's.
+    // On a pipeline stage, the gradient parts of a value every micro-batch shares (one
+    // input-independent: a parameter, a weight's cast) are summed when the sweep reaches
+    // the value, from the first reader on (micro-batch order), so 1F1B adds each part as
+    // soon as its backward is done instead of keeping every part until the last one's.
     let pipelined = graph.values().any(|v| {
         matches!(
             graph.node(v).op,
             Op::PipelineRecv { .. } | Op::PipelineSend(_)
         )
     });
-    let mut parts: std::collections::BTreeMap<ValueId, Vec<ValueId>> = Default::default();
+    let shared: Vec<bool> = match pipelined {
+        true => graph.input_dependent().into_iter().map(|d| !d).collect(),
+        false => vec![false; n],
+    };
+    let mut parts: HashMap<ValueId, Vec<ValueId>> = HashMap::new();
     if requires[loss.index()] {
         let seed_ty = graph.node(loss).ty.clone();
         rw.origin.span = graph.node(loss).span;
@@ -157,14 +174,17 @@ pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
     }
     for y in (0..=loss.index()).rev().map(|i| ValueId(i as u32)) {
         let node = graph.node(y);
+        rw.origin.span = node.span;
+        rw.origin.scope = node.scope.clone();
+        if let Some(read) = parts.remove(&y) {
+            grads.insert(y, sum_from_first_reader(&mut rw, read)?);
+        }
         if let Op::PipelineRecv {
             link,
             trained: true,
             ..
         } = &node.op
         {
-            rw.origin.span = node.span;
-            rw.origin.scope = node.scope.clone();
             send_back(&mut rw, *link, grads.get(&y).copied(), &node.ty)?;
             continue;
         }
@@ -172,15 +192,13 @@ pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
         if node.inputs.is_empty() {
             continue;
         }
-        rw.origin.span = node.span;
-        rw.origin.scope = node.scope.clone();
         let wants: Vec<bool> = node.inputs.iter().map(|i| requires[i.index()]).collect();
         let mut cx = Vjp::new(&mut rw, y, dy, &node.inputs, &wants);
         crate::ops::family(&node.op).vjp(&node.op, &mut cx)?;
         let input_grads = cx.into_grads();
         for (&x, g) in node.inputs.iter().zip(input_grads) {
             let Some(g) = g else { continue };
-            if pipelined && matches!(graph.node(x).op, Op::Param { .. }) {
+            if shared[x.index()] {
                 parts.entry(x).or_default().push(g);
                 continue;
             }
@@ -190,20 +208,6 @@ pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
             };
             grads.insert(x, total);
         }
-    }
-    for (p, mut parts) in parts {
-        // Collected from the last reader back: summed from the first reader on.
-        rw.origin.span = graph.node(p).span;
-        rw.origin.scope = graph.node(p).scope.clone();
-        let mut ordered = parts.drain(..).rev();
-        let Some(first) = ordered.next() else {
-            continue;
-        };
-        let mut total = first;
-        for g in ordered {
-            total = rw.add(Op::Binary(BinaryFn::Add), vec![total, g])?;
-        }
-        grads.insert(p, total);
     }
     let grads = graph
         .params()
