@@ -293,13 +293,23 @@ pub fn render(out: &mut String, plan: &Plan) {
         );
     }
     if let (Some(n), Some(d)) = (r.nccl_reserve, plan.report.device) {
+        // A pipeline's stages differ: the largest stage's arena sizes every GPU.
+        let arena = (r.per_rank.iter())
+            .map(|e| e.bytes.arena)
+            .max()
+            .unwrap_or(d.arena);
+        let which = if r.roles > 1 {
+            " (the largest stage's)"
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
-            "  per GPU: arena {} + CUDA context {} + NCCL {} (stated figures) = {}",
-            human_bytes(d.arena),
+            "  per GPU: arena{which} {} + CUDA context {} + NCCL {} (stated figures) = {}",
+            human_bytes(arena),
             human_bytes(d.context_reserve),
             human_bytes(n),
-            human_bytes(d.total)
+            human_bytes(arena.saturating_add(d.context_reserve).saturating_add(n))
         );
     }
 }
