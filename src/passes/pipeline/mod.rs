@@ -26,7 +26,7 @@ pub struct Stages {
 
 /// Cuts `graph` (a forward graph with output `loss`, lowered at the micro-batch size) into
 /// `stages` stages unrolled over `micro` micro-batches. Refused when the model has fewer
-/// top-level block instances than stages.
+/// top-level block instances than stages, or a batch norm with running statistics.
 pub fn run(graph: &Graph, stages: u32, micro: u32) -> Result<Stages, SplitError> {
     let assignment = stages::assign(graph, stages)?;
     let graphs = (0..stages)

@@ -9,14 +9,16 @@
 
 use super::SplitError;
 use crate::diagnostic::UserError;
-use crate::ir::Graph;
+use crate::ir::{Graph, Op};
 use crate::passes::checkpoint::instance;
 use std::collections::BTreeMap;
 
 /// The stage of every value (by index) of a forward graph.
 pub(super) type Assignment = Vec<u32>;
 
-/// Assigns every value of `graph` to one of `stages` stages.
+/// Assigns every value of `graph` to one of `stages` stages. Refused when the model has
+/// fewer block instances than stages, or a batch norm with running statistics (which
+/// would see one micro-batch at a time).
 pub(super) fn assign(graph: &Graph, stages: u32) -> Result<Assignment, SplitError> {
     let mut order: BTreeMap<&str, usize> = BTreeMap::new();
     for v in graph.values() {
@@ -24,6 +26,20 @@ pub(super) fn assign(graph: &Graph, stages: u32) -> Result<Assignment, SplitErro
         if !own.is_empty() && !order.contains_key(own) {
             order.insert(own, order.len());
         }
+    }
+    if let Some(bn) = graph
+        .params()
+        .into_iter()
+        .find(|&p| matches!(graph.node(p).op, Op::Param { buffer: true, .. }))
+    {
+        return Err(SplitError::User(UserError::at(
+            graph.node(bn).span,
+            "a pipeline normalizes each micro-batch alone, and this batch norm trains on the \
+             statistics of the whole batch",
+            "batch norm with running statistics",
+            "plan data parallelism without a pipeline, or normalize per sample (layernorm, \
+             groupnorm)",
+        )));
     }
     let blocks = order.len();
     if blocks < stages as usize {

@@ -63,7 +63,7 @@ impl Copy<'_> {
                 let inputs = (node.inputs.iter())
                     .map(|&i| self.value(i))
                     .collect::<Result<Vec<_>, _>>()?;
-                let w = self.add(node.op.clone(), inputs, node.origin())?;
+                let w = self.add(of_micro(&node.op, self.micro), inputs, node.origin())?;
                 if m.constant[v.index()] {
                     // One copy serves every micro-batch.
                     self.bound.insert(v, w);
@@ -95,6 +95,18 @@ impl Copy<'_> {
 
     fn add(&mut self, op: Op, inputs: Vec<ValueId>, origin: Origin) -> Result<ValueId, SplitError> {
         self.out.add(op, inputs, &origin).map_err(internal)
+    }
+}
+
+/// `op` as micro-batch `micro`'s copy runs it: a dropout draws masks of its own for each
+/// micro-batch (its seed mixed with the micro-batch; micro-batch 0 keeps it).
+fn of_micro(op: &Op, micro: u32) -> Op {
+    match op {
+        Op::Dropout { p, seed } => Op::Dropout {
+            p: *p,
+            seed: seed ^ u64::from(micro).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        },
+        op => op.clone(),
     }
 }
 
