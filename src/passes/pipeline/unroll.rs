@@ -215,3 +215,19 @@ pub(super) fn stage_graph(
     out.outputs.push(("loss".into(), total));
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Micro-batch 0's dropout keeps the model's seed; the others draw seeds of their own.
+    #[test]
+    fn each_micro_batch_draws_its_own_dropout_masks() {
+        let seeds: Vec<Op> = (0..3)
+            .map(|m| of_micro(&Op::Dropout { p: 0.1, seed: 5 }, m))
+            .collect();
+        assert_eq!(seeds[0], Op::Dropout { p: 0.1, seed: 5 });
+        assert_ne!(seeds[1], seeds[0]);
+        assert_ne!(seeds[2], seeds[1]);
+    }
+}
