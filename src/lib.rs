@@ -320,6 +320,8 @@ fn lowered(
 /// Compiles `.mdl` source text into a verified plan. With data parallelism the plan is one
 /// rank's: the model as written (with `batch = global`, its batch dim divided by the
 /// ranks), its collectives as steps and `report.parallel` saying what every rank needs.
+/// With pipeline parallelism it is stage 0's plan carrying the other stages' plans
+/// (`Plan::stages`), and `graph` is stage 0's.
 pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError> {
     let ast = front::parse(source)?;
     let mut module = lowered(&ast, &options.overrides, options)?;
@@ -369,12 +371,22 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
     for p in &mut plan.params {
         p.tensor_split = tensor_splits.get(&p.name).cloned();
     }
+    let plan = checked(annotated(plan, source))?;
+    Ok(Compiled { ast, graph, plan })
+}
+
+/// `plan` with the largest tensors live at its peak and its buffers' `.mdl` lines, read
+/// from `source`.
+pub(crate) fn annotated(mut plan: plan::Plan, source: &str) -> plan::Plan {
     plan.report.largest_at_peak = plan::largest_at_peak(&plan, source, 10);
     plan::attach_lines(&mut plan, source);
-    let plan = plan::verify(plan).map_err(|errs| {
-        CompileError::Internal(errs.into_iter().map(|e| e.to_string()).collect())
-    })?;
-    Ok(Compiled { ast, graph, plan })
+    plan
+}
+
+/// `plan` verified; a violation is an internal error.
+pub(crate) fn checked(plan: plan::Plan) -> Result<VerifiedPlan, CompileError> {
+    plan::verify(plan)
+        .map_err(|errs| CompileError::Internal(errs.into_iter().map(|e| e.to_string()).collect()))
 }
 
 /// The training (or inference) step of `module`'s forward graph planned under `options`:

@@ -8,7 +8,7 @@ use crate::parallel::Parallel;
 use crate::passes::megatron::SplitError;
 use crate::passes::pipeline::{self, order::OneFOneB};
 use crate::plan::{self, PipelineStage, Plan};
-use crate::{front, planned, verified, CompileError, Compiled, Options};
+use crate::{annotated, checked, front, planned, verified, CompileError, Compiled, Options};
 
 /// Compiles `module` (its forward graph lowered at the micro-batch size) as `p.pipeline`
 /// stages over `p.microbatches` micro-batches; refusals of the cut point at `train`, the
@@ -43,8 +43,10 @@ pub(crate) fn compile(
         let s = s as u32;
         verified(&graph, "pipeline")?;
         let stage = front::Module {
+            name: module.name.clone(),
             graph,
-            ..module.clone()
+            train: module.train.clone(),
+            dims: module.dims.clone(),
         };
         let order = OneFOneB::new(s, p.pipeline, p.microbatches);
         let (graph, mut plan) = planned(&stage, options, Some(p), Some(order))?;
@@ -57,10 +59,8 @@ pub(crate) fn compile(
                 .collect(),
             inputs: inputs.clone(),
         });
-        plan.report.largest_at_peak = plan::largest_at_peak(&plan, source, 10);
-        plan::attach_lines(&mut plan, source);
         first_graph.get_or_insert(graph);
-        plans.push(plan);
+        plans.push(annotated(plan, source));
     }
     let nccl = plans
         .first()
@@ -75,13 +75,10 @@ pub(crate) fn compile(
         .pop()
         .ok_or_else(|| CompileError::Internal(vec!["a pipeline of no stages".into()]))?;
     first.stages.append(&mut rest);
-    let plan = plan::verify(first).map_err(|errs| {
-        CompileError::Internal(errs.into_iter().map(|e| e.to_string()).collect())
-    })?;
     Ok(Compiled {
         ast,
         graph: first_graph.unwrap_or_default(),
-        plan,
+        plan: checked(first)?,
     })
 }
 

@@ -1,11 +1,10 @@
 //! One stage's forward graph: the model's inputs bound whole (the micro-batch size times
 //! `M` rows), the parameters that live on it (a parameter read on several stages lives on
 //! the first and is sent to the others like an activation), and, for each micro-batch `m`
-//! in turn, a copy of
-//! the stage's ops reading rows `m * b..(m + 1) * b` of each input, receiving what earlier
-//! stages computed and sending what later stages read. Values that depend on no input and
-//! no parameter (tables, masks) are computed once on each stage that reads them, for all
-//! its micro-batches, instead of sent.
+//! in turn, a copy of the stage's ops reading rows `m * b..(m + 1) * b` of each input,
+//! receiving what earlier stages computed and sending what later stages read. Values that
+//! depend on no input and no parameter (tables, masks) are computed once on each stage
+//! that reads them, for all its micro-batches, instead of sent.
 
 use super::stages::Assignment;
 use super::SplitError;
