@@ -365,7 +365,7 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
         verified(&module.graph, "fuse_loss")?;
     }
     if let (Some(p), Some(t)) = (parallel.filter(|p| p.pipeline > 1), module.train.as_ref()) {
-        return stages::compile(source, ast, &module, options, p, t.span);
+        return stages::compile(source, ast, (&module, &tensor_splits), options, p, t.span);
     }
     let (graph, mut plan) = planned(&module, options, parallel, None)?;
     for p in &mut plan.params {

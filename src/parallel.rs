@@ -106,9 +106,9 @@ impl Parallel {
     }
 
     /// Every rank of the layout: `data` replicas of `tensor` ranks each, times `pipeline`
-    /// stages. Without a pipeline, rank `r` is tensor rank `r % tensor` of replica
-    /// `r / tensor` (a replica's tensor ranks are adjacent, as Megatron places them within a
-    /// node); with one, rank `r` is stage `r / data` of replica `r % data`.
+    /// stages. Rank `r` is stage `r / (data * tensor)` and, within its stage's ranks
+    /// `q = r % (data * tensor)`, tensor rank `q % tensor` of replica `q / tensor` (a
+    /// replica's tensor ranks are adjacent, as Megatron places them within a node).
     pub fn world(&self) -> u32 {
         (self.data.saturating_mul(self.tensor)).saturating_mul(self.pipeline)
     }
@@ -117,8 +117,8 @@ impl Parallel {
     /// least 1 (default 1), `zero` a stage 0 to 3 (default 0), `tensor` a whole number of
     /// tensor-parallel ranks (default 1), `pipeline` a whole number of stages (default 1)
     /// and `microbatches` of micro-batches (default 1), given only with `pipeline`;
-    /// `sequence_parallel = off` is accepted and `on` refused (not planned yet), as is
-    /// `tensor` with `pipeline`. The ranks of all kinds multiply to at most [`MAX_RANKS`].
+    /// `sequence_parallel = off` is accepted and `on` refused (not planned yet). The ranks
+    /// of all kinds multiply to at most [`MAX_RANKS`].
     /// Every refusal names the pair's span; a key given twice is refused.
     pub fn from_pairs<'a>(
         pairs: impl IntoIterator<Item = Pair<'a>>,
@@ -154,7 +154,6 @@ impl Parallel {
                 "sequence_parallel" if !switch(&p)? => {}
                 _ => return Err(unsupported(&p)),
             }
-            pipeline_pair(&p, &out)?;
         }
         if let (true, Some(span)) = (
             u64::from(out.data) * u64::from(out.tensor) * u64::from(out.pipeline)
@@ -288,20 +287,6 @@ pub fn paper_model_states(params: u64, k: u64, ranks: u64, stage: u8) -> u64 {
         2 => p + (g + o) / n,
         _ => (p + g + o) / n,
     }
-}
-
-/// Refuses `p` when it completes a pair the pipeline does not combine with: `tensor` and
-/// `pipeline` both above 1 (whichever comes second is named).
-fn pipeline_pair(p: &Pair, out: &Parallel) -> Result<(), UserError> {
-    if out.tensor > 1 && out.pipeline > 1 && matches!(p.key, "tensor" | "pipeline") {
-        return Err(UserError::at(
-            p.key_span,
-            "pipeline parallelism does not combine with tensor parallelism yet",
-            "tensor with pipeline",
-            "plan `pipeline = P` with `data = N` (and ZeRO), or `tensor = T` without a pipeline",
-        ));
-    }
-    Ok(())
 }
 
 /// The whole number of at least 1 that `p` holds.
@@ -479,7 +464,6 @@ mod tests {
             ),
             ("tensor=2,sequence_parallel=yes", (27, 30), "`on` or `off`"),
             ("data=65536,tensor=2", (18, 19), "times `tensor`"),
-            ("tensor=2,pipeline=2", (9, 17), "tensor parallelism"),
             ("data=2,pipeline=0", (16, 17), "at least 1"),
             ("data=8,pipe=2", (7, 11), "unknown parallel setting"),
             ("data=8,zero", (7, 11), "not a `key=value`"),

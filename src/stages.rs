@@ -4,19 +4,21 @@
 
 use crate::diagnostic::UserError;
 use crate::ir::{Graph, Op, Span};
-use crate::parallel::Parallel;
+use crate::parallel::{Parallel, TensorSplit};
 use crate::passes::megatron::SplitError;
 use crate::passes::pipeline::{self, order::OneFOneB};
 use crate::plan::{self, PipelineStage, Plan};
 use crate::{annotated, checked, front, planned, verified, CompileError, Compiled, Options};
+use std::collections::BTreeMap;
 
-/// Compiles `module` (its forward graph lowered at the micro-batch size) as `p.pipeline`
-/// stages over `p.microbatches` micro-batches; refusals of the cut point at `train`, the
-/// train section's span. The returned graph is stage 0's.
+/// Compiles `module` (its forward graph lowered at the micro-batch size, split over the
+/// tensor ranks as `splits` says) as `p.pipeline` stages over `p.microbatches`
+/// micro-batches; refusals of the cut point at `train`, the train section's span. The
+/// returned graph is stage 0's.
 pub(crate) fn compile(
     source: &str,
     ast: front::ast::Model,
-    module: &front::Module,
+    (module, splits): (&front::Module, &BTreeMap<String, TensorSplit>),
     options: &Options,
     p: Parallel,
     train: Span,
@@ -50,6 +52,9 @@ pub(crate) fn compile(
         };
         let order = OneFOneB::new(s, p.pipeline, p.microbatches);
         let (graph, mut plan) = planned(&stage, options, Some(p), Some(order))?;
+        for b in &mut plan.params {
+            b.tensor_split = splits.get(&b.name).cloned();
+        }
         plan.pipeline = Some(PipelineStage {
             stage: s,
             stages: p.pipeline,

@@ -15,13 +15,14 @@ use memc::Options;
 const GPT: &[(&str, i64)] = common::PARALLEL_GPT;
 const LLAMA: &[(&str, i64)] = common::PARALLEL_LLAMA;
 
-/// A layout: pipeline stages, micro-batches, data replicas, ZeRO stage.
+/// A layout: pipeline stages, micro-batches, data replicas, ZeRO stage, tensor ranks.
 #[derive(Debug, Clone, Copy)]
 struct Layout {
     pipeline: u32,
     microbatches: u32,
     data: u32,
     zero: u8,
+    tensor: u32,
 }
 
 const ONE: Layout = Layout {
@@ -29,6 +30,7 @@ const ONE: Layout = Layout {
     microbatches: 1,
     data: 1,
     zero: 0,
+    tensor: 1,
 };
 
 /// `dims` at batch `batch` in `precision` over `layout` (the batch split over the data
@@ -39,36 +41,40 @@ fn options(dims: &[(&str, i64)], batch: i64, precision: Precision, l: Layout) ->
     Options {
         overrides: overrides(&dims),
         precision: Some(precision),
-        parallel: (l.pipeline * l.data > 1).then_some(Parallel {
+        parallel: (l.pipeline * l.data * l.tensor > 1).then_some(Parallel {
             data: l.data,
             zero: l.zero,
             pipeline: l.pipeline,
             microbatches: l.microbatches,
+            tensor: l.tensor,
             global_batch: true,
-            ..Parallel::default()
         }),
         ..Options::default()
     }
 }
 
-/// Two stages over two and four micro-batches, and two replicas of two stages at ZeRO-0,
-/// 1 and 3, print the losses of one rank with the whole batch on a small GPT-2 (its
-/// embedding tied to the loss head across the stages) and a small LLaMA, within fp32
-/// summation order, and in bf16 within its rounding.
+/// Two stages over two and four micro-batches, two replicas of two stages at ZeRO-0, 1
+/// and 3, and two stages of two tensor ranks (alone and in two replicas) print the losses
+/// of one rank with the whole batch on a small GPT-2 (its embedding tied to the loss head
+/// across the stages) and a small LLaMA, within fp32 summation order, and in bf16 within
+/// its rounding.
 #[test]
 fn pipeline_stages_train_as_one_rank() {
     let layouts = [
-        (2, 2, 1, 0),
-        (2, 4, 1, 0),
-        (2, 2, 2, 0),
-        (2, 2, 2, 1),
-        (2, 1, 2, 3),
+        (2, 2, 1, 0, 1),
+        (2, 4, 1, 0, 1),
+        (2, 2, 2, 0, 1),
+        (2, 2, 2, 1, 1),
+        (2, 1, 2, 3, 1),
+        (2, 2, 1, 0, 2),
+        (2, 2, 2, 2, 2),
     ]
-    .map(|(pipeline, microbatches, data, zero)| Layout {
+    .map(|(pipeline, microbatches, data, zero, tensor)| Layout {
         pipeline,
         microbatches,
         data,
         zero,
+        tensor,
     });
     for (model, dims) in [("gpt2", GPT), ("llama7b", LLAMA)] {
         for (precision, tolerance) in [(Precision::Fp32, 2e-6), (Precision::Bf16, 1e-4)] {
@@ -190,8 +196,9 @@ fn pipeline_refusals_point_at_the_source() {
     }
 }
 
-/// `memc run --parallel pipeline=2,microbatches=4` (and with two replicas) prints the
-/// per-step loss lines of one rank, and `memc compile` prints a line per stage's ranks.
+/// `memc run --parallel pipeline=2,microbatches=4` (and with two replicas, or two tensor
+/// ranks a stage) prints the per-step loss lines of one rank, and `memc compile` prints a
+/// line per stage's ranks.
 #[test]
 fn the_command_line_runs_pipeline_stages() {
     let dims: Vec<String> = (LLAMA.iter().chain(&[("B", 4)]))
@@ -211,15 +218,14 @@ fn the_command_line_runs_pipeline_stages() {
     };
     let one = steps(run("run", &["--steps", "2"]));
     assert_eq!(one.len(), 2);
-    let flag = ["--steps", "2", "--parallel"];
-    let pipe = [&flag[..], &["pipeline=2,microbatches=4"]].concat();
-    assert_eq!(steps(run("run", &pipe)), one);
-    let replicas = [
-        &flag[..],
-        &["pipeline=2,microbatches=2,data=2,batch=global"],
-    ]
-    .concat();
-    assert_eq!(steps(run("run", &replicas)), one);
+    for layout in [
+        "pipeline=2,microbatches=4",
+        "pipeline=2,microbatches=2,data=2,batch=global",
+        "pipeline=2,microbatches=2,tensor=2",
+    ] {
+        let lines = steps(run("run", &["--steps", "2", "--parallel", layout]));
+        assert_eq!(lines, one, "{layout}");
+    }
     let report = run("compile", &["--parallel", "pipeline=2,microbatches=4"]);
     let stages: Vec<&str> = report.lines().filter(|l| l.contains("ranks ")).collect();
     assert_eq!(stages.len(), 2, "{report}");

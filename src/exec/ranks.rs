@@ -28,8 +28,8 @@ impl Ranks {
     /// One executor per rank of `plan` (as many as `report.parallel` names; one for a plan
     /// without it): rank `r` is rank `r % per_stage` of stage `r / per_stage` (one stage
     /// without a pipeline), within it tensor rank `% tensor` of replica `/ tensor`, a member
-    /// of its stage's tensor slice's data group, of its replica's tensor group and, with a
-    /// pipeline, of its replica's mailbox.
+    /// of its stage's tensor slice's data group, of its stage's replica's tensor group and,
+    /// with a pipeline, of the mailbox of its replica's tensor rank on every stage.
     pub fn new(plan: &VerifiedPlan) -> Result<Ranks, ExecError> {
         let layout = plan.plan().report.parallel.as_ref();
         let data = layout.map_or(1, |p| p.data) as usize;
@@ -44,11 +44,13 @@ impl Ranks {
         let data_groups: Vec<Arc<Group>> = (0..tensor * stages.len())
             .map(|_| Arc::new(Group::new(data)))
             .collect();
-        let tensor_groups: Vec<Arc<Group>> =
-            (0..data).map(|_| Arc::new(Group::new(tensor))).collect();
+        let tensor_groups: Vec<Arc<Group>> = (0..data * stages.len())
+            .map(|_| Arc::new(Group::new(tensor)))
+            .collect();
+        // A replica's tensor rank exchanges with the same tensor rank of its other stages.
         let mailboxes: Vec<Arc<Mailbox>> = match stages.len() {
             1 => Vec::new(),
-            _ => (0..data).map(|_| Arc::new(Mailbox::new())).collect(),
+            _ => (0..per_stage).map(|_| Arc::new(Mailbox::new())).collect(),
         };
         let mut executors = Vec::with_capacity(per_stage * stages.len());
         for (stage, stage_plan) in stages.iter().enumerate() {
@@ -57,9 +59,10 @@ impl Ranks {
                 let mut ex = CpuExecutor::new(stage_plan)?;
                 ex.join(replica, Arc::clone(&data_groups[stage * tensor + slice]));
                 if tensor > 1 {
-                    ex.join_tensor(slice, Arc::clone(&tensor_groups[replica]));
+                    let group = &tensor_groups[stage * data + replica];
+                    ex.join_tensor(slice, Arc::clone(group));
                 }
-                if let Some(mailbox) = mailboxes.get(replica) {
+                if let Some(mailbox) = mailboxes.get(rank) {
                     ex.join_pipeline(stage as u32, Arc::clone(mailbox));
                 }
                 executors.push(ex);

@@ -159,7 +159,8 @@ pub fn report(plan: &Plan, p: Parallel, nccl_reserve: Option<u64>) -> ParallelRe
 }
 
 /// The report of a pipeline whose stage plans are `stages` (stage 0 first) under `p`: rank
-/// `r` is stage `r / data` of replica `r % data`, with its stage's bytes; one role a stage.
+/// `r` is stage `r / (data * tensor)` ([`Parallel::world`]), with its stage's bytes; one
+/// role a stage.
 pub fn pipeline_report(stages: &[Plan], p: Parallel, nccl_reserve: Option<u64>) -> ParallelReport {
     let padding = (stages.iter())
         .map(|s| uneven(s, p))
@@ -168,8 +169,9 @@ pub fn pipeline_report(stages: &[Plan], p: Parallel, nccl_reserve: Option<u64>) 
         .flat_map(|(s, plan)| {
             let role = format!("stage {} of {}, {}", s + 1, p.pipeline, role(p));
             let bytes = rank_bytes(plan);
-            (0..p.data).map(move |replica| RankEntry {
-                rank: s as u32 * p.data + replica,
+            let per_stage = p.data * p.tensor;
+            (0..per_stage).map(move |q| RankEntry {
+                rank: s as u32 * per_stage + q,
                 role: role.clone(),
                 bytes,
             })
@@ -239,16 +241,17 @@ pub fn render(out: &mut String, plan: &Plan) {
             r.data
         ),
     };
-    let tensor = match (r.tensor, r.pipeline) {
-        (1, 1) => String::new(),
-        (1, p) => format!(
-            ", pipeline = {p} stages over {} micro-batches (1F1B)",
-            r.microbatches
-        ),
-        (t, _) => {
-            format!(", tensor = {t} (Megatron's split: embedding, loss head and norms replicated)")
-        }
-    };
+    let mut tensor = String::new();
+    if r.tensor > 1 {
+        let t = r.tensor;
+        tensor += &format!(
+            ", tensor = {t} (Megatron's split: embedding, loss head and norms replicated)"
+        );
+    }
+    if r.pipeline > 1 {
+        let (p, m) = (r.pipeline, r.microbatches);
+        tensor += &format!(", pipeline = {p} stages over {m} micro-batches (1F1B)");
+    }
     let plans = match r.roles {
         1 => "this plan",
         _ => "its stage's plan",
