@@ -69,7 +69,7 @@ impl CpuExecutor {
     }
 
     /// Makes this executor pipeline stage `stage` of its replica: its sends and receives go
-    /// through `mailbox`, shared with the replica's other stages.
+    /// through `mailbox`, shared with the replica's other stages (of its tensor rank).
     pub fn join_pipeline(&mut self, stage: u32, mailbox: std::sync::Arc<super::mailbox::Mailbox>) {
         self.stage = Some((stage, mailbox));
     }

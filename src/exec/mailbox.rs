@@ -1,5 +1,5 @@
 //! The in-process point-to-point channel of the CPU backend between the pipeline stages of
-//! one replica: a send leaves its values under its key and returns at once; a receive waits
+//! one replica (of one tensor rank of it, each tensor rank with its own): a send leaves its values under its key and returns at once; a receive waits
 //! until the values under its key are there and takes them. A key names the sending and
 //! the receiving stage and the [`PipeLink`], so messages meet whatever order the stages'
 //! plans send them in. A rank that fails aborts the mailbox, releasing every waiting
@@ -14,7 +14,8 @@ use std::sync::{Condvar, Mutex};
 /// Who sent a message to whom, and what it is.
 type Key = (u32, u32, PipeLink);
 
-/// The messages in flight between one replica's stages; shared by their executors.
+/// The messages in flight between one replica's (tensor rank's) stages; shared by their
+/// executors.
 #[derive(Debug, Default)]
 pub struct Mailbox {
     state: Mutex<State>,
