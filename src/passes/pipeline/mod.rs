@@ -1,7 +1,7 @@
 //! Pipeline parallelism (GPipe's cut of the layers, PipeDream-Flush's 1F1B schedule) as a
 //! rewrite of the forward graph before mixed precision and autodiff: the model's top-level
-//! block instances are cut into `P` contiguous stages ([`stages`]), and each stage's graph
-//! is its part of the forward unrolled over the `M` micro-batches ([`unroll`]), values
+//! block instances are cut into `P` contiguous stages (`stages.rs`), and each stage's graph
+//! is its part of the forward unrolled over the `M` micro-batches (`unroll.rs`), values
 //! crossing stages sent and received ([`crate::ir::Op::PipelineSend`],
 //! [`crate::ir::Op::PipelineRecv`]). Autodiff then gives each stage its backward for every
 //! micro-batch, gradients summed over them, and the schedule runs forwards and backwards in
