@@ -8,6 +8,7 @@ mod common;
 
 use common::{compiled_with, example, overrides};
 use memc::budget::CheckpointMode;
+use memc::ir::Op;
 use memc::parallel::Parallel;
 use memc::settings::Precision;
 use memc::Options;
@@ -166,8 +167,34 @@ fn one_forward_one_backward_holds_min_p_minus_s_micro_batches() {
     }
 }
 
-/// More stages than blocks, a batch the micro-batches do not divide, and micro-batches
-/// without a pipeline are refused with a diagnostic that points at the source.
+/// The steps of stage 1 of 2 over 4 micro-batches, which the executor runs in plan order,
+/// send and receive in 1F1B order: the activations of micro-batches 0 and 1 forward, then
+/// each gradient back before the next micro-batch's activation goes out.
+#[test]
+fn stage_steps_run_in_one_forward_one_backward_order() {
+    let layout = Layout {
+        pipeline: 2,
+        microbatches: 4,
+        ..ONE
+    };
+    let c = compiled_with(&example("gpt2"), &options(GPT, 4, Precision::Fp32, layout));
+    let exchanges: Vec<String> = (c.plan.plan().steps.iter())
+        .filter_map(|s| match &s.op {
+            Op::PipelineSend(l) if !l.gradient => Some(format!("F{}", l.micro)),
+            Op::PipelineRecv { link, .. } if link.gradient => Some(format!("B{}", link.micro)),
+            _ => None,
+        })
+        .collect();
+    // The tied embedding goes out with each micro-batch's activations, and comes back.
+    let mut order = exchanges.clone();
+    order.dedup();
+    assert_eq!(order.join(" "), "F0 F1 B0 F2 B1 F3 B2 B3");
+    assert_eq!(exchanges.len(), 16);
+}
+
+/// More stages than blocks and a batch the micro-batches do not divide are refused with a
+/// diagnostic that points at the source (the corpus `tests/errors/parallel_*pipeline*.mdl`
+/// and `parallel_microbatches_without_pipeline.mdl` pins the rendered diagnostics).
 #[test]
 fn pipeline_refusals_point_at_the_source() {
     for (dims, layout, message) in [

@@ -39,14 +39,15 @@ impl OneFOneB {
 
     /// Every value's slot (by index): the slot of the micro-batch it belongs to in its
     /// phase; update steps after every micro-batch; values of no micro-batch (parameter
-    /// casts, the gradient seed) slot 0. A value belongs to the micro-batch of a receive
-    /// it is, of the input rows it slices, or else the latest one among its inputs'.
+    /// casts, the gradient seed) slot 0. A value belongs to the micro-batch of a send or
+    /// receive it is (a parameter sent with each micro-batch goes with it), of the input
+    /// rows it slices, or else the latest one among its inputs'.
     pub fn slots(&self, graph: &Graph) -> Vec<u32> {
         let mut micro: Vec<Option<u32>> = vec![None; graph.len()];
         for v in graph.values() {
             let node = graph.node(v);
             micro[v.index()] = match &node.op {
-                Op::PipelineRecv { link, .. } => Some(link.micro),
+                Op::PipelineRecv { link, .. } | Op::PipelineSend(link) => Some(link.micro),
                 Op::Slice { start, end, .. }
                     if node
                         .inputs
