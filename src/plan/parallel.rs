@@ -24,7 +24,8 @@ pub struct RankBytes {
     /// flight under 1F1B.
     pub activations: u64,
     /// The most bytes live at once of what collectives write: reduced gradients, their
-    /// shards, gathered parameters (the parts above may also count them).
+    /// shards, gathered parameters, the values and gradients a pipeline stage receives (the
+    /// parts above may also count them).
     pub comm: u64,
     /// Max over steps of live bytes.
     pub peak: u64,
