@@ -90,6 +90,7 @@ pub fn fewest_ranks(
             zero,
             global_batch,
             tensor,
+            ..Parallel::default()
         };
         let attempt = Options {
             // One rank is the plain step: no collectives.

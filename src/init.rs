@@ -65,11 +65,15 @@ fn sliced(
     };
     let n: u64 = full.iter().map(|&d| d as u64).product();
     // The position among the parameters proper: running statistics (constant initial
-    // values) take none, so adding a batch norm's leaves every other draw as it was.
-    let position = plan.params[..k]
-        .iter()
-        .filter(|q| !q.running_statistic)
-        .count();
+    // values) take none, so adding a batch norm's leaves every other draw as it was; a
+    // pipeline stage's parameters take their positions in the whole model.
+    let position = match plan.pipeline.as_ref().and_then(|st| st.positions.get(k)) {
+        Some(&position) => position as usize,
+        None => plan.params[..k]
+            .iter()
+            .filter(|q| !q.running_statistic)
+            .count(),
+    };
     let key = seed.wrapping_mul(1_000_003).wrapping_add(position as u64);
     let (range, len) = match shard {
         Some(b) => {

@@ -23,6 +23,7 @@ pub mod parallel;
 pub mod passes;
 pub mod plan;
 pub mod settings;
+mod stages;
 pub mod tiling;
 pub mod viz;
 
@@ -319,15 +320,19 @@ fn lowered(
 /// Compiles `.mdl` source text into a verified plan. With data parallelism the plan is one
 /// rank's: the model as written (with `batch = global`, its batch dim divided by the
 /// ranks), its collectives as steps and `report.parallel` saying what every rank needs.
+/// With pipeline parallelism it is stage 0's plan carrying the other stages' plans
+/// (`Plan::stages`), and `graph` is stage 0's.
 pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError> {
     let ast = front::parse(source)?;
     let mut module = lowered(&ast, &options.overrides, options)?;
     let parallel = module.train.as_ref().and_then(|t| t.settings.parallel);
     if let (Some(p), Some(t)) = (parallel, module.train.as_ref()) {
         front::parallel::check(t, p)?;
-        if p.data > 1 && p.global_batch {
+        let data = if p.global_batch { p.data } else { 1 };
+        if data * p.microbatches > 1 {
+            let parts = (data, p.microbatches);
             let overrides =
-                front::parallel::rank_overrides(&ast, &module.graph, &options.overrides, p.data)?;
+                front::parallel::rank_overrides(&ast, &module.graph, &options.overrides, parts)?;
             module = lowered(&ast, &overrides, options)?;
         }
     }
@@ -359,6 +364,42 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
         module.graph = passes::fuse_loss::run(&module.graph, hidden)?;
         verified(&module.graph, "fuse_loss")?;
     }
+    if let (Some(p), Some(t)) = (parallel.filter(|p| p.pipeline > 1), module.train.as_ref()) {
+        return stages::compile(source, ast, (&module, &tensor_splits), options, p, t.span);
+    }
+    let (graph, mut plan) = planned(&module, options, parallel, None)?;
+    for p in &mut plan.params {
+        p.tensor_split = tensor_splits.get(&p.name).cloned();
+    }
+    let plan = checked(annotated(plan, source))?;
+    Ok(Compiled { ast, graph, plan })
+}
+
+/// `plan` with the largest tensors live at its peak and its buffers' `.mdl` lines, read
+/// from `source`.
+pub(crate) fn annotated(mut plan: plan::Plan, source: &str) -> plan::Plan {
+    plan.report.largest_at_peak = plan::largest_at_peak(&plan, source, 10);
+    plan::attach_lines(&mut plan, source);
+    plan
+}
+
+/// `plan` verified; a violation is an internal error.
+pub(crate) fn checked(plan: plan::Plan) -> Result<VerifiedPlan, CompileError> {
+    plan::verify(plan)
+        .map_err(|errs| CompileError::Internal(errs.into_iter().map(|e| e.to_string()).collect()))
+}
+
+/// The training (or inference) step of `module`'s forward graph planned under `options`:
+/// mixed precision, ZeRO's rewrites under `parallel`, autodiff, the optimizer, the budget's
+/// choices, schedule (in 1F1B order on a pipeline stage, `pipeline`), liveness and layout,
+/// and the report (estimate, device bytes, `report.parallel` for this plan's ranks). The
+/// plan is not verified yet.
+pub(crate) fn planned(
+    module: &front::Module,
+    options: &Options,
+    parallel: Option<parallel::Parallel>,
+    pipeline: Option<passes::pipeline::order::OneFOneB>,
+) -> Result<(ir::Graph, plan::Plan), CompileError> {
     let (graph, in_backward) = match &module.train {
         Some(spec) => {
             let t = &spec.settings;
@@ -444,6 +485,7 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
         optimizer_in_backward: in_backward,
         layout_time: options.layout_time,
         alignment: options.target.alignment(),
+        pipeline,
     };
     let gpu = options.gpu.unwrap_or_default();
     let reserve = match options.target {
@@ -481,14 +523,6 @@ pub fn compile(source: &str, options: &Options) -> Result<Compiled, CompileError
         nccl_reserve: nccl.unwrap_or(0),
         total: (plan.arena_bytes.saturating_add(context_reserve)).saturating_add(nccl.unwrap_or(0)),
     });
-    for p in &mut plan.params {
-        p.tensor_split = tensor_splits.get(&p.name).cloned();
-    }
     plan.report.parallel = parallel.map(|p| plan::parallel_report(&plan, p, nccl));
-    plan.report.largest_at_peak = plan::largest_at_peak(&plan, source, 10);
-    plan::attach_lines(&mut plan, source);
-    let plan = plan::verify(plan).map_err(|errs| {
-        CompileError::Internal(errs.into_iter().map(|e| e.to_string()).collect())
-    })?;
-    Ok(Compiled { ast, graph, plan })
+    Ok((graph, plan))
 }

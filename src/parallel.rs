@@ -1,5 +1,6 @@
 //! How a training step is spread over devices: `train { parallel = (data = N, zero = K,
-//! tensor = T) }` and `--parallel data=N,zero=K,tensor=T` read into one [`Parallel`], with
+//! tensor = T, pipeline = P, microbatches = M) }` and `--parallel data=N,zero=K,...` read
+//! into one [`Parallel`], with
 //! one reader of their `key = value` pairs so the file and the flag accept and refuse the
 //! same things.
 
@@ -25,6 +26,14 @@ pub struct Parallel {
     /// Tensor-parallel ranks per replica (1: no tensor split).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub tensor: u32,
+    /// Pipeline stages per replica (1: no pipeline): each holds a contiguous run of the
+    /// model's blocks and exchanges activations and their gradients with its neighbours.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub pipeline: u32,
+    /// Micro-batches each replica's batch is cut into, run through the stages in 1F1B order
+    /// (1 without a pipeline).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub microbatches: u32,
 }
 
 /// 1, the default rank count of a serialized layout.
@@ -45,6 +54,8 @@ impl Default for Parallel {
             zero: 0,
             global_batch: false,
             tensor: 1,
+            pipeline: 1,
+            microbatches: 1,
         }
     }
 }
@@ -94,19 +105,21 @@ impl Parallel {
         self.data
     }
 
-    /// Every rank of the layout: `data` replicas of `tensor` ranks each. Rank `r` is tensor
-    /// rank `r % tensor` of replica `r / tensor` (a replica's tensor ranks are adjacent, as
-    /// Megatron places them within a node).
+    /// Every rank of the layout: `data` replicas of `tensor` ranks each, times `pipeline`
+    /// stages. Rank `r` is stage `r / (data * tensor)` and, within its stage's ranks
+    /// `q = r % (data * tensor)`, tensor rank `q % tensor` of replica `q / tensor` (a
+    /// replica's tensor ranks are adjacent, as Megatron places them within a node).
     pub fn world(&self) -> u32 {
-        self.data.saturating_mul(self.tensor)
+        (self.data.saturating_mul(self.tensor)).saturating_mul(self.pipeline)
     }
 
     /// Reads the pairs of a `parallel` setting. `data` is a whole number of ranks of at
     /// least 1 (default 1), `zero` a stage 0 to 3 (default 0), `tensor` a whole number of
-    /// tensor-parallel ranks (default 1); `sequence_parallel = off` is accepted and `on`
-    /// refused (not planned yet), `pipeline` is accepted as 1 and refused otherwise, as is
-    /// `microbatches`, which only pipeline parallelism reads. `data` times `tensor` is at
-    /// most [`MAX_RANKS`]. Every refusal names the pair's span; a key given twice is refused.
+    /// tensor-parallel ranks (default 1), `pipeline` a whole number of stages (default 1)
+    /// and `microbatches` of micro-batches (default 1), given only with `pipeline`;
+    /// `sequence_parallel = off` is accepted and `on` refused (not planned yet). The ranks
+    /// of all kinds multiply to at most [`MAX_RANKS`].
+    /// Every refusal names the pair's span; a key given twice is refused.
     pub fn from_pairs<'a>(
         pairs: impl IntoIterator<Item = Pair<'a>>,
     ) -> Result<Parallel, UserError> {
@@ -134,22 +147,30 @@ impl Parallel {
             match p.key {
                 "data" => (out.data, world_span) = (count(&p)?, Some(p.value_span)),
                 "tensor" => (out.tensor, world_span) = (count(&p)?, Some(p.value_span)),
+                "pipeline" => (out.pipeline, world_span) = (count(&p)?, Some(p.value_span)),
+                "microbatches" => out.microbatches = count(&p)?,
                 "zero" => out.zero = stage(&p)?,
                 "batch" => out.global_batch = global(&p)?,
                 "sequence_parallel" if !switch(&p)? => {}
-                "pipeline" if count(&p)? == 1 => {}
                 _ => return Err(unsupported(&p)),
             }
         }
         if let (true, Some(span)) = (
-            u64::from(out.data) * u64::from(out.tensor) > u64::from(MAX_RANKS),
+            u64::from(out.data) * u64::from(out.tensor) * u64::from(out.pipeline)
+                > u64::from(MAX_RANKS),
             world_span,
         ) {
             return Err(UserError::at(
                 span,
-                format!("`data` times `tensor` is at most {MAX_RANKS} ranks"),
+                format!("`data` times `tensor` times `pipeline` is at most {MAX_RANKS} ranks"),
                 "too many",
                 "plan a smaller job: the report lists every rank",
+            ));
+        }
+        if seen.contains(&"microbatches") && out.pipeline == 1 {
+            return Err(UserError::general(
+                "`microbatches` cuts the batch for a pipeline, and `pipeline` is not given",
+                "add `pipeline = P` (P stages, at least 2), e.g. `pipeline = 2, microbatches = 4`",
             ));
         }
         if seen.contains(&"zero") && !seen.contains(&"data") {
@@ -339,22 +360,17 @@ fn not_a_stage(p: &Pair) -> UserError {
     )
 }
 
+/// `sequence_parallel = on` (the only setting left that memc does not plan).
 fn unsupported(p: &Pair) -> UserError {
-    let (what, help) = match p.key {
-        "sequence_parallel" => (
-            "sequence parallelism (norm and dropout activations split along the sequence)",
-            "plan `tensor = T` without it: each all-reduce stays whole",
-        ),
-        _ => (
-            "pipeline parallelism",
-            "plan data and tensor parallelism instead: `data = N, zero = 0..3, tensor = T`",
-        ),
-    };
     UserError::at(
         p.key_span,
-        format!("`{}` asks for {what}, which memc does not plan yet", p.key),
+        format!(
+            "`{}` asks for sequence parallelism (norm and dropout activations split along \
+             the sequence), which memc does not plan yet",
+            p.key
+        ),
         "not supported yet",
-        help,
+        "plan `tensor = T` without it: each all-reduce stays whole",
     )
 }
 
@@ -382,6 +398,17 @@ mod tests {
         );
         let split = Parallel::parse_flag("data=2,tensor=4,sequence_parallel=off");
         assert_eq!(split.map(|p| (p.world(), p.ranks())), Ok((8, 2)));
+        let stages = Parallel::parse_flag("data=2,pipeline=3,microbatches=4");
+        assert_eq!(
+            stages.map(|p| (p.world(), p.ranks(), p.microbatches)),
+            Ok((6, 2, 4))
+        );
+        let e = Parallel::parse_flag("data=2,microbatches=4").expect_err("no pipeline");
+        assert!(
+            e.message.contains("`pipeline` is not given"),
+            "{}",
+            e.message
+        );
     }
 
     /// The ZeRO paper's Figure 1 example: 7.5B parameters, K = 12, 64 devices.
@@ -437,7 +464,7 @@ mod tests {
             ),
             ("tensor=2,sequence_parallel=yes", (27, 30), "`on` or `off`"),
             ("data=65536,tensor=2", (18, 19), "times `tensor`"),
-            ("data=8,pipeline=2", (7, 15), "pipeline parallelism"),
+            ("data=2,pipeline=0", (16, 17), "at least 1"),
             ("data=8,pipe=2", (7, 11), "unknown parallel setting"),
             ("data=8,zero", (7, 11), "not a `key=value`"),
             ("data=2,data=4", (7, 11), "twice"),

@@ -15,7 +15,7 @@ use memc::front::train::Precision;
 use memc::ir::{Graph, Phase, ValueId};
 use memc::passes::checkpoint::{self, Policy};
 use memc::plan::VerifiedPlan;
-use memc::plan::{BuildOptions, Target};
+use memc::plan::{build_for, BuildOptions, Target};
 use memc::settings::TrainSummary;
 use memc::{CompileError, Options};
 use std::collections::{BTreeMap, BTreeSet};
@@ -273,17 +273,11 @@ fn plan_recomputing(
         optimizer_in_backward: true,
         layout_time: Duration::ZERO,
         alignment: Target::Cpu.alignment(),
+        pipeline: None,
     };
     let clones = rewritten.clones.iter().map(|&(_, c)| c).collect();
-    let plan = memc::plan::build_for(
-        Target::Cpu,
-        "m",
-        &rewritten.graph,
-        Some(train),
-        &options,
-        &clones,
-    )
-    .unwrap();
+    let graph = &rewritten.graph;
+    let plan = build_for(Target::Cpu, "m", graph, Some(train), &options, &clones).unwrap();
     memc::plan::verify(plan).unwrap()
 }
 

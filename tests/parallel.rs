@@ -41,21 +41,6 @@ fn parallel(data: u32, zero: u8, global_batch: bool) -> Option<Parallel> {
     })
 }
 
-/// The losses of `steps` steps of all ranks of the plan `options` compile, from seed 3.
-fn losses(model: &str, options: &Options, steps: usize) -> Vec<f32> {
-    let c = compiled_with(&example(model), options);
-    let mut ranks = Ranks::new(&c.plan).unwrap();
-    ranks.start(3).unwrap();
-    (0..steps)
-        .map(|_| {
-            let Some(loss) = ranks.run_step().unwrap() else {
-                panic!("{model}: no loss");
-            };
-            loss
-        })
-        .collect()
-}
-
 /// Every ZeRO stage over 4 ranks of batch 2 prints the losses of one rank of batch 8, on
 /// a small GPT and a small LLaMA, in fp32 and bf16 (bf16 within its rounding: the ranks
 /// round their partial gradients before the mean).
@@ -63,13 +48,13 @@ fn losses(model: &str, options: &Options, steps: usize) -> Vec<f32> {
 fn four_ranks_train_as_one_rank_with_the_whole_batch() {
     for (model, dims) in [("gpt2", GPT), ("llama7b", LLAMA)] {
         for (precision, tolerance) in [(Precision::Fp32, 2e-6), (Precision::Bf16, 5e-5)] {
-            let one = losses(model, &options(dims, 8, precision), 3);
+            let one = common::rank_losses(model, &options(dims, 8, precision), 3);
             for zero in 0..=3 {
                 let split = Options {
                     parallel: parallel(4, zero, false),
                     ..options(dims, 2, precision)
                 };
-                let four = losses(model, &split, 3);
+                let four = common::rank_losses(model, &split, 3);
                 for (step, (a, b)) in one.iter().zip(&four).enumerate() {
                     let close = (a - b).abs() <= tolerance * a.abs();
                     assert!(
@@ -95,7 +80,10 @@ fn a_global_batch_is_split_over_the_ranks() {
     let tokens = &plan.plan().inputs[0];
     let shape = &plan.plan().buffers[tokens.buffer.index()].ty.shape;
     assert_eq!(shape, &vec![4, 32]);
-    let (one, two) = (losses("gpt2", &whole, 2), losses("gpt2", &split, 2));
+    let (one, two) = (
+        common::rank_losses("gpt2", &whole, 2),
+        common::rank_losses("gpt2", &split, 2),
+    );
     for (a, b) in one.iter().zip(&two) {
         assert!((a - b).abs() <= 2e-6 * a.abs(), "{a} vs {b}");
     }

@@ -11,17 +11,8 @@ use memc::parallel::Parallel;
 use memc::settings::Precision;
 use memc::{compile, CompileError, Options};
 
-const GPT: &[(&str, i64)] = &[("L", 2), ("D", 64), ("T", 16), ("V", 128), ("H", 4)];
-/// LLaMA with grouped-query attention: 4 heads, 2 key/value heads.
-const LLAMA: &[(&str, i64)] = &[
-    ("L", 2),
-    ("D", 64),
-    ("T", 16),
-    ("V", 128),
-    ("H", 4),
-    ("KV", 2),
-    ("F", 96),
-];
+const GPT: &[(&str, i64)] = common::PARALLEL_GPT;
+const LLAMA: &[(&str, i64)] = common::PARALLEL_LLAMA;
 
 /// `dims` at batch `batch` in `precision` over `layout` (`data x tensor`, ZeRO `zero`; the
 /// batch split over the data ranks).
@@ -42,6 +33,7 @@ fn layout(
             tensor,
             zero,
             global_batch: true,
+            ..Parallel::default()
         }),
         ..Options::default()
     }
@@ -76,12 +68,8 @@ fn tensor_ranks_train_as_one_rank() {
             splits.extend((0..=3).map(|zero| (2, 2, zero)));
             for split in splits {
                 let (_, many) = trained(model, &layout(dims, 4, precision, split), 3);
-                for (step, (a, b)) in one.iter().zip(&many).enumerate() {
-                    assert!(
-                        (a - b).abs() <= tolerance * a.abs(),
-                        "{model} {precision:?} {split:?} step {step}: {a} vs {b}"
-                    );
-                }
+                let what = format!("{model} {precision:?} {split:?}");
+                common::assert_losses_close(&one, &many, tolerance, &what);
             }
         }
     }

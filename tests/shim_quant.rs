@@ -50,6 +50,7 @@ fn cpu_dequantized(case: &QuantCase, values: &[f32]) -> Vec<f32> {
         optimizer_in_backward: false,
         layout_time: std::time::Duration::from_millis(10),
         alignment: ALIGN,
+        pipeline: None,
     };
     let plan = verify(build("case", &g, None, &options).unwrap()).unwrap();
     assert_eq!(plan.plan().params[0].quant, Some(case.quant));

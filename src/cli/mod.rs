@@ -127,8 +127,9 @@ pub struct CompileArgs {
     /// Data parallelism, overriding `train { parallel }`:
     /// data=N[,zero=0|1|2|3][,batch=per_rank|global] plans one rank of N, each running the
     /// model's batch (per_rank, the default) or 1/N of it (global); ZeRO-1 shards the
-    /// optimizer state over the ranks, 2 also the gradients, 3 also the parameters.
-    /// `memc run` runs every rank.
+    /// optimizer state over the ranks, 2 also the gradients, 3 also the parameters;
+    /// tensor=T splits each block over T ranks; pipeline=P,microbatches=M cuts the blocks
+    /// into P stages run in 1F1B order over M micro-batches. `memc run` runs every rank.
     #[arg(long, value_name = "data=N,zero=K")]
     parallel: Option<String>,
     /// Run over tiles: DIM=SIDE cuts every input dim written as DIM into tiles of SIDE,

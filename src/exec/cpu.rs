@@ -30,6 +30,8 @@ pub struct CpuExecutor {
     member: Option<(usize, std::sync::Arc<super::group::Group>)>,
     /// This executor's tensor rank and its replica's tensor group (None: no tensor split).
     tensor_member: Option<(usize, std::sync::Arc<super::group::Group>)>,
+    /// This executor's pipeline stage and its replica's mailbox (None: no pipeline).
+    stage: Option<(u32, std::sync::Arc<super::mailbox::Mailbox>)>,
 }
 
 impl CpuExecutor {
@@ -50,6 +52,7 @@ impl CpuExecutor {
             bound: Vec::new(),
             member: None,
             tensor_member: None,
+            stage: None,
         })
     }
 
@@ -63,6 +66,12 @@ impl CpuExecutor {
     /// sums meet the other tensor ranks', its split parameters start from their slice.
     pub fn join_tensor(&mut self, rank: usize, group: std::sync::Arc<super::group::Group>) {
         self.tensor_member = Some((rank, group));
+    }
+
+    /// Makes this executor pipeline stage `stage` of its replica: its sends and receives go
+    /// through `mailbox`, shared with the replica's other stages (of its tensor rank).
+    pub fn join_pipeline(&mut self, stage: u32, mailbox: std::sync::Arc<super::mailbox::Mailbox>) {
+        self.stage = Some((stage, mailbox));
     }
 
     /// Sets the run's seed, which keys its dropout masks (0 until set).
@@ -521,6 +530,11 @@ impl<'a> CpuStep<'a> {
     /// This step's tensor rank and its replica's tensor group (None: no tensor split).
     pub fn tensor_member(&self) -> Option<(usize, &'a super::group::Group)> {
         (self.exec.tensor_member.as_ref()).map(|(r, g)| (*r, g.as_ref()))
+    }
+
+    /// This step's pipeline stage and its replica's mailbox (None: no pipeline).
+    pub fn pipeline_member(&self) -> Option<(u32, &'a super::mailbox::Mailbox)> {
+        (self.exec.stage.as_ref()).map(|(s, m)| (*s, m.as_ref()))
     }
 
     /// The 1-based number of the training step running (AdamW bias correction).

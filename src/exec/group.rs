@@ -166,7 +166,8 @@ fn exchange_in(
 
 const ABORTED: &str = "another rank of the in-process group failed";
 
-fn aborted() -> ExecError {
+/// The error a rank waiting on an aborted group or mailbox gets.
+pub(super) fn aborted() -> ExecError {
     ExecError::Device(ABORTED.into())
 }
 

@@ -7,6 +7,7 @@ pub mod group;
 pub mod io;
 pub mod kernels;
 pub mod lowp;
+pub mod mailbox;
 pub mod quantized;
 pub mod ranks;
 pub mod state;

@@ -77,7 +77,34 @@ pub fn check(t: &TrainSpec, p: Parallel) -> Result<(), UserError> {
             "use `precision = bf16` (no loss scaling) or `zero = 1`",
         );
     }
-    check_tensor(t, p)
+    check_tensor(t, p)?;
+    check_pipeline(t, p)
+}
+
+/// Refuses the settings of `t` that a pipeline over `p.pipeline` stages does not plan:
+/// global-norm clipping and fp16 loss scaling, whose global norm and overflow check would
+/// see only the stage's gradients.
+fn check_pipeline(t: &TrainSpec, p: Parallel) -> Result<(), UserError> {
+    if p.pipeline == 1 {
+        return Ok(());
+    }
+    let gradients = "keeps each stage's gradients on its stage, and";
+    first_refusal(
+        t,
+        format!("pipeline parallelism (pipeline = {})", p.pipeline),
+        &[
+            (
+                t.settings.clip_grad_norm.is_some(),
+                &format!("{gradients} global-norm clipping needs all of them"),
+                "drop `clip_grad_norm`, or plan data parallelism without a pipeline",
+            ),
+            (
+                t.settings.precision == Precision::Fp16,
+                &format!("{gradients} fp16's overflow check needs all of them"),
+                "use `precision = bf16` (no loss scaling)",
+            ),
+        ],
+    )
 }
 
 /// Refuses the settings of `t` that tensor parallelism over `p.tensor` ranks does not plan:
@@ -85,48 +112,62 @@ pub fn check(t: &TrainSpec, p: Parallel) -> Result<(), UserError> {
 /// loss scaling, whose global norm and overflow check would see only the rank's slice of
 /// each split gradient.
 fn check_tensor(t: &TrainSpec, p: Parallel) -> Result<(), UserError> {
-    let refuse = |what: &str, help: &str| {
-        Err(UserError::at(
-            t.span,
-            format!("tensor parallelism (tensor = {}) {what}", p.tensor),
-            "this train section",
-            help,
-        ))
-    };
     if p.tensor == 1 {
         return Ok(());
     }
-    if t.settings.lora.is_some() {
-        return refuse(
-            "does not combine with LoRA yet",
-            "drop `tensor` (LoRA's adapters are small enough to replicate) or drop `lora`",
-        );
-    }
-    if t.settings.clip_grad_norm.is_some() {
-        return refuse(
-            "splits gradients, and global-norm clipping needs all of them on every rank",
-            "drop `clip_grad_norm`, or plan data parallelism at `zero = 0` or 1",
-        );
-    }
-    if t.settings.precision == Precision::Fp16 {
-        return refuse(
-            "splits gradients, and fp16's overflow check needs all of them on every rank",
-            "use `precision = bf16` (no loss scaling)",
-        );
-    }
-    Ok(())
+    first_refusal(
+        t,
+        format!("tensor parallelism (tensor = {})", p.tensor),
+        &[
+            (
+                t.settings.lora.is_some(),
+                "does not combine with LoRA yet",
+                "drop `tensor` (LoRA's adapters are small enough to replicate) or drop `lora`",
+            ),
+            (
+                t.settings.clip_grad_norm.is_some(),
+                "splits gradients, and global-norm clipping needs all of them on every rank",
+                "drop `clip_grad_norm`, or plan data parallelism at `zero = 0` or 1",
+            ),
+            (
+                t.settings.precision == Precision::Fp16,
+                "splits gradients, and fp16's overflow check needs all of them on every rank",
+                "use `precision = bf16` (no loss scaling)",
+            ),
+        ],
+    )
 }
 
-/// The dim overrides under which `model` runs one rank's share of the batch: `overrides`
-/// with the batch dim (the dim every input's first axis names) divided by `data`. Refused
-/// when an input's first axis is not a plain dim name, when the inputs disagree, or when
-/// `data` does not divide the batch; `graph` (lowered with `overrides`) gives its value.
+/// The first of `refusals` (`(refused, what, help)`) that holds, as a diagnostic at the
+/// train section of `t` saying that `layout` does `what`; Ok when none holds.
+fn first_refusal(
+    t: &TrainSpec,
+    layout: String,
+    refusals: &[(bool, &str, &str)],
+) -> Result<(), UserError> {
+    match refusals.iter().find(|r| r.0) {
+        Some(&(_, what, help)) => Err(UserError::at(
+            t.span,
+            format!("{layout} {what}"),
+            "this train section",
+            help,
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The dim overrides under which `model` runs one micro-batch of one rank's share of the
+/// batch: `overrides` with the batch dim (the dim every input's first axis names) divided
+/// by `data` times `micro`. Refused when an input's first axis is not a plain dim name,
+/// when the inputs disagree, or when `data` times `micro` does not divide the batch;
+/// `graph` (lowered with `overrides`) gives its value.
 pub fn rank_overrides(
     model: &Model,
     graph: &Graph,
     overrides: &[(String, i64)],
-    data: u32,
+    (data, micro): (u32, u32),
 ) -> Result<Vec<(String, i64)>, UserError> {
+    let parts = data.saturating_mul(micro);
     let mut batch: Option<(String, usize)> = None;
     for item in &model.items {
         let Item::Input(name, ty) = item else {
@@ -165,16 +206,19 @@ pub fn rank_overrides(
                     _ => None,
                 });
                 let value = value.unwrap_or(0);
-                if value % data as usize != 0 || value == 0 {
+                if value % parts as usize != 0 || value == 0 {
+                    let split = match (data, micro) {
+                        (_, 1) => format!("over data = {data} ranks"),
+                        (1, _) => format!("into microbatches = {micro}"),
+                        _ => format!("over data = {data} ranks, microbatches = {micro} each"),
+                    };
                     return Err(UserError::at(
                         span,
-                        format!(
-                            "the batch {dim} = {value} does not split over data = {data} ranks"
-                        ),
+                        format!("the batch {dim} = {value} does not split {split}"),
                         "the batch dim",
                         format!(
-                            "choose a batch that {data} divides, e.g. --set {dim}={}",
-                            (value.max(1)).div_ceil(data as usize) * data as usize
+                            "choose a batch that {parts} divides, e.g. --set {dim}={}",
+                            (value.max(1)).div_ceil(parts as usize) * parts as usize
                         ),
                     ));
                 }
@@ -189,6 +233,6 @@ pub fn rank_overrides(
         ));
     };
     let mut out = overrides.to_vec();
-    out.push((dim, (value / data as usize) as i64));
+    out.push((dim, (value / parts as usize) as i64));
     Ok(out)
 }

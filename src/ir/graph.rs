@@ -170,13 +170,14 @@ impl Graph {
             .collect()
     }
 
-    /// For each value (by index), whether it depends on a step input; values that do not are
-    /// computed from parameters and constants alone.
+    /// For each value (by index), whether it depends on a step input (or on a value a
+    /// pipeline stage receives, computed from one); values that do not are computed from
+    /// parameters and constants alone.
     pub fn input_dependent(&self) -> Vec<bool> {
         let mut dependent = vec![false; self.len()];
         for v in self.values() {
             let node = self.node(v);
-            dependent[v.index()] = matches!(node.op, Op::Input { .. })
+            dependent[v.index()] = matches!(node.op, Op::Input { .. } | Op::PipelineRecv { .. })
                 || node.inputs.iter().any(|i| dependent[i.index()]);
         }
         dependent

@@ -5,6 +5,7 @@ use super::{DType, TensorType};
 use serde::{Deserialize, Serialize};
 
 pub use crate::ops::attention::{AttnInput, AttnParams};
+pub use crate::ops::collective::PipeLink;
 pub use crate::ops::conv::ConvParams;
 pub use crate::ops::loss::{CeParams, LceGrad, LinearCe};
 pub use crate::ops::norm::NormKind;
@@ -278,6 +279,17 @@ pub enum Op {
     /// `x -> x`: Megatron's `g` after a row-parallel matmul: the sum over the tensor ranks
     /// of every rank's partial `x`, summed in rank order; its gradient passes unchanged.
     TensorReduce { ranks: u32 },
+    /// `x -> 0`: `x` sent to pipeline stage `link.peer` (an activation, or the gradient
+    /// of one it sent), without waiting for it to be received; the fp32 scalar 0 it outputs
+    /// makes it part of the stage's objective, so autodiff reaches it.
+    PipelineSend(PipeLink),
+    /// `() -> ty`: the value pipeline stage `link.peer` sends under the same link, waited
+    /// for; `trained` says whether a trained parameter's gradient flows back through it.
+    PipelineRecv {
+        link: PipeLink,
+        ty: TensorType,
+        trained: bool,
+    },
 }
 
 /// What kind of work an op is, for cost models and recomputation policy.
@@ -434,6 +446,8 @@ impl Op {
             AllGatherInto { .. } => "all_gather_into",
             Shard { .. } => "shard",
             TensorCopy { .. } => "tensor_copy",
+            PipelineSend(_) => "pipeline_send",
+            PipelineRecv { .. } => "pipeline_recv",
             TensorReduce { .. } => "tensor_reduce",
         }
     }

@@ -104,6 +104,8 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::AllGatherInto { .. }
         | Op::Shard { .. }
         | Op::TensorCopy { .. }
-        | Op::TensorReduce { .. } => &collective::Family,
+        | Op::TensorReduce { .. }
+        | Op::PipelineSend(_)
+        | Op::PipelineRecv { .. } => &collective::Family,
     }
 }

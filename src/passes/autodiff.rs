@@ -63,6 +63,41 @@ impl Rewriter {
     }
 }
 
+/// The sum of a value's gradient parts `read`, collected from its last reader back,
+/// added from its first reader on.
+fn sum_from_first_reader(rw: &mut Rewriter, read: Vec<ValueId>) -> Result<ValueId, StageError> {
+    let mut ordered = read.into_iter().rev();
+    let first = ordered
+        .next()
+        .ok_or_else(|| StageError::internal("autodiff", "a gradient of no parts"))?;
+    ordered.try_fold(first, |total, g| {
+        rw.add(Op::Binary(BinaryFn::Add), vec![total, g])
+    })
+}
+
+/// Sends the gradient `dy` of a received value back to the stage it came from (zeros of
+/// `ty` when nothing on this stage differentiates it, so the sender's receive always meets
+/// a send).
+fn send_back(
+    rw: &mut Rewriter,
+    link: PipeLink,
+    dy: Option<ValueId>,
+    ty: &TensorType,
+) -> Result<(), StageError> {
+    let dy = match dy {
+        Some(dy) => dy,
+        None => rw.add(
+            Op::Fill {
+                value: 0.0,
+                ty: ty.clone(),
+            },
+            vec![],
+        )?,
+    };
+    rw.add(Op::PipelineSend(link.gradient()), vec![dy])?;
+    Ok(())
+}
+
 /// Differentiates `loss` with respect to every trained (not frozen) parameter it depends on;
 /// backward work that only frozen parameters would need is never built.
 pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
@@ -71,8 +106,10 @@ pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
     for v in graph.values() {
         let node = graph.node(v);
         requires[v.index()] = node.ty.dtype.is_float()
-            && (matches!(node.op, Op::Param { frozen: false, .. })
-                || node.inputs.iter().any(|i| requires[i.index()]));
+            && (matches!(
+                node.op,
+                Op::Param { frozen: false, .. } | Op::PipelineRecv { trained: true, .. }
+            ) || node.inputs.iter().any(|i| requires[i.index()]));
     }
     let mut rw = Rewriter {
         graph: graph.clone(),
@@ -84,6 +121,21 @@ pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
         alternatives: Vec::new(),
     };
     let mut grads: HashMap<ValueId, ValueId> = HashMap::new();
+    // On a pipeline stage, the gradient parts of a value every micro-batch shares (one
+    // input-independent: a parameter, a weight's cast) are summed when the sweep reaches
+    // the value, from the first reader on (micro-batch order), so 1F1B adds each part as
+    // soon as its backward is done instead of keeping every part until the last one's.
+    let pipelined = graph.values().any(|v| {
+        matches!(
+            graph.node(v).op,
+            Op::PipelineRecv { .. } | Op::PipelineSend(_)
+        )
+    });
+    let shared: Vec<bool> = match pipelined {
+        true => graph.input_dependent().into_iter().map(|d| !d).collect(),
+        false => vec![false; n],
+    };
+    let mut parts: HashMap<ValueId, Vec<ValueId>> = HashMap::new();
     if requires[loss.index()] {
         let seed_ty = graph.node(loss).ty.clone();
         rw.origin.span = graph.node(loss).span;
@@ -97,19 +149,35 @@ pub fn run(graph: &Graph, loss: ValueId) -> Result<Differentiated, StageError> {
         grads.insert(loss, seed);
     }
     for y in (0..=loss.index()).rev().map(|i| ValueId(i as u32)) {
-        let Some(&dy) = grads.get(&y) else { continue };
         let node = graph.node(y);
+        rw.origin.span = node.span;
+        rw.origin.scope = node.scope.clone();
+        if let Some(read) = parts.remove(&y) {
+            grads.insert(y, sum_from_first_reader(&mut rw, read)?);
+        }
+        if let Op::PipelineRecv {
+            link,
+            trained: true,
+            ..
+        } = &node.op
+        {
+            send_back(&mut rw, *link, grads.get(&y).copied(), &node.ty)?;
+            continue;
+        }
+        let Some(&dy) = grads.get(&y) else { continue };
         if node.inputs.is_empty() {
             continue;
         }
-        rw.origin.span = node.span;
-        rw.origin.scope = node.scope.clone();
         let wants: Vec<bool> = node.inputs.iter().map(|i| requires[i.index()]).collect();
         let mut cx = Vjp::new(&mut rw, y, dy, &node.inputs, &wants);
         crate::ops::family(&node.op).vjp(&node.op, &mut cx)?;
         let input_grads = cx.into_grads();
         for (&x, g) in node.inputs.iter().zip(input_grads) {
             let Some(g) = g else { continue };
+            if shared[x.index()] {
+                parts.entry(x).or_default().push(g);
+                continue;
+            }
             let total = match grads.get(&x) {
                 Some(&prev) => rw.add(Op::Binary(BinaryFn::Add), vec![prev, g])?,
                 None => g,

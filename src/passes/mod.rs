@@ -12,6 +12,7 @@ pub mod megatron;
 pub mod offload_activations;
 pub mod optimizer;
 pub mod partition;
+pub mod pipeline;
 pub mod precision;
 pub mod quantize;
 pub mod rewrite;

@@ -235,7 +235,8 @@ pub fn full_shape(graph: &Graph, p: ValueId) -> Option<Vec<usize>> {
 
 /// The gradient the update of a parameter reads, made the ranks' mean: all-reduced under
 /// ZeRO-0 and 1, reduce-scattered under ZeRO-2; under ZeRO-3 it already is this rank's
-/// shard of the mean (a gather's gradient), and is returned as it is.
+/// shard of the mean (a gather's gradient), and is returned as it is, as it is on a
+/// pipeline stage with one data rank (no other rank to average with).
 pub fn reduce_gradients(
     graph: &mut Graph,
     grad: ValueId,
@@ -244,6 +245,8 @@ pub fn reduce_gradients(
 ) -> Result<ValueId, StageError> {
     let ranks = parallel.ranks();
     let op = match parallel.zero {
+        // A pipeline stage without data replicas has no other rank to average with.
+        0 | 1 if ranks == 1 && parallel.pipeline > 1 => return Ok(grad),
         0 | 1 => Op::AllReduce { ranks },
         2 => Op::ReduceScatter { ranks },
         _ => return Ok(grad),

@@ -12,6 +12,8 @@ use std::collections::BinaryHeap;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScheduleOptions {
     pub optimizer_in_backward: bool,
+    /// A pipeline stage's 1F1B place: its slots come first among ready steps.
+    pub pipeline: Option<super::pipeline::order::OneFOneB>,
 }
 
 /// An order of every non-source node (sources are bound before the first step).
@@ -80,7 +82,8 @@ fn dependencies(graph: &Graph, users: &[Vec<ValueId>], v: ValueId) -> Vec<ValueI
 }
 
 /// Computes the order. Among ready nodes, update-phase steps (updates and, offloaded, their
-/// copies) come first when the optimizer runs in backward; otherwise they wait for every other node. Ties break by creation order.
+/// copies) come first when the optimizer runs in backward; otherwise they wait for every other node. Then, on a
+/// pipeline stage, the earliest 1F1B slot ([`super::pipeline::order`]). Ties break by creation order.
 pub fn run(graph: &Graph, options: &ScheduleOptions) -> Result<Schedule, StageError> {
     let n = graph.len();
     let users: Vec<Vec<ValueId>> = graph.values().map(|v| graph.users(v)).collect();
@@ -98,11 +101,17 @@ pub fn run(graph: &Graph, options: &ScheduleOptions) -> Result<Schedule, StageEr
         .values()
         .filter(|&v| is_step(graph, v) && graph.node(v).phase != Phase::Update)
         .count();
-    let priority = |v: ValueId| -> (bool, Reverse<ValueId>) {
+    let slots = options.pipeline.map(|o| o.slots(graph));
+    let priority = |v: ValueId| -> (bool, Reverse<u32>, Reverse<ValueId>) {
         let update = graph.node(v).phase == Phase::Update;
-        (update && options.optimizer_in_backward, Reverse(v))
+        let slot = slots.as_ref().map_or(0, |s| s[v.index()]);
+        (
+            update && options.optimizer_in_backward,
+            Reverse(slot),
+            Reverse(v),
+        )
     };
-    let mut ready: BinaryHeap<(bool, Reverse<ValueId>)> = BinaryHeap::new();
+    let mut ready: BinaryHeap<(bool, Reverse<u32>, Reverse<ValueId>)> = BinaryHeap::new();
     let mut deferred: Vec<ValueId> = Vec::new();
     let mut order = Vec::with_capacity(steps);
     let mut done_non_update = 0;
@@ -114,7 +123,7 @@ pub fn run(graph: &Graph, options: &ScheduleOptions) -> Result<Schedule, StageEr
     }
     loop {
         let next = match ready.pop() {
-            Some((_, Reverse(v))) => v,
+            Some((_, _, Reverse(v))) => v,
             None if !deferred.is_empty() && done_non_update == non_update => {
                 deferred.sort();
                 for v in deferred.drain(..) {

@@ -23,6 +23,8 @@ pub struct BuildOptions {
     pub layout_time: Duration,
     /// Alignment of every buffer offset (the target's [`Target::alignment`] for a backend).
     pub alignment: u64,
+    /// A pipeline stage's place in the 1F1B schedule (None without a pipeline).
+    pub pipeline: Option<crate::passes::pipeline::order::OneFOneB>,
 }
 
 /// The gradient each updated parameter's update reads, by parameter (they get class
@@ -261,9 +263,9 @@ impl Buffers {
                 Op::Input { name, .. } => self.of[v.index()].map(|buffer| InputBinding {
                     name: name.clone(),
                     buffer,
-                    id_limit: id_limit(graph, v),
-                    id_ignored: id_ignored(graph, v),
-                    key_mask: only_key_mask(graph, v),
+                    id_limit: inputs::id_limit(graph, v),
+                    id_ignored: inputs::id_ignored(graph, v),
+                    key_mask: inputs::only_key_mask(graph, v),
                 }),
                 _ => None,
             })
@@ -307,6 +309,7 @@ fn alt_peak(
             graph,
             &ScheduleOptions {
                 optimizer_in_backward: false,
+                pipeline: options.pipeline,
             },
         )
         .map(|s| peak_of(graph, &s))
@@ -329,6 +332,7 @@ pub fn build_for(
         graph,
         &ScheduleOptions {
             optimizer_in_backward: options.optimizer_in_backward,
+            pipeline: options.pipeline,
         },
     )?;
     schedule::verify(graph, &sched)?;
@@ -387,6 +391,8 @@ pub fn build_for(
         train: train.cloned(),
         report,
         source_lines: BTreeMap::new(),
+        pipeline: None,
+        stages: Vec::new(),
     })
 }
 
@@ -426,62 +432,6 @@ fn precision_summary(
         }
     }
     Some(summary)
-}
-
-/// The exclusive bound on valid ids of an integer input, from the ops that read it.
-fn id_limit(graph: &Graph, v: ValueId) -> Option<u64> {
-    graph
-        .users(v)
-        .into_iter()
-        .filter_map(|u| {
-            let node = graph.node(u);
-            match node.op {
-                Op::Embedding { .. } if node.inputs[1] == v => {
-                    Some(graph.node(node.inputs[0]).ty.shape[0] as u64)
-                }
-                Op::CrossEntropy(_) if node.inputs[1] == v => graph
-                    .node(node.inputs[0])
-                    .ty
-                    .shape
-                    .last()
-                    .map(|&c| c as u64),
-                Op::LinearCrossEntropy(lce) if node.inputs[2] == v => {
-                    let w = &graph.node(node.inputs[1]).ty.shape;
-                    Some(w[usize::from(!lce.transposed)] as u64)
-                }
-                // A key mask holds 0 (padding) or 1.
-                Op::Attention(a) if a.key_mask && node.inputs.get(3) == Some(&v) => Some(2),
-                _ => None,
-            }
-        })
-        .min()
-}
-
-/// Whether every reader of input `v` reads it as an attention's key mask (the only integer
-/// operand of attention and of its backward).
-fn only_key_mask(graph: &Graph, v: ValueId) -> bool {
-    let users = graph.users(v);
-    !users.is_empty()
-        && users.into_iter().all(|u| match graph.node(u).op {
-            Op::Attention(a) | Op::AttentionBackward { attn: a, .. } => a.key_mask,
-            _ => false,
-        })
-}
-
-/// The id every reader that bounds integer input `v` ignores (a cross-entropy's
-/// `ignore_index`), when they all ignore the same one.
-fn id_ignored(graph: &Graph, v: ValueId) -> Option<i32> {
-    let mut ignored = graph.users(v).into_iter().filter_map(|u| {
-        let node = graph.node(u);
-        match node.op {
-            Op::Embedding { .. } if node.inputs[1] == v => Some(None),
-            Op::CrossEntropy(ce) if node.inputs[1] == v => Some(ce.ignore_index),
-            Op::LinearCrossEntropy(lce) if node.inputs[2] == v => Some(lce.ce.ignore_index),
-            _ => None,
-        }
-    });
-    let first = ignored.next()??;
-    ignored.all(|i| i == Some(first)).then_some(first)
 }
 
 fn report(

@@ -3,10 +3,12 @@
 
 mod build;
 mod host;
+mod inputs;
 mod memory_summary;
 mod origin;
 mod parallel;
 mod peak;
+mod pipeline;
 mod report;
 mod summary;
 mod target;
@@ -19,8 +21,11 @@ pub use build::{build, build_for, BuildOptions};
 pub use host::{HostBytes, Transfers};
 pub use memory_summary::render_memory_summary;
 pub use origin::{attach_lines, Role};
-pub use parallel::{report as parallel_report, ParallelReport, RankBytes, RankEntry};
+pub use parallel::{
+    pipeline_report, report as parallel_report, ParallelReport, RankBytes, RankEntry,
+};
 pub use peak::{largest_at_peak, PeakTensor};
+pub use pipeline::PipelineStage;
 pub use report::{
     grouped, human_bytes, live_bytes, render_text, Bytes, CheckpointSummary, DeviceBytes,
     PhasePeak, PrecisionSummary, QuantSummary, RecomputedGroup, Report, SavedKind,
@@ -324,4 +329,11 @@ pub struct Plan {
     /// number (empty when the plan was built without its source).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub source_lines: std::collections::BTreeMap<usize, String>,
+    /// Where this plan sits in a pipeline (absent without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<PipelineStage>,
+    /// The plans of pipeline stages 1 to P - 1, in stage order, when this plan is stage
+    /// 0's; empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<Plan>,
 }

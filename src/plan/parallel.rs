@@ -19,10 +19,13 @@ pub struct RankBytes {
     pub grads: u64,
     /// Optimizer state it stores (its shards under ZeRO-1, 2 and 3).
     pub optimizer: u64,
-    /// Forward values it keeps for backward.
+    /// Forward values it keeps for backward: all of them (all live once the forward is
+    /// done); on a pipeline stage, the most live at once, those of the micro-batches in
+    /// flight under 1F1B.
     pub activations: u64,
     /// The most bytes live at once of what collectives write: reduced gradients, their
-    /// shards, gathered parameters (the parts above may also count them).
+    /// shards, gathered parameters, the values and gradients a pipeline stage receives (the
+    /// parts above may also count them).
     pub comm: u64,
     /// Max over steps of live bytes.
     pub peak: u64,
@@ -54,12 +57,25 @@ pub struct ParallelReport {
         skip_serializing_if = "crate::parallel::is_one"
     )]
     pub tensor: u32,
+    /// Pipeline stages per replica (1: none).
+    #[serde(
+        default = "crate::parallel::one",
+        skip_serializing_if = "crate::parallel::is_one"
+    )]
+    pub pipeline: u32,
+    /// Micro-batches per step, through the pipeline in 1F1B order (1: none).
+    #[serde(
+        default = "crate::parallel::one",
+        skip_serializing_if = "crate::parallel::is_one"
+    )]
+    pub microbatches: u32,
     /// Whether the model's batch was the whole step's, split over the ranks (else each
     /// rank runs the model's batch: `data` times it in all).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub global_batch: bool,
-    /// Distinct rank roles, each with its own plan: one, as every rank runs this plan on its
-    /// share of the batch and, under tensor parallelism, its slice of each split weight.
+    /// Distinct rank roles, each with its own plan: one without a pipeline, as every rank
+    /// runs this plan on its share of the batch and, under tensor parallelism, its slice of
+    /// each split weight; one a stage with one.
     pub roles: u32,
     /// Trained parameters whose elements the ranks do not divide (ZeRO 1-3): shards are
     /// `ceil(numel / ranks)` elements, so theirs end in zeros on the last rank(s), and every
@@ -88,8 +104,8 @@ pub fn role(p: Parallel) -> String {
     }
 }
 
-/// `plan`'s data-parallel report under `p`, with `nccl_reserve` per rank on a GPU.
-pub fn report(plan: &Plan, p: Parallel, nccl_reserve: Option<u64>) -> ParallelReport {
+/// The exact bytes of a rank running `plan`.
+fn rank_bytes(plan: &Plan) -> RankBytes {
     let written: Vec<BufferId> = plan
         .steps
         .iter()
@@ -100,6 +116,7 @@ pub fn report(plan: &Plan, p: Parallel, nccl_reserve: Option<u64>) -> ParallelRe
                     | Op::ReduceScatter { .. }
                     | Op::AllGather { .. }
                     | Op::TensorReduce { .. }
+                    | Op::PipelineRecv { .. }
             )
         })
         .filter_map(|s| s.output)
@@ -110,32 +127,81 @@ pub fn report(plan: &Plan, p: Parallel, nccl_reserve: Option<u64>) -> ParallelRe
         .max()
         .unwrap_or(0);
     let b = &plan.report.bytes;
-    let bytes = RankBytes {
+    let activations = match plan.pipeline {
+        None => b.activations,
+        Some(_) => {
+            let saved = super::origin::saved_for_backward(&plan.buffers, &plan.steps);
+            let live = plan.live_per_step_of(|b| saved[b.id.index()]);
+            live.into_iter().max().unwrap_or(0)
+        }
+    };
+    RankBytes {
         params: b.params,
         grads: b.grads,
         optimizer: b.optimizer,
-        activations: b.activations,
+        activations,
         comm,
         peak: b.peak,
         arena: b.arena,
-    };
-    let (uneven_tensors, padding_elements) = uneven(plan, p);
+    }
+}
+
+/// `plan`'s data-parallel report under `p`, with `nccl_reserve` per rank on a GPU.
+pub fn report(plan: &Plan, p: Parallel, nccl_reserve: Option<u64>) -> ParallelReport {
+    let bytes = rank_bytes(plan);
+    let per_rank = (0..p.world())
+        .map(|rank| RankEntry {
+            rank,
+            role: role(p),
+            bytes,
+        })
+        .collect();
+    layout(p, uneven(plan, p), nccl_reserve, per_rank)
+}
+
+/// The report of a pipeline whose stage plans are `stages` (stage 0 first) under `p`: rank
+/// `r` is stage `r / (data * tensor)` ([`Parallel::world`]), with its stage's bytes; one
+/// role a stage.
+pub fn pipeline_report(stages: &[Plan], p: Parallel, nccl_reserve: Option<u64>) -> ParallelReport {
+    let padding = (stages.iter())
+        .map(|s| uneven(s, p))
+        .fold((0, 0), |(n, e), (a, b)| (n + a, e + b));
+    let per_rank = (stages.iter().enumerate())
+        .flat_map(|(s, plan)| {
+            let role = format!("stage {} of {}, {}", s + 1, p.pipeline, role(p));
+            let bytes = rank_bytes(plan);
+            let per_stage = p.data * p.tensor;
+            (0..per_stage).map(move |q| RankEntry {
+                rank: s as u32 * per_stage + q,
+                role: role.clone(),
+                bytes,
+            })
+        })
+        .collect();
+    layout(p, padding, nccl_reserve, per_rank)
+}
+
+/// The report of layout `p` with these ranks; a role per distinct role name.
+fn layout(
+    p: Parallel,
+    (uneven_tensors, padding_elements): (u64, u64),
+    nccl_reserve: Option<u64>,
+    per_rank: Vec<RankEntry>,
+) -> ParallelReport {
+    let mut roles: Vec<&str> = per_rank.iter().map(|r| r.role.as_str()).collect();
+    roles.dedup();
     ParallelReport {
         data: p.data,
         zero: p.zero,
         tensor: p.tensor,
+        pipeline: p.pipeline,
+        microbatches: p.microbatches,
         global_batch: p.global_batch,
-        roles: 1,
+        roles: roles.len() as u32,
         uneven_tensors,
         padding_elements,
         nccl_reserve,
-        per_rank: (0..p.world())
-            .map(|rank| RankEntry {
-                rank,
-                role: role(p),
-                bytes,
-            })
-            .collect(),
+        per_rank,
     }
 }
 
@@ -176,38 +242,51 @@ pub fn render(out: &mut String, plan: &Plan) {
             r.data
         ),
     };
-    let tensor = match r.tensor {
-        1 => String::new(),
-        t => {
-            format!(", tensor = {t} (Megatron's split: embedding, loss head and norms replicated)")
-        }
+    let mut tensor = String::new();
+    if r.tensor > 1 {
+        let t = r.tensor;
+        tensor += &format!(
+            ", tensor = {t} (Megatron's split: embedding, loss head and norms replicated)"
+        );
+    }
+    if r.pipeline > 1 {
+        let (p, m) = (r.pipeline, r.microbatches);
+        tensor += &format!(", pipeline = {p} stages over {m} micro-batches (1F1B)");
+    }
+    let plans = match r.roles {
+        1 => "this plan",
+        _ => "its stage's plan",
     };
     let _ = writeln!(
         out,
-        "  parallel: data = {}{tensor}, ZeRO-{}: {} rank(s), {} role(s); each rank runs this plan on {batch}",
+        "  parallel: data = {}{tensor}, ZeRO-{}: {} rank(s), {} role(s); each rank runs {plans} on {batch}",
         r.data,
         r.zero,
         r.per_rank.len(),
         r.roles
     );
-    let Some(first) = r.per_rank.first() else {
-        return;
-    };
-    let b = first.bytes;
-    let last = r.per_rank.len().saturating_sub(1);
-    let _ = writeln!(
-        out,
-        "  ranks 0-{last} ({}): params {}, grads {}, optimizer {}, activations {}, comm {}, peak {}, arena {} ({} bytes)",
-        first.role,
-        human_bytes(b.params),
-        human_bytes(b.grads),
-        human_bytes(b.optimizer),
-        human_bytes(b.activations),
-        human_bytes(b.comm),
-        human_bytes(b.peak),
-        human_bytes(b.arena),
-        grouped(b.arena)
-    );
+    let mut at = 0;
+    while let Some(first) = r.per_rank.get(at) {
+        let same = (r.per_rank[at..].iter())
+            .take_while(|e| e.role == first.role && e.bytes == first.bytes)
+            .count();
+        let b = first.bytes;
+        let _ = writeln!(
+            out,
+            "  ranks {at}-{} ({}): params {}, grads {}, optimizer {}, activations {}, comm {}, peak {}, arena {} ({} bytes)",
+            at + same - 1,
+            first.role,
+            human_bytes(b.params),
+            human_bytes(b.grads),
+            human_bytes(b.optimizer),
+            human_bytes(b.activations),
+            human_bytes(b.comm),
+            human_bytes(b.peak),
+            human_bytes(b.arena),
+            grouped(b.arena)
+        );
+        at += same;
+    }
     if r.uneven_tensors > 0 {
         let _ = writeln!(
             out,
@@ -218,13 +297,23 @@ pub fn render(out: &mut String, plan: &Plan) {
         );
     }
     if let (Some(n), Some(d)) = (r.nccl_reserve, plan.report.device) {
+        // A pipeline's stages differ: the largest stage's arena sizes every GPU.
+        let arena = (r.per_rank.iter())
+            .map(|e| e.bytes.arena)
+            .max()
+            .unwrap_or(d.arena);
+        let which = if r.roles > 1 {
+            " (the largest stage's)"
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
-            "  per GPU: arena {} + CUDA context {} + NCCL {} (stated figures) = {}",
-            human_bytes(d.arena),
+            "  per GPU: arena{which} {} + CUDA context {} + NCCL {} (stated figures) = {}",
+            human_bytes(arena),
             human_bytes(d.context_reserve),
             human_bytes(n),
-            human_bytes(d.total)
+            human_bytes(arena.saturating_add(d.context_reserve).saturating_add(n))
         );
     }
 }

@@ -47,6 +47,21 @@ pub const SMALL_GPT: &[(&str, i64)] = &[
     ("B", 4),
 ];
 
+/// The GPT-2 the tensor and pipeline tests train: 2 layers, D=64, T=16, V=128, 4 heads.
+pub const PARALLEL_GPT: &[(&str, i64)] = &[("L", 2), ("D", 64), ("T", 16), ("V", 128), ("H", 4)];
+
+/// The LLaMA the tensor and pipeline tests train, with grouped-query attention: 4 heads, 2
+/// key/value heads.
+pub const PARALLEL_LLAMA: &[(&str, i64)] = &[
+    ("L", 2),
+    ("D", 64),
+    ("T", 16),
+    ("V", 128),
+    ("H", 4),
+    ("KV", 2),
+    ("F", 96),
+];
+
 /// Overrides for a GPT-2 that compiles in moments: 4 layers, D=32, T=16, V=64, 4 heads,
 /// batch `batch`.
 pub fn tiny_gpt(batch: i64) -> Vec<(String, i64)> {
@@ -63,6 +78,33 @@ pub fn tiny_gpt(batch: i64) -> Vec<(String, i64)> {
 /// `--set` style overrides from `(name, value)` pairs.
 pub fn overrides(dims: &[(&str, i64)]) -> Vec<(String, i64)> {
     dims.iter().map(|&(k, v)| (k.to_string(), v)).collect()
+}
+
+/// The losses of `steps` steps of all ranks of the plan `options` compile for
+/// `examples/MODEL.mdl`, from seed 3 (`memc::exec::ranks::Ranks`).
+pub fn rank_losses(model: &str, options: &Options, steps: usize) -> Vec<f32> {
+    let c = compiled_with(&example(model), options);
+    let mut ranks = memc::exec::ranks::Ranks::new(&c.plan).unwrap_or_else(|e| panic!("{e}"));
+    ranks.start(3).unwrap_or_else(|e| panic!("{e}"));
+    (0..steps)
+        .map(|_| match ranks.run_step() {
+            Ok(Some(loss)) => loss,
+            Ok(None) => panic!("{model}: no loss"),
+            Err(e) => panic!("{model}: {e}"),
+        })
+        .collect()
+}
+
+/// Fails unless `many` has the losses of `one`, step by step, within `tolerance` of each
+/// (relative); `what` names the run in the failure.
+pub fn assert_losses_close(one: &[f32], many: &[f32], tolerance: f32, what: &str) {
+    assert_eq!(one.len(), many.len(), "{what}: steps");
+    for (step, (a, b)) in one.iter().zip(many).enumerate() {
+        assert!(
+            (a - b).abs() <= tolerance * a.abs(),
+            "{what} step {step}: {a} vs {b}"
+        );
+    }
 }
 
 /// Compiles `src` with default options, panicking with the diagnostic on failure.

@@ -419,6 +419,7 @@ pub fn cpu_reference(op: &Op, inputs: &[TensorType], data: &[Vec<f32>], step: u6
         optimizer_in_backward: false,
         layout_time: std::time::Duration::from_millis(10),
         alignment: ALIGN,
+        pipeline: None,
     };
     let plan = verify(build("case", &g, None, &options).unwrap()).unwrap();
     let mut ex = CpuExecutor::new(&plan).unwrap();

@@ -1,7 +1,8 @@
 //! CPU kernels of the collectives: each exchanges the step's values with the other ranks'
 //! executors through their in-process group (`crate::exec::group`), which sums in rank
 //! order, so all ranks compute the same bits. The tensor-parallel sum meets the ranks of the
-//! executor's tensor group instead. A plan for one rank runs without a group.
+//! executor's tensor group instead, and a pipeline stage's sends and receives its
+//! replica's mailbox (`crate::exec::mailbox`). A plan for one rank runs without a group.
 
 use super::shard_len;
 use crate::exec::cpu::CpuStep;
@@ -56,6 +57,11 @@ impl CpuKernel for super::Family {
                 step.output().copy_from_slice(step.input(0));
                 return Ok(());
             }
+            Op::PipelineSend(link) => {
+                step.output().fill(0.0);
+                return step.pipeline_send(*link, step.input(0));
+            }
+            Op::PipelineRecv { link, .. } => return step.pipeline_recv(*link, step.output()),
             Op::TensorReduce { ranks } => {
                 let out = step.output();
                 return step

@@ -7,7 +7,7 @@
 
 use super::shard_len;
 use crate::ir::{DType, Op, OpClass, TensorType};
-use crate::ops::rules::{arity, fail, float, foreign, Behaviour, Result, Rules};
+use crate::ops::rules::{arity, fail, float, foreign, Behaviour, PrecisionClass, Result, Rules};
 
 /// The flat shard type of `t` over `ranks` ranks.
 fn shard_of(t: &TensorType, ranks: u32) -> TensorType {
@@ -77,6 +77,14 @@ impl Rules for super::Family {
                 is_shard_of(src, &full, *ranks)?;
                 Ok(TensorType::new(DType::F32, vec![0]))
             }
+            Op::PipelineSend(_) => {
+                arity(op, inputs, 1, 1)?;
+                Ok(TensorType::new(DType::F32, vec![]))
+            }
+            Op::PipelineRecv { ty, .. } => {
+                arity(op, inputs, 0, 0)?;
+                Ok(ty.clone())
+            }
             _ => foreign(op, "collective"),
         }
     }
@@ -95,12 +103,19 @@ impl Rules for super::Family {
     /// Gathers and shards of parameters are cheap forward work (recomputed for backward as a
     /// weight copy is), as is a tensor-parallel region's entry (a view of its input); the
     /// tensor ranks' sum is forward work recomputed only when the budget demands it, as a
-    /// matmul is; the reductions and the gather into a parameter belong to the update.
+    /// matmul is; the reductions and the gather into a parameter belong to the update, and
+    /// pipeline sends and receives, which must run exactly once each, are never recomputed
+    /// (a value crosses stages in fp32, as its receiver's type says).
     fn behaviour(&self, op: &Op) -> Behaviour {
         match op {
             Op::AllGather { .. } | Op::Shard { .. } | Op::TensorCopy { .. } => Behaviour::CHEAP,
             Op::TensorReduce { .. } => Behaviour {
                 class: OpClass::Heavy,
+                ..Behaviour::CHEAP
+            },
+            Op::PipelineSend(_) | Op::PipelineRecv { .. } => Behaviour {
+                class: OpClass::Update,
+                precision: PrecisionClass::Fp32,
                 ..Behaviour::CHEAP
             },
             _ => Behaviour {

@@ -30,6 +30,22 @@ impl VerifiedPlan {
     pub fn plan(&self) -> &Plan {
         &self.0
     }
+
+    /// Every pipeline stage's plan, this one (stage 0's) first: [`verify`] checked each
+    /// with it. Just this plan without a pipeline.
+    pub fn stage_plans(&self) -> Vec<VerifiedPlan> {
+        let rest = self.0.stages.iter().map(|s| {
+            VerifiedPlan(Plan {
+                stages: Vec::new(),
+                ..s.clone()
+            })
+        });
+        let first = Plan {
+            stages: Vec::new(),
+            ..self.0.clone()
+        };
+        std::iter::once(VerifiedPlan(first)).chain(rest).collect()
+    }
 }
 
 /// Checks every invariant and returns all violations:
@@ -59,7 +75,8 @@ impl VerifiedPlan {
 ///   buffer into a host one or a host buffer into a device one;
 /// - a view ([`Buffer::view_of`]) shares its root's offset and bytes inside the root's
 ///   lifetime, is output by a reshape of its root (or of another view of it) that launches
-///   nothing, and neither it nor its root is written in place.
+///   nothing, and neither it nor its root is written in place;
+/// - every later pipeline stage's plan ([`Plan::stages`]) passes all of the above.
 pub fn verify(plan: Plan) -> Result<VerifiedPlan, Vec<PlanError>> {
     let mut check = Checker::new(&plan);
     check.buffers();
@@ -71,6 +88,14 @@ pub fn verify(plan: Plan) -> Result<VerifiedPlan, Vec<PlanError>> {
     check.in_place_order();
     check.micro_batches();
     check.layout();
+    for (s, stage) in plan.stages.iter().enumerate() {
+        if let Err(errors) = verify(stage.clone()) {
+            let named = errors
+                .into_iter()
+                .map(|e| PlanError(format!("stage {}: {e}", s + 1)));
+            check.errors.extend(named);
+        }
+    }
     if check.errors.is_empty() {
         Ok(VerifiedPlan(plan))
     } else {
