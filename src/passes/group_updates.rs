@@ -4,8 +4,9 @@
 //! exactly as its own AdamW would step it. Updating after backward, every gradient waits
 //! for the whole backward anyway, so a scope's updates all group. With the optimizer in
 //! backward a group runs once the last of its gradients is complete, so only parameters
-//! whose gradient takes at most [`IN_BACKWARD_HOLD`] bytes join (biases, norm scales):
-//! a large weight's gradient still dies at its own update. Updates on host copies (`--offload optimizer`) and on ZeRO shards are
+//! whose gradient is small join (at most [`IN_BACKWARD_HOLD`] bytes and at most
+//! 1/[`IN_BACKWARD_SHARE`] of all the gradients' bytes: biases, norm scales): a large
+//! weight's gradient still dies at its own update. Updates on host copies (`--offload optimizer`) and on ZeRO shards are
 //! left alone: the pass only groups updates whose inputs are the parameters themselves.
 
 use super::rewrite::{rebuild, Edit};
@@ -17,22 +18,26 @@ use std::collections::BTreeMap;
 /// The largest gradient whose update joins a group when the optimizer runs in backward.
 pub const IN_BACKWARD_HOLD: u64 = 1 << 20;
 
+/// With the optimizer in backward, a gradient joins a group only if it takes at most this
+/// share (1/N) of all the gradients' bytes.
+pub const IN_BACKWARD_SHARE: u64 = 1000;
+
 /// What updates must share to be grouped: scope, hyper-parameters (as bits), the types of
 /// parameter, gradient and moments, and the multiplier input.
 type Key = (String, [u32; 5], [DType; 3], Option<ValueId>);
 
 /// The group key of an AdamW step that may join one: fp32 moments rounded to nearest, its
 /// parameter a parameter (not a host copy or a shard's gather), its output unread, and its
-/// gradient at most [`IN_BACKWARD_HOLD`] bytes when `in_backward`.
-fn key(graph: &Graph, v: ValueId, in_backward: bool) -> Option<Key> {
+/// gradient at most `hold` bytes (None: any).
+fn key(graph: &Graph, v: ValueId, hold: Option<u64>) -> Option<Key> {
     let node = graph.node(v);
     let Op::AdamW(h) = &node.op else {
         return None;
     };
     let plain = h.state == StateFormat::Fp32 && h.rounding == Rounding::Nearest;
     let param = graph.node(*node.inputs.first()?);
-    let small = graph.node(*node.inputs.get(1)?).ty.bytes() <= IN_BACKWARD_HOLD;
-    let held = !in_backward || small;
+    let grad = graph.node(*node.inputs.get(1)?).ty.bytes();
+    let held = hold.is_none_or(|h| grad <= h);
     if !plain || !held || param.op.class() != OpClass::Source || !graph.users(v).is_empty() {
         return None;
     }
@@ -45,9 +50,16 @@ fn key(graph: &Graph, v: ValueId, in_backward: bool) -> Option<Key> {
 /// optimizer runs in backward); a group sits where its last member was, every other node is
 /// copied unchanged in creation order.
 pub fn run(graph: &Graph, in_backward: bool) -> Result<Graph, StageError> {
+    let grads: u64 = (graph.values())
+        .filter_map(|v| match graph.node(v).op {
+            Op::AdamW(_) => Some(graph.node(graph.node(v).inputs[1]).ty.bytes()),
+            _ => None,
+        })
+        .sum();
+    let hold = in_backward.then(|| IN_BACKWARD_HOLD.min(grads / IN_BACKWARD_SHARE));
     let mut groups: Vec<(Key, Vec<ValueId>)> = Vec::new();
     for v in graph.values() {
-        let Some(k) = key(graph, v, in_backward) else {
+        let Some(k) = key(graph, v, hold) else {
             continue;
         };
         match groups.iter_mut().find(|(g, _)| *g == k) {

@@ -146,10 +146,11 @@ fn label_width(text: &str) -> f64 {
 
 /// Phase bands behind everything; each phase labelled once, at its first run, where the
 /// label clears the one before it (updates interleave with backward when the optimizer
-/// runs in it).
+/// runs in it), moved left where it would pass the chart's right edge.
 fn phase_bands(out: &mut String, plan: &Plan, sc: &Scale) {
     let mut labelled: Vec<Phase> = Vec::new();
     let mut last_end = f64::NEG_INFINITY;
+    let right = sc.x(plan.steps.len() as f64);
     for (phase, first, last) in phase_runs(plan) {
         let x = sc.x(first as f64);
         let w = sc.x(last as f64 + 1.0) - x;
@@ -160,13 +161,13 @@ fn phase_bands(out: &mut String, plan: &Plan, sc: &Scale) {
             PLOT_H - TOP - BOTTOM,
         );
         let label = format!("{name} ▸");
-        if !labelled.contains(&phase) && x >= last_end + 8.0 {
+        let at = (x + 2.0).min(right - label_width(&label));
+        if !labelled.contains(&phase) && at >= last_end + 8.0 {
             labelled.push(phase);
-            last_end = x + 2.0 + label_width(&label);
+            last_end = at + label_width(&label);
             let _ = write!(
                 out,
-                r#"<text class="bandlabel" x="{:.2}" y="{:.2}">{label}</text>"#,
-                x + 2.0,
+                r#"<text class="bandlabel" x="{at:.2}" y="{:.2}">{label}</text>"#,
                 TOP - 26.0
             );
         }
