@@ -37,6 +37,22 @@ fn offloaded(options: &Options) -> Options {
     }
 }
 
+/// The bf16 (fp32 master weights) plans of example `model` as written and with `what`
+/// offloaded.
+fn bf16_plans(model: &str, what: Offload) -> (memc::Compiled, memc::Compiled) {
+    let src = example(model);
+    let bf16 = Options {
+        precision: Some(Precision::Bf16),
+        ..Options::default()
+    };
+    let plain = compiled_with(&src, &bf16);
+    let moved = Options {
+        offload: Some(what),
+        ..bf16
+    };
+    (plain, compiled_with(&src, &moved))
+}
+
 /// Losses of `steps` steps from seed 5 and every parameter's values after them.
 fn trained(src: &str, options: &Options, steps: usize) -> (Vec<u32>, Vec<Vec<u32>>) {
     let c = compiled_with(src, options);
@@ -91,21 +107,41 @@ fn offloaded_plans_train_bitwise_like_plain_ones_on_gpt_and_llama() {
                 ..Options::default()
             },
         ),
+        (
+            "per-block checkpointing",
+            Options {
+                checkpoint: CheckpointMode::BLOCK,
+                ..Options::default()
+            },
+        ),
+        (
+            "accumulation",
+            Options {
+                accumulate: Some(2),
+                ..Options::default()
+            },
+        ),
     ];
+    let kinds = [Offload::Optimizer, Offload::Activations, Offload::All];
     for (model, dims) in [("gpt2", SMALL_GPT), ("llama7b", SMALL_LLAMA)] {
         let src = example(model);
-        for (label, options) in &settings {
+        for ((label, options), what) in settings.iter().flat_map(|s| kinds.map(|k| (s, k))) {
             let options = Options {
                 overrides: overrides(dims),
                 ..options.clone()
             };
+            let moved = Options {
+                offload: Some(what),
+                ..options.clone()
+            };
             let plain = trained(&src, &options, 3);
-            let off = trained(&src, &offloaded(&options), 3);
-            let host = compiled_with(&src, &offloaded(&options))
-                .plan
-                .plan()
-                .host_bytes;
-            assert!(host > 0, "{model} {label}: no host arena");
+            let off = trained(&src, &moved, 3);
+            let c = compiled_with(&src, &moved);
+            let plan = c.plan.plan();
+            let fetched = plan.steps.iter().any(|s| s.op == Op::CopyFromHost);
+            assert_eq!(fetched, what.activations(), "{model} {label} {what:?}");
+            assert!(plan.host_bytes > 0, "{model} {label}: no host arena");
+            let label = format!("{label} {what:?}");
             assert_eq!(plain.0, off.0, "{model} {label}: losses");
             assert!(plain.1 == off.1, "{model} {label}: parameters differ");
         }
@@ -151,13 +187,7 @@ fn offloaded_updates_read_the_clip_coefficient_and_loss_scale_from_the_host() {
 /// to the host (4 + 4 bytes a parameter) and every parameter back (4 bytes).
 #[test]
 fn llama7b_bf16_offload_moves_exactly_the_optimizer_state_to_the_host() {
-    let src = example("llama7b");
-    let bf16 = Options {
-        precision: Some(Precision::Bf16),
-        ..Options::default()
-    };
-    let plain = compiled_with(&src, &bf16);
-    let off = compiled_with(&src, &offloaded(&bf16));
+    let (plain, off) = bf16_plans("llama7b", Offload::Optimizer);
     let (p, o) = (plain.plan.plan(), off.plan.plan());
     let params = 6_738_415_616u64;
     assert_eq!(p.report.trainable_param_count, params);
@@ -478,78 +508,12 @@ fn compile_offloads_only_when_nothing_fits_without_it() {
     );
 }
 
-#[test]
-fn plans_with_activations_on_the_host_train_bitwise_like_plain_ones() {
-    let settings = [
-        ("fp32", Options::default()),
-        (
-            "bf16",
-            Options {
-                precision: Some(Precision::Bf16),
-                ..Options::default()
-            },
-        ),
-        (
-            "per-block checkpointing",
-            Options {
-                checkpoint: CheckpointMode::BLOCK,
-                ..Options::default()
-            },
-        ),
-        (
-            "accumulation",
-            Options {
-                accumulate: Some(2),
-                ..Options::default()
-            },
-        ),
-    ];
-    for (model, dims) in [("gpt2", SMALL_GPT), ("llama7b", SMALL_LLAMA)] {
-        let src = example(model);
-        for (label, options) in &settings {
-            let options = Options {
-                overrides: overrides(dims),
-                ..options.clone()
-            };
-            let plain = trained(&src, &options, 3);
-            for offload in [Offload::Activations, Offload::All] {
-                let moved = Options {
-                    offload: Some(offload),
-                    ..options.clone()
-                };
-                let c = compiled_with(&src, &moved);
-                let plan = c.plan.plan();
-                assert!(plan.host_bytes > 0, "{model} {label}: no host arena");
-                assert!(
-                    plan.steps.iter().any(|s| s.op == Op::CopyFromHost),
-                    "{model} {label}: nothing is fetched back"
-                );
-                let off = trained(&src, &moved, 3);
-                assert_eq!(plain.0, off.0, "{model} {label} {offload:?}: losses");
-                assert!(plain.1 == off.1, "{model} {label} {offload:?}: parameters");
-            }
-        }
-    }
-}
-
 /// GPT-2 small in bf16 at its file dims (B=8, T=1024): every byte backward reads from the
 /// forward crosses the link once each way, and the device arena no longer holds the saved
 /// activations across the step.
 #[test]
 fn gpt2_bf16_activations_move_to_the_host_in_exact_bytes() {
-    let src = example("gpt2");
-    let bf16 = Options {
-        precision: Some(Precision::Bf16),
-        ..Options::default()
-    };
-    let plain = compiled_with(&src, &bf16);
-    let off = compiled_with(
-        &src,
-        &Options {
-            offload: Some(Offload::Activations),
-            ..bf16.clone()
-        },
-    );
+    let (plain, off) = bf16_plans("gpt2", Offload::Activations);
     let (p, o) = (plain.plan.plan(), off.plan.plan());
     let saved = p.report.bytes.activations;
     let transfers = o.report.transfers.clone().expect("transfers");

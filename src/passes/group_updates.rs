@@ -6,8 +6,9 @@
 //! backward a group runs once the last of its gradients is complete, so only parameters
 //! whose gradient is small join (at most [`IN_BACKWARD_HOLD`] bytes and at most
 //! 1/[`IN_BACKWARD_SHARE`] of all the gradients' bytes: biases, norm scales): a large
-//! weight's gradient still dies at its own update. Updates on host copies (`--offload optimizer`) and on ZeRO shards are
-//! left alone: the pass only groups updates whose inputs are the parameters themselves.
+//! weight's gradient still dies at its own update. Updates on host copies (`--offload
+//! optimizer`) and on ZeRO shards are left alone: the pass only groups updates whose inputs
+//! are the parameters themselves.
 
 use super::rewrite::{rebuild, Edit};
 use super::StageError;
