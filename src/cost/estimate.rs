@@ -3,7 +3,6 @@
 //! micro-batch, updates once), with a breakdown by op kind and by bound.
 
 use super::{Bound, Gpu, Work, LAUNCH_OVERHEAD_S};
-use crate::ir::Phase;
 use crate::plan::{grouped, human_bytes, Plan};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -105,10 +104,7 @@ pub fn estimate(plan: &Plan, gpu: Gpu) -> Estimate {
         let output = step.output.and_then(ty);
         let work = Work::new(&step.op, step.flops, &inputs, output, workspace);
         let time = work.time(spec);
-        let repeats = match step.phase {
-            Phase::Update => 1,
-            Phase::Forward | Phase::Backward => u64::from(plan.micro_steps()),
-        };
+        let repeats = u64::from(plan.runs(step.phase));
         let n = repeats as f64;
         let bound = n * time.bound_seconds();
         let compute_bound = if time.bound == Bound::Compute {
@@ -227,6 +223,7 @@ pub fn render_text(out: &mut String, e: &Estimate, plan: &Plan) {
 mod tests {
     use super::*;
     use crate::cost::{LIBRARY_FP32_EFFICIENCY, MEMORY_EFFICIENCY};
+    use crate::ir::Phase;
     use crate::{compile, Options};
 
     /// A 512 x 512 fp32 matmul and an add of its result with `a`, on the CUDA target.

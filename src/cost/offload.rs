@@ -60,18 +60,13 @@ pub fn off_device(plan: &Plan, step: &Step) -> bool {
 pub fn offload_time(plan: &Plan, gpu: Gpu, device: &[StepTime]) -> Option<OffloadTime> {
     let link = gpu.spec().host_link;
     let ty = |b: &crate::plan::BufferId| plan.buffers.get(b.index()).map(|b| &b.ty);
-    // Forward and backward steps (the activations' copies) run once per micro-batch.
-    let repeats = |phase: Phase| match phase {
-        Phase::Update => 1,
-        Phase::Forward | Phase::Backward => plan.micro_steps().max(1),
-    };
     let (mut copied, mut updated, mut first_copy, mut copies) = (0u64, 0u64, None, 0u32);
     for (s, step) in plan.steps.iter().enumerate() {
         if !off_device(plan, step) {
             continue;
         }
         let inputs: Vec<_> = step.inputs.iter().filter_map(ty).collect();
-        let times = repeats(step.phase);
+        let times = plan.runs(step.phase);
         match step.op {
             Op::CopyToHost => {
                 copied +=
@@ -100,7 +95,7 @@ pub fn offload_time(plan: &Plan, gpu: Gpu, device: &[StepTime]) -> Option<Offloa
         .filter(|t| t.step > first_copy)
         .filter_map(|t| {
             let phase = plan.steps.get(t.step)?.phase;
-            hides(phase).then(|| t.seconds * f64::from(repeats(phase)))
+            hides(phase).then(|| t.seconds * f64::from(plan.runs(phase)))
         })
         .sum();
     let transfer = copied as f64 / link.bandwidth + f64::from(copies) * LAUNCH_OVERHEAD_S;

@@ -2,7 +2,7 @@
 //! and the bytes the step copies between the device and the host.
 
 use super::{grouped, human_bytes, Buffer, BufferClass, Step, Tier};
-use crate::ir::{Op, Phase};
+use crate::ir::Op;
 use crate::passes::arena::Layout;
 use serde::{Deserialize, Serialize};
 
@@ -57,20 +57,14 @@ pub fn report(
         time: None,
     };
     for step in steps {
-        let times = match step.phase {
-            Phase::Update => 1,
-            Phase::Forward | Phase::Backward => u64::from(micro_steps.max(1)),
-        };
-        let moved = match step.op {
-            Op::CopyToHost => &mut transfers.to_host,
-            Op::CopyToDevice | Op::CopyFromHost => &mut transfers.to_device,
+        let times = u64::from(super::runs_per_step(step.phase, micro_steps));
+        let (moved, copied) = match step.op {
+            Op::CopyToHost => (&mut transfers.to_host, step.output.as_ref()),
+            Op::CopyToDevice => (&mut transfers.to_device, step.inputs.get(1)),
+            Op::CopyFromHost => (&mut transfers.to_device, step.output.as_ref()),
             _ => continue,
         };
-        *moved += times
-            * match step.op {
-                Op::CopyToDevice => step.inputs.get(1).map_or(0, bytes),
-                _ => step.output.as_ref().map_or(0, bytes),
-            };
+        *moved += times * copied.map_or(0, bytes);
         transfers.copies += times;
     }
     let on_host = |class: BufferClass| -> u64 {

@@ -49,6 +49,15 @@ impl BufferId {
     }
 }
 
+/// How many times a step of `phase` runs in one training step of `micro_steps`
+/// micro-batches: forward and backward once per micro-batch, the update once.
+pub fn runs_per_step(phase: Phase, micro_steps: u32) -> u32 {
+    match phase {
+        Phase::Update => 1,
+        Phase::Forward | Phase::Backward => micro_steps.max(1),
+    }
+}
+
 impl Plan {
     /// The shape of the values parameter `p` holds: its weight's shape when it is stored
     /// quantized, else its buffer's.
@@ -114,6 +123,11 @@ impl Plan {
     /// Micro-batches per training step: `accumulate` of the training spec (1 for inference).
     pub fn micro_steps(&self) -> u32 {
         self.train.as_ref().map_or(1, |t| t.accumulate.max(1))
+    }
+
+    /// How many times a step of `phase` runs in one training step ([`runs_per_step`]).
+    pub fn runs(&self, phase: Phase) -> u32 {
+        runs_per_step(phase, self.micro_steps())
     }
 
     /// The dropout stream of micro-step `micro` (0-based) of training step `step` (1-based)
