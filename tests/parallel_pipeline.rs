@@ -235,14 +235,9 @@ fn the_command_line_runs_pipeline_stages() {
         let mut args = vec![command, "examples/llama7b.mdl"];
         args.extend(dims.iter().map(String::as_str));
         args.extend(extra);
-        let out = common::memc(&args);
-        common::assert_success(&out);
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        common::stdout_of(&args)
     };
-    let steps = |text: String| {
-        let lines = text.lines().filter(|l| l.starts_with("step "));
-        lines.map(str::to_string).collect::<Vec<_>>()
-    };
+    let steps = |text: String| common::step_lines(&text);
     let one = steps(run("run", &["--steps", "2"]));
     assert_eq!(one.len(), 2);
     for layout in [

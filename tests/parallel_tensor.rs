@@ -185,11 +185,7 @@ fn the_command_line_runs_tensor_ranks() {
         let mut args = vec!["run", "examples/llama7b.mdl", "--steps", "2"];
         args.extend(dims.iter().map(String::as_str));
         args.extend(extra);
-        let out = common::memc(&args);
-        common::assert_success(&out);
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let steps = text.lines().filter(|l| l.starts_with("step "));
-        steps.map(str::to_string).collect::<Vec<_>>()
+        common::step_lines(&common::stdout_of(&args))
     };
     let one = run(&[]);
     assert_eq!(one.len(), 2);

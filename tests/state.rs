@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{assert_success, memc, scratch};
+use common::{memc, scratch};
 use std::path::Path;
 
 /// A classifier with dropout, trained by AdamW in fp16 (so a loss scale is state too).
@@ -25,14 +25,7 @@ const MODEL: &str = "model m {
 fn run(model: &Path, args: &[&str]) -> Vec<String> {
     let mut all = vec!["run", model.to_str().unwrap(), "--seed", "7"];
     all.extend(args);
-    let out = memc(&all);
-    assert_success(&out);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    stdout
-        .lines()
-        .filter(|l| l.starts_with("step "))
-        .map(str::to_string)
-        .collect()
+    common::step_lines(&common::stdout_of(&all))
 }
 
 #[test]

@@ -69,6 +69,11 @@ fn spec(text: &str) -> TileSpec {
     text.parse().unwrap()
 }
 
+/// A tiling's shape: pooling factor, halo below and above, window side, tile count.
+fn geometry(t: &Tiling) -> (usize, usize, usize, usize, usize) {
+    (t.factor, t.lo, t.hi, t.window, t.count())
+}
+
 fn tiled(src: &str, options: &Options, side: &str) -> (Compiled, Tiling) {
     match compile_tiled(src, options, &spec(side)) {
         Ok(c) => c,
@@ -174,16 +179,7 @@ fn tiled_2d_inference_equals_the_whole_image() {
     // Two 3x3 convolutions (2), pooled, two more and a dilated one (2*(2+2)), transposed
     // (+1: its sibling's cell), two more at full resolution (2): 13, rounded up to the
     // pooling factor 2.
-    assert_eq!(
-        (
-            tiling.factor,
-            tiling.lo,
-            tiling.hi,
-            tiling.window,
-            tiling.count()
-        ),
-        (2, 14, 14, 36, 64)
-    );
+    assert_eq!(geometry(&tiling), (2, 14, 14, 36, 64));
     let (exact, short) = inference_gap(&src, "S=8", &inputs, 8);
     assert!(exact <= 1e-6, "tiled differs from whole by {exact}");
     assert!(short > 1e-4, "a halo 8 short still matched ({short})");
@@ -193,16 +189,7 @@ fn tiled_2d_inference_equals_the_whole_image() {
 fn tiled_3d_inference_equals_the_whole_volume() {
     let inputs = vec![("volume".to_string(), data(&[1, 1, 24, 24, 24], None, 3))];
     let (_, tiling) = tiled(UNET3D_SMALL, &Options::default(), "S=8");
-    assert_eq!(
-        (
-            tiling.factor,
-            tiling.lo,
-            tiling.hi,
-            tiling.window,
-            tiling.count()
-        ),
-        (2, 6, 6, 20, 27)
-    );
+    assert_eq!(geometry(&tiling), (2, 6, 6, 20, 27));
     assert_eq!(tiling.input_bytes, 24 * 24 * 24 * 4);
     assert_eq!(tiling.output_bytes, 2 * 24 * 24 * 24 * 4);
     let (exact, short) = inference_gap(UNET3D_SMALL, "S=8", &inputs, 2);
@@ -369,14 +356,7 @@ fn compile_reports_the_tiling() {
 fn run_losses(path: &Path, extra: &[&str]) -> Vec<String> {
     let mut args = vec!["run", path.to_str().unwrap(), "--steps", "3"];
     args.extend(extra);
-    let out = common::memc(&args);
-    common::assert_success(&out);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    stdout
-        .lines()
-        .filter(|l| l.starts_with("step "))
-        .map(str::to_string)
-        .collect()
+    common::step_lines(&common::stdout_of(&args))
 }
 
 /// `memc run --tile` trains over tiles from the same seeded parameters and whole inputs as

@@ -530,14 +530,10 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             emit,
             summary,
             output,
-        } if args.tile.is_some() => tile::compile(&args, emit, format, summary, output.as_deref()),
-        Command::Compile {
-            args,
-            format,
-            emit,
-            summary,
-            output,
         } => {
+            if args.tile.is_some() {
+                return tile::compile(&args, emit, format, summary, output.as_deref());
+            }
             let text = rendered(&compile_file(&args)?, emit, format, summary)?;
             output::write(output.as_deref(), &text)
         }

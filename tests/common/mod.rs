@@ -172,6 +172,22 @@ pub fn assert_success(out: &Output) {
     );
 }
 
+/// What `memc` with `args` prints on stdout; fails unless it exits with status 0.
+#[track_caller]
+pub fn stdout_of(args: &[&str]) -> String {
+    let out = memc(args);
+    assert_success(&out);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The `step N loss X` lines of `memc run`'s output `text`.
+pub fn step_lines(text: &str) -> Vec<String> {
+    (text.lines())
+        .filter(|l| l.starts_with("step "))
+        .map(str::to_string)
+        .collect()
+}
+
 /// A fresh, empty directory under the system temp dir, named after the test binary, `name`
 /// and the process.
 pub fn scratch(name: &str) -> PathBuf {
