@@ -164,6 +164,19 @@ impl From<passes::StageError> for CompileError {
     }
 }
 
+/// Value `v`'s id after a pass that renumbered the graph (`map`), or an internal error when
+/// the pass folded it away.
+fn followed(
+    map: &[Option<ir::ValueId>],
+    v: ir::ValueId,
+    pass: &str,
+) -> Result<ir::ValueId, CompileError> {
+    map.get(v.index())
+        .copied()
+        .flatten()
+        .ok_or_else(|| CompileError::Internal(vec![format!("{pass} folded away {v}")]))
+}
+
 fn verified(graph: &ir::Graph, pass: &str) -> Result<(), CompileError> {
     ir::verify(graph).map_err(|errs| {
         CompileError::Internal(
@@ -437,11 +450,7 @@ pub(crate) fn planned(
             let (graph, map) = passes::widen::narrow_norms(&mixed.graph)?;
             verified(&graph, "narrow")?;
             mixed.graph = graph;
-            let kept = |v: ir::ValueId| {
-                map[v.index()].ok_or_else(|| {
-                    CompileError::Internal(vec![format!("narrowing folded away {v}")])
-                })
-            };
+            let kept = |v| followed(&map, v, "narrowing");
             mixed.objective = kept(mixed.objective)?;
             mixed.loss_scale = mixed.loss_scale.map(kept).transpose()?;
             let diff = passes::autodiff::run(&mixed.graph, mixed.objective)?;
@@ -452,6 +461,11 @@ pub(crate) fn planned(
             verified(&diff.graph, "widen")?;
             let diff = passes::concat_grads::run(&diff)?;
             verified(&diff.graph, "concat_grads")?;
+            let (diff, map) = passes::bias_epilogue::run(&diff)?;
+            verified(&diff.graph, "bias_epilogue")?;
+            mixed.loss_scale = (mixed.loss_scale)
+                .map(|s| followed(&map, s, "the bias epilogue"))
+                .transpose()?;
             let opts = passes::optimizer::OptimizerOptions {
                 optimizer: t.optimizer,
                 clip_grad_norm: t.clip_grad_norm,
@@ -476,10 +490,12 @@ pub(crate) fn planned(
             }
             (g, in_backward)
         }
-        None => (
-            quantized(module.graph.clone(), options.quantize_frozen)?.0,
-            false,
-        ),
+        None => {
+            let graph = quantized(module.graph.clone(), options.quantize_frozen)?.0;
+            let (graph, _) = passes::bias_epilogue::fold(&graph)?;
+            verified(&graph, "bias_epilogue")?;
+            (graph, false)
+        }
     };
     let build = BuildOptions {
         optimizer_in_backward: in_backward,

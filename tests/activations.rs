@@ -97,7 +97,7 @@ fn gpt2_layers_against_korthikanti() {
                 ("attention", 2), // its output: the projection's input, flash's backward
                 ("binary", 4),    // the fp32 residual after attention: layernorm 2's input
                 ("norm", 2),      // layernorm 2's output, stored bf16: the MLP's input
-                ("binary", 8),    // the first linear's output: GELU's input
+                ("matmul", 8),    // the first linear's output, bias added: GELU's input
                 ("unary", 8),     // GELU's output: the second linear's input
                 ("binary", 4),    // the fp32 layer output: the next layernorm's input
             ],
@@ -156,7 +156,7 @@ fn gpt2_tensor_parallel_layers_against_korthikanti() {
                     ("attention", 2),  // their output
                     ("binary", 4 * t), // the fp32 residual, whole
                     ("cast", 2 * t),   // layernorm 2's output in bf16, whole
-                    ("binary", 8),     // this rank's columns of the first linear's output
+                    ("matmul", 8),     // this rank's columns of the first linear's output
                     ("unary", 8),      // GELU's output
                     ("binary", 4 * t), // the fp32 layer output, whole
                 ],

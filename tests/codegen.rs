@@ -14,8 +14,8 @@ use memc::ir::*;
 use std::collections::HashMap;
 
 /// Every GEMM of every case that calls libraries stays inside the buffers it addresses: each
-/// operand's offset plus its extent over the batch is within its input, the output or the
-/// step's CUDA workspace (the library's scratch after the kernel's own).
+/// operand's (and bias's) offset plus its extent over the batch is within its input, the
+/// output or the step's CUDA workspace (the library's scratch after the kernel's own).
 #[test]
 fn every_library_gemm_stays_inside_its_buffers() {
     use memc::codegen::gemm::{Addr, Call};
@@ -31,7 +31,8 @@ fn every_library_gemm_stays_inside_its_buffers() {
         for call in &case.kernel.library {
             let Call::Gemm(g) = call else { continue };
             gemms += 1;
-            for m in [&g.a, &g.b, &g.d] {
+            let bias = g.bias.map(|at| g.bias_vector(at));
+            for m in [&g.a, &g.b, &g.d].into_iter().chain(bias.as_ref()) {
                 let (limit, at) = size(m.at);
                 assert!(
                     at + g.extent_bytes(m) <= limit,

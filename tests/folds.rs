@@ -1,7 +1,7 @@
 //! The compiler's launch-saving folds on a mixed-precision GPT-2 step, asserted on the plan
 //! (their values are checked where the gradients are: against PyTorch in `precision.rs`,
-//! by finite differences in `gradcheck.rs`): a bias gradient is one fp32 `sum_to`, a layer
-//! norm read only as bf16 stores bf16, the gradient of the q/k/v split is one `concat`, a
+//! by finite differences in `gradcheck.rs`): a bias is added in its matmul's epilogue, a
+//! bias gradient is one fp32 `sum_to`, a layer norm read only as bf16 stores bf16, the gradient of the q/k/v split is one `concat`, a
 //! block's AdamW steps are one group, and the fused loss head takes at most 16 chunks (the
 //! grouped updates train bit for bit as single ones: `offload.rs`, whose offloaded updates
 //! are not grouped).
@@ -14,7 +14,7 @@ use memc::settings::Precision;
 use memc::Options;
 
 #[test]
-fn a_bf16_gpt2_step_folds_casts_pads_and_chunks() {
+fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
     let options = Options {
         precision: Some(Precision::Bf16),
         ..Options::default()
@@ -78,6 +78,21 @@ fn a_bf16_gpt2_step_folds_casts_pads_and_chunks() {
         groups.iter().sum::<u32>() as usize,
         plan.params.len() - single
     );
+    // Biases are cuBLASLt epilogues: every forward linear is one matmul with its bias, and
+    // no add reads a product.
+    assert_eq!(
+        count(&|s| matches!(s.op, Op::MatMul { bias: true, .. })),
+        4 * layers
+    );
+    let add_of_product = |s: &memc::plan::Step| {
+        matches!(s.op, Op::Binary(memc::ir::BinaryFn::Add))
+            && (s.inputs.iter()).any(|b| matches!(producer(b), Some(Op::MatMul { .. })))
+    };
+    assert_eq!(count(&add_of_product), 0);
+    // A layer norm's bias gradient is a sum over rows; the q/k/v slices are saved rather
+    // than sliced again in backward (the same bytes as their source).
+    assert_eq!(count(&|s| matches!(s.op, Op::NormBackwardBias { .. })), 0);
+    assert_eq!(count(&|s| matches!(s.op, Op::Slice { .. })), 3 * layers);
     // The loss head: 8 x 1024 rows in 16 chunks of 512.
     for s in &plan.steps {
         if let Op::LinearCrossEntropy(lce) | Op::LinearCrossEntropyBackward { lce, .. } = &s.op {

@@ -127,6 +127,7 @@ gradcheck! {
     groupnorm: ("N = 2, C = 4, H = 3", "  param x: [N, C, H, H] = normal(1.0)\n  param n: groupnorm(2, C)", "groupnorm(x, n)", "[N, C, H, H]", 1e-2, 2e-2);
     matmul_batched: ("A = 2, B = 3, K = 4, M = 5", "  param x: [A, B, K] = normal(1.0)\n  param m: [K, M] = normal(1.0)", "x @ m", "[A, B, M]", 1e-2, 1e-2);
     matmul_broadcast_batch: ("A = 2, B = 3, K = 4", "  param x: [A, 1, B, K] = normal(1.0)\n  param m: [3, K, B] = normal(1.0)", "x @ m", "[A, 3, B, B]", 1e-2, 1e-2);
+    linear_bias_epilogue: ("A = 3, K = 4, M = 5", "  param x: [A, K] = normal(1.0)\n  param l: linear(K, M)", "linear(x, l)", "[A, M]", 1e-2, 1e-2);
     matmul_transposed: ("A = 3, K = 4", "  param x: [A, K] = normal(1.0)\n  param m: [A, K] = normal(1.0)", "x @ transpose(m)", "[A, A]", 1e-2, 1e-2);
     // A reshape of a computed value is a view of its bytes.
     reshape_view: ("A = 2, B = 6", X, "reshape(tanh(x * 2.0), (A, 2, 3)) * 1.5", "[A, 2, 3]", 1e-2, 1e-2);

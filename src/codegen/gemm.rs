@@ -73,8 +73,9 @@ impl Matrix {
     }
 }
 
-/// `D = alpha * op(A) op(B) + beta * D` over `batch` items, column-major, fp32 accumulation
-/// and scaling (`op` transposes where `trans_a` / `trans_b`): cuBLASLt's matmul with C = D.
+/// `D = alpha * op(A) op(B) + beta * D (+ bias)` over `batch` items, column-major, fp32
+/// accumulation and scaling (`op` transposes where `trans_a` / `trans_b`): cuBLASLt's matmul
+/// with C = D, and its bias epilogue when there is a bias.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Gemm {
     /// `A`, `m x k` after `op`.
@@ -93,6 +94,10 @@ pub struct Gemm {
     pub alpha: f32,
     /// Scale of `D`'s prior contents (0: not read).
     pub beta: f32,
+    /// A vector of `m` elements of `D`'s type added to every column of `D` (to each row of
+    /// the row-major output) before the rounding, the same for every batch item:
+    /// `CUBLASLT_EPILOGUE_BIAS`.
+    pub bias: Option<Addr>,
 }
 
 impl Gemm {
@@ -121,6 +126,7 @@ impl Gemm {
             batch: 1,
             alpha: 1.0,
             beta: 0.0,
+            bias: None,
         }
     }
 
@@ -141,6 +147,14 @@ impl Gemm {
         Gemm {
             alpha,
             beta,
+            ..self
+        }
+    }
+
+    /// The same product with the `m`-element vector at `at` added to each column of `D`.
+    pub fn with_bias(self, at: Addr) -> Gemm {
+        Gemm {
+            bias: Some(at),
             ..self
         }
     }
@@ -166,8 +180,8 @@ impl Gemm {
 
     /// Runs the product on the host over `arena`, `base` giving each address's byte offset:
     /// every element of `D` is `alpha` times the fp32 sum over `k` in order, plus `beta`
-    /// times its prior value, rounded once to `D`'s type. Errors when an operand would reach
-    /// past the arena.
+    /// times its prior value, plus its row's bias, rounded once to `D`'s type. Errors when an
+    /// operand would reach past the arena.
     pub fn reference(&self, arena: &mut [u8], base: impl Fn(Addr) -> u64) -> Result<(), String> {
         let read = |m: &Matrix, arena: &[u8]| -> Result<Vec<f32>, String> {
             let span = self.span(m);
@@ -182,6 +196,10 @@ impl Gemm {
             read(&self.b, arena)?,
             read(&self.d, arena)?,
         );
+        let bias = match self.bias {
+            Some(at) => read(&self.bias_vector(at), arena)?,
+            None => vec![0.0; self.m() as usize],
+        };
         for z in 0..self.batch {
             for j in 0..self.n() {
                 for i in 0..self.m() {
@@ -205,7 +223,7 @@ impl Gemm {
                     } else {
                         self.beta * d[at]
                     };
-                    d[at] = self.alpha * acc + prior;
+                    d[at] = self.alpha * acc + prior + bias[i as usize];
                 }
             }
         }
@@ -213,6 +231,18 @@ impl Gemm {
         let out = lowp::to_bytes(self.d.dtype, &d);
         arena[start..start + out.len()].copy_from_slice(&out);
         Ok(())
+    }
+
+    /// The bias at `at` seen as a matrix of one column: `m` elements of `D`'s type.
+    pub fn bias_vector(&self, at: Addr) -> Matrix {
+        Matrix {
+            at,
+            dtype: self.d.dtype,
+            rows: self.m(),
+            cols: 1,
+            ld: self.m(),
+            stride: 0,
+        }
     }
 
     /// Bytes from `m.at` to the end of its last element over the batch (0 when it is
@@ -231,6 +261,11 @@ impl Gemm {
 }
 
 impl Call {
+    /// A cuBLASLt matmul call.
+    pub fn gemm(g: Gemm) -> Call {
+        Call::Gemm(Box::new(g))
+    }
+
     /// A launch of the step's own kernel over `blocks` blocks (at least 1; past 65,536 the
     /// kernel's grid-stride loops take the rest).
     pub fn launch(blocks: u64, phase: u64, chunk: u64) -> Call {
@@ -246,8 +281,8 @@ impl Call {
 /// One call of a step that uses libraries, in order.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub enum Call {
-    /// A cuBLASLt matmul.
-    Gemm(Gemm),
+    /// A cuBLASLt matmul (boxed: a descriptor is far larger than a launch).
+    Gemm(Box<Gemm>),
     /// A launch of the step's own kernel over `grid` blocks, with
     /// [`super::KernelParam::Phase`] = `phase` and [`super::KernelParam::Chunk`] = `chunk`.
     Launch {

@@ -96,14 +96,48 @@ fn layout(m: &Matrix, batch: u64) -> Result<sys::cublasLtMatrixLayout_t, ExecErr
     Ok(l)
 }
 
+/// Sets the bias epilogue on `desc`: the vector at device address `at`, in D's type (the
+/// default bias type), the same for every batch item.
+///
+/// # Safety
+/// `desc` must be a live matmul descriptor.
+unsafe fn set_bias(desc: sys::cublasLtMatmulDesc_t, at: u64) -> Result<(), ExecError> {
+    use sys::cublasLtMatmulDescAttributes_t as A;
+    let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
+    let stride = 0i64;
+    result::set_matmul_desc_attribute(
+        desc,
+        A::CUBLASLT_MATMUL_DESC_EPILOGUE,
+        (&epilogue) as *const sys::cublasLtEpilogue_t as *const c_void,
+        std::mem::size_of::<sys::cublasLtEpilogue_t>(),
+    )
+    .map_err(|e| lt_error("bias epilogue", e))?;
+    result::set_matmul_desc_attribute(
+        desc,
+        A::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+        (&at) as *const u64 as *const c_void,
+        8,
+    )
+    .map_err(|e| lt_error("bias pointer", e))?;
+    result::set_matmul_desc_attribute(
+        desc,
+        A::CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+        (&stride) as *const i64 as *const c_void,
+        8,
+    )
+    .map_err(|e| lt_error("bias batch stride", e))
+}
+
 impl Lt {
-    /// Prepares `g` with its operands at the device addresses `ptrs` (A, B, D) and the
-    /// workspace `(address, bytes)`: the heuristic's first algorithm for these shapes, types,
-    /// alignments and workspace. Errors when cuBLASLt supports no algorithm for them.
+    /// Prepares `g` with its operands at the device addresses `ptrs` (A, B, D), its bias (if
+    /// any) at `bias` and the workspace `(address, bytes)`: the heuristic's first algorithm
+    /// for these shapes, types, alignments, epilogue and workspace. Errors when cuBLASLt
+    /// supports no algorithm for them.
     pub fn prepare(
         &self,
         g: &Gemm,
         ptrs: [u64; 3],
+        bias: Option<u64>,
         workspace: (u64, usize),
     ) -> Result<PreparedGemm, ExecError> {
         let desc = result::create_matmul_desc(
@@ -139,6 +173,9 @@ impl Lt {
                     4,
                 )
                 .map_err(|e| lt_error("transpose", e))?;
+            }
+            if let Some(at) = bias {
+                set_bias(desc, at)?;
             }
             result::set_matmul_pref_attribute(
                 pref,

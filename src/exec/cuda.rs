@@ -583,7 +583,8 @@ fn prepare_calls(
             calls.push(match call {
                 Call::Gemm(g) => {
                     let ptrs = [addr(g.a.at)?, addr(g.b.at)?, addr(g.d.at)?];
-                    Prepared::Gemm(lt.prepare(g, ptrs, scratch)?)
+                    let bias = g.bias.map(addr).transpose()?;
+                    Prepared::Gemm(lt.prepare(g, ptrs, bias, scratch)?)
                 }
                 Call::Launch { grid, phase, chunk } => Prepared::Launch {
                     grid: *grid,

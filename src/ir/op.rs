@@ -170,12 +170,16 @@ pub enum Op {
     /// `(a, b) -> op(a) @ op(b)`, batched with broadcasting; `ta`/`tb` transpose the last two dims.
     /// With `f32_out` the output is fp32 whatever the operands' precision: the fp32
     /// accumulator stored unrounded (a low-precision weight gradient written straight into
-    /// its fp32 gradient, `passes::widen`).
+    /// its fp32 gradient, `passes::widen`). With `bias` a third input, a vector of the
+    /// output's last dim in the output's type, is added to every row of the fp32 product
+    /// before its one rounding: cuBLASLt's bias epilogue (`passes::bias_epilogue`).
     MatMul {
         ta: bool,
         tb: bool,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         f32_out: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        bias: bool,
     },
     /// `packed: u8[bytes] -> w[shape]` in `to`: a quantized frozen weight's packed buffer
     /// dequantized to the precision its matmuls read (`crate::ops::quant`).
@@ -314,6 +318,7 @@ impl Op {
             ta,
             tb,
             f32_out: false,
+            bias: false,
         }
     }
 

@@ -52,6 +52,7 @@ fn head_at(graph: &Graph, loss: ValueId) -> Option<Head> {
             ta: false,
             tb,
             f32_out: false,
+            bias: false,
         },
         &[x, b],
     ) = (&mm.op, mm.inputs.as_slice())

@@ -1,6 +1,7 @@
 //! Graph passes, each a pure function from one stage's value to the next.
 pub mod arena;
 pub mod autodiff;
+pub mod bias_epilogue;
 pub mod checkpoint;
 pub mod concat_grads;
 pub mod freeze;

@@ -86,10 +86,11 @@ pub fn run(diff: &Differentiated) -> Result<Differentiated, StageError> {
         },
     );
     let (out, map) = fold(graph, candidates, |_, op| match op {
-        Op::MatMul { ta, tb, .. } => Op::MatMul {
+        Op::MatMul { ta, tb, bias, .. } => Op::MatMul {
             ta: *ta,
             tb: *tb,
             f32_out: true,
+            bias: *bias,
         },
         Op::SumTo { shape, .. } => Op::SumTo {
             shape: shape.clone(),

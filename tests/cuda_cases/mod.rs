@@ -356,11 +356,32 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             vec![f(&[3, 1, 17, 65]), f(&[4, 70, 17])],
         ),
         (
+            "matmul_bias",
+            Op::MatMul {
+                ta: false,
+                tb: false,
+                f32_out: false,
+                bias: true,
+            },
+            vec![f(&[2, 3, 65, 17]), f(&[17, 70]), f(&[70])],
+        ),
+        (
+            "matmul_t_bias",
+            Op::MatMul {
+                ta: true,
+                tb: true,
+                f32_out: false,
+                bias: true,
+            },
+            vec![f(&[3, 1, 17, 65]), f(&[4, 70, 17]), f(&[70])],
+        ),
+        (
             "matmul_f32_out",
             Op::MatMul {
                 ta: true,
                 tb: false,
                 f32_out: true,
+                bias: false,
             },
             vec![f(&[130, 33]), f(&[130, 70])],
         ),

@@ -234,7 +234,7 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                     let kvm = |i| Addr::Input(i, g.at_kv(b, k0, kv));
                     let strides = (g.dh, kv_step, unit_scores);
                     // s = SCALE q k^T
-                    out.push(Call::Gemm(
+                    out.push(Call::gemm(
                         Gemm::row_major(
                             (q(0), t, false, q_row),
                             (kvm(1), t, true, kv_row),
@@ -258,7 +258,7 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                     let kv_out_step = if direct { g.dh } else { g.tk * g.dh };
                     if which == AttnInput::V {
                         // dv += p^T dout
-                        out.push(Call::Gemm(
+                        out.push(Call::gemm(
                             Gemm::row_major(
                                 (Addr::Workspace(p_at), t, true, g.tk_ld),
                                 (q(3), t, false, q_row),
@@ -270,7 +270,7 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                         ));
                     } else {
                         // dp = dout v^T, then ds
-                        out.push(Call::Gemm(
+                        out.push(Call::gemm(
                             Gemm::row_major(
                                 (q(3), t, false, q_row),
                                 (kvm(2), t, true, kv_row),
@@ -281,7 +281,7 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                         ));
                         out.push(Call::launch(rn * hn, 1, chunk));
                         let ds = (Addr::Workspace(ds_at), t, which == AttnInput::K, g.tk_ld);
-                        out.push(Call::Gemm(if which == AttnInput::Q {
+                        out.push(Call::gemm(if which == AttnInput::Q {
                             // dq = ds k
                             Gemm::row_major(
                                 ds,

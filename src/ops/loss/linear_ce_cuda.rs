@@ -82,7 +82,7 @@ impl Shape {
 
 /// [`Gemm::row_major`] as a call.
 fn gemm(x: RowMajor, y: RowMajor, out: (Addr, DType, u64), mnk: (u64, u64, u64)) -> Call {
-    Call::Gemm(Gemm::row_major(x, y, out, mnk))
+    Call::gemm(Gemm::row_major(x, y, out, mnk))
 }
 
 /// The kernel and calls of a linear cross-entropy op (`which`: forward when `None`).

@@ -10,7 +10,8 @@ use crate::ops::cpu::{foreign_op, CpuKernel};
 impl CpuKernel for super::Family {
     fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
         match step.op() {
-            Op::MatMul { ta, tb, .. } => {
+            Op::MatMul { ta, tb, bias, .. } => {
+                let out = step.output();
                 kernels::matmul(
                     step.input(0),
                     step.shape(0),
@@ -18,9 +19,12 @@ impl CpuKernel for super::Family {
                     step.input(1),
                     step.shape(1),
                     *tb,
-                    step.output(),
+                    out,
                     step.out_shape(),
                 );
+                if *bias {
+                    kernels::add_rows(out, step.input(2));
+                }
                 Ok(())
             }
             op => Err(foreign_op(op, "matmul")),

@@ -31,9 +31,10 @@ fn uniform(strides: &[u64], batch: &[usize]) -> Option<u64> {
     }
 }
 
-/// `out = op(x) @ op(y)` over broadcast batch dims, `op` transposing when `tx` / `ty`; the
-/// output's element type may be wider than the operands' (`f32_out`).
-fn matmul(a: &Args, tx: bool, ty: bool) -> Result<Kernel, CodegenError> {
+/// `out = op(x) @ op(y)` over broadcast batch dims, `op` transposing when `tx` / `ty`, plus
+/// input 2 added to every row in the epilogue when `bias`; the output's element type may be
+/// wider than the operands' (`f32_out`).
+fn matmul(a: &Args, tx: bool, ty: bool, bias: bool) -> Result<Kernel, CodegenError> {
     let (x, y, out) = (a.at(0)?, a.at(1)?, a.output);
     let (rx, ry, ro) = (x.shape.len(), y.shape.len(), out.shape.len());
     let (m, n) = (u(out.shape[ro - 2]), u(out.shape[ro - 1]));
@@ -83,9 +84,12 @@ fn matmul(a: &Args, tx: bool, ty: bool) -> Result<Kernel, CodegenError> {
             (Addr::Output(o * inner * m * n * eo), out.dtype, n),
             (m, n, k),
         );
-        calls.push(Call::Gemm(
-            g.batched(inner, (ix * m * k, iy * k * n, m * n)),
-        ));
+        let g = g.batched(inner, (ix * m * k, iy * k * n, m * n));
+        calls.push(Call::gemm(if bias {
+            g.with_bias(Addr::Input(2, 0))
+        } else {
+            g
+        }));
     }
     Ok(Kernel::library_only("matmul", calls))
 }
@@ -103,7 +107,7 @@ impl CudaLowering for super::Family {
 
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
-            Op::MatMul { ta, tb, .. } => matmul(a, *ta, *tb),
+            Op::MatMul { ta, tb, bias, .. } => matmul(a, *ta, *tb, *bias),
             _ => Err(a.foreign("matmul")),
         }
     }

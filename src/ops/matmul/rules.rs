@@ -41,16 +41,33 @@ fn matmul(a: &TensorType, b: &TensorType, ta: bool, tb: bool) -> Result<TensorTy
 
 impl Rules for super::Family {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
-        let Op::MatMul { ta, tb, f32_out } = op else {
+        let Op::MatMul {
+            ta,
+            tb,
+            f32_out,
+            bias,
+        } = op
+        else {
             return foreign(op, "matmul");
         };
-        arity(op, inputs, 2, 2)?;
+        let n = if *bias { 3 } else { 2 };
+        arity(op, inputs, n, n)?;
         let out = matmul(inputs[0], inputs[1], *ta, *tb)?;
-        Ok(if *f32_out {
+        let out = if *f32_out {
             out.with_dtype(DType::F32)
         } else {
             out
-        })
+        };
+        if let Some(b) = inputs.get(2) {
+            let cols = out.shape.last().copied().unwrap_or(0);
+            if b.dtype != out.dtype || b.shape != [cols] {
+                return fail(
+                    format!("matmul bias {b} does not match its output {out}"),
+                    "the bias is a vector of the output's last dim in the output's type",
+                );
+            }
+        }
+        Ok(out)
     }
 
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
@@ -59,7 +76,8 @@ impl Rules for super::Family {
         };
         let r = a.shape.len();
         let k = if *ta { a.shape[r - 2] } else { a.shape[r - 1] };
-        2 * out.numel() * k as u64
+        let bias = if inputs.len() > 2 { out.numel() } else { 0 };
+        2 * out.numel() * k as u64 + bias
     }
 
     /// cuBLASLt GEMMs: on tensor cores in 16 bits.

@@ -1,7 +1,8 @@
-//! Backward rule of the normalizations: one op each for the input, weight and bias gradient.
+//! Backward rule of the normalizations: one op each for the input, weight and bias gradient
+//! (a layer norm's bias gradient is a `sum_to`).
 //! The running-statistics update has none.
 
-use crate::ir::Op;
+use crate::ir::{NormKind, Op};
 use crate::ops::backward::{Backward, Vjp};
 use crate::passes::StageError;
 
@@ -26,7 +27,12 @@ impl Backward for super::Family {
                 cx.set(1, |rw| {
                     rw.add(Op::NormBackwardWeight { kind, eps }, vec![x[0], dy])
                 })?;
-                cx.set(2, |rw| rw.add(Op::NormBackwardBias { kind }, vec![dy]))
+                // A layer norm's bias gradient sums dy over every row: a `sum_to` to the
+                // bias (one launch over the channels); per-channel norms keep their own op.
+                match (kind, x.get(2)) {
+                    (NormKind::Layer, Some(&bias)) => cx.set(2, |rw| rw.sum_to(dy, bias)),
+                    _ => cx.set(2, |rw| rw.add(Op::NormBackwardBias { kind }, vec![dy])),
+                }
             }
             // The running-statistics update feeds no value: no gradient flows through it.
             Op::NormBackwardInput { .. }

@@ -13,9 +13,9 @@
 //! - min-cut (petgraph's Dinic max-flow on a flow network over forward values, as in
 //!   AOTAutograd's partitioner): each value `v` becomes `v_in -> v_out` with capacity = its
 //!   bytes (saving it); `u_out -> v_in` is infinite for each data edge; values backward reads
-//!   are tied to the sink; `source -> v_in` carries the price of recomputing `v`: nothing
-//!   for cheap ops, `penalty x FLOPs` for heavy and random ops (infinite when they are
-//!   banned).
+//!   are tied to the sink; `source -> v_in` carries the price of recomputing `v`: one byte
+//!   for cheap ops (of two cuts of equal bytes, the one recomputing fewer ops wins),
+//!   `penalty x FLOPs` for heavy and random ops (infinite when they are banned).
 //!
 //! Under every policy, keep-all included, two kinds of cast are recomputed rather than saved,
 //! both exact, so gradients keep their bits: a cast that widens a low-precision activation to
@@ -186,7 +186,9 @@ fn min_cut(graph: &Graph, penalty: Option<f64>, pointwise_only: bool) -> BTreeSe
                     ((flops(&node.op, &types, &node.ty) as f64 * p).ceil() as u64).clamp(1, INF)
                 })
             }
-            _ => 0,
+            // One byte per cheap op: of two cuts of equal bytes, the one that recomputes
+            // fewer ops (fewer launches in backward) wins.
+            _ => 1,
         };
         if recompute_cost > 0 {
             net.add_edge(source, vin, recompute_cost);

@@ -81,6 +81,19 @@ pub fn matmul(
     }
 }
 
+/// Adds `bias` to every row of `out` (rows of `bias.len()` elements), in f32 before the
+/// output's one rounding, as cuBLASLt's bias epilogue does.
+pub fn add_rows(out: &mut [f32], bias: &[f32]) {
+    if bias.is_empty() {
+        return;
+    }
+    out.par_chunks_mut(bias.len()).for_each(|row| {
+        for (o, b) in row.iter_mut().zip(bias) {
+            *o += b;
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     //! Forward kernels are checked against naive references; backward kernels against central
