@@ -81,3 +81,57 @@ pub fn run(diff: &Differentiated) -> Result<(Differentiated, Vec<Option<ValueId>
     };
     Ok((diff, map))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::fold;
+    use crate::ir::{BinaryFn, DType, Graph, Op, Origin, Phase, Span, TensorType, UnaryFn};
+
+    #[test]
+    fn only_a_vector_added_to_a_product_nothing_else_reads_folds() {
+        let origin = Origin {
+            span: Span::default(),
+            scope: String::new(),
+            phase: Phase::Forward,
+        };
+        let mut g = Graph::new();
+        let input = |g: &mut Graph, name: &str, shape: Vec<usize>| {
+            let ty = TensorType::new(DType::F32, shape);
+            let op = Op::Input {
+                name: name.to_string(),
+                ty,
+            };
+            g.add(op, vec![], &origin).expect("input")
+        };
+        let x = input(&mut g, "x", vec![4, 3]);
+        let w = input(&mut g, "w", vec![3, 5]);
+        let b = input(&mut g, "b", vec![5]);
+        let c = input(&mut g, "c", vec![4, 5]);
+        let add = Op::Binary(BinaryFn::Add);
+        let linear = |g: &mut Graph, bias, product_first: bool| {
+            let m = g
+                .add(Op::matmul(false, false), vec![x, w], &origin)
+                .expect("matmul");
+            let inputs = if product_first {
+                vec![m, bias]
+            } else {
+                vec![bias, m]
+            };
+            (m, g.add(add.clone(), inputs, &origin).expect("add"))
+        };
+        let (_, folded) = linear(&mut g, b, false);
+        let (_, full) = linear(&mut g, c, true);
+        let (shared, _) = linear(&mut g, b, true);
+        let relu = Op::Unary(UnaryFn::Relu);
+        let other = g.add(relu, vec![shared], &origin).expect("relu");
+        g.outputs = vec![("folded".into(), folded), ("full".into(), full)];
+        g.outputs.push(("other".into(), other));
+        let (out, map) = fold(&g).expect("fold");
+        let count = |f: &dyn Fn(&Op) -> bool| out.values().filter(|&v| f(&out.node(v).op)).count();
+        assert_eq!(count(&|o| matches!(o, Op::MatMul { bias: true, .. })), 1);
+        assert_eq!(count(&|o| *o == add), 2);
+        let new = map[folded.index()].expect("the folded add");
+        assert_eq!(out.node(new).inputs, vec![x, w, b]);
+        assert_eq!(out.node(new).ty, TensorType::new(DType::F32, vec![4, 5]));
+    }
+}
