@@ -1,6 +1,6 @@
 //! The tile: what the whole model's graph says about tiling it (halo, grid factor, the
-//! tiles a side allows), and the window's plan for a given tile or the largest that fits
-//! the budget.
+//! tiles a side allows), and the window's plan for a given tile or for the fewest tiles
+//! that fit the budget.
 
 use super::{tiled_inputs, Tiling};
 use crate::diagnostic::UserError;
@@ -18,6 +18,7 @@ pub struct Geometry {
     field: Field,
     objective: Objective,
     targets: Option<(String, i32)>,
+    accumulate: usize,
     input_bytes: u64,
     output_bytes: u64,
     budget: Option<u64>,
@@ -31,17 +32,12 @@ impl Geometry {
         let (inputs, axes) = tiled_inputs(&ast, dim)?;
         let side = dim_value(&module.dims, dim)?;
         let objective = match &module.train {
-            Some(t) if t.settings.accumulate > 1 || options.accumulate.is_some_and(|a| a > 1) => {
-                return Err(UserError::at(
-                    t.span,
-                    "tiled training accumulates over the tiles itself, and this step also accumulates micro-batches",
-                    "accumulate is set",
-                    "drop `accumulate` (or --accumulate) to train over tiles",
-                )
-                .into())
-            }
             Some(_) => Objective::Loss,
             None => Objective::Outputs,
+        };
+        let accumulate = match &module.train {
+            Some(t) => options.accumulate.unwrap_or(t.settings.accumulate).max(1) as usize,
+            None => 1,
         };
         let field = analyze(&module.graph, &inputs, side, objective)?;
         let targets = match objective {
@@ -70,6 +66,7 @@ impl Geometry {
             field,
             objective,
             targets,
+            accumulate,
             input_bytes,
             output_bytes,
             budget,
@@ -84,7 +81,7 @@ impl Geometry {
     }
 
     /// The tiling with tiles of `tile`, or why that tile is not one: a multiple of the grid
-    /// factor that divides the side, whose window fits inside the input.
+    /// factor whose window fits inside the input.
     fn tiling(&self, tile: usize) -> Result<Tiling, UserError> {
         let (lo, hi) = self.halo();
         let f = self.field.factor;
@@ -92,10 +89,13 @@ impl Geometry {
         if !self.allows(tile) {
             return Err(UserError::general(
                 format!(
-                    "a tile of {tile} does not cut {} = {}: tiles must be multiples of the network's grid factor {f} that divide the side, and a tile with its halo ({lo} before, {hi} after) must fit inside it",
+                    "a tile of {tile} does not cut {} = {}: tiles must be multiples of the network's grid factor {f}, and a tile with its halo ({lo} before, {hi} after) must fit inside the side",
                     self.dim, self.side
                 ),
-                format!("tiles that fit: {}", self.sides().iter().map(usize::to_string).collect::<Vec<_>>().join(", ")),
+                match (self.side.saturating_sub(lo + hi) / f) * f {
+                    0 => format!("the only tile is the whole side, {}", self.side),
+                    max => format!("take a multiple of {f} from {f} to {max}, or the whole side {}", self.side),
+                },
             ));
         }
         Ok(Tiling {
@@ -110,29 +110,37 @@ impl Geometry {
             inputs: self.inputs.clone(),
             outputs: self.field.outputs.clone(),
             targets: self.targets.clone(),
+            accumulate: self.accumulate,
             input_bytes: self.input_bytes,
             output_bytes: self.output_bytes,
         })
     }
 
     /// Whether tiles of `tile` cut the input: the whole side, or a multiple of the grid
-    /// factor that divides the side and whose window fits inside it.
+    /// factor whose window fits inside it (the last tile along an axis keeps what the
+    /// others leave).
     fn allows(&self, tile: usize) -> bool {
         let (lo, hi) = self.halo();
         tile == self.side
-            || (tile > 0
-                && tile.is_multiple_of(self.field.factor)
-                && self.side.is_multiple_of(tile)
-                && tile + lo + hi <= self.side)
+            || (tile > 0 && tile.is_multiple_of(self.field.factor) && tile + lo + hi <= self.side)
     }
 
-    /// Every tile side this input allows, largest first (the whole side first).
-    pub fn sides(&self) -> Vec<usize> {
-        (1..=self.side).rev().filter(|&t| self.allows(t)).collect()
+    /// The tiles `auto` tries, fewest tiles per axis first (the whole side first): for each
+    /// count the smallest tile that gives it, whose window is the smallest. The voxel work
+    /// of `n` windows an axis, `n * (tile + lo + hi)`, falls with `n`, so the first of
+    /// these whose plan fits is the one that repeats the least work.
+    pub fn candidates(&self) -> Vec<usize> {
+        let f = self.field.factor;
+        (1..=self.side.div_ceil(f))
+            .map(|n| (n, self.side.div_ceil(n).div_ceil(f) * f))
+            .filter(|&(n, t)| self.side.div_ceil(t) == n && self.allows(t))
+            .map(|(_, t)| t)
+            .collect()
     }
 }
 
-/// The window's plan for tiles of `side` (None: the largest whose plan fits the budget).
+/// The window's plan for tiles of `side` (None: of the fewest tiles whose plan fits the
+/// budget, [`Geometry::candidates`]).
 pub fn compile_at(
     source: &str,
     options: &Options,
@@ -146,7 +154,7 @@ pub fn compile_at(
     let Some(budget) = g.budget else {
         return Err(UserError::general(
             format!(
-                "--tile {}=auto picks the largest tile that fits the budget, and none is set",
+                "--tile {}=auto picks the fewest tiles whose plan fits the budget, and none is set",
                 g.dim
             ),
             "give --budget SIZE, or a tile side such as --tile S=64",
@@ -154,7 +162,7 @@ pub fn compile_at(
         .into());
     };
     let mut last = None;
-    for side in g.sides() {
+    for side in g.candidates() {
         let tiling = g.tiling(side)?;
         match compile_window(source, options, g, &tiling) {
             Ok(c) if c.plan.plan().report.budgeted_bytes() <= budget => return Ok((c, tiling)),
@@ -171,8 +179,8 @@ pub fn compile_at(
         ),
         format!(
             "the smallest tile is {} with windows of {}; raise the budget or combine with --checkpoint and --precision",
-            g.sides().last().copied().unwrap_or(g.side),
-            g.sides().last().map_or(g.side, |&t| g.tiling(t).map_or(g.side, |t| t.window))
+            g.candidates().last().copied().unwrap_or(g.side),
+            g.candidates().last().map_or(g.side, |&t| g.tiling(t).map_or(g.side, |t| t.window))
         ),
     )
     .into())
@@ -197,14 +205,28 @@ fn compile_window(
             tiling.window, field.factor, g.field.factor
         )]));
     }
-    let accumulate = match g.objective {
-        Objective::Loss => Some(tiling.count() as u32),
-        Objective::Outputs => options.accumulate,
-    };
-    let window = Options {
-        overrides,
-        accumulate,
-        ..options.clone()
+    let micro = u32::try_from(tiling.count() * tiling.accumulate).map_err(|_| {
+        UserError::general(
+            format!(
+                "{} tiles of {} over {} micro-batches are too many micro-steps",
+                tiling.count(),
+                tiling.tile,
+                tiling.accumulate
+            ),
+            "take larger tiles",
+        )
+    })?;
+    let window = match g.objective {
+        Objective::Loss => Options {
+            overrides,
+            accumulate: Some(micro),
+            kept_from_input: true,
+            ..options.clone()
+        },
+        Objective::Outputs => Options {
+            overrides,
+            ..options.clone()
+        },
     };
     crate::compile(source, &window)
 }

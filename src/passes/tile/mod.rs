@@ -19,6 +19,7 @@ mod rules;
 use crate::diagnostic::UserError;
 use crate::ir::{Graph, Op, ValueId};
 use crate::ops::norm::NormKind;
+use crate::passes::rewrite::Edit;
 use atoms::{Atom, Layout};
 
 /// Per input name, each dim's tiled axis (None: not tiled).
@@ -117,6 +118,27 @@ pub fn analyze(
         hi,
         outputs,
     })
+}
+
+/// `graph` with every [`Op::KeptCount`] replaced by the f32 scalar input
+/// [`crate::tiling::KEPT`]: each cross-entropy's mean then divides by the value bound to it
+/// for the micro-step (a micro-batch's kept voxels over its tiles) instead of the kept rows
+/// of the window's own targets.
+pub fn kept_from_input(graph: &Graph) -> Result<Graph, crate::passes::StageError> {
+    let mut kept = None;
+    let (out, _) = crate::passes::rewrite::rebuild(graph, "tile", |v| match graph.node(v).op {
+        Op::KeptCount(_) => match kept {
+            Some(first) => Edit::Alias(first),
+            None => {
+                kept = Some(v);
+                let ty = crate::ir::TensorType::new(crate::ir::DType::F32, vec![]);
+                let name = crate::tiling::KEPT.to_string();
+                Edit::Rebuild(Op::Input { name, ty }, Vec::new())
+            }
+        },
+        _ => Edit::Keep,
+    })?;
+    Ok(out)
 }
 
 /// An input's layout: its tiled dims on the input's own grid.
