@@ -176,6 +176,9 @@ fn assert_tiled_inference_exact(
     );
 }
 
+/// Tiled 2-D inference equals the whole image's to the bit, with tiles that divide the side
+/// and tiles that do not (the last tile along each axis pushed inward to end at the border,
+/// keeping the voxels the others leave).
 #[test]
 fn tiled_2d_inference_equals_the_whole_image() {
     let src = unet2d_inference();
@@ -186,8 +189,14 @@ fn tiled_2d_inference_equals_the_whole_image() {
     // pooling factor 2.
     assert_eq!(geometry(&tiling), (2, 14, 14, 36, 64));
     assert_tiled_inference_exact(&src, "S=8", &inputs, (8, 1e-4));
+    let (_, tiling) = tiled(&src, &Options::default(), "S=12");
+    // 64 = 5 x 12 + 4: six tiles an axis, the last keeping 4.
+    assert_eq!(geometry(&tiling), (2, 14, 14, 40, 36));
+    assert_eq!(tiling.last(), 4);
+    assert_tiled_inference_exact(&src, "S=12", &inputs, (8, 1e-4));
 }
 
+/// The same in 3-D, on a side the tile divides (24) and on one it does not (26).
 #[test]
 fn tiled_3d_inference_equals_the_whole_volume() {
     let inputs = vec![("volume".to_string(), data(&[1, 1, 24, 24, 24], None, 3))];
@@ -196,6 +205,12 @@ fn tiled_3d_inference_equals_the_whole_volume() {
     assert_eq!(tiling.input_bytes, 24 * 24 * 24 * 4);
     assert_eq!(tiling.output_bytes, 2 * 24 * 24 * 24 * 4);
     assert_tiled_inference_exact(UNET3D_SMALL, "S=8", &inputs, (2, 1e-3));
+    let src = UNET3D_SMALL.replace("S = 24", "S = 26");
+    let inputs = vec![("volume".to_string(), data(&[1, 1, 26, 26, 26], None, 3))];
+    let (_, tiling) = tiled(&src, &Options::default(), "S=8");
+    // 26 = 3 x 8 + 2.
+    assert_eq!(geometry(&tiling), (2, 6, 6, 20, 64));
+    assert_tiled_inference_exact(&src, "S=8", &inputs, (2, 1e-3));
 }
 
 /// One training step of `src` over tiles of `side` against the whole input's step, both
@@ -448,31 +463,35 @@ fn run_infers_over_tiles_into_the_whole_output() {
     assert_eq!(max_abs_diff(&tiled, &whole), 0.0);
 }
 
-/// A tile that does not divide the side: the last tile along each axis is pushed inward to
-/// end at the border and keeps the voxels the others leave, and the whole output is still
-/// the whole input's, bit for bit, in 2-D and 3-D.
-#[test]
-fn tiles_not_dividing_the_side_infer_bit_for_bit() {
-    let src = unet2d_inference();
-    let inputs = vec![("image".to_string(), data(&[1, 2, 64, 64], None, 1))];
-    let (_, tiling) = tiled(&src, &Options::default(), "S=12");
-    // 64 = 5 x 12 + 4: six tiles an axis, the last keeping 4.
-    assert_eq!(geometry(&tiling), (2, 14, 14, 40, 36));
-    assert_eq!(tiling.last(), 4);
-    assert_tiled_inference_exact(&src, "S=12", &inputs, (8, 1e-4));
-    let src = UNET3D_SMALL.replace("S = 24", "S = 26");
-    let inputs = vec![("volume".to_string(), data(&[1, 1, 26, 26, 26], None, 3))];
-    let (_, tiling) = tiled(&src, &Options::default(), "S=8");
-    // 26 = 3 x 8 + 2.
-    assert_eq!(geometry(&tiling), (2, 6, 6, 20, 64));
-    assert_tiled_inference_exact(&src, "S=8", &inputs, (2, 1e-3));
-}
-
 /// Training over tiles that do not divide the side: the last tiles keep fewer voxels, and
 /// each voxel's loss still counts once and alike.
 #[test]
-fn tiled_training_over_tiles_not_dividing_the_side() {
+fn tiled_2d_training_over_tiles_not_dividing_the_side() {
     assert_tiled_step_matches(&unet2d_training(), "S=12", &unet2d_inputs(1, 9), 1);
+}
+
+/// The same in 3-D: the small 3-D UNet trained on a per-voxel cross-entropy over a 26^3
+/// volume in tiles of 8 (three of 8 and a last keeping 2 an axis), its labels holding the
+/// ignored id.
+#[test]
+fn tiled_3d_training_over_tiles_not_dividing_the_side() {
+    let src = UNET3D_SMALL.replace("S = 24", "S = 26").replace(
+        "  output y = conv3d(u, c3, padding = 1)",
+        "  input labels: i32[B, S, S, S]
+  let scores = conv3d(u, c3, padding = 1)
+  let logits = permute(reshape(scores, (B, 2, S*S*S)), (0, 2, 1))
+  loss = cross_entropy(logits, reshape(labels, (B, S*S*S)), ignore_index = -1)
+  train { optimizer = sgd(lr = 1.0) }",
+    );
+    let mut labels = data(&[1, 26, 26, 26], Some(2), 17);
+    for i in (0..26 * 26 * 26).step_by(5) {
+        labels.data[i] = f32::from_bits(-1i32 as u32);
+    }
+    let inputs = vec![
+        ("volume".to_string(), data(&[1, 1, 26, 26, 26], None, 3)),
+        ("labels".to_string(), labels),
+    ];
+    assert_tiled_step_matches(&src, "S=8", &inputs, 1);
 }
 
 /// `--tile` with `--accumulate 2`: one step over both micro-batches' tiles, the update
