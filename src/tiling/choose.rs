@@ -205,21 +205,10 @@ fn compile_window(
             tiling.window, field.factor, g.field.factor
         )]));
     }
-    let micro = u32::try_from(tiling.count() * tiling.accumulate).map_err(|_| {
-        UserError::general(
-            format!(
-                "{} tiles of {} over {} micro-batches are too many micro-steps",
-                tiling.count(),
-                tiling.tile,
-                tiling.accumulate
-            ),
-            "take larger tiles",
-        )
-    })?;
     let window = match g.objective {
         Objective::Loss => Options {
             overrides,
-            accumulate: Some(micro),
+            accumulate: Some(micro_steps(tiling)?),
             kept_from_input: true,
             ..options.clone()
         },
@@ -229,6 +218,26 @@ fn compile_window(
         },
     };
     crate::compile(source, &window)
+}
+
+/// The micro-steps of a tiled training step: every micro-batch's tiles, or a user error
+/// where they are more than a step counts.
+fn micro_steps(t: &Tiling) -> Result<u32, UserError> {
+    u32::try_from(t.count() * t.accumulate).map_err(|_| {
+        UserError::general(
+            format!(
+                "tiles of {} cut {} = {}^{} into {} tiles, which over {} micro-batch(es) are more micro-steps than a training step runs ({})",
+                t.tile,
+                t.dim,
+                t.side,
+                t.axes,
+                t.count(),
+                t.accumulate,
+                u32::MAX
+            ),
+            "take larger tiles (or fewer micro-batches)",
+        )
+    })
 }
 
 /// The value of `dim` after overrides, or an error naming it.
