@@ -405,6 +405,12 @@ fn compile_reports_the_tiling() {
         stdout.contains("tiling: S = 24^3 cut into 27 tiles of 10^3 (3 per axis, the last keeping 4 of its tile); windows of 22^3"),
         "{stdout}"
     );
+    std::fs::write(&path, VALID2D).unwrap();
+    let stdout = report("S=16");
+    assert!(
+        stdout.contains("tiling: S = 64^2 (output 60^2: unpadded convolutions drop 4 at the end) cut into 16 tiles of 16^2 (4 per axis, the last keeping 12 of its tile); windows of 28^2 (halo 4 before, 8 after, grid factor 2)"),
+        "{stdout}"
+    );
 }
 
 /// The `step N loss X` lines of `memc run` on `path` with `extra` flags.
@@ -461,6 +467,54 @@ fn run_infers_over_tiles_into_the_whole_output() {
         (vec![1, 2, 24, 24, 24], whole_shape)
     );
     assert_eq!(max_abs_diff(&tiled, &whole), 0.0);
+}
+
+/// A 2-D network of unpadded (`valid`) convolutions around a padded one: 64^2 in, 60^2 out,
+/// each output voxel standing for the input voxel of its first tap.
+const VALID2D: &str = "model valid2d {
+  dim B = 1, S = 64, F = 4
+  input image: [B, 2, S, S]
+  param c1: conv2d(2, F, 3, bias = true)
+  param c2: conv2d(F, 2*F, 3, bias = true)
+  param t: conv_transpose2d(2*F, F, 2, bias = true)
+  param c3: conv2d(F, 3, 3, bias = true)
+  let e = relu(conv2d(image, c1))
+  let d = relu(conv2d(max_pool2d(e, 2), c2, padding = 1))
+  let u = relu(conv_transpose2d(d, t, stride = 2))
+  output y = conv2d(u, c3)
+}";
+
+/// Unpadded convolutions tile for inference: the output covers the input's first voxels
+/// (60 of 64 here, 34 of 36 in 3-D), tiles cut the output, and the whole output is the
+/// whole input's to the bit, with tiles that divide it and tiles that do not.
+#[test]
+fn tiled_inference_of_unpadded_networks_equals_the_whole_input() {
+    let inputs = vec![("image".to_string(), data(&[1, 2, 64, 64], None, 7))];
+    for (side, count) in [("S=12", 25), ("S=16", 16)] {
+        let (_, tiling) = tiled(VALID2D, &Options::default(), side);
+        // Reads 1 voxel before (the padded convolution, on the pooled grid: 2), 2 + 2 +
+        // 2 after (each unpadded 3x3, the pooled one on cells of 2) and the transposed
+        // convolution's sibling: rounded up to the grid factor 2.
+        assert_eq!(
+            (tiling.extent, tiling.lo, tiling.hi, tiling.count()),
+            (60, 4, 8, count)
+        );
+        assert_tiled_inference_exact(VALID2D, side, &inputs, (4, 1e-4));
+    }
+    let src = "model valid3d {
+  dim B = 1, S = 36, F = 2
+  input volume: [B, 1, S, S, S]
+  param c1: conv3d(1, F, 3, bias = true)
+  param t: conv_transpose3d(F, F, 2, bias = true)
+  param c2: conv3d(F, 2, 3, bias = true)
+  let p = max_pool3d(relu(conv3d(volume, c1)), 2)
+  output y = conv3d(relu(conv_transpose3d(p, t, stride = 2)), c2, padding = 1)
+}";
+    let inputs = vec![("volume".to_string(), data(&[1, 1, 36, 36, 36], None, 3))];
+    let (_, tiling) = tiled(src, &Options::default(), "S=8");
+    // 34 = 4 x 8 + 2.
+    assert_eq!((tiling.extent, tiling.last(), tiling.count()), (34, 2, 125));
+    assert_tiled_inference_exact(src, "S=8", &inputs, (2, 1e-4));
 }
 
 /// Training over tiles that do not divide the side: the last tiles keep fewer voxels, and

@@ -40,6 +40,16 @@ impl Geometry {
             None => 1,
         };
         let field = analyze(&module.graph, &inputs, side, objective)?;
+        if !side.is_multiple_of(field.factor) {
+            return Err(UserError::general(
+                format!(
+                    "{dim} = {side} is not a multiple of the network's grid factor {}: windows pushed to the input's end would not line up with its pooled grids",
+                    field.factor
+                ),
+                format!("choose a side that is a multiple of {}", field.factor),
+            )
+            .into());
+        }
         let targets = match objective {
             Objective::Loss => Some(targets(&module.graph)?),
             Objective::Outputs => None,
@@ -81,26 +91,28 @@ impl Geometry {
     }
 
     /// The tiling with tiles of `tile`, or why that tile is not one: a multiple of the grid
-    /// factor whose window fits inside the input.
+    /// factor, at most the output's side, whose window fits inside the input.
     fn tiling(&self, tile: usize) -> Result<Tiling, UserError> {
         let (lo, hi) = self.halo();
-        let f = self.field.factor;
-        let whole = tile == self.side;
+        let (f, extent) = (self.field.factor, self.field.extent);
+        let whole = tile == extent;
         if !self.allows(tile) {
+            let most = extent.min(self.side.saturating_sub(lo + hi)) / f * f;
             return Err(UserError::general(
                 format!(
-                    "a tile of {tile} does not cut {} = {}: tiles must be multiples of the network's grid factor {f}, and a tile with its halo ({lo} before, {hi} after) must fit inside the side",
+                    "a tile of {tile} does not cut {} = {}: tiles must be multiples of the network's grid factor {f}, at most the output's side {extent}, and a tile with its halo ({lo} before, {hi} after) must fit inside the side",
                     self.dim, self.side
                 ),
-                match (self.side.saturating_sub(lo + hi) / f) * f {
-                    0 => format!("the only tile is the whole side, {}", self.side),
-                    max => format!("take a multiple of {f} from {f} to {max}, or the whole side {}", self.side),
+                match most {
+                    0 => format!("the only tile is the whole output, {extent}"),
+                    most => format!("take a multiple of {f} from {f} to {most}, or the whole output {extent}"),
                 },
             ));
         }
         Ok(Tiling {
             dim: self.dim.clone(),
             side: self.side,
+            extent,
             tile,
             lo: if whole { 0 } else { lo },
             hi: if whole { 0 } else { hi },
@@ -116,24 +128,27 @@ impl Geometry {
         })
     }
 
-    /// Whether tiles of `tile` cut the input: the whole side, or a multiple of the grid
-    /// factor whose window fits inside it (the last tile along an axis keeps what the
-    /// others leave).
+    /// Whether tiles of `tile` cut the output: the whole of it, or a multiple of the grid
+    /// factor no longer than it whose window fits inside the input (the last tile along an
+    /// axis keeps what the others leave).
     fn allows(&self, tile: usize) -> bool {
         let (lo, hi) = self.halo();
-        tile == self.side
-            || (tile > 0 && tile.is_multiple_of(self.field.factor) && tile + lo + hi <= self.side)
+        tile == self.field.extent
+            || (tile > 0
+                && tile.is_multiple_of(self.field.factor)
+                && tile <= self.field.extent
+                && tile + lo + hi <= self.side)
     }
 
-    /// The tiles `auto` tries, fewest tiles per axis first (the whole side first): for each
-    /// count the smallest tile that gives it, whose window is the smallest. The voxel work
-    /// of `n` windows an axis, `n * (tile + lo + hi)`, falls with `n`, so the first of
+    /// The tiles `auto` tries, fewest tiles per axis first (the whole output first): for
+    /// each count the smallest tile that gives it, whose window is the smallest. The voxel
+    /// work of `n` windows an axis, `n * (tile + lo + hi)`, falls with `n`, so the first of
     /// these whose plan fits is the one that repeats the least work.
     pub fn candidates(&self) -> Vec<usize> {
-        let f = self.field.factor;
-        (1..=self.side.div_ceil(f))
-            .map(|n| (n, self.side.div_ceil(n).div_ceil(f) * f))
-            .filter(|&(n, t)| self.side.div_ceil(t) == n && self.allows(t))
+        let (f, extent) = (self.field.factor, self.field.extent);
+        (1..=extent.div_ceil(f))
+            .map(|n| (n, (extent.div_ceil(n).div_ceil(f) * f).min(extent)))
+            .filter(|&(n, t)| extent.div_ceil(t) == n && self.allows(t))
             .map(|(_, t)| t)
             .collect()
     }
@@ -179,7 +194,7 @@ pub fn compile_at(
         ),
         format!(
             "the smallest tile is {} with windows of {}; raise the budget or combine with --checkpoint and --precision",
-            g.candidates().last().copied().unwrap_or(g.side),
+            g.candidates().last().copied().unwrap_or(g.field.extent),
             g.candidates().last().map_or(g.side, |&t| g.tiling(t).map_or(g.side, |t| t.window))
         ),
     )
@@ -199,10 +214,10 @@ fn compile_window(
     let ast = crate::front::parse(source)?;
     let module = crate::front::lower(&ast, &overrides)?;
     let field = analyze(&module.graph, &g.inputs, tiling.window, g.objective)?;
-    if field.factor != g.field.factor {
+    if field.factor != g.field.factor || tiling.window - field.extent != g.side - g.field.extent {
         return Err(CompileError::Internal(vec![format!(
-            "tiling: the window of {} has grid factor {}, the whole input {}",
-            tiling.window, field.factor, g.field.factor
+            "tiling: the window of {} has grid factor {} and output side {}, the whole input {} and {}",
+            tiling.window, field.factor, field.extent, g.field.factor, g.field.extent
         )]));
     }
     let window = match g.objective {

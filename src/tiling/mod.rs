@@ -70,8 +70,11 @@ pub struct Tiling {
     pub dim: String,
     /// The whole input's side.
     pub side: usize,
-    /// The tile's side (a multiple of `factor`, at most `side`; the last tile along an
-    /// axis keeps [`Tiling::last`] voxels).
+    /// The whole output's side: the input voxels it covers from the start of a tiled axis
+    /// (`side`, less the border unpadded convolutions drop at its end).
+    pub extent: usize,
+    /// The tile's side in output voxels (a multiple of `factor`, at most `extent`; the last
+    /// tile along an axis keeps [`Tiling::last`] voxels).
     pub tile: usize,
     /// Halo before a tile: the receptive field's reach, rounded up to `factor`.
     pub lo: usize,
@@ -79,7 +82,8 @@ pub struct Tiling {
     pub hi: usize,
     /// The network's grid factor (its total down-sampling).
     pub factor: usize,
-    /// The window's side: `tile + lo + hi` (or `side` when one tile is the whole input).
+    /// The window's side in input voxels: `tile + lo + hi` (or `side` when one tile is the
+    /// whole output).
     pub window: usize,
     /// How many axes are tiled.
     pub axes: usize,
@@ -100,13 +104,13 @@ pub struct Tiling {
 impl Tiling {
     /// Tiles along one axis.
     pub fn per_axis(&self) -> usize {
-        self.side.div_ceil(self.tile)
+        self.extent.div_ceil(self.tile)
     }
 
-    /// The voxels the last tile along an axis keeps: `tile` where it divides the side, else
-    /// those after the previous tiles.
+    /// The voxels the last tile along an axis keeps: `tile` where it divides the output's
+    /// side, else those after the previous tiles.
     pub fn last(&self) -> usize {
-        self.side - (self.per_axis() - 1) * self.tile
+        self.extent - (self.per_axis() - 1) * self.tile
     }
 
     /// Tiles in all: `per_axis ^ axes`.
@@ -121,14 +125,16 @@ impl Tiling {
         ratio.powi(self.axes as i32) - 1.0
     }
 
-    /// The shape over the whole input of a tensor whose window has shape `window` and
-    /// whose tiled dims are `dims`.
-    pub fn whole_shape(&self, dims: &[Option<usize>], window: &[usize]) -> Vec<usize> {
-        window
-            .iter()
-            .zip(dims)
-            .map(|(&e, d)| if d.is_some() { self.side } else { e })
-            .collect()
+    /// The whole shape of an input whose window has shape `window` and whose tiled dims are
+    /// `dims`: `side` along them.
+    pub fn input_shape(&self, dims: &[Option<usize>], window: &[usize]) -> Vec<usize> {
+        whole(dims, window, self.side)
+    }
+
+    /// The whole shape of an output whose window has shape `window` and whose tiled dims are
+    /// `dims`: `extent` along them.
+    pub fn output_shape(&self, dims: &[Option<usize>], window: &[usize]) -> Vec<usize> {
+        whole(dims, window, self.extent)
     }
 
     /// The dims of input `name` that are tiled (empty when it has none).
@@ -146,9 +152,17 @@ impl Tiling {
             l if l == self.tile => String::new(),
             l => format!(", the last keeping {l} of its tile"),
         };
+        let output = match self.extent {
+            e if e == self.side => String::new(),
+            e => format!(
+                " (output {}: unpadded convolutions drop {} at the end)",
+                cube(e),
+                self.side - e
+            ),
+        };
         vec![
             format!(
-                "tiling: {} = {} cut into {} tiles of {} ({} per axis{last}); windows of {} (halo {} before, {} after, grid factor {})",
+                "tiling: {} = {}{output} cut into {} tiles of {} ({} per axis{last}); windows of {} (halo {} before, {} after, grid factor {})",
                 self.dim,
                 cube(self.side),
                 self.count(),
@@ -167,6 +181,13 @@ impl Tiling {
             ),
         ]
     }
+}
+
+/// `window` with its tiled dims (`dims`) `side` long.
+fn whole(dims: &[Option<usize>], window: &[usize], side: usize) -> Vec<usize> {
+    (window.iter().zip(dims))
+        .map(|(&e, d)| if d.is_some() { side } else { e })
+        .collect()
 }
 
 /// The model's tiled dims: per input, each dim written as `dim` alone is a tiled axis (the

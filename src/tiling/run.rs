@@ -18,7 +18,7 @@ pub struct Tensor {
 
 /// Every tile's window along each tiled axis, tiles in row-major order of their positions.
 fn tiles(t: &Tiling) -> Vec<Vec<Span1>> {
-    let axis = spans(t.side, t.tile, t.window, t.lo);
+    let axis = spans(t.side, t.extent, t.tile, t.window, t.lo);
     let mut all = vec![Vec::new()];
     for _ in 0..t.axes {
         all = all
@@ -135,7 +135,7 @@ pub fn infer(
         let b = plan.plan().outputs.iter().find(|(n, _)| n == name);
         let b = b.ok_or_else(|| ExecError::Shape(format!("no output `{name}` in the plan")))?;
         let window = plan.plan().buffers[b.1.index()].ty.shape.clone();
-        let shape = t.whole_shape(dims, &window);
+        let shape = t.output_shape(dims, &window);
         let data = vec![0.0; shape.iter().product()];
         outputs.push((name.clone(), window, Tensor { shape, data }));
     }

@@ -14,20 +14,22 @@ pub struct Span1 {
     pub len: usize,
 }
 
-/// The tiles along an axis of `side` voxels cut into tiles of `tile` (at most `side`),
-/// each window `window` long (at most `side`): `lo` voxels before the tile where the input
-/// has them, pushed inward at the input's border so that a window never reaches past it
-/// (there the window's own padding is the whole input's). Where `tile` does not divide
-/// `side`, the last tile is pushed inward to end at the border with its window, and keeps
-/// only the voxels after the previous tile: every voxel is kept by exactly one tile.
-pub fn spans(side: usize, tile: usize, window: usize, lo: usize) -> Vec<Span1> {
-    (0..side.div_ceil(tile))
+/// The tiles along an axis of `side` input voxels whose output covers the first `extent`
+/// (the side, less what unpadded convolutions drop at its end), cut into tiles of `tile`
+/// (at most `extent`), each window `window` long (at most `side`): `lo` voxels before the
+/// tile where the input has them, pushed inward at the input's border so that a window
+/// never reaches past it (there the window's own padding, and what it drops, is the whole
+/// input's). Where `tile` does not divide `extent`, the last tile is pushed inward with its
+/// window and keeps only the voxels after the previous tile: every output voxel is kept by
+/// exactly one tile.
+pub fn spans(side: usize, extent: usize, tile: usize, window: usize, lo: usize) -> Vec<Span1> {
+    (0..extent.div_ceil(tile))
         .map(|k| {
             let at = k * tile;
             Span1 {
                 start: at.saturating_sub(lo).min(side - window),
                 at,
-                len: tile.min(side - at),
+                len: tile.min(extent - at),
             }
         })
         .collect()
@@ -83,7 +85,7 @@ mod tests {
 
     #[test]
     fn windows_stay_inside_the_input() {
-        let s = spans(256, 64, 176, 56);
+        let s = spans(256, 256, 64, 176, 56);
         let starts: Vec<usize> = s.iter().map(|w| w.start).collect();
         assert_eq!(starts, vec![0, 8, 72, 80]);
         for w in &s {
@@ -95,7 +97,7 @@ mod tests {
     #[test]
     fn the_last_tile_of_a_side_it_does_not_divide_keeps_the_rest() {
         // 128 in tiles of 48 (halo 8 and 8, windows of 64): 48 + 48 + 32.
-        let s = spans(128, 48, 64, 8);
+        let s = spans(128, 128, 48, 64, 8);
         let kept: Vec<(usize, usize, usize)> = s.iter().map(|w| (w.start, w.at, w.len)).collect();
         assert_eq!(kept, vec![(0, 0, 48), (40, 48, 48), (64, 96, 32)]);
         let mut covered = vec![0u32; 128];

@@ -82,7 +82,7 @@ fn whole_inputs(
             continue;
         }
         let window = &plan.buffers[binding.buffer.index()].ty;
-        let shape = t.whole_shape(t.input_dims(&binding.name), &window.shape);
+        let shape = t.input_shape(t.input_dims(&binding.name), &window.shape);
         let mut stacked = shape.clone();
         if let Some(first) = stacked.first_mut() {
             *first *= t.accumulate;

@@ -254,15 +254,7 @@ fn slide(
         let dim = match d[..] {
             _ if w.is_identity() && w.dilation == 1 => d.clone(),
             _ if !has_tiled(d) => plain_dim(out_extent),
-            [Atom::Tiled { axis, grid, extent }] => {
-                let want = if transposed {
-                    extent * w.stride
-                } else {
-                    extent / w.stride
-                };
-                if out_extent != want || (!transposed && !extent.is_multiple_of(w.stride)) {
-                    return Err(extent_changed(w, (extent, out_extent, want), transposed));
-                }
+            [Atom::Tiled { axis, grid, .. }] => {
                 let grid = if transposed {
                     w.transposed(grid).ok_or_else(|| {
                         refuse(
@@ -292,50 +284,6 @@ fn slide(
         dims,
         from_fills: false,
     })
-}
-
-/// Why a window that takes a tiled axis of `extent` elements to `out` (where tiling needs
-/// `want`: the extent over the stride, or times it transposed) cannot run tile by tile,
-/// and the padding that would keep the extent where one does: output `floor((extent + 2p -
-/// reach - 1) / stride) + 1` is `extent / stride` for `p` from `ceil((reach + 1 - stride) /
-/// 2)` to `floor(reach / 2)`.
-fn extent_changed(
-    w: Window,
-    (extent, out, want): (usize, usize, usize),
-    transposed: bool,
-) -> Refusal {
-    let reach = w.dilation * (w.kernel - 1);
-    let (k, d, p, s) = (w.kernel, w.dilation, w.padding, w.stride);
-    let what = format!(
-        "it takes a tiled axis of {extent} elements to {out}, not {want} (kernel {k}, dilation {d}, padding {p}, stride {s})"
-    );
-    let same = (reach + 1).saturating_sub(s).div_ceil(2);
-    if transposed {
-        refuse(
-            format!("{what}, and tiles cover the input exactly"),
-            "choose a kernel, padding and stride whose output is exactly stride times the input, e.g. kernel = stride and no padding",
-        )
-    } else if !extent.is_multiple_of(s) {
-        refuse(
-            format!("its stride {s} does not divide the {extent} elements of a tiled axis, so its output does not cover the input exactly"),
-            "make the tiled side a multiple of every stride before it (the network's grid factor)",
-        )
-    } else if same > reach / 2 {
-        refuse(
-            format!("{what}: no padding keeps the extent of a window reaching {reach} elements past its first, and tiles cover the input exactly"),
-            "use an odd kernel with `padding = dilation * (kernel - 1) / 2`, which keeps the extent",
-        )
-    } else {
-        let valid = if p == 0 {
-            ", an unpadded (`valid`) window"
-        } else {
-            ""
-        };
-        refuse(
-            format!("{what}{valid}: tiling needs every value to cover the input exactly, and a window short of `same` padding drops the border"),
-            format!("give it `padding = {same}`, which keeps the extent; a network whose output is smaller than its input does not tile"),
-        )
-    }
 }
 
 /// `a @ b` per position: tiled axes may sit in `a`'s batch or row dims, never in the
