@@ -76,6 +76,10 @@ pub struct Options {
     pub offload: Option<settings::Offload>,
     /// `--parallel`: overrides `train { parallel }` (data parallelism with ZeRO).
     pub parallel: Option<parallel::Parallel>,
+    /// Tiled training: every cross-entropy divides by the input [`tiling::KEPT`] (one value
+    /// per micro-step) instead of the kept rows of its micro-batch's targets
+    /// ([`passes::tile::kept_from_input`]).
+    pub kept_from_input: bool,
 }
 
 impl Default for Options {
@@ -99,6 +103,7 @@ impl Default for Options {
             context_reserve: None,
             offload: None,
             parallel: None,
+            kept_from_input: false,
         }
     }
 }
@@ -310,6 +315,9 @@ fn lowered(
 ) -> Result<front::Module, CompileError> {
     let mut module = front::lower(ast, overrides)?;
     passes::freeze::run(&mut module.graph, &options.freeze)?;
+    if options.kept_from_input {
+        module.graph = passes::tile::kept_from_input(&module.graph)?;
+    }
     verified(&module.graph, "lower")?;
     for (flag, set) in [
         ("--lora", options.lora.is_some()),

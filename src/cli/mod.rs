@@ -134,7 +134,7 @@ pub struct CompileArgs {
     parallel: Option<String>,
     /// Run over tiles: DIM=SIDE cuts every input dim written as DIM into tiles of SIDE,
     /// each computed from a window with the halo its receptive field reads; DIM=auto takes
-    /// the largest tile whose plan fits --budget (`memc compile`, `memc check`, `memc run`).
+    /// the fewest tiles whose plan fits --budget (`memc compile`, `memc check`, `memc run`).
     #[arg(long, value_name = "DIM=SIDE|DIM=auto")]
     tile: Option<String>,
 }
@@ -442,6 +442,7 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
                 }
             })
             .transpose()?,
+        kept_from_input: false,
     })
 }
 

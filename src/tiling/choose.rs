@@ -1,6 +1,6 @@
 //! The tile: what the whole model's graph says about tiling it (halo, grid factor, the
-//! tiles a side allows), and the window's plan for a given tile or the largest that fits
-//! the budget.
+//! tiles a side allows), and the window's plan for a given tile or for the fewest tiles
+//! that fit the budget.
 
 use super::{tiled_inputs, Tiling};
 use crate::diagnostic::UserError;
@@ -18,6 +18,7 @@ pub struct Geometry {
     field: Field,
     objective: Objective,
     targets: Option<(String, i32)>,
+    accumulate: usize,
     input_bytes: u64,
     output_bytes: u64,
     budget: Option<u64>,
@@ -31,19 +32,24 @@ impl Geometry {
         let (inputs, axes) = tiled_inputs(&ast, dim)?;
         let side = dim_value(&module.dims, dim)?;
         let objective = match &module.train {
-            Some(t) if t.settings.accumulate > 1 || options.accumulate.is_some_and(|a| a > 1) => {
-                return Err(UserError::at(
-                    t.span,
-                    "tiled training accumulates over the tiles itself, and this step also accumulates micro-batches",
-                    "accumulate is set",
-                    "drop `accumulate` (or --accumulate) to train over tiles",
-                )
-                .into())
-            }
             Some(_) => Objective::Loss,
             None => Objective::Outputs,
         };
+        let accumulate = match &module.train {
+            Some(t) => options.accumulate.unwrap_or(t.settings.accumulate).max(1) as usize,
+            None => 1,
+        };
         let field = analyze(&module.graph, &inputs, side, objective)?;
+        if !side.is_multiple_of(field.factor) {
+            return Err(UserError::general(
+                format!(
+                    "{dim} = {side} is not a multiple of the network's grid factor {}: windows pushed to the input's end would not line up with its pooled grids",
+                    field.factor
+                ),
+                format!("choose a side that is a multiple of {}", field.factor),
+            )
+            .into());
+        }
         let targets = match objective {
             Objective::Loss => Some(targets(&module.graph)?),
             Objective::Outputs => None,
@@ -70,6 +76,7 @@ impl Geometry {
             field,
             objective,
             targets,
+            accumulate,
             input_bytes,
             output_bytes,
             budget,
@@ -84,23 +91,28 @@ impl Geometry {
     }
 
     /// The tiling with tiles of `tile`, or why that tile is not one: a multiple of the grid
-    /// factor that divides the side, whose window fits inside the input.
+    /// factor, at most the output's side, whose window fits inside the input.
     fn tiling(&self, tile: usize) -> Result<Tiling, UserError> {
         let (lo, hi) = self.halo();
-        let f = self.field.factor;
-        let whole = tile == self.side;
+        let (f, extent) = (self.field.factor, self.field.extent);
+        let whole = tile == extent;
         if !self.allows(tile) {
+            let most = extent.min(self.side.saturating_sub(lo + hi)) / f * f;
             return Err(UserError::general(
                 format!(
-                    "a tile of {tile} does not cut {} = {}: tiles must be multiples of the network's grid factor {f} that divide the side, and a tile with its halo ({lo} before, {hi} after) must fit inside it",
+                    "a tile of {tile} does not cut {} = {}: tiles must be multiples of the network's grid factor {f}, at most the output's side {extent}, and a tile with its halo ({lo} before, {hi} after) must fit inside the side",
                     self.dim, self.side
                 ),
-                format!("tiles that fit: {}", self.sides().iter().map(usize::to_string).collect::<Vec<_>>().join(", ")),
+                match most {
+                    0 => format!("the only tile is the whole output, {extent}"),
+                    most => format!("take a multiple of {f} from {f} to {most}, or the whole output {extent}"),
+                },
             ));
         }
         Ok(Tiling {
             dim: self.dim.clone(),
             side: self.side,
+            extent,
             tile,
             lo: if whole { 0 } else { lo },
             hi: if whole { 0 } else { hi },
@@ -110,29 +122,40 @@ impl Geometry {
             inputs: self.inputs.clone(),
             outputs: self.field.outputs.clone(),
             targets: self.targets.clone(),
+            accumulate: self.accumulate,
             input_bytes: self.input_bytes,
             output_bytes: self.output_bytes,
         })
     }
 
-    /// Whether tiles of `tile` cut the input: the whole side, or a multiple of the grid
-    /// factor that divides the side and whose window fits inside it.
+    /// Whether tiles of `tile` cut the output: the whole of it, or a multiple of the grid
+    /// factor no longer than it whose window fits inside the input (the last tile along an
+    /// axis keeps what the others leave).
     fn allows(&self, tile: usize) -> bool {
         let (lo, hi) = self.halo();
-        tile == self.side
+        tile == self.field.extent
             || (tile > 0
                 && tile.is_multiple_of(self.field.factor)
-                && self.side.is_multiple_of(tile)
+                && tile <= self.field.extent
                 && tile + lo + hi <= self.side)
     }
 
-    /// Every tile side this input allows, largest first (the whole side first).
-    pub fn sides(&self) -> Vec<usize> {
-        (1..=self.side).rev().filter(|&t| self.allows(t)).collect()
+    /// The tiles `auto` tries, fewest tiles per axis first (the whole output first): for
+    /// each count the smallest tile that gives it, whose window is the smallest. The voxel
+    /// work of `n` windows an axis, `n * (tile + lo + hi)`, falls with `n`, so the first of
+    /// these whose plan fits is the one that repeats the least work.
+    pub fn candidates(&self) -> Vec<usize> {
+        let (f, extent) = (self.field.factor, self.field.extent);
+        (1..=extent.div_ceil(f))
+            .map(|n| (n, (extent.div_ceil(n).div_ceil(f) * f).min(extent)))
+            .filter(|&(n, t)| extent.div_ceil(t) == n && self.allows(t))
+            .map(|(_, t)| t)
+            .collect()
     }
 }
 
-/// The window's plan for tiles of `side` (None: the largest whose plan fits the budget).
+/// The window's plan for tiles of `side` (None: of the fewest tiles whose plan fits the
+/// budget, [`Geometry::candidates`]).
 pub fn compile_at(
     source: &str,
     options: &Options,
@@ -146,7 +169,7 @@ pub fn compile_at(
     let Some(budget) = g.budget else {
         return Err(UserError::general(
             format!(
-                "--tile {}=auto picks the largest tile that fits the budget, and none is set",
+                "--tile {}=auto picks the fewest tiles whose plan fits the budget, and none is set",
                 g.dim
             ),
             "give --budget SIZE, or a tile side such as --tile S=64",
@@ -154,7 +177,7 @@ pub fn compile_at(
         .into());
     };
     let mut last = None;
-    for side in g.sides() {
+    for side in g.candidates() {
         let tiling = g.tiling(side)?;
         match compile_window(source, options, g, &tiling) {
             Ok(c) if c.plan.plan().report.budgeted_bytes() <= budget => return Ok((c, tiling)),
@@ -171,8 +194,8 @@ pub fn compile_at(
         ),
         format!(
             "the smallest tile is {} with windows of {}; raise the budget or combine with --checkpoint and --precision",
-            g.sides().last().copied().unwrap_or(g.side),
-            g.sides().last().map_or(g.side, |&t| g.tiling(t).map_or(g.side, |t| t.window))
+            g.candidates().last().copied().unwrap_or(g.field.extent),
+            g.candidates().last().map_or(g.side, |&t| g.tiling(t).map_or(g.side, |t| t.window))
         ),
     )
     .into())
@@ -191,22 +214,45 @@ fn compile_window(
     let ast = crate::front::parse(source)?;
     let module = crate::front::lower(&ast, &overrides)?;
     let field = analyze(&module.graph, &g.inputs, tiling.window, g.objective)?;
-    if field.factor != g.field.factor {
+    if field.factor != g.field.factor || tiling.window - field.extent != g.side - g.field.extent {
         return Err(CompileError::Internal(vec![format!(
-            "tiling: the window of {} has grid factor {}, the whole input {}",
-            tiling.window, field.factor, g.field.factor
+            "tiling: the window of {} has grid factor {} and output side {}, the whole input {} and {}",
+            tiling.window, field.factor, field.extent, g.field.factor, g.field.extent
         )]));
     }
-    let accumulate = match g.objective {
-        Objective::Loss => Some(tiling.count() as u32),
-        Objective::Outputs => options.accumulate,
-    };
-    let window = Options {
-        overrides,
-        accumulate,
-        ..options.clone()
+    let window = match g.objective {
+        Objective::Loss => Options {
+            overrides,
+            accumulate: Some(micro_steps(tiling)?),
+            kept_from_input: true,
+            ..options.clone()
+        },
+        Objective::Outputs => Options {
+            overrides,
+            ..options.clone()
+        },
     };
     crate::compile(source, &window)
+}
+
+/// The micro-steps of a tiled training step: every micro-batch's tiles, or a user error
+/// where they are more than a step counts.
+fn micro_steps(t: &Tiling) -> Result<u32, UserError> {
+    u32::try_from(t.count() * t.accumulate).map_err(|_| {
+        UserError::general(
+            format!(
+                "tiles of {} cut {} = {}^{} into {} tiles, which over {} micro-batch(es) are more micro-steps than a training step runs ({})",
+                t.tile,
+                t.dim,
+                t.side,
+                t.axes,
+                t.count(),
+                t.accumulate,
+                u32::MAX
+            ),
+            "take larger tiles (or fewer micro-batches)",
+        )
+    })
 }
 
 /// The value of `dim` after overrides, or an error naming it.

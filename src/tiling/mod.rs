@@ -3,13 +3,17 @@
 //! window by window over the whole input.
 //!
 //! `--tile S=64` names the dim whose input axes are cut (every input dim written as `S`
-//! alone) and the tile's side; `--tile S=auto` takes the largest tile whose plan fits the
-//! budget. [`compile_tiled`] checks the forward graph with [`crate::passes::tile::analyze`]
+//! alone) and the tile's side; `--tile S=auto` takes the fewest tiles whose plan fits the
+//! budget (each count's smallest tile). [`compile_tiled`] checks the forward graph with [`crate::passes::tile::analyze`]
 //! (which refuses, naming the op, whatever is not translation-equivariant), rounds the
 //! halo up to the network's grid factor, and compiles the window's plan like any other.
+//! A tile need not divide the side: the last tile along an axis is pushed inward to end at
+//! the border and keeps only the voxels no earlier tile kept ([`windows::spans`]).
 //! Inference runs each window and keeps its tile ([`run::infer`]); training runs the
-//! windows as the micro-steps of one accumulated step, each window's halo voxels
-//! carrying the loss's ignored id, so each voxel's loss counts once ([`run::train`]).
+//! windows as the micro-steps of one accumulated step (of every micro-batch's tiles with
+//! `accumulate`), each window's halo voxels carrying the loss's ignored id and the loss's
+//! mean dividing by the whole micro-batch's kept voxels over its tiles ([`KEPT`]), so each
+//! voxel's loss counts once and alike ([`run::train`]).
 
 pub mod choose;
 pub mod run;
@@ -20,12 +24,17 @@ use crate::front::ast::{ExprKind, Item, Model};
 use crate::passes::tile::TiledDims;
 use crate::{CompileError, Compiled, Options};
 
+/// The input a tiled training plan reads its cross-entropy's divisor from (one value per
+/// micro-step, [`crate::Options::kept_from_input`]): a micro-batch's kept voxels over its
+/// tiles, so that tiles keeping unequal voxel counts weigh each voxel alike.
+pub const KEPT: &str = "tile.kept";
+
 /// `--tile DIM=SIDE` or `--tile DIM=auto`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TileSpec {
     /// The dim whose input axes are tiled.
     pub dim: String,
-    /// The tile's side in voxels, or None: the largest that fits the budget.
+    /// The tile's side in voxels, or None: the fewest tiles that fit the budget.
     pub side: Option<usize>,
 }
 
@@ -61,7 +70,11 @@ pub struct Tiling {
     pub dim: String,
     /// The whole input's side.
     pub side: usize,
-    /// The tile's side (a multiple of `factor` dividing `side`).
+    /// The whole output's side: the input voxels it covers from the start of a tiled axis
+    /// (`side`, less the border unpadded convolutions drop at its end).
+    pub extent: usize,
+    /// The tile's side in output voxels (a multiple of `factor`, at most `extent`; the last
+    /// tile along an axis keeps [`Tiling::last`] voxels).
     pub tile: usize,
     /// Halo before a tile: the receptive field's reach, rounded up to `factor`.
     pub lo: usize,
@@ -69,7 +82,8 @@ pub struct Tiling {
     pub hi: usize,
     /// The network's grid factor (its total down-sampling).
     pub factor: usize,
-    /// The window's side: `tile + lo + hi` (or `side` when one tile is the whole input).
+    /// The window's side in input voxels: `tile + lo + hi` (or `side` when one tile is the
+    /// whole output).
     pub window: usize,
     /// How many axes are tiled.
     pub axes: usize,
@@ -79,6 +93,8 @@ pub struct Tiling {
     pub outputs: TiledDims,
     /// Training: the input holding the loss's targets and the id that masks a halo voxel.
     pub targets: Option<(String, i32)>,
+    /// Training: micro-batches per step, each run over every tile (1 without accumulation).
+    pub accumulate: usize,
     /// Bytes of the whole inputs, held beside the arena and cut into windows.
     pub input_bytes: u64,
     /// Bytes of the whole outputs (inference), each tile written into them.
@@ -88,7 +104,13 @@ pub struct Tiling {
 impl Tiling {
     /// Tiles along one axis.
     pub fn per_axis(&self) -> usize {
-        self.side / self.tile
+        self.extent.div_ceil(self.tile)
+    }
+
+    /// The voxels the last tile along an axis keeps: `tile` where it divides the output's
+    /// side, else those after the previous tiles.
+    pub fn last(&self) -> usize {
+        self.extent - (self.per_axis() - 1) * self.tile
     }
 
     /// Tiles in all: `per_axis ^ axes`.
@@ -103,14 +125,16 @@ impl Tiling {
         ratio.powi(self.axes as i32) - 1.0
     }
 
-    /// The shape over the whole input of a tensor whose window has shape `window` and
-    /// whose tiled dims are `dims`.
-    pub fn whole_shape(&self, dims: &[Option<usize>], window: &[usize]) -> Vec<usize> {
-        window
-            .iter()
-            .zip(dims)
-            .map(|(&e, d)| if d.is_some() { self.side } else { e })
-            .collect()
+    /// The whole shape of an input whose window has shape `window` and whose tiled dims are
+    /// `dims`: `side` along them.
+    pub fn input_shape(&self, dims: &[Option<usize>], window: &[usize]) -> Vec<usize> {
+        whole(dims, window, self.side)
+    }
+
+    /// The whole shape of an output whose window has shape `window` and whose tiled dims are
+    /// `dims`: `extent` along them.
+    pub fn output_shape(&self, dims: &[Option<usize>], window: &[usize]) -> Vec<usize> {
+        whole(dims, window, self.extent)
     }
 
     /// The dims of input `name` that are tiled (empty when it has none).
@@ -124,9 +148,21 @@ impl Tiling {
     /// The report's lines about tiling.
     pub fn lines(&self) -> Vec<String> {
         let cube = |n: usize| format!("{n}^{}", self.axes);
+        let last = match self.last() {
+            l if l == self.tile => String::new(),
+            l => format!(", the last keeping {l} of its tile"),
+        };
+        let output = match self.extent {
+            e if e == self.side => String::new(),
+            e => format!(
+                " (output {}: unpadded convolutions drop {} at the end)",
+                cube(e),
+                self.side - e
+            ),
+        };
         vec![
             format!(
-                "tiling: {} = {} cut into {} tiles of {} ({} per axis); windows of {} (halo {} before, {} after, grid factor {})",
+                "tiling: {} = {}{output} cut into {} tiles of {} ({} per axis{last}); windows of {} (halo {} before, {} after, grid factor {})",
                 self.dim,
                 cube(self.side),
                 self.count(),
@@ -145,6 +181,13 @@ impl Tiling {
             ),
         ]
     }
+}
+
+/// `window` with its tiled dims (`dims`) `side` long.
+fn whole(dims: &[Option<usize>], window: &[usize], side: usize) -> Vec<usize> {
+    (window.iter().zip(dims))
+        .map(|(&e, d)| if d.is_some() { side } else { e })
+        .collect()
 }
 
 /// The model's tiled dims: per input, each dim written as `dim` alone is a tiled axis (the

@@ -8,7 +8,7 @@ use memc::exec::cpu::CpuExecutor;
 use memc::exec::io::{read_npy, TensorData};
 use memc::ir::DType;
 use memc::tiling::run::{infer, train, Tensor};
-use memc::tiling::Tiling;
+use memc::tiling::{Tiling, KEPT};
 use std::path::Path;
 
 /// Runs `args` over tiles; refuses the options a tiled run does not take.
@@ -67,8 +67,9 @@ pub fn run(args: &RunArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Every input over the whole input: from `--input NAME=FILE.npy`, else seeded synthetic
-/// values drawn as `memc run` draws them.
+/// Every input over the whole input, `accumulate` micro-batches of it for a training step:
+/// from `--input NAME=FILE.npy` (micro-batches one after another along the first axis, as
+/// `memc run` reads them), else seeded synthetic values drawn as `memc run` draws them.
 fn whole_inputs(
     args: &RunArgs,
     ex: &CpuExecutor,
@@ -77,9 +78,16 @@ fn whole_inputs(
     let plan = ex.plan();
     let mut out = Vec::new();
     for (k, binding) in plan.inputs.iter().enumerate() {
+        if binding.name == KEPT {
+            continue;
+        }
         let window = &plan.buffers[binding.buffer.index()].ty;
-        let shape = t.whole_shape(t.input_dims(&binding.name), &window.shape);
-        let ty = memc::ir::TensorType::new(window.dtype, shape.clone());
+        let shape = t.input_shape(t.input_dims(&binding.name), &window.shape);
+        let mut stacked = shape.clone();
+        if let Some(first) = stacked.first_mut() {
+            *first *= t.accumulate;
+        }
+        let ty = memc::ir::TensorType::new(window.dtype, stacked);
         let file = args.inputs.iter().find_map(|s| {
             s.split_once('=')
                 .filter(|(n, _)| *n == binding.name)

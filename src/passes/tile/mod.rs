@@ -10,7 +10,10 @@
 //! attention, dropout masks, position-dependent terms) is refused, naming the op
 //! ([`rules`]). Outputs must be per voxel, so an output tile reads a window of the input
 //! `lo` voxels before and `hi` after it; cropping that reach from a window's result leaves
-//! exactly what the whole input gives there.
+//! exactly what the whole input gives there. An element stands for the voxel of its first
+//! tap, so unpadded (`valid`) convolutions and pools drop voxels at the end of a tiled axis
+//! only: the outputs then cover its first [`Field::extent`] voxels, which tile the same way
+//! (a value covering more than the input is refused).
 
 pub mod atoms;
 pub mod geometry;
@@ -19,6 +22,7 @@ mod rules;
 use crate::diagnostic::UserError;
 use crate::ir::{Graph, Op, ValueId};
 use crate::ops::norm::NormKind;
+use crate::passes::rewrite::Edit;
 use atoms::{Atom, Layout};
 
 /// Per input name, each dim's tiled axis (None: not tiled).
@@ -34,6 +38,10 @@ pub struct Field {
     pub lo: usize,
     /// Input voxels after an output voxel that it may read.
     pub hi: usize,
+    /// The voxels of a tiled axis the outputs cover, from its start: the side, less the
+    /// border unpadded (`valid`) convolutions and pools drop at its end (an element stands
+    /// for the voxel of its first tap, so nothing is dropped before).
+    pub extent: usize,
     /// Per output (inference) or for the loss's rows (training, named `loss`): each dim's
     /// tiled axis, None where the dim holds none.
     pub outputs: TiledDims,
@@ -78,16 +86,17 @@ pub fn analyze(
         };
         for a in layout.tiled_atoms() {
             if let Atom::Tiled { extent, grid, .. } = a {
-                if extent * grid.r != side {
+                if extent * grid.r > side {
                     return Err(UserError::at(
                         node.span,
                         format!(
-                            "`{}` cannot run tile by tile: it leaves {extent} elements of {} voxels each along a tiled axis of {side} voxels",
+                            "`{}` cannot run tile by tile: it takes a tiled axis past the input: {extent} elements of {} voxel(s) each cover {} voxels, and the input has {side}",
                             op_name(&node.op),
-                            grid.r
+                            grid.r,
+                            extent * grid.r
                         ),
-                        "changes a tiled extent",
-                        "tiling needs every value to cover the input exactly (`same` padding, sides divisible by the strides)",
+                        "covers more than the input",
+                        "pad a convolution at most to `same` (dilation x (kernel - 1) / 2), and give a transposed convolution an output at most stride times its input",
                     ));
                 }
                 factor = lcm(factor, grid.r);
@@ -99,24 +108,63 @@ pub fn analyze(
         Objective::Outputs => graph.outputs.clone(),
         Objective::Loss => vec![("loss".to_string(), loss_rows(graph)?)],
     };
-    let (mut lo, mut hi) = (0, 0);
+    let (mut lo, mut hi, mut covered) = (0, 0, None);
     let mut outputs = Vec::new();
     for (name, v) in targets {
         let dims = output_axes(graph, v, &name, &layouts[v.index()], objective)?;
         for a in layouts[v.index()].tiled_atoms() {
-            if let Atom::Tiled { grid, .. } = a {
+            if let Atom::Tiled { grid, extent, .. } = a {
                 lo = lo.max(grid.lo);
                 hi = hi.max(grid.hi);
+                if *covered.get_or_insert(extent) != extent {
+                    return Err(UserError::at(
+                        graph.node(v).span,
+                        format!("output `{name}` cannot be tiled: it covers {extent} voxels of a tiled axis, and another output (or axis) covers {}", covered.unwrap_or(extent)),
+                        "this output",
+                        "tile outputs that cover the same voxels (the same unpadded convolutions on the way)",
+                    ));
+                }
             }
         }
         outputs.push((name, dims));
+    }
+    let extent = covered.unwrap_or(side);
+    if let (Objective::Loss, true, Some(loss)) = (objective, extent != side, graph.output("loss")) {
+        return Err(UserError::at(
+            graph.node(loss).span,
+            format!("tiled training needs the loss's rows to cover every input voxel, and they cover {extent} of {side} along a tiled axis (unpadded convolutions drop the border)"),
+            "the loss",
+            "pad the convolutions to `same` (dilation x (kernel - 1) / 2) to train over tiles; an unpadded network tiles for inference",
+        ));
     }
     Ok(Field {
         factor,
         lo,
         hi,
+        extent,
         outputs,
     })
+}
+
+/// `graph` with every [`Op::KeptCount`] replaced by the f32 scalar input
+/// [`crate::tiling::KEPT`]: each cross-entropy's mean then divides by the value bound to it
+/// for the micro-step (a micro-batch's kept voxels over its tiles) instead of the kept rows
+/// of the window's own targets.
+pub fn kept_from_input(graph: &Graph) -> Result<Graph, crate::passes::StageError> {
+    let mut kept = None;
+    let (out, _) = crate::passes::rewrite::rebuild(graph, "tile", |v| match graph.node(v).op {
+        Op::KeptCount(_) => match kept {
+            Some(first) => Edit::Alias(first),
+            None => {
+                kept = Some(v);
+                let ty = crate::ir::TensorType::new(crate::ir::DType::F32, vec![]);
+                let name = crate::tiling::KEPT.to_string();
+                Edit::Rebuild(Op::Input { name, ty }, Vec::new())
+            }
+        },
+        _ => Edit::Keep,
+    })?;
+    Ok(out)
 }
 
 /// An input's layout: its tiled dims on the input's own grid.
