@@ -65,12 +65,19 @@ fn row(
             let arena = c.plan.plan().arena_bytes;
             let gpu = options.gpu.unwrap_or_default();
             let estimate = crate::cost::estimate(c.plan.plan(), gpu);
-            let mut note = match &estimate.offload {
-                Some(o) => format!(
+            let unified = c.plan.plan().report.unified.as_ref();
+            let mut note = match (&estimate.offload, unified) {
+                (Some(o), _) => format!(
                     "{note}: offload adds {} to the step",
                     crate::cost::ms(o.extra_seconds)
                 ),
-                None => note.to_string(),
+                (None, Some(u)) => format!(
+                    "{note}: {} of the arena paged to the host, {} page faults adding {}",
+                    crate::plan::human_bytes(u.paged_out),
+                    crate::plan::grouped(u.faults),
+                    crate::cost::ms(u.time.seconds)
+                ),
+                (None, None) => note.to_string(),
             };
             if let Some(r) = c.plan.plan().report.parallel.as_ref() {
                 note.push_str(&per_rank(r));
@@ -78,9 +85,9 @@ fn row(
             Advice {
                 option: option.to_string(),
                 arena_bytes: Some(arena),
-                fits: c.plan.plan().report.budgeted_bytes() <= budget,
+                fits: unified.is_some() || c.plan.plan().report.budgeted_bytes() <= budget,
                 extra_compute_percent: extra,
-                step_seconds: Some(estimate.seconds),
+                step_seconds: Some(estimate.seconds + unified.map_or(0.0, |u| u.time.seconds)),
                 keeps_batch: true,
                 note,
                 flags,
@@ -97,8 +104,14 @@ fn row(
 /// estimated step time (rows without a plan last), then by bytes. Rows combine knobs where
 /// one alone may not fit: bf16 and pure bf16 with checkpointing fitted to the budget, and the
 /// largest batch with both. Each row says the flags that select it and whether it is on the
-/// frontier of bytes against estimated time.
+/// frontier of bytes against estimated time. For a CUDA target one more row keeps the
+/// arena in unified memory with the budget as the device's capacity: it fits by paging, at
+/// the estimated cost of its page faults; every other row plans without unified memory.
 pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
+    let options = &Options {
+        unified: Some(false),
+        ..options.clone()
+    };
     let with =
         |checkpoint: CheckpointMode, in_backward: Option<bool>, budget: Option<u64>| Options {
             checkpoint,
@@ -171,6 +184,17 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
     }
     let fitted = with(CheckpointMode::Auto, None, Some(budget));
     rows.extend(offload_rows(source, (&keep_all, &fitted), budget));
+    if options.target != crate::plan::Target::Cpu {
+        let unified = Options {
+            unified: Some(true),
+            budget: Some(budget),
+            ..options.clone()
+        };
+        let selects = flags(&["--unified", "--budget", &budget_flag]);
+        let note = "cudaMallocManaged: the driver pages the arena, LRU over 2 MiB pages";
+        let option = ("unified memory", selects);
+        rows.push(row(source, option, unified, budget, note));
+    }
     rows.extend(layout_rows(source, &fitted, budget));
     let precisions = [
         (Precision::Fp32, true, "", "the file's precision"),

@@ -76,6 +76,9 @@ pub struct Options {
     pub offload: Option<settings::Offload>,
     /// `--parallel`: overrides `train { parallel }` (data parallelism with ZeRO).
     pub parallel: Option<parallel::Parallel>,
+    /// `--unified` (Some(true)): overrides `train { unified }` (the arena in CUDA unified
+    /// memory, `report.unified`).
+    pub unified: Option<bool>,
 }
 
 impl Default for Options {
@@ -99,6 +102,7 @@ impl Default for Options {
             context_reserve: None,
             offload: None,
             parallel: None,
+            unified: None,
         }
     }
 }
@@ -192,6 +196,11 @@ fn apply_train_options(
     t.settings.quantize_frozen = options.quantize_frozen.or(t.settings.quantize_frozen);
     t.settings.offload = options.offload.or(t.settings.offload);
     t.settings.parallel = options.parallel.or(t.settings.parallel);
+    if let Some(unified) = options.unified {
+        t.settings.unified = unified;
+        t.unified_span = t.unified_span.filter(|_| unified);
+    }
+    front::train::check_unified(t, options.target != plan::Target::Cpu)?;
     if !t.settings.master_weights && t.settings.precision != settings::Precision::Bf16 {
         return Err(UserError::at(
             t.precision_span,
@@ -302,6 +311,7 @@ fn lowered(
         ("--lora", options.lora.is_some()),
         ("--offload", options.offload.is_some()),
         ("--parallel", options.parallel.is_some()),
+        ("--unified", options.unified == Some(true)),
     ] {
         if set && module.train.is_none() {
             return Err(diagnostic::UserError::general(
@@ -524,5 +534,10 @@ pub(crate) fn planned(
         total: (plan.arena_bytes.saturating_add(context_reserve)).saturating_add(nccl.unwrap_or(0)),
     });
     plan.report.parallel = parallel.map(|p| plan::parallel_report(&plan, p, nccl));
+    let unified = module.train.as_ref().filter(|t| t.settings.unified);
+    plan.report.unified = unified.map(|t| {
+        let capacity = t.settings.budget.unwrap_or(gpu.spec().memory);
+        plan::unified_report(&plan, (capacity, reserve.unwrap_or(0)), gpu)
+    });
     Ok((graph, plan))
 }

@@ -57,6 +57,12 @@ pub struct TrainSummary {
     /// `--offload`); None keeps everything on the device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offload: Option<Offload>,
+    /// Whether the arena is CUDA unified memory (`unified = true` or `--unified`): the plan
+    /// is the one planned without the budget's checkpointing, and `report.unified` says what
+    /// of it would be resident on the device and where its page faults would fall, the
+    /// budget (or the GPU's memory) taken as the device's capacity.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unified: bool,
     /// Data parallelism with ZeRO (`parallel = (data = N, zero = K)` or `--parallel`);
     /// None runs the step on one device.
     #[serde(default, skip_serializing_if = "Option::is_none")]

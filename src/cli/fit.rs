@@ -52,6 +52,11 @@ pub fn fit(a: FitArgs) -> Result<(), Failure> {
         }
     };
     let json_format = a.format == Format::Json;
+    if opts.unified == Some(true) {
+        return Err(Failure::Plain(
+            "memc fit searches plans within the budget, and --unified lets the arena exceed it (the driver pages); compare it with `memc advise --device cuda` instead".into(),
+        ));
+    }
     if a.args.accumulate_search() && a.multiple_of > 1 {
         return Err(Failure::Plain(
             "--multiple-of applies to the search over a dim, not to --accumulate (whose micro-batches divide the batch)".into(),
