@@ -87,7 +87,7 @@ fn row(
                 arena_bytes: Some(arena),
                 fits: unified.is_some() || c.plan.plan().report.budgeted_bytes() <= budget,
                 extra_compute_percent: extra,
-                step_seconds: Some(estimate.seconds + unified.map_or(0.0, |u| u.time.seconds)),
+                step_seconds: Some(estimate.seconds),
                 keeps_batch: true,
                 note,
                 flags,

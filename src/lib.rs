@@ -519,6 +519,11 @@ pub(crate) fn planned(
         budget::FitError::User(u) => CompileError::User(u),
         budget::FitError::Internal(e) => e.into(),
     })?;
+    let unified = module.train.as_ref().filter(|t| t.settings.unified);
+    plan.report.unified = unified.map(|t| {
+        let capacity = t.settings.budget.unwrap_or(gpu.spec().memory);
+        plan::unified_report(&plan, (capacity, reserve.unwrap_or(0)), gpu)
+    });
     plan.report.estimate = options.gpu.map(|gpu| cost::estimate(&plan, gpu));
     if plan.report.transfers.is_some() {
         let time = (plan.report.estimate.as_ref())
@@ -534,10 +539,5 @@ pub(crate) fn planned(
         total: (plan.arena_bytes.saturating_add(context_reserve)).saturating_add(nccl.unwrap_or(0)),
     });
     plan.report.parallel = parallel.map(|p| plan::parallel_report(&plan, p, nccl));
-    let unified = module.train.as_ref().filter(|t| t.settings.unified);
-    plan.report.unified = unified.map(|t| {
-        let capacity = t.settings.budget.unwrap_or(gpu.spec().memory);
-        plan::unified_report(&plan, (capacity, reserve.unwrap_or(0)), gpu)
-    });
     Ok((graph, plan))
 }

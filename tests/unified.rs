@@ -135,6 +135,10 @@ fn an_mlp_on_two_pages_faults_in_every_phase_and_gh200_pays_less() {
         assert!(u.faulting.iter().any(|f| f.phase == phase), "{phase:?}");
     }
     assert_consistent(u);
+    // The step's estimate on the --gpu includes the faults.
+    let estimate = h100.plan.plan().report.estimate.as_ref().unwrap();
+    assert_eq!(estimate.page_faults, Some(u.time.seconds));
+    assert!(estimate.seconds > u.time.seconds);
     let gh200 = compiled_with(&src, &on(memc::cost::Gpu::Gh200));
     let v = unified_of(&gh200);
     assert_eq!((v.faults, v.time.link.as_str()), (u.faults, "NVLink-C2C"));

@@ -71,6 +71,15 @@ pub struct Unified {
     pub time: FaultTime,
 }
 
+impl Unified {
+    /// The faults' estimated time on `gpu`: the pages migrated both ways at its host link's
+    /// bandwidth plus [`FAULT_LATENCY_S`] a fault.
+    pub fn fault_seconds(&self, gpu: Gpu) -> f64 {
+        let link = gpu.spec().host_link.bandwidth;
+        (self.to_device + self.to_host) as f64 / link + self.faults as f64 * FAULT_LATENCY_S
+    }
+}
+
 /// A plan step that touches pages that are not resident when it runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FaultingStep {
@@ -217,8 +226,7 @@ pub fn report(plan: &Plan, (capacity, reserve): (u64, u64), gpu: Gpu) -> Unified
     let (peak_resident, peak_on_host) = at_peak.unwrap_or((0, 0));
     let total: u64 = faults.iter().sum();
     let link = gpu.spec().host_link;
-    let (to_device, to_host) = (total * PAGE_BYTES, evictions * PAGE_BYTES);
-    Unified {
+    let mut unified = Unified {
         capacity,
         context_reserve: reserve,
         page_bytes: PAGE_BYTES,
@@ -232,8 +240,8 @@ pub fn report(plan: &Plan, (capacity, reserve): (u64, u64), gpu: Gpu) -> Unified
         peak_over: peak_live.saturating_sub(frames * PAGE_BYTES),
         faults: total,
         evictions,
-        to_device,
-        to_host,
+        to_device: total * PAGE_BYTES,
+        to_host: evictions * PAGE_BYTES,
         overcommitted_steps: touched.iter().filter(|p| p.len() as u64 > frames).count() as u64,
         faulting: (faults.iter().enumerate())
             .filter(|&(_, &n)| n > 0)
@@ -250,9 +258,11 @@ pub fn report(plan: &Plan, (capacity, reserve): (u64, u64), gpu: Gpu) -> Unified
             link: link.name.to_string(),
             link_bandwidth: link.bandwidth,
             fault_latency: FAULT_LATENCY_S,
-            seconds: (to_device + to_host) as f64 / link.bandwidth + total as f64 * FAULT_LATENCY_S,
+            seconds: 0.0,
         },
-    }
+    };
+    unified.time.seconds = unified.fault_seconds(gpu);
+    unified
 }
 
 /// The bytes of the pages holding live bytes at step `s` that are resident, and those
