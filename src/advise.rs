@@ -5,7 +5,7 @@
 use crate::budget::CheckpointMode;
 use crate::fit::{fit_accumulation, fit_dim};
 use crate::settings::Precision;
-use crate::{compile, CompileError, Options};
+use crate::{CompileError, Options};
 use serde::Serialize;
 
 /// One option and the plan it gives.
@@ -25,6 +25,10 @@ pub struct Advice {
     pub note: String,
     /// What the row changes, as `memc compile` flags added to the command line advised on.
     pub flags: Vec<String>,
+    /// What the row's plan keeps in host memory: its `--offload`, or what the least
+    /// estimated time within the budget put there ([`crate::compile_or_offload`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offload: Option<crate::settings::Offload>,
     /// The row fits, keeps the batch, and no other such row is at most as large and at most
     /// as slow (estimated) while smaller or faster: the frontier of bytes against time.
     pub frontier: bool,
@@ -42,6 +46,7 @@ impl Advice {
             keeps_batch,
             note,
             flags: Vec::new(),
+            offload: None,
             frontier: false,
         }
     }
@@ -59,8 +64,9 @@ fn row(
     budget: u64,
     note: &str,
 ) -> Advice {
-    match compile(source, &options) {
-        Ok(c) => {
+    // As `memc compile` does with the row's flags: offload weighed against checkpointing.
+    match crate::compile_or_offload(source, &options) {
+        Ok((c, offload)) => {
             let extra = c.plan.plan().report.recompute_percent();
             let arena = c.plan.plan().arena_bytes;
             let gpu = options.gpu.unwrap_or_default();
@@ -82,6 +88,13 @@ fn row(
             if let Some(r) = c.plan.plan().report.parallel.as_ref() {
                 note.push_str(&per_rank(r));
             }
+            if let Some(o) = offload {
+                note.push_str(&format!(
+                    "; keeps {} in host memory, the least estimated time (--offload {})",
+                    o.what(),
+                    o.word()
+                ));
+            }
             Advice {
                 option: option.to_string(),
                 arena_bytes: Some(arena),
@@ -91,6 +104,7 @@ fn row(
                 keeps_batch: true,
                 note,
                 flags,
+                offload: c.plan.plan().train.as_ref().and_then(|t| t.offload),
                 frontier: false,
             }
         }
@@ -104,7 +118,9 @@ fn row(
 /// estimated step time (rows without a plan last), then by bytes. Rows combine knobs where
 /// one alone may not fit: bf16 and pure bf16 with checkpointing fitted to the budget, and the
 /// largest batch with both. Each row says the flags that select it and whether it is on the
-/// frontier of bytes against estimated time. For a CUDA target one more row keeps the
+/// frontier of bytes against estimated time. Each row compiles as `memc compile` with its
+/// flags does ([`crate::compile_or_offload`]): a row with a budget on the CPU target keeps
+/// what the least estimated time puts in host memory there, and says so. For a CUDA target one more row keeps the
 /// arena in unified memory with the budget as the device's capacity: it fits by paging, at
 /// the estimated cost of its page faults; every other row plans without unified memory.
 pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
@@ -332,9 +348,9 @@ fn mark_frontier(rows: &mut [Advice]) {
     }
 }
 
-/// The rows with the optimizer state in host memory (`--offload optimizer`), keeping every
-/// activation (`keep_all`) and with checkpointing fitted to the budget (`fitted`), and the
-/// row with every saved activation in host memory (`--offload activations`): their
+/// The rows with the optimizer state in host memory (`--offload optimizer`) and with every
+/// saved activation in host memory (`--offload activations`), each keeping every
+/// activation (`keep_all`) and with checkpointing fitted to the budget (`fitted`): their
 /// estimated time includes the copies and the host updates, so they rank first only
 /// where they win.
 fn offload_rows(
@@ -369,14 +385,17 @@ fn offload_rows(
             keep,
             saved,
         ),
+        (
+            "activations on the host + checkpointing to fit",
+            Offload::Activations,
+            fitted,
+            ["--budget", &budget_flag],
+            saved,
+        ),
     ]
     .into_iter()
     .map(|(option, offload, base, more, note)| {
-        let word = match offload {
-            Offload::Optimizer => "optimizer",
-            Offload::Activations => "activations",
-            Offload::All => "all",
-        };
+        let word = offload.word();
         let o = Options {
             offload: Some(offload),
             ..base.clone()
@@ -542,7 +561,7 @@ fn largest_batch_row(
     let name = format!("largest batch {label}");
     match fit_dim(source, options, "B", budget) {
         Ok(f) => {
-            // The search offloads the optimizer state when nothing fits without it.
+            // The search offloads (what reaches the largest batch) when nothing fits without it.
             let offload = f.plan.plan().train.as_ref().and_then(|t| t.offload);
             let o = Options {
                 budget: Some(budget),
@@ -551,8 +570,8 @@ fn largest_batch_row(
             };
             let (batch, budget_flag) = (format!("B={}", f.value), budget.to_string());
             let mut selects = flags(changes);
-            if offload.is_some() {
-                selects.extend(flags(&["--offload", "optimizer"]));
+            if let Some(o) = offload {
+                selects.extend(flags(&["--offload", o.word()]));
             }
             selects.extend(flags(&["--set", &batch, "--budget", &budget_flag]));
             let mut advice = row(

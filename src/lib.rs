@@ -17,6 +17,7 @@ pub mod front;
 pub mod hf;
 pub mod init;
 pub mod ir;
+mod joint;
 pub mod onnx;
 pub mod ops;
 pub mod parallel;
@@ -28,6 +29,7 @@ pub mod tiling;
 pub mod viz;
 
 use diagnostic::UserError;
+pub use joint::{compile_or_offload, OFFLOAD_KNOBS};
 use plan::{BuildOptions, VerifiedPlan};
 use std::time::Duration;
 
@@ -268,33 +270,6 @@ fn optimizer_in_backward(
         why.1,
         why.2,
     ))
-}
-
-/// [`compile`], and where that fails for a training step on the CPU target whose optimizer
-/// state stays on the device (no `--offload` given or set in `train { }`), the step
-/// compiled again with that state in host memory (`--offload optimizer`), returned when it
-/// succeeds — offload is the last knob, taken only when no plan fits without it (it costs
-/// step time) — with `true`; otherwise the first failure. The CUDA backend does not run
-/// offloaded plans, so a CUDA target never gets one this way.
-pub fn compile_or_offload(
-    source: &str,
-    options: &Options,
-) -> Result<(Compiled, bool), CompileError> {
-    match compile(source, options) {
-        Err(CompileError::User(first))
-            if options.offload.is_none() && options.target == plan::Target::Cpu =>
-        {
-            let offloaded = Options {
-                offload: Some(settings::Offload::Optimizer),
-                ..options.clone()
-            };
-            match compile(source, &offloaded) {
-                Ok(c) if c.plan.plan().host_bytes > 0 => Ok((c, true)),
-                _ => Err(CompileError::User(first)),
-            }
-        }
-        done => done.map(|c| (c, false)),
-    }
 }
 
 /// The model lowered under `overrides`, its parameters frozen as `options` say and its

@@ -96,6 +96,25 @@ impl Offload {
         }
     }
 
+    /// The word that names this setting (`optimizer`, `activations`, `all`): what
+    /// [`Offload::parse`] reads back.
+    pub fn word(self) -> &'static str {
+        match self {
+            Offload::Optimizer => "optimizer",
+            Offload::Activations => "activations",
+            Offload::All => "all",
+        }
+    }
+
+    /// What this setting keeps in host memory, in words.
+    pub fn what(self) -> &'static str {
+        match self {
+            Offload::Optimizer => "the optimizer state",
+            Offload::Activations => "the saved activations",
+            Offload::All => "the optimizer state and the saved activations",
+        }
+    }
+
     /// Whether the optimizer state lives on the host.
     pub fn optimizer(self) -> bool {
         matches!(self, Offload::Optimizer | Offload::All)

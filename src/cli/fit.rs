@@ -191,10 +191,12 @@ fn text(r: &FitResult, bf16: Option<&FitResult>) -> String {
         ));
     }
     let plan = r.plan.plan();
-    if plan.train.as_ref().is_some_and(|t| t.offload.is_some()) {
-        out.push_str(
-            "  with --offload optimizer: nothing fits with the optimizer state on the device\n",
-        );
+    if let Some(o) = plan.train.as_ref().and_then(|t| t.offload) {
+        out.push_str(&format!(
+            "  with --offload {}: nothing fits with everything on the device; of the offload settings this one reaches the largest value ({} in host memory)\n",
+            o.word(),
+            o.what()
+        ));
     }
     out.push('\n');
     out.push_str(&memc::plan::render_text(plan));

@@ -503,9 +503,11 @@ pub fn compile_file(args: &CompileArgs) -> Result<Compiled, Failure> {
         CompileError::User(u) => Failure::user(u, &args.file.display().to_string(), &src),
         CompileError::Internal(errs) => Failure::Internal(errs),
     })?;
-    if offloaded {
+    if let Some(o) = offloaded {
         eprintln!(
-            "memc: no plan fits with the optimizer state on the device; this one keeps it in host memory (--offload optimizer)"
+            "memc: the plan with the least estimated step time within the budget keeps {} in host memory (--offload {}; --offload or `train {{ offload }}` decides it instead)",
+            o.what(),
+            o.word()
         );
     }
     Ok(compiled)
