@@ -104,7 +104,7 @@ fn row(
                 keeps_batch: true,
                 note,
                 flags,
-                offload: c.plan.plan().train.as_ref().and_then(|t| t.offload),
+                offload: (c.plan.plan().train.as_ref().and_then(|t| t.offload)).filter(|o| o.any()),
                 frontier: false,
             }
         }
@@ -562,7 +562,8 @@ fn largest_batch_row(
     match fit_dim(source, options, "B", budget) {
         Ok(f) => {
             // The search offloads (what reaches the largest batch) when nothing fits without it.
-            let offload = f.plan.plan().train.as_ref().and_then(|t| t.offload);
+            let offload =
+                (f.plan.plan().train.as_ref().and_then(|t| t.offload)).filter(|o| o.any());
             let o = Options {
                 budget: Some(budget),
                 offload: offload.or(options.offload),

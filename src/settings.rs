@@ -82,16 +82,21 @@ pub enum Offload {
     Activations,
     /// Both the optimizer state and the saved activations.
     All,
+    /// Nothing: everything stays on the device, decided (`none`), so the planner does not
+    /// weigh offload ([`crate::compile_or_offload`]).
+    #[serde(rename = "none")]
+    Nothing,
 }
 
 impl Offload {
-    /// The setting a word names (`optimizer`, `activations`, `all`), as `--offload` and
+    /// The setting a word names (`optimizer`, `activations`, `all`, `none`), as `--offload` and
     /// `train { offload }` spell it; None for any other word.
     pub fn parse(word: &str) -> Option<Offload> {
         match word {
             "optimizer" => Some(Offload::Optimizer),
             "activations" => Some(Offload::Activations),
             "all" => Some(Offload::All),
+            "none" => Some(Offload::Nothing),
             _ => None,
         }
     }
@@ -103,6 +108,7 @@ impl Offload {
             Offload::Optimizer => "optimizer",
             Offload::Activations => "activations",
             Offload::All => "all",
+            Offload::Nothing => "none",
         }
     }
 
@@ -112,7 +118,13 @@ impl Offload {
             Offload::Optimizer => "the optimizer state",
             Offload::Activations => "the saved activations",
             Offload::All => "the optimizer state and the saved activations",
+            Offload::Nothing => "nothing",
         }
+    }
+
+    /// Whether anything lives on the host.
+    pub fn any(self) -> bool {
+        self.optimizer() || self.activations()
     }
 
     /// Whether the optimizer state lives on the host.
@@ -128,7 +140,8 @@ impl Offload {
     /// What to write instead of a word [`Offload::parse`] refuses.
     pub const HELP: &'static str = "use `optimizer` (the optimizer state lives in host memory \
          and the update runs on the host), `activations` (what backward reads waits in host \
-         memory between forward and backward) or `all` (both)";
+         memory between forward and backward), `all` (both) or `none` (everything on the \
+         device, offload not weighed against checkpointing)";
 }
 
 fn yes() -> bool {

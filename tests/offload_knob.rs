@@ -80,6 +80,19 @@ fn activation_offload_wins_where_recomputation_cannot_reach_the_budget() {
     };
     let (_, kept) = memc::compile_or_offload(&src, &given).unwrap();
     assert_eq!(kept, None);
+    // `--offload none` keeps everything on the device: no plan then.
+    let nothing = Options {
+        offload: Some(Offload::Nothing),
+        ..options.clone()
+    };
+    assert!(memc::compile_or_offload(&src, &nothing).is_err());
+    let text = "model m {\n  dim N = 4\n  input x: [N, N]\n  param w: [N, N]\n  loss = mean(x @ w)\n  train {\n    offload = none\n  }\n}\n";
+    let c = compiled_with(text, &Options::default());
+    let train = c.plan.plan().train.clone().unwrap();
+    assert_eq!(
+        (train.offload, c.plan.plan().host_bytes),
+        (Some(Offload::Nothing), 0)
+    );
     let unbudgeted = Options {
         budget: None,
         ..options

@@ -191,7 +191,7 @@ fn text(r: &FitResult, bf16: Option<&FitResult>) -> String {
         ));
     }
     let plan = r.plan.plan();
-    if let Some(o) = plan.train.as_ref().and_then(|t| t.offload) {
+    if let Some(o) = (plan.train.as_ref().and_then(|t| t.offload)).filter(|o| o.any()) {
         out.push_str(&format!(
             "  with --offload {}: nothing fits with everything on the device; of the offload settings this one reaches the largest value ({} in host memory)\n",
             o.word(),

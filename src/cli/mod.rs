@@ -121,8 +121,9 @@ pub struct CompileArgs {
     /// `train { offload }`: `optimizer` runs the update on the host, each gradient and
     /// parameter copied there and the parameter back; `activations` copies each activation
     /// backward reads to the host after its producer and back before its first backward
-    /// reader; `all` does both.
-    #[arg(long, value_name = "optimizer|activations|all")]
+    /// reader; `all` does both; `none` keeps everything on the device (without it, a budget
+    /// on the CPU target weighs offload against checkpointing by estimated time).
+    #[arg(long, value_name = "optimizer|activations|all|none")]
     offload: Option<String>,
     /// Data parallelism, overriding `train { parallel }`:
     /// data=N[,zero=0|1|2|3][,batch=per_rank|global] plans one rank of N, each running the

@@ -56,7 +56,7 @@ pub fn check_unified(t: &TrainSpec, cuda: bool) -> Result<(), UserError> {
     if !t.settings.unified {
         return Ok(());
     }
-    let refusal = if t.settings.offload.is_some() {
+    let refusal = if t.settings.offload.is_some_and(Offload::any) {
         Some((
             "unified memory does not combine with offloading",
             "unified memory pages the arena to host memory by itself; drop `offload` or \
