@@ -33,12 +33,13 @@ pub struct TrainSpec {
     pub unified_span: Option<Span>,
 }
 
-/// `true` or `false` written as `value` of the boolean setting `name`; anything else is a
+/// `true` or `false` written as `value` of the boolean setting `name`, with the value's
+/// span when true (where diagnostics about the setting point); anything else is a
 /// diagnostic at the value with `help`.
-fn boolean(value: &Expr, name: &str, help: &str) -> Result<bool, UserError> {
+fn boolean(value: &Expr, name: &str, help: &str) -> Result<(bool, Option<Span>), UserError> {
     match word(value) {
-        Some("true") => Ok(true),
-        Some("false") => Ok(false),
+        Some("true") => Ok((true, Some(value.span))),
+        Some("false") => Ok((false, None)),
         _ => Err(UserError::at(
             value.span,
             format!("`{name}` is `true` or `false`"),
@@ -280,21 +281,14 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
                 }
             }
             "stochastic_rounding" => {
-                spec.settings.stochastic_rounding = boolean(
-                    value,
-                    name.name.as_str(),
-                    "write `stochastic_rounding = true` to round pure-bf16 updates stochastically",
-                )?;
-                spec.stochastic_rounding_span =
-                    spec.settings.stochastic_rounding.then_some(value.span);
+                let help =
+                    "write `stochastic_rounding = true` to round pure-bf16 updates stochastically";
+                (spec.settings.stochastic_rounding, spec.stochastic_rounding_span) =
+                    boolean(value, "stochastic_rounding", help)?;
             }
             "unified" => {
-                spec.settings.unified = boolean(
-                    value,
-                    name.name.as_str(),
-                    "write `unified = true` to plan the arena in CUDA unified memory",
-                )?;
-                spec.unified_span = spec.settings.unified.then_some(value.span);
+                let help = "write `unified = true` to plan the arena in CUDA unified memory";
+                (spec.settings.unified, spec.unified_span) = boolean(value, "unified", help)?;
             }
             "accumulate" => {
                 let n = number(value).unwrap_or(0.0);
