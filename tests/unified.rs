@@ -145,6 +145,59 @@ fn an_mlp_on_two_pages_faults_in_every_phase_and_gh200_pays_less() {
     assert!(v.time.seconds < u.time.seconds);
 }
 
+/// A device with no page for the arena (the capacity all the CUDA context's) faults every
+/// page every step touches, every time it runs: forward and backward once per micro-batch,
+/// the update once, so the run order of accumulation shows in the count.
+#[test]
+fn with_no_page_on_the_device_every_touch_faults_once_per_run() {
+    let src = std::fs::read_to_string(MLP).unwrap();
+    let options = Options {
+        target: Target::CUDA_MIN,
+        unified: Some(true),
+        budget: Some(1),
+        context_reserve: Some(0),
+        accumulate: Some(2),
+        ..Options::default()
+    };
+    let c = compiled_with(&src, &options);
+    let plan = c.plan.plan();
+    let u = unified_of(&c);
+    assert_eq!((u.device_pages, u.evictions, u.peak_resident), (0, 0, 0));
+    let expected: u64 = (plan.steps.iter())
+        .map(|step| {
+            let ids = step
+                .inputs
+                .iter()
+                .chain(&step.output)
+                .chain(&step.workspace);
+            let mut pages: Vec<u64> = ids
+                .map(|b| &plan.buffers[b.index()])
+                .filter(|b| b.bytes > 0)
+                .flat_map(|b| b.offset / PAGE_BYTES..(b.offset + b.bytes).div_ceil(PAGE_BYTES))
+                .collect();
+            pages.sort_unstable();
+            pages.dedup();
+            pages.len() as u64 * u64::from(plan.runs(step.phase))
+        })
+        .sum();
+    assert_eq!(u.faults, expected);
+    assert!(u
+        .faulting
+        .iter()
+        .all(|f| f.pages % u64::from(plan.runs(f.phase)) == 0));
+    assert_eq!(plan.runs(Phase::Forward), 2);
+    let touching = plan
+        .steps
+        .iter()
+        .filter(|s| !s.inputs.is_empty() || s.output.is_some());
+    assert!(u.overcommitted_steps > 0 && u.overcommitted_steps <= touching.count() as u64);
+    let text = memc::plan::render_memory_summary(plan);
+    assert!(
+        text.contains("steps alone touch more pages than the device holds"),
+        "{text}"
+    );
+}
+
 #[test]
 fn unified_memory_is_refused_where_it_makes_no_sense() {
     let src = example("gpt2");
