@@ -276,6 +276,17 @@ fn the_cli_reports_unified_memory_in_json_and_refuses_it_with_exit_2() {
             "--budget",
             "1GiB",
         ],
+        &[
+            "compile",
+            "examples/unet3d_tileable.mdl",
+            "--tile",
+            "S=auto",
+            "--unified",
+            "--device",
+            "cuda",
+            "--budget",
+            "1GiB",
+        ],
     ] {
         let out = memc(args);
         let stderr = String::from_utf8_lossy(&out.stderr);

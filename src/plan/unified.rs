@@ -87,6 +87,7 @@ pub struct FaultingStep {
     pub step: usize,
     /// The step's op, by name.
     pub op: String,
+    /// The step's phase (forward and backward steps run once per micro-batch).
     pub phase: Phase,
     /// The step's scope (`layer.3.attn`).
     pub scope: String,
