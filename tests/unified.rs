@@ -47,6 +47,9 @@ fn assert_consistent(u: &Unified) {
     assert!(u.peak_resident + u.peak_on_host >= u.peak_live);
     assert!(u.peak_on_host >= u.peak_over);
     assert!(u.peak_resident <= u.device_pages * PAGE_BYTES);
+    // No eviction order faults less than each page beyond the device once.
+    assert!(u.optimal_faults <= u.faults);
+    assert!(u.optimal_faults >= u.arena_pages.saturating_sub(u.device_pages));
     let link = u.time.gpu.spec().host_link.bandwidth;
     let expected = (u.to_device + u.to_host) as f64 / link + u.faults as f64 * 20e-6;
     assert!(
@@ -81,6 +84,7 @@ fn gpt2_bf16_in_3gib_pages_its_arena_with_exact_figures() {
     );
     assert_eq!(u.peak_over, 852_355_076);
     assert_eq!((u.faults, u.faulting.len()), (1_231, 119));
+    assert_eq!(u.optimal_faults, 487);
     assert_eq!(u.overcommitted_steps, 0);
     let most = u.faulting.iter().max_by_key(|f| f.pages).unwrap();
     assert_eq!(
@@ -110,7 +114,7 @@ fn an_arena_within_the_gpu_memory_never_faults() {
     let u = unified_of(&c);
     assert_eq!(u.capacity, 80 << 30);
     assert_eq!((u.paged_out, u.peak_on_host, u.peak_over), (0, 0, 0));
-    assert_eq!((u.faults, u.evictions), (0, 0));
+    assert_eq!((u.faults, u.evictions, u.optimal_faults), (0, 0, 0));
     assert!(u.faulting.is_empty());
     assert_eq!(u.peak_resident, u.arena_pages * PAGE_BYTES);
     assert_eq!(u.time.seconds, 0.0);
@@ -181,6 +185,7 @@ fn with_no_page_on_the_device_every_touch_faults_once_per_run() {
         })
         .sum();
     assert_eq!(u.faults, expected);
+    assert_eq!(u.optimal_faults, expected);
     assert!(u
         .faulting
         .iter()

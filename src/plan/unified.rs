@@ -57,6 +57,10 @@ pub struct Unified {
     pub peak_over: u64,
     /// Page faults in one step (steady state).
     pub faults: u64,
+    /// Page faults in one step under the best eviction order (Belady's: the page needed
+    /// furthest ahead evicted first, the pages of the running step kept): what no eviction
+    /// policy beats, and what planned copies could approach.
+    pub optimal_faults: u64,
     /// Pages evicted in one step (steady state).
     pub evictions: u64,
     /// Bytes migrated host to device in one step: `faults` pages.
@@ -240,6 +244,7 @@ pub fn report(plan: &Plan, (capacity, reserve): (u64, u64), gpu: Gpu) -> Unified
         peak_on_host,
         peak_over: peak_live.saturating_sub(frames * PAGE_BYTES),
         faults: total,
+        optimal_faults: optimal_faults(&touched, &order, frames),
         evictions,
         to_device: total * PAGE_BYTES,
         to_host: evictions * PAGE_BYTES,
@@ -264,6 +269,56 @@ pub fn report(plan: &Plan, (capacity, reserve): (u64, u64), gpu: Gpu) -> Unified
     };
     unified.time.seconds = unified.fault_seconds(gpu);
     unified
+}
+
+/// Page faults of the second of two runs of `order` (each step touching its `touched`
+/// pages) on `frames` pages under Belady's eviction: the resident page whose next touch is
+/// furthest ahead (or never) is evicted first, except the pages of the step running, which
+/// it needs at once. The touches of a third run give the second's last pages their next use.
+fn optimal_faults(touched: &[Vec<u64>], order: &[usize], frames: u64) -> u64 {
+    let steps: Vec<usize> = (0..3).flat_map(|_| order.iter().copied()).collect();
+    let accesses: Vec<u64> = (steps.iter())
+        .flat_map(|&s| touched[s].iter().copied())
+        .collect();
+    let mut next = vec![usize::MAX; accesses.len()];
+    let mut seen = std::collections::HashMap::new();
+    for (i, &page) in accesses.iter().enumerate().rev() {
+        if let Some(j) = seen.insert(page, i) {
+            next[i] = j;
+        }
+    }
+    let pass = accesses.len() / 3;
+    // Resident pages keyed by their next touch (0 while their step runs), and each page's key.
+    let mut resident: BTreeSet<(usize, u64)> = BTreeSet::new();
+    let mut key = std::collections::HashMap::new();
+    let (mut faults, mut i) = (0u64, 0usize);
+    for &s in &steps {
+        let first = i;
+        for &page in &touched[s] {
+            let fault = match key.remove(&page) {
+                Some(k) => !resident.remove(&(k, page)),
+                None => true,
+            };
+            if fault && frames > 0 && resident.len() as u64 >= frames {
+                if let Some((_, victim)) = resident.pop_last() {
+                    key.remove(&victim);
+                }
+            }
+            if frames > 0 {
+                resident.insert((0, page));
+                key.insert(page, 0);
+            }
+            faults += u64::from(fault && (pass..2 * pass).contains(&i));
+            i += 1;
+        }
+        for (j, &page) in (first..i).zip(&touched[s]) {
+            if key.get(&page) == Some(&0) && resident.remove(&(0, page)) {
+                resident.insert((next[j], page));
+                key.insert(page, next[j]);
+            }
+        }
+    }
+    faults
 }
 
 /// The bytes of the pages holding live bytes at step `s` that are resident, and those
@@ -317,7 +372,7 @@ pub fn render(out: &mut String, plan: &Plan) {
     };
     let _ = writeln!(
         out,
-        "    page faults per step (steady state, LRU over {} pages): {} in {} steps (forward {}, backward {}, update {}), {} host->device; {} evictions, {} device->host{}; the most:",
+        "    page faults per step (steady state, LRU over {} pages): {} in {} steps (forward {}, backward {}, update {}), {} host->device; {} evictions, {} device->host{}; the best eviction order would take {} faults; the most:",
         h(u.page_bytes),
         g(u.faults),
         u.faulting.len(),
@@ -330,7 +385,8 @@ pub fn render(out: &mut String, plan: &Plan) {
         match u.overcommitted_steps {
             0 => String::new(),
             n => format!("; {n} steps alone touch more pages than the device holds (they thrash)"),
-        }
+        },
+        g(u.optimal_faults)
     );
     let mut most: Vec<&FaultingStep> = u.faulting.iter().collect();
     most.sort_by_key(|f| (std::cmp::Reverse(f.pages), f.step));
