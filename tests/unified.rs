@@ -169,19 +169,8 @@ fn with_no_page_on_the_device_every_touch_faults_once_per_run() {
     assert_eq!((u.device_pages, u.evictions, u.peak_resident), (0, 0, 0));
     let expected: u64 = (plan.steps.iter())
         .map(|step| {
-            let ids = step
-                .inputs
-                .iter()
-                .chain(&step.output)
-                .chain(&step.workspace);
-            let mut pages: Vec<u64> = ids
-                .map(|b| &plan.buffers[b.index()])
-                .filter(|b| b.bytes > 0)
-                .flat_map(|b| b.offset / PAGE_BYTES..(b.offset + b.bytes).div_ceil(PAGE_BYTES))
-                .collect();
-            pages.sort_unstable();
-            pages.dedup();
-            pages.len() as u64 * u64::from(plan.runs(step.phase))
+            let pages = memc::plan::step_pages(plan, step).len() as u64;
+            pages * u64::from(plan.runs(step.phase))
         })
         .sum();
     assert_eq!(u.faults, expected);

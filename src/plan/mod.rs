@@ -34,7 +34,8 @@ pub use report::{
 pub use target::Target;
 pub use tier::{on_device, tier_of, Tier};
 pub use unified::{
-    report as unified_report, FaultTime, FaultingStep, Unified, FAULT_LATENCY_S, PAGE_BYTES,
+    report as unified_report, step_pages, FaultTime, FaultingStep, Unified, FAULT_LATENCY_S,
+    PAGE_BYTES,
 };
 pub use verify::{verify, PlanError, VerifiedPlan};
 

@@ -164,6 +164,21 @@ fn pages(buffer: &Buffer) -> std::ops::Range<u64> {
     }
 }
 
+/// The distinct pages of the arena that `step` of `plan` touches: those of its inputs, its
+/// output and its workspace, in increasing order.
+pub fn step_pages(plan: &Plan, step: &super::Step) -> Vec<u64> {
+    let ids = (step.inputs.iter())
+        .chain(&step.output)
+        .chain(&step.workspace);
+    let mut p: Vec<u64> = ids
+        .filter_map(|b| plan.buffers.get(b.index()))
+        .flat_map(pages)
+        .collect();
+    p.sort_unstable();
+    p.dedup();
+    p
+}
+
 /// The steps of one training step in the order they run: forward and backward once per
 /// micro-batch, then the update.
 fn run_order(plan: &Plan) -> Vec<usize> {
@@ -184,22 +199,7 @@ fn run_order(plan: &Plan) -> Vec<usize> {
 pub fn report(plan: &Plan, (capacity, reserve): (u64, u64), gpu: Gpu) -> Unified {
     let frames = capacity.saturating_sub(reserve) / PAGE_BYTES;
     let arena_pages = plan.arena_bytes.div_ceil(PAGE_BYTES);
-    let touched: Vec<Vec<u64>> = (plan.steps.iter())
-        .map(|step| {
-            let ids = step
-                .inputs
-                .iter()
-                .chain(&step.output)
-                .chain(&step.workspace);
-            let mut p: Vec<u64> = ids
-                .filter_map(|b| plan.buffers.get(b.index()))
-                .flat_map(pages)
-                .collect();
-            p.sort_unstable();
-            p.dedup();
-            p
-        })
-        .collect();
+    let touched: Vec<Vec<u64>> = plan.steps.iter().map(|s| step_pages(plan, s)).collect();
     let live = plan.live_per_step();
     let peak_step = (0..live.len())
         .max_by_key(|&s| (live[s], std::cmp::Reverse(s)))
