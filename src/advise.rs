@@ -5,7 +5,7 @@
 use crate::budget::CheckpointMode;
 use crate::fit::{fit_accumulation, fit_dim};
 use crate::settings::Precision;
-use crate::{compile, CompileError, Options};
+use crate::{CompileError, Options};
 use serde::Serialize;
 
 /// One option and the plan it gives.
@@ -25,6 +25,10 @@ pub struct Advice {
     pub note: String,
     /// What the row changes, as `memc compile` flags added to the command line advised on.
     pub flags: Vec<String>,
+    /// What the row's plan keeps in host memory: its `--offload`, or what the least
+    /// estimated time within the budget put there ([`crate::compile_or_offload`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offload: Option<crate::settings::Offload>,
     /// The row fits, keeps the batch, and no other such row is at most as large and at most
     /// as slow (estimated) while smaller or faster: the frontier of bytes against time.
     pub frontier: bool,
@@ -42,6 +46,7 @@ impl Advice {
             keeps_batch,
             note,
             flags: Vec::new(),
+            offload: None,
             frontier: false,
         }
     }
@@ -59,31 +64,47 @@ fn row(
     budget: u64,
     note: &str,
 ) -> Advice {
-    match compile(source, &options) {
-        Ok(c) => {
+    // As `memc compile` does with the row's flags: offload weighed against checkpointing.
+    match crate::compile_or_offload(source, &options) {
+        Ok((c, offload)) => {
             let extra = c.plan.plan().report.recompute_percent();
             let arena = c.plan.plan().arena_bytes;
             let gpu = options.gpu.unwrap_or_default();
             let estimate = crate::cost::estimate(c.plan.plan(), gpu);
-            let mut note = match &estimate.offload {
-                Some(o) => format!(
+            let unified = c.plan.plan().report.unified.as_ref();
+            let mut note = match (&estimate.offload, unified) {
+                (Some(o), _) => format!(
                     "{note}: offload adds {} to the step",
                     crate::cost::ms(o.extra_seconds)
                 ),
-                None => note.to_string(),
+                (None, Some(u)) => format!(
+                    "{note}: {} of the arena paged to the host, {} page faults adding {}",
+                    crate::plan::human_bytes(u.paged_out),
+                    crate::plan::grouped(u.faults),
+                    crate::cost::ms(u.time.seconds)
+                ),
+                (None, None) => note.to_string(),
             };
             if let Some(r) = c.plan.plan().report.parallel.as_ref() {
                 note.push_str(&per_rank(r));
             }
+            if let Some(o) = offload {
+                note.push_str(&format!(
+                    "; keeps {} in host memory, the least estimated time (--offload {})",
+                    o.what(),
+                    o.word()
+                ));
+            }
             Advice {
                 option: option.to_string(),
                 arena_bytes: Some(arena),
-                fits: c.plan.plan().report.budgeted_bytes() <= budget,
+                fits: unified.is_some() || c.plan.plan().report.budgeted_bytes() <= budget,
                 extra_compute_percent: extra,
                 step_seconds: Some(estimate.seconds),
                 keeps_batch: true,
                 note,
                 flags,
+                offload: (c.plan.plan().train.as_ref().and_then(|t| t.offload)).filter(|o| o.any()),
                 frontier: false,
             }
         }
@@ -97,8 +118,16 @@ fn row(
 /// estimated step time (rows without a plan last), then by bytes. Rows combine knobs where
 /// one alone may not fit: bf16 and pure bf16 with checkpointing fitted to the budget, and the
 /// largest batch with both. Each row says the flags that select it and whether it is on the
-/// frontier of bytes against estimated time.
+/// frontier of bytes against estimated time. Each row compiles as `memc compile` with its
+/// flags does ([`crate::compile_or_offload`]): a row with a budget on the CPU target keeps
+/// what the least estimated time puts in host memory there, and says so. For a CUDA target one more row keeps the
+/// arena in unified memory with the budget as the device's capacity: it fits by paging, at
+/// the estimated cost of its page faults; every other row plans without unified memory.
 pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
+    let options = &Options {
+        unified: Some(false),
+        ..options.clone()
+    };
     let with =
         |checkpoint: CheckpointMode, in_backward: Option<bool>, budget: Option<u64>| Options {
             checkpoint,
@@ -171,6 +200,17 @@ pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {
     }
     let fitted = with(CheckpointMode::Auto, None, Some(budget));
     rows.extend(offload_rows(source, (&keep_all, &fitted), budget));
+    if options.target != crate::plan::Target::Cpu {
+        let unified = Options {
+            unified: Some(true),
+            budget: Some(budget),
+            ..options.clone()
+        };
+        let selects = flags(&["--unified", "--budget", &budget_flag]);
+        let note = "cudaMallocManaged: the driver pages the arena, LRU over 2 MiB pages";
+        let option = ("unified memory", selects);
+        rows.push(row(source, option, unified, budget, note));
+    }
     rows.extend(layout_rows(source, &fitted, budget));
     let precisions = [
         (Precision::Fp32, true, "", "the file's precision"),
@@ -308,9 +348,9 @@ fn mark_frontier(rows: &mut [Advice]) {
     }
 }
 
-/// The rows with the optimizer state in host memory (`--offload optimizer`), keeping every
-/// activation (`keep_all`) and with checkpointing fitted to the budget (`fitted`), and the
-/// row with every saved activation in host memory (`--offload activations`): their
+/// The rows with the optimizer state in host memory (`--offload optimizer`) and with every
+/// saved activation in host memory (`--offload activations`), each keeping every
+/// activation (`keep_all`) and with checkpointing fitted to the budget (`fitted`): their
 /// estimated time includes the copies and the host updates, so they rank first only
 /// where they win.
 fn offload_rows(
@@ -345,14 +385,17 @@ fn offload_rows(
             keep,
             saved,
         ),
+        (
+            "activations on the host + checkpointing to fit",
+            Offload::Activations,
+            fitted,
+            ["--budget", &budget_flag],
+            saved,
+        ),
     ]
     .into_iter()
     .map(|(option, offload, base, more, note)| {
-        let word = match offload {
-            Offload::Optimizer => "optimizer",
-            Offload::Activations => "activations",
-            Offload::All => "all",
-        };
+        let word = offload.word();
         let o = Options {
             offload: Some(offload),
             ..base.clone()
@@ -518,8 +561,9 @@ fn largest_batch_row(
     let name = format!("largest batch {label}");
     match fit_dim(source, options, "B", budget) {
         Ok(f) => {
-            // The search offloads the optimizer state when nothing fits without it.
-            let offload = f.plan.plan().train.as_ref().and_then(|t| t.offload);
+            // The search offloads (what reaches the largest batch) when nothing fits without it.
+            let offload =
+                (f.plan.plan().train.as_ref().and_then(|t| t.offload)).filter(|o| o.any());
             let o = Options {
                 budget: Some(budget),
                 offload: offload.or(options.offload),
@@ -527,8 +571,8 @@ fn largest_batch_row(
             };
             let (batch, budget_flag) = (format!("B={}", f.value), budget.to_string());
             let mut selects = flags(changes);
-            if offload.is_some() {
-                selects.extend(flags(&["--offload", "optimizer"]));
+            if let Some(o) = offload {
+                selects.extend(flags(&["--offload", o.word()]));
             }
             selects.extend(flags(&["--set", &batch, "--budget", &budget_flag]));
             let mut advice = row(

@@ -492,8 +492,10 @@ pub fn fit(
     options: &BuildOptions,
 ) -> Result<(Graph, Plan), FitError> {
     let Step { graph, train, .. } = step;
-    // The arena gets what the budget leaves beside the reserve.
+    // The arena gets what the budget leaves beside the reserve; under unified memory the
+    // budget is the device's capacity, which the arena may exceed (the driver pages).
     let budget = train
+        .filter(|t| !t.settings.unified)
         .and_then(|t| t.settings.budget)
         .map(|b| b.saturating_sub(step.reserve));
     let quick = BuildOptions {

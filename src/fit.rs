@@ -266,10 +266,12 @@ pub fn fit_dim(
 /// searches every value; the search starts at the largest multiple at most the file's value,
 /// or at `multiple_of`), calling `on_probe` after each compile (for progress display).
 ///
-/// When nothing fits and `options` leave the optimizer state on the device, the search runs
-/// again with it offloaded to the host (`--offload optimizer`), and its answer is returned
-/// if it finds one (its plan says so); offload costs step time, so it is never taken when
-/// any value fits without it.
+/// When nothing fits and `options` leave everything on the device, the search runs again
+/// with each of [`crate::OFFLOAD_KNOBS`] in host memory (the saved activations, the
+/// optimizer state, both), and the answer with the largest value is returned (of equal
+/// values, the one with the least estimated step time on the `--gpu`, the H100 without
+/// one), if any finds one (its plan says so); offload costs step time, so it is never
+/// taken when any value fits without it.
 pub fn fit_dim_with(
     source: &str,
     options: &Options,
@@ -278,15 +280,31 @@ pub fn fit_dim_with(
     on_probe: &mut dyn FnMut(&Probe),
 ) -> Result<FitResult, FitError> {
     let plain = search_dim(source, options, (dim, multiple_of), budget, on_probe);
-    match plain {
-        Err(FitError::Infeasible { .. }) if options.offload.is_none() => {
-            let offloaded = Options {
-                offload: Some(crate::settings::Offload::Optimizer),
-                ..options.clone()
-            };
-            search_dim(source, &offloaded, (dim, multiple_of), budget, on_probe).or(plain)
+    if !matches!(plain, Err(FitError::Infeasible { .. })) || options.offload.is_some() {
+        return plain;
+    }
+    let gpu = options.gpu.unwrap_or_default();
+    let mut best: Option<(FitResult, f64)> = None;
+    for knob in crate::OFFLOAD_KNOBS {
+        let offloaded = Options {
+            offload: Some(knob),
+            ..options.clone()
+        };
+        let search = (dim, multiple_of);
+        let Ok(found) = search_dim(source, &offloaded, search, budget, on_probe) else {
+            continue;
+        };
+        let seconds = crate::cost::estimate(found.plan.plan(), gpu).seconds;
+        let better = best
+            .as_ref()
+            .is_none_or(|(b, t)| found.value > b.value || (found.value == b.value && seconds < *t));
+        if better {
+            best = Some((found, seconds));
         }
-        found => found,
+    }
+    match best {
+        Some((found, _)) => Ok(found),
+        None => plain,
     }
 }
 

@@ -17,6 +17,7 @@ pub mod front;
 pub mod hf;
 pub mod init;
 pub mod ir;
+mod joint;
 pub mod onnx;
 pub mod ops;
 pub mod parallel;
@@ -28,6 +29,7 @@ pub mod tiling;
 pub mod viz;
 
 use diagnostic::UserError;
+pub use joint::{compile_or_offload, OFFLOAD_KNOBS};
 use plan::{BuildOptions, VerifiedPlan};
 use std::time::Duration;
 
@@ -80,6 +82,9 @@ pub struct Options {
     /// per micro-step) instead of the kept rows of its micro-batch's targets
     /// ([`passes::tile::kept_from_input`]).
     pub kept_from_input: bool,
+    /// `--unified` (Some(true)): overrides `train { unified }` (the arena in CUDA unified
+    /// memory, `report.unified`).
+    pub unified: Option<bool>,
 }
 
 impl Default for Options {
@@ -104,6 +109,7 @@ impl Default for Options {
             offload: None,
             parallel: None,
             kept_from_input: false,
+            unified: None,
         }
     }
 }
@@ -210,6 +216,11 @@ fn apply_train_options(
     t.settings.quantize_frozen = options.quantize_frozen.or(t.settings.quantize_frozen);
     t.settings.offload = options.offload.or(t.settings.offload);
     t.settings.parallel = options.parallel.or(t.settings.parallel);
+    if let Some(unified) = options.unified {
+        t.settings.unified = unified;
+        t.unified_span = t.unified_span.filter(|_| unified);
+    }
+    front::train::check_unified(t, options.target != plan::Target::Cpu)?;
     if !t.settings.master_weights && t.settings.precision != settings::Precision::Bf16 {
         return Err(UserError::at(
             t.precision_span,
@@ -279,33 +290,6 @@ fn optimizer_in_backward(
     ))
 }
 
-/// [`compile`], and where that fails for a training step on the CPU target whose optimizer
-/// state stays on the device (no `--offload` given or set in `train { }`), the step
-/// compiled again with that state in host memory (`--offload optimizer`), returned when it
-/// succeeds — offload is the last knob, taken only when no plan fits without it (it costs
-/// step time) — with `true`; otherwise the first failure. The CUDA backend does not run
-/// offloaded plans, so a CUDA target never gets one this way.
-pub fn compile_or_offload(
-    source: &str,
-    options: &Options,
-) -> Result<(Compiled, bool), CompileError> {
-    match compile(source, options) {
-        Err(CompileError::User(first))
-            if options.offload.is_none() && options.target == plan::Target::Cpu =>
-        {
-            let offloaded = Options {
-                offload: Some(settings::Offload::Optimizer),
-                ..options.clone()
-            };
-            match compile(source, &offloaded) {
-                Ok(c) if c.plan.plan().host_bytes > 0 => Ok((c, true)),
-                _ => Err(CompileError::User(first)),
-            }
-        }
-        done => done.map(|c| (c, false)),
-    }
-}
-
 /// The model lowered under `overrides`, its parameters frozen as `options` say and its
 /// `train { }` settings overridden by `options`.
 fn lowered(
@@ -323,6 +307,7 @@ fn lowered(
         ("--lora", options.lora.is_some()),
         ("--offload", options.offload.is_some()),
         ("--parallel", options.parallel.is_some()),
+        ("--unified", options.unified == Some(true)),
     ] {
         if set && module.train.is_none() {
             return Err(diagnostic::UserError::general(
@@ -533,6 +518,11 @@ pub(crate) fn planned(
         budget::FitError::User(u) => CompileError::User(u),
         budget::FitError::Internal(e) => e.into(),
     })?;
+    let unified = module.train.as_ref().filter(|t| t.settings.unified);
+    plan.report.unified = unified.map(|t| {
+        let capacity = t.settings.budget.unwrap_or(gpu.spec().memory);
+        plan::unified_report(&plan, (capacity, reserve.unwrap_or(0)), gpu)
+    });
     plan.report.estimate = options.gpu.map(|gpu| cost::estimate(&plan, gpu));
     if plan.report.transfers.is_some() {
         let time = (plan.report.estimate.as_ref())

@@ -57,6 +57,12 @@ pub struct TrainSummary {
     /// `--offload`); None keeps everything on the device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offload: Option<Offload>,
+    /// Whether the arena is CUDA unified memory (`unified = true` or `--unified`): the plan
+    /// is the one planned without the budget's checkpointing, and `report.unified` says what
+    /// of it would be resident on the device and where its page faults would fall, the
+    /// budget (or the GPU's memory) taken as the device's capacity.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unified: bool,
     /// Data parallelism with ZeRO (`parallel = (data = N, zero = K)` or `--parallel`);
     /// None runs the step on one device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -76,18 +82,49 @@ pub enum Offload {
     Activations,
     /// Both the optimizer state and the saved activations.
     All,
+    /// Nothing: everything stays on the device, decided (`none`), so the planner does not
+    /// weigh offload ([`crate::compile_or_offload`]).
+    #[serde(rename = "none")]
+    Nothing,
 }
 
 impl Offload {
-    /// The setting a word names (`optimizer`, `activations`, `all`), as `--offload` and
+    /// The setting a word names (`optimizer`, `activations`, `all`, `none`), as `--offload` and
     /// `train { offload }` spell it; None for any other word.
     pub fn parse(word: &str) -> Option<Offload> {
         match word {
             "optimizer" => Some(Offload::Optimizer),
             "activations" => Some(Offload::Activations),
             "all" => Some(Offload::All),
+            "none" => Some(Offload::Nothing),
             _ => None,
         }
+    }
+
+    /// The word that names this setting (`optimizer`, `activations`, `all`): what
+    /// [`Offload::parse`] reads back.
+    pub fn word(self) -> &'static str {
+        match self {
+            Offload::Optimizer => "optimizer",
+            Offload::Activations => "activations",
+            Offload::All => "all",
+            Offload::Nothing => "none",
+        }
+    }
+
+    /// What this setting keeps in host memory, in words.
+    pub fn what(self) -> &'static str {
+        match self {
+            Offload::Optimizer => "the optimizer state",
+            Offload::Activations => "the saved activations",
+            Offload::All => "the optimizer state and the saved activations",
+            Offload::Nothing => "nothing",
+        }
+    }
+
+    /// Whether anything lives on the host.
+    pub fn any(self) -> bool {
+        self.optimizer() || self.activations()
     }
 
     /// Whether the optimizer state lives on the host.
@@ -103,7 +140,8 @@ impl Offload {
     /// What to write instead of a word [`Offload::parse`] refuses.
     pub const HELP: &'static str = "use `optimizer` (the optimizer state lives in host memory \
          and the update runs on the host), `activations` (what backward reads waits in host \
-         memory between forward and backward) or `all` (both)";
+         memory between forward and backward), `all` (both) or `none` (everything on the \
+         device, offload not weighed against checkpointing)";
 }
 
 fn yes() -> bool {

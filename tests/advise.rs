@@ -24,7 +24,7 @@ fn rows_are_compiled_plans_sorted_best_first() {
         .arena_bytes;
     let budget = keep * 9 / 10;
     let rows = advise(&src, &options, budget);
-    assert_eq!(rows.len(), 22);
+    assert_eq!(rows.len(), 23);
     let arena = |option: &str| {
         let row = rows.iter().find(|r| r.option.starts_with(option)).unwrap();
         row.arena_bytes.unwrap()

@@ -52,6 +52,11 @@ pub fn fit(a: FitArgs) -> Result<(), Failure> {
         }
     };
     let json_format = a.format == Format::Json;
+    if opts.unified == Some(true) {
+        return Err(Failure::Plain(
+            "memc fit searches plans within the budget, and --unified lets the arena exceed it (the driver pages); compare it with `memc advise --device cuda` instead".into(),
+        ));
+    }
     if a.args.accumulate_search() && a.multiple_of > 1 {
         return Err(Failure::Plain(
             "--multiple-of applies to the search over a dim, not to --accumulate (whose micro-batches divide the batch)".into(),
@@ -186,10 +191,12 @@ fn text(r: &FitResult, bf16: Option<&FitResult>) -> String {
         ));
     }
     let plan = r.plan.plan();
-    if plan.train.as_ref().is_some_and(|t| t.offload.is_some()) {
-        out.push_str(
-            "  with --offload optimizer: nothing fits with the optimizer state on the device\n",
-        );
+    if let Some(o) = (plan.train.as_ref().and_then(|t| t.offload)).filter(|o| o.any()) {
+        out.push_str(&format!(
+            "  with --offload {}: nothing fits with everything on the device; of the offload settings this one reaches the largest value ({} in host memory)\n",
+            o.word(),
+            o.what()
+        ));
     }
     out.push('\n');
     out.push_str(&memc::plan::render_text(plan));

@@ -121,8 +121,9 @@ pub struct CompileArgs {
     /// `train { offload }`: `optimizer` runs the update on the host, each gradient and
     /// parameter copied there and the parameter back; `activations` copies each activation
     /// backward reads to the host after its producer and back before its first backward
-    /// reader; `all` does both.
-    #[arg(long, value_name = "optimizer|activations|all")]
+    /// reader; `all` does both; `none` keeps everything on the device (without it, a budget
+    /// on the CPU target weighs offload against checkpointing by estimated time).
+    #[arg(long, value_name = "optimizer|activations|all|none")]
     offload: Option<String>,
     /// Data parallelism, overriding `train { parallel }`:
     /// data=N[,zero=0|1|2|3][,batch=per_rank|global] plans one rank of N, each running the
@@ -137,6 +138,12 @@ pub struct CompileArgs {
     /// the fewest tiles whose plan fits --budget (`memc compile`, `memc check`, `memc run`).
     #[arg(long, value_name = "DIM=SIDE|DIM=auto")]
     tile: Option<String>,
+    /// Plan the arena in CUDA unified memory (cudaMallocManaged; needs --device cuda),
+    /// overriding `train { unified }`: the plan is the one without the budget's
+    /// checkpointing, and the report says what of it is resident in the --budget (or the
+    /// --gpu's memory), the bytes paged out, where page faults fall and their estimated time.
+    #[arg(long)]
+    unified: bool,
 }
 
 impl CompileArgs {
@@ -165,6 +172,7 @@ impl CompileArgs {
             ("--offload", self.offload.is_some()),
             ("--parallel", self.parallel.is_some()),
             ("--tile", self.tile.is_some()),
+            ("--unified", self.unified),
         ];
         given
             .into_iter()
@@ -398,6 +406,7 @@ fn options(args: &CompileArgs) -> Result<Options, Failure> {
         .transpose()?;
     Ok(Options {
         parallel,
+        unified: args.unified.then_some(true),
         overrides,
         optimizer_in_backward,
         layout_time: Duration::from_secs_f64(args.layout_time),
@@ -496,9 +505,11 @@ pub fn compile_file(args: &CompileArgs) -> Result<Compiled, Failure> {
         CompileError::User(u) => Failure::user(u, &args.file.display().to_string(), &src),
         CompileError::Internal(errs) => Failure::Internal(errs),
     })?;
-    if offloaded {
+    if let Some(o) = offloaded {
         eprintln!(
-            "memc: no plan fits with the optimizer state on the device; this one keeps it in host memory (--offload optimizer)"
+            "memc: the plan with the least estimated step time within the budget keeps {} in host memory (--offload {}; --offload or `train {{ offload }}` decides it instead)",
+            o.what(),
+            o.word()
         );
     }
     Ok(compiled)
@@ -567,28 +578,6 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             what,
             dir,
             layout_time,
-        } => {
-            let table = if what == "checkpoint" {
-                let dir = dir.unwrap_or_else(|| PathBuf::from("examples"));
-                memc::bench::checkpoint_table(&dir)
-                    .map_err(|e| Failure::Plain(format!("cannot read {}: {e}", dir.display())))?
-            } else if what == "compile" {
-                let dir = dir.unwrap_or_else(|| PathBuf::from("examples"));
-                let memc = std::env::current_exe()
-                    .map_err(|e| Failure::Plain(format!("cannot find memc itself: {e}")))?;
-                memc::bench::compile_table(&memc, &dir)
-                    .map_err(|e| Failure::Plain(format!("bench compile: {e}")))?
-            } else {
-                let dir = dir.unwrap_or_else(|| PathBuf::from("../shared/benchmarks/minimalloc"));
-                memc::arena_csv::run_benchmark(&dir, Duration::from_secs_f64(layout_time.max(0.0)))
-                    .map_err(|e| {
-                        Failure::Plain(format!(
-                            "cannot read {}: {e} (give the folder of MiniMalloc CSV instances: memc bench arena DIR)",
-                            dir.display()
-                        ))
-                    })?
-            };
-            output::write(None, &table)
-        }
+        } => output::bench(&what, dir, layout_time),
     }
 }

@@ -4,7 +4,7 @@ use super::Failure;
 use memc::passes::arena::{layout, LayoutOptions};
 use memc::plan::Plan;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Writes `text` to `path` atomically, or to stdout.
@@ -272,4 +272,30 @@ pub fn spinner(template: &str) -> Option<indicatif::ProgressBar> {
     }
     bar.enable_steady_tick(std::time::Duration::from_millis(100));
     Some(bar)
+}
+
+/// `memc bench WHAT [DIR]`: the table of `what` (`checkpoint`, `compile` or `arena`) over
+/// the models or MiniMalloc instances in `dir` (its default for each), printed.
+pub fn bench(what: &str, dir: Option<PathBuf>, layout_time: f64) -> Result<(), Failure> {
+    let table = if what == "checkpoint" {
+        let dir = dir.unwrap_or_else(|| PathBuf::from("examples"));
+        memc::bench::checkpoint_table(&dir)
+            .map_err(|e| Failure::Plain(format!("cannot read {}: {e}", dir.display())))?
+    } else if what == "compile" {
+        let dir = dir.unwrap_or_else(|| PathBuf::from("examples"));
+        let memc = std::env::current_exe()
+            .map_err(|e| Failure::Plain(format!("cannot find memc itself: {e}")))?;
+        memc::bench::compile_table(&memc, &dir)
+            .map_err(|e| Failure::Plain(format!("bench compile: {e}")))?
+    } else {
+        let dir = dir.unwrap_or_else(|| PathBuf::from("../shared/benchmarks/minimalloc"));
+        memc::arena_csv::run_benchmark(&dir, Duration::from_secs_f64(layout_time.max(0.0)))
+            .map_err(|e| {
+                Failure::Plain(format!(
+                    "cannot read {}: {e} (give the folder of MiniMalloc CSV instances: memc bench arena DIR)",
+                    dir.display()
+                ))
+            })?
+    };
+    write(None, &table)
 }

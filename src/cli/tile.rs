@@ -12,6 +12,12 @@ pub(super) fn tiled(args: &CompileArgs) -> Result<(Compiled, Tiling), Failure> {
     let spec: TileSpec = text.parse().map_err(Failure::Plain)?;
     let src = read_source(&args.file)?;
     let opts = options(args)?;
+    if spec.side.is_none() && opts.unified == Some(true) {
+        return Err(Failure::Plain(format!(
+            "--tile {}=auto takes the largest tile whose plan fits --budget, and --unified lets the arena exceed it (the driver pages); give the side, e.g. --tile {}=64",
+            spec.dim, spec.dim
+        )));
+    }
     compile_tiled(&src, &opts, &spec).map_err(|e| match e {
         CompileError::User(u) => Failure::user(u, &args.file.display().to_string(), &src),
         CompileError::Internal(errs) => Failure::Internal(errs),

@@ -15,7 +15,8 @@ pub struct Estimate {
     /// The GPU estimated on.
     pub gpu: Gpu,
     /// The whole step: `compute_bound_seconds + memory_bound_seconds + launch_seconds`, plus
-    /// the extra time of offload when the plan has copies.
+    /// the extra time of offload when the plan has copies and of page faults when its arena
+    /// is in unified memory.
     pub seconds: f64,
     /// Time of the launches whose FLOPs take longer than their bytes (launch overhead apart).
     pub compute_bound_seconds: f64,
@@ -38,6 +39,10 @@ pub struct Estimate {
     /// What an offloaded plan's copies and host updates add (included in `seconds`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offload: Option<super::OffloadTime>,
+    /// What unified memory's page faults add on this GPU (included in `seconds`), for a plan
+    /// with `report.unified`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_faults: Option<f64>,
 }
 
 /// The estimate of one launch of one plan step.
@@ -89,6 +94,7 @@ pub fn estimate(plan: &Plan, gpu: Gpu) -> Estimate {
         by_op: Vec::new(),
         steps: Vec::new(),
         offload: None,
+        page_faults: None,
     };
     let mut by_op: BTreeMap<&str, OpTime> = BTreeMap::new();
     let ty = |b: crate::plan::BufferId| plan.buffers.get(b.index()).map(|b| &b.ty);
@@ -139,7 +145,10 @@ pub fn estimate(plan: &Plan, gpu: Gpu) -> Estimate {
     e.launch_seconds = e.launches as f64 * LAUNCH_OVERHEAD_S;
     e.offload = super::offload::offload_time(plan, gpu, &e.steps);
     let extra = e.offload.as_ref().map_or(0.0, |o| o.extra_seconds);
-    e.seconds = e.compute_bound_seconds + e.memory_bound_seconds + e.launch_seconds + extra;
+    e.page_faults = (plan.report.unified.as_ref()).map(|u| u.fault_seconds(gpu));
+    let faults = e.page_faults.unwrap_or(0.0);
+    e.seconds =
+        e.compute_bound_seconds + e.memory_bound_seconds + e.launch_seconds + extra + faults;
     e.by_op = by_op.into_values().collect();
     e.by_op.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
     e
@@ -166,6 +175,13 @@ pub fn render_text(out: &mut String, e: &Estimate, plan: &Plan) {
         spec.sms,
         ms(e.seconds)
     );
+    if let Some(faults) = e.page_faults {
+        let _ = writeln!(
+            out,
+            "    of which unified memory's page faults: {} (below)",
+            ms(faults)
+        );
+    }
     let _ = writeln!(
         out,
         "    compute-bound {} ({:.1}%), memory-bound {} ({:.1}%), launch overhead {} ({:.1}%) over {} launches",

@@ -59,7 +59,10 @@ pub fn check(t: &TrainSpec, p: Parallel) -> Result<(), UserError> {
             "drop `accumulate` (each rank's batch is already 1/N of the step's), or drop `parallel`",
         );
     }
-    if t.settings.offload.is_some() {
+    if t.settings
+        .offload
+        .is_some_and(crate::settings::Offload::any)
+    {
         return refuse(
             "does not combine with offloading yet",
             "shard the optimizer state with `zero = 1` instead of offloading it",

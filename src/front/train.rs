@@ -28,6 +28,68 @@ pub struct TrainSpec {
     /// unset or came from the command line).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_span: Option<Span>,
+    /// Where `unified = true` was set, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unified_span: Option<Span>,
+}
+
+/// `true` or `false` written as `value` of the boolean setting `name`, with the value's
+/// span when true (where diagnostics about the setting point); anything else is a
+/// diagnostic at the value with `help`.
+fn boolean(value: &Expr, name: &str, help: &str) -> Result<(bool, Option<Span>), UserError> {
+    match word(value) {
+        Some("true") => Ok((true, Some(value.span))),
+        Some("false") => Ok((false, None)),
+        _ => Err(UserError::at(
+            value.span,
+            format!("`{name}` is `true` or `false`"),
+            "not true/false",
+            help,
+        )),
+    }
+}
+
+/// Refuses unified memory (`unified = true`, `--unified`) where it makes no sense: with
+/// offloading (both put bytes in host memory, one by the driver's paging and one by planned
+/// copies), with parallelism (not planned per rank yet), and on the CPU backend (`cuda`
+/// false), which has no device memory to page into.
+pub fn check_unified(t: &TrainSpec, cuda: bool) -> Result<(), UserError> {
+    if !t.settings.unified {
+        return Ok(());
+    }
+    let refusal = if t.settings.offload.is_some_and(Offload::any) {
+        Some((
+            "unified memory does not combine with offloading",
+            "unified memory pages the arena to host memory by itself; drop `offload` or \
+             --offload (planned copies), or `unified` or --unified (the driver's paging)",
+        ))
+    } else if t.settings.parallel.is_some() {
+        Some((
+            "unified memory does not combine with parallelism yet",
+            "drop `parallel` or --parallel, or drop `unified` or --unified and fit each rank's \
+             plan to the budget",
+        ))
+    } else if !cuda {
+        Some((
+            "unified memory is CUDA managed memory, and this plan is for the CPU backend",
+            "compile with --device cuda: the report then says what of the arena is resident in \
+             the --budget (or the --gpu's memory) and where page faults fall",
+        ))
+    } else {
+        None
+    };
+    match refusal {
+        Some((message, help)) => Err(match t.unified_span {
+            Some(span) => UserError::at(span, message, "unified memory asked for here", help),
+            None => UserError::at(
+                t.span,
+                message,
+                "--unified applies to this train section",
+                help,
+            ),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// `name` of a path expression of one identifier, if `e` is one.
@@ -175,6 +237,7 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
             lora: None,
             quantize_frozen: None,
             offload: None,
+            unified: false,
             parallel: None,
         },
         span,
@@ -182,6 +245,7 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
         stochastic_rounding_span: None,
         clip_grad_norm_span: None,
         budget_span: None,
+        unified_span: None,
     };
     for (name, value) in settings {
         match name.name.as_str() {
@@ -217,20 +281,14 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
                 }
             }
             "stochastic_rounding" => {
-                spec.settings.stochastic_rounding = match word(value) {
-                    Some("true") => true,
-                    Some("false") => false,
-                    _ => {
-                        return Err(UserError::at(
-                            value.span,
-                            "`stochastic_rounding` is `true` or `false`",
-                            "not true/false",
-                            "write `stochastic_rounding = true` to round pure-bf16 updates stochastically",
-                        ))
-                    }
-                };
-                spec.stochastic_rounding_span =
-                    spec.settings.stochastic_rounding.then_some(value.span);
+                let help =
+                    "write `stochastic_rounding = true` to round pure-bf16 updates stochastically";
+                (spec.settings.stochastic_rounding, spec.stochastic_rounding_span) =
+                    boolean(value, "stochastic_rounding", help)?;
+            }
+            "unified" => {
+                let help = "write `unified = true` to plan the arena in CUDA unified memory";
+                (spec.settings.unified, spec.unified_span) = boolean(value, "unified", help)?;
             }
             "accumulate" => {
                 let n = number(value).unwrap_or(0.0);
@@ -286,7 +344,7 @@ pub fn train_spec(settings: &[(Ident, Expr)], span: Span) -> Result<TrainSpec, U
                     name.span,
                     format!("unknown train option `{other}`"),
                     "unknown option",
-                    "accepted: optimizer, precision, master_weights, stochastic_rounding, accumulate, budget, clip_grad_norm, lora, quantize_frozen, offload, parallel",
+                    "accepted: optimizer, precision, master_weights, stochastic_rounding, accumulate, budget, clip_grad_norm, lora, quantize_frozen, offload, unified, parallel",
                 ))
             }
         }

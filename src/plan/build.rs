@@ -538,6 +538,7 @@ fn report(
         device: None,
         host: None,
         transfers: None,
+        unified: None,
         quantized: crate::passes::quantize::summary(graph),
         parallel: None,
     }

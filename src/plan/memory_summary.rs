@@ -137,5 +137,6 @@ pub fn render_memory_summary(plan: &Plan) -> String {
     counts(&mut out, "Allocations (buffers)", &total);
     out.push_str(&heavy);
     super::host::render(&mut out, &plan.report);
+    super::unified::render(&mut out, plan);
     out
 }

@@ -13,6 +13,7 @@ mod report;
 mod summary;
 mod target;
 mod tier;
+mod unified;
 mod verify;
 mod views;
 
@@ -32,6 +33,10 @@ pub use report::{
 };
 pub use target::Target;
 pub use tier::{on_device, tier_of, Tier};
+pub use unified::{
+    report as unified_report, step_pages, FaultTime, FaultingStep, Unified, FAULT_LATENCY_S,
+    PAGE_BYTES,
+};
 pub use verify::{verify, PlanError, VerifiedPlan};
 
 use crate::ir::{Init, Op, Phase, TensorType};

@@ -148,6 +148,10 @@ pub struct Report {
     /// Bytes an offloaded plan copies between the device and the host per step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transfers: Option<super::Transfers>,
+    /// Unified memory (`--unified`): what of the arena is resident on the device and where
+    /// page faults fall.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unified: Option<super::Unified>,
     /// The frozen weights stored quantized (`--quantize-frozen`), when there are any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantized: Option<QuantSummary>,
@@ -404,6 +408,7 @@ pub fn render_text(plan: &Plan) -> String {
         }
     }
     super::host::render(&mut out, r);
+    super::unified::render(&mut out, plan);
     super::parallel::render(&mut out, plan);
     super::peak::render(&mut out, &r.largest_at_peak);
     if let Some(p) = &r.precision {
@@ -429,7 +434,7 @@ pub fn render_text(plan: &Plan) -> String {
     if let Some(e) = &r.estimate {
         crate::cost::render_text(&mut out, e, plan);
     }
-    if let Some(t) = &plan.train {
+    if let Some(t) = plan.train.as_ref().filter(|t| !t.unified) {
         if let Some(budget) = t.budget {
             let fits = if b.arena <= budget {
                 "fits"
