@@ -64,6 +64,17 @@ fn lce_bwd_in(rows: &[usize], dim: usize, w: &[usize]) -> Vec<TensorType> {
     ]
 }
 
+/// A matmul transposing as `ta` / `tb`, its output fp32 when `f32_out`, with a bias input when
+/// `bias`.
+fn matmul(ta: bool, tb: bool, f32_out: bool, bias: bool) -> Op {
+    Op::MatMul {
+        ta,
+        tb,
+        f32_out,
+        bias,
+    }
+}
+
 /// (label, op, inputs) in f32; `with_dtype` derives the f16/bf16 variants.
 pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
     use DType::{F32, I32};
@@ -357,32 +368,17 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ),
         (
             "matmul_bias",
-            Op::MatMul {
-                ta: false,
-                tb: false,
-                f32_out: false,
-                bias: true,
-            },
+            matmul(false, false, false, true),
             vec![f(&[2, 3, 65, 17]), f(&[17, 70]), f(&[70])],
         ),
         (
             "matmul_t_bias",
-            Op::MatMul {
-                ta: true,
-                tb: true,
-                f32_out: false,
-                bias: true,
-            },
+            matmul(true, true, false, true),
             vec![f(&[3, 1, 17, 65]), f(&[4, 70, 17]), f(&[70])],
         ),
         (
             "matmul_f32_out",
-            Op::MatMul {
-                ta: true,
-                tb: false,
-                f32_out: true,
-                bias: false,
-            },
+            matmul(true, false, true, false),
             vec![f(&[130, 33]), f(&[130, 70])],
         ),
         (
