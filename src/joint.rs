@@ -13,14 +13,16 @@ use crate::{compile, plan, CompileError, Compiled, Options};
 /// The offload settings the planner weighs against keeping everything on the device.
 pub const OFFLOAD_KNOBS: [Offload; 3] = [Offload::Activations, Offload::Optimizer, Offload::All];
 
-/// Whether the `train { }` of `source` sets `key` itself (true as well when the source does
-/// not parse, so that nothing is tried beside the failing compile).
-fn file_sets(source: &str, key: &str) -> bool {
+/// Whether the `train { }` of `source` sets any of `keys` itself (true as well when the
+/// source does not parse, so that nothing is tried beside the failing compile).
+fn file_sets(source: &str, keys: &[&str]) -> bool {
     let Ok(ast) = crate::front::parse(source) else {
         return true;
     };
     ast.items.iter().any(|item| match item {
-        crate::front::ast::Item::Train(settings, _) => settings.iter().any(|(k, _)| k.name == key),
+        crate::front::ast::Item::Train(settings, _) => settings
+            .iter()
+            .any(|(k, _)| keys.contains(&k.name.as_str())),
         _ => false,
     })
 }
@@ -51,9 +53,7 @@ pub fn compile_or_offload(
             Err(e) => matches!(e, CompileError::User(_)),
         }
         && options.parallel.is_none()
-        && !["offload", "unified", "parallel"]
-            .iter()
-            .any(|key| file_sets(source, key));
+        && !file_sets(source, &["offload", "unified", "parallel"]);
     if !weighed {
         return plain.map(|c| (c, None));
     }
