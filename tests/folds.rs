@@ -79,16 +79,33 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
         plan.params.len() - single
     );
     // Biases are cuBLASLt epilogues: every forward linear is one matmul with its bias, and
-    // no add reads a product.
+    // no add of a vector reads a product.
     assert_eq!(
         count(&|s| matches!(s.op, Op::MatMul { bias: true, .. })),
         4 * layers
     );
+    let vector = |b: &memc::plan::BufferId| plan.buffers[b.index()].ty.shape.len() == 1;
     let add_of_product = |s: &memc::plan::Step| {
         matches!(s.op, Op::Binary(memc::ir::BinaryFn::Add))
             && (s.inputs.iter()).any(|b| matches!(producer(b), Some(Op::MatMul { .. })))
+            && s.inputs.iter().any(vector)
     };
     assert_eq!(count(&add_of_product), 0);
+    // The residual adds read their bf16 branch as it is, widening each element as they load
+    // it: two a layer, the second recomputed in backward, and the sum of the two embedding
+    // gradients; no cast to fp32 feeds arithmetic.
+    let mixed = |s: &memc::plan::Step| {
+        let types: Vec<DType> = s.inputs.iter().map(dtype).collect();
+        matches!(s.op, Op::Binary(memc::ir::BinaryFn::Add))
+            && types.contains(&DType::F32)
+            && types.contains(&DType::BF16)
+    };
+    assert_eq!(count(&mixed), 3 * layers + 1);
+    let widened = |s: &memc::plan::Step| {
+        matches!(s.op, Op::Binary(_))
+            && (s.inputs.iter()).any(|b| producer(b) == Some(&Op::Cast { to: DType::F32 }))
+    };
+    assert_eq!(count(&widened), 0);
     // A layer norm's bias gradient is a sum over rows; the q/k/v slices are saved rather
     // than sliced again in backward (the same bytes as their source).
     assert_eq!(count(&|s| matches!(s.op, Op::NormBackwardBias { .. })), 0);

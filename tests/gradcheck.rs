@@ -315,3 +315,44 @@ fn attention_key_mask() {
         assert!(err < 1e-2, "{mask} {m:?}: relative error {err:.2e}");
     }
 }
+
+/// Arithmetic on a bf16 and an fp32 operand is fp32, the bf16 one widened exactly as it is
+/// read (PyTorch's promotion): the fp32 parameter's gradient is the fp32 formula's; the
+/// bf16 one's is each op's part rounded to bf16 and summed in bf16, as PyTorch's autograd
+/// sums a bf16 leaf's gradient (within two bf16 roundings of the formula).
+#[test]
+fn promoted_arithmetic_takes_each_operand_in_its_own_type() {
+    let src = "model mixed {\n  dim A = 2, B = 3\n  param a: bf16[A, B] = normal(1.0)\n  param b: [B] = uniform(1.5, 2.5)\n  let y = a * b + b - a / b\n  loss = sum(y * 3.0)\n  train { optimizer = sgd(lr = 0.0) }\n}\n";
+    let c = compiled(src);
+    let mut ex = executor(&c, 7);
+    let value = |ex: &memc::exec::cpu::CpuExecutor, name: &str| {
+        let p = ex.plan().params.iter().find(|p| p.name == name);
+        ex.read(p.unwrap_or_else(|| panic!("no {name}")).buffer)
+            .to_vec()
+    };
+    let (a, b) = (value(&ex, "a"), value(&ex, "b"));
+    let mut grads: HashMap<String, Vec<f32>> = HashMap::new();
+    ex.run_step(Some(&mut |name: &str, g: &[f32]| {
+        grads.insert(name.to_string(), g.to_vec());
+    }))
+    .expect("step");
+    for (i, &got) in grads["a"].iter().enumerate() {
+        let bj = b[i % 3];
+        let want = 3.0 * bj - 3.0 / bj;
+        assert!(
+            (got - want).abs() <= 2.0 / 128.0 * want.abs(),
+            "a[{i}]: {got} != {want}"
+        );
+        assert_eq!(got, half::bf16::from_f32(got).to_f32(), "a[{i}] is bf16");
+    }
+    for (j, &bj) in b.iter().enumerate() {
+        let want: f32 = (0..2)
+            .map(|i| 3.0 * a[3 * i + j] + 3.0 + 3.0 * a[3 * i + j] / (bj * bj))
+            .sum();
+        let got = grads["b"][j];
+        assert!(
+            (got - want).abs() <= 1e-5 * want.abs(),
+            "b[{j}]: {got} != {want}"
+        );
+    }
+}

@@ -39,11 +39,11 @@ use shim_steps::{example, example_fused, training_step_matches};
 /// One op case at one dtype.
 type Case = KernelCase;
 
-/// Every op case in f32, f16 and bf16; ops on f32 scalars only (the loss-scale update) give
+/// Every op case in f32, f16 and bf16, and the promoted arithmetic's; ops on f32 scalars only (the loss-scale update) give
 /// one kernel for every dtype: it is run once.
 fn all_cases() -> Vec<Case> {
     let mut out: Vec<Case> = Vec::new();
-    for case in kernel_cases() {
+    for case in kernel_cases().into_iter().chain(promoted::promoted_cases()) {
         if !out.iter().any(|c| c.kernel.name == case.kernel.name) {
             out.push(case);
         }

@@ -6,7 +6,7 @@
 //! and in 16 bits they are rounded once instead of twice (as PyTorch's `addmm` does).
 
 use super::autodiff::Differentiated;
-use super::rewrite::{rebuild, remap_pairs, Edit};
+use super::rewrite::{rebuild, refold, Edit};
 use super::StageError;
 use crate::ir::{BinaryFn, Graph, Op, ValueId};
 use std::collections::{BTreeMap, BTreeSet};
@@ -73,13 +73,7 @@ pub fn fold(graph: &Graph) -> Result<(Graph, Vec<Option<ValueId>>), StageError> 
 /// [`fold`] on a differentiated graph, its gradients following their values; also each old
 /// value's new one, for the values the caller holds.
 pub fn run(diff: &Differentiated) -> Result<(Differentiated, Vec<Option<ValueId>>), StageError> {
-    let (graph, map) = fold(&diff.graph)?;
-    let diff = Differentiated {
-        graph,
-        grads: remap_pairs(&diff.grads, &map, "bias_epilogue")?,
-        alternatives: Vec::new(),
-    };
-    Ok((diff, map))
+    refold(diff, "bias_epilogue", fold)
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub mod optimizer;
 pub mod partition;
 pub mod pipeline;
 pub mod precision;
+pub mod promote;
 pub mod quantize;
 pub mod rewrite;
 pub mod saves;

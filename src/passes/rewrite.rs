@@ -2,6 +2,7 @@
 //! (`widen`, `concat_grads`). Nodes are copied in creation order; an edited node is dropped,
 //! made an alias of an earlier value, or rebuilt with a new op and inputs.
 
+use super::autodiff::Differentiated;
 use super::StageError;
 use crate::ir::{Graph, Op, ValueId};
 
@@ -75,4 +76,21 @@ pub fn remap_pairs(
             .ok_or_else(|| StageError::internal(pass, format!("gradient pair {v} folded away")))
     };
     pairs.iter().map(|&(p, g)| Ok((get(p)?, get(g)?))).collect()
+}
+
+/// A differentiated graph through `fold`, a pass that only folds nodes away or rebuilds
+/// them (no new gradients): its gradients follow their values, its alternatives are
+/// dropped (taken already); also each old value's new one, for the values the caller holds.
+pub fn refold(
+    diff: &Differentiated,
+    pass: &'static str,
+    fold: impl Fn(&Graph) -> Result<(Graph, Vec<Option<ValueId>>), StageError>,
+) -> Result<(Differentiated, Vec<Option<ValueId>>), StageError> {
+    let (graph, map) = fold(&diff.graph)?;
+    let diff = Differentiated {
+        graph,
+        grads: remap_pairs(&diff.grads, &map, pass)?,
+        alternatives: Vec::new(),
+    };
+    Ok((diff, map))
 }

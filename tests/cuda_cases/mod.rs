@@ -5,6 +5,7 @@ mod attention;
 mod conv;
 mod ignore;
 mod multi_block;
+pub mod promoted;
 pub mod quant;
 pub mod select;
 pub mod updates;
@@ -573,8 +574,7 @@ pub fn kernel_cases() -> Vec<KernelCase> {
     kernel_cases_of(cases())
 }
 
-/// The given (label, op, f32 inputs) cases in f32, f16 and bf16, as [`kernel_cases`] makes
-/// them.
+/// The given (label, op, f32 inputs) cases in f32, f16 and bf16, as [`kernel_cases`] does.
 pub fn kernel_cases_of(cases: Vec<(&'static str, Op, Vec<TensorType>)>) -> Vec<KernelCase> {
     let mut out = Vec::new();
     for (label, f32_op, f32_inputs) in cases {

@@ -53,7 +53,8 @@ fn binary(cx: &mut Vjp<'_>, f: BinaryFn) -> Result<(), StageError> {
             BinaryFn::Mul | BinaryFn::Div => rw.add(Op::Binary(f), vec![dy, b])?,
             _ => dy,
         };
-        rw.sum_to(t, a)
+        let t = rw.sum_to(t, a)?;
+        in_type_of(rw, t, a)
     })?;
     cx.set(1, |rw| {
         let t = match f {
@@ -66,8 +67,20 @@ fn binary(cx: &mut Vjp<'_>, f: BinaryFn) -> Result<(), StageError> {
             }
             _ => dy,
         };
-        rw.sum_to(t, b)
+        let t = rw.sum_to(t, b)?;
+        in_type_of(rw, t, b)
     })
+}
+
+/// Gradient `g` in the dtype of its operand `like` (a 16-bit operand of a promoted fp32
+/// op gets its fp32 gradient rounded, as the backward of the widening cast it replaces
+/// would round it); no node when they agree.
+fn in_type_of(rw: &mut Rewriter, g: ValueId, like: ValueId) -> Result<ValueId, StageError> {
+    let to = rw.dtype(like);
+    if rw.dtype(g) == to {
+        return Ok(g);
+    }
+    rw.add(Op::Cast { to }, vec![g])
 }
 
 /// Gradients of `minimum(a, b)` / `maximum(a, b)`: all of `dy` to the operand chosen, half
@@ -92,7 +105,8 @@ fn extremum(cx: &mut Vjp<'_>, f: BinaryFn) -> Result<(), StageError> {
     let w = rw.add(Op::Binary(BinaryFn::Add), vec![strict, half])?;
     cx.set(0, |rw| {
         let t = rw.add(Op::Binary(BinaryFn::Mul), vec![dy, w])?;
-        rw.sum_to(t, a)
+        let t = rw.sum_to(t, a)?;
+        in_type_of(rw, t, a)
     })?;
     cx.set(1, |rw| {
         let rest = rw.add(
@@ -126,7 +140,8 @@ fn power(cx: &mut Vjp<'_>) -> Result<(), StageError> {
         let zero = zero_like(rw, dy)?;
         let constant = rw.add(Op::Binary(BinaryFn::Equal), vec![b, zero])?;
         let t = rw.add(Op::Where, vec![constant, zero, t])?;
-        rw.sum_to(t, a)
+        let t = rw.sum_to(t, a)?;
+        in_type_of(rw, t, a)
     })?;
     cx.set(1, |rw| {
         let t = rw.add(Op::Unary(UnaryFn::Log), vec![a])?;
@@ -149,7 +164,8 @@ fn select(cx: &mut Vjp<'_>) -> Result<(), StageError> {
     cx.set(1, |rw| {
         let zero = zero_like(rw, dy)?;
         let t = rw.add(Op::Where, vec![c, dy, zero])?;
-        rw.sum_to(t, a)
+        let t = rw.sum_to(t, a)?;
+        in_type_of(rw, t, a)
     })?;
     cx.set(2, |rw| {
         let zero = zero_like(rw, dy)?;

@@ -102,7 +102,8 @@ impl CudaLowering for super::Family {
                     c_dims("SA", &bcast_strides(&x.shape, &out.shape)),
                     c_dims("SB", &bcast_strides(&y.shape, &out.shape)),
                 ];
-                let entry = ("binary_kernel", &[a.out_ty()][..], 2);
+                let types = [a.ty(0)?, a.ty(1)?, a.out_ty()];
+                let entry = ("binary_kernel", &types[..], 2);
                 Ok(templated("binary", files, lines, entry, Elementwise(n_out)))
             }
             Op::Where => {

@@ -116,10 +116,11 @@ __device__ void unary_output_backward_kernel(char* arena, u64 o_y, u64 o_dy, u64
 }
 
 // out = a (op) b with numpy broadcasting: C::OUT is the output shape, C::SA / C::SB the
-// element strides of a and b viewed at that shape (0 on broadcast dims).
-template <typename T, typename C> __device__ void binary_kernel(char* arena, u64 o_a, u64 o_b, u64 o_out) {
-    const T* a = tensor_at<T>(arena, o_a);
-    const T* b = tensor_at<T>(arena, o_b);
+// element strides of a and b viewed at that shape (0 on broadcast dims). Each operand is read
+// in its own type (a 16-bit one of an fp32 op widened exactly), the result stored in T.
+template <typename TA, typename TB, typename T, typename C> __device__ void binary_kernel(char* arena, u64 o_a, u64 o_b, u64 o_out) {
+    const TA* a = tensor_at<TA>(arena, o_a);
+    const TB* b = tensor_at<TB>(arena, o_b);
     T* out = tensor_at<T>(arena, o_out);
     MEMC_GRID_LOOP(i, C::N) {
         const float x = ld(a, strided<typename C::OUT, typename C::SA>(i));

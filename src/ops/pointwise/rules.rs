@@ -1,6 +1,6 @@
 //! Shape and dtype rule, cost and precision class of the pointwise ops.
 
-use crate::ir::{broadcast, Op, TensorType, UnaryFn};
+use crate::ir::{broadcast, BinaryFn, DType, Op, TensorType, UnaryFn};
 use crate::ops::rules::{
     arity, elementwise_flops, fail, float, foreign, same_dtype, same_shape, Behaviour,
     PrecisionClass, Result, Rules,
@@ -20,9 +20,13 @@ impl Rules for super::Family {
                 float(inputs[0], "operand")?;
                 Ok(inputs[0].clone())
             }
-            Op::Binary(_) => {
+            Op::Binary(f) => {
                 arity(op, inputs, 2, 2)?;
-                broadcast_all(inputs)
+                let [a, b] = [inputs[0], inputs[1]];
+                match promoted(*f, a, b) {
+                    Some(dtype) => Ok(TensorType::new(dtype, broadcast_pair(a, b)?)),
+                    None => broadcast_all(inputs),
+                }
             }
             Op::Where => {
                 arity(op, inputs, 3, 3)?;
@@ -56,6 +60,23 @@ impl Rules for super::Family {
     }
 }
 
+/// For arithmetic on a 16-bit float and an fp32 operand (`a f b`): fp32, the result's type, the 16-bit operand widened exactly as it is read (PyTorch's type
+/// promotion; `passes::widening` folds a widening cast into the op this way). `None` for
+/// equal dtypes, any other pair, or a comparison, extremum or power.
+fn promoted(f: BinaryFn, a: &TensorType, b: &TensorType) -> Option<DType> {
+    let arithmetic = matches!(
+        f,
+        BinaryFn::Add | BinaryFn::Sub | BinaryFn::Mul | BinaryFn::Div
+    );
+    let narrow = |t: &TensorType| matches!(t.dtype, DType::BF16 | DType::F16);
+    match (a.dtype, b.dtype) {
+        _ if !arithmetic => None,
+        (DType::F32, _) if narrow(b) => Some(DType::F32),
+        (_, DType::F32) if narrow(a) => Some(DType::F32),
+        _ => None,
+    }
+}
+
 /// The common float dtype and broadcast shape of `inputs` (at least one).
 fn broadcast_all(inputs: &[&TensorType]) -> Result<TensorType> {
     let first = inputs[0];
@@ -63,15 +84,18 @@ fn broadcast_all(inputs: &[&TensorType]) -> Result<TensorType> {
     let mut shape = first.shape.clone();
     for x in &inputs[1..] {
         same_dtype(first, x)?;
-        match broadcast(&shape, &x.shape) {
-            Some(s) => shape = s,
-            None => {
-                return fail(
-                    format!("shapes do not broadcast: {first} and {x}"),
-                    "dims must be equal or 1, aligned from the right",
-                )
-            }
-        }
+        shape = broadcast_pair(&TensorType::new(first.dtype, shape), x)?;
     }
     Ok(TensorType::new(first.dtype, shape))
+}
+
+/// The broadcast shape of `a` and `b`.
+fn broadcast_pair(a: &TensorType, b: &TensorType) -> Result<Vec<usize>> {
+    match broadcast(&a.shape, &b.shape) {
+        Some(s) => Ok(s),
+        None => fail(
+            format!("shapes do not broadcast: {a} and {b}"),
+            "dims must be equal or 1, aligned from the right",
+        ),
+    }
 }
