@@ -13,7 +13,7 @@ use crate::cost::{estimate, Gpu};
 use crate::diagnostic::UserError;
 use crate::front::train::TrainSpec;
 use crate::ir::cost::flops;
-use crate::ir::{Graph, Span, TensorType};
+use crate::ir::{Graph, Span, TensorType, ValueId};
 use crate::passes::checkpoint::{self, Policy};
 use crate::passes::StageError;
 use crate::plan::{
@@ -335,11 +335,46 @@ pub fn plan_with(
     } else {
         (rewritten.graph, rewritten.clones)
     };
+    let (graph, clones) = grouped_if_no_higher(graph, clones, train, options)?;
     let train = train.map(TrainSummary::from);
     let clone_ids = clones.iter().map(|&(_, c)| c).collect();
     let mut plan = plan::build_for(target, model, &graph, train.as_ref(), options, &clone_ids)?;
     plan.report.checkpoint = summary(policy, &graph, &clones, &plan);
     Ok((graph, plan))
+}
+
+/// With the optimizer in backward, `graph` with each scope's AdamW steps one group, large
+/// weights' too (`passes::group_updates`), scope by scope where that does not raise the
+/// peak of live bytes. Offloaded and data-parallel steps are left alone, as the first
+/// grouping leaves them. `clones` follow their values.
+fn grouped_if_no_higher(
+    mut graph: Graph,
+    mut clones: Vec<(ValueId, ValueId)>,
+    train: Option<&TrainSpec>,
+    options: &BuildOptions,
+) -> Result<(Graph, Vec<(ValueId, ValueId)>), StageError> {
+    use crate::passes::group_updates::{run_scope, single_scopes};
+    let settings = train.map(|t| &t.settings);
+    let apart = settings.is_none_or(|s| s.offload.is_some() || s.parallel.is_some());
+    if apart || !options.optimizer_in_backward {
+        return Ok((graph, clones));
+    }
+    let mut peak = plan::live_peak(&graph, options)?;
+    for scope in single_scopes(&graph) {
+        let (grouped, map) = run_scope(&graph, &scope)?;
+        let grouped_peak = plan::live_peak(&grouped, options)?;
+        if grouped_peak > peak {
+            continue;
+        }
+        let moved = |v: ValueId| {
+            map[v.index()].ok_or_else(|| StageError::internal("group_updates", "a clone grouped"))
+        };
+        clones = (clones.iter())
+            .map(|&(v, c)| Ok((moved(v)?, moved(c)?)))
+            .collect::<Result<_, StageError>>()?;
+        (graph, peak) = (grouped, grouped_peak);
+    }
+    Ok((graph, clones))
 }
 
 /// The diagnostic for a budget no plan meets: `arena_budget` is what the budget leaves for

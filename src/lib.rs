@@ -483,7 +483,7 @@ pub(crate) fn planned(
                 options.optimizer_in_backward,
             )?;
             if !offload && parallel.is_none() {
-                g = passes::group_updates::run(&g, in_backward)?;
+                g = passes::group_updates::run(&g, in_backward)?.0;
                 verified(&g, "group_updates")?;
             }
             (g, in_backward)

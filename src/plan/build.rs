@@ -101,6 +101,19 @@ fn peak_of(graph: &Graph, schedule: &Schedule) -> u64 {
         .unwrap_or(0)
 }
 
+/// The most bytes live at once over `graph`'s steps in the order `options` schedules them
+/// (buffers of values, workspace not counted: the arena's lower bound before scratch).
+pub fn live_peak(graph: &Graph, options: &BuildOptions) -> Result<u64, StageError> {
+    let sched = schedule::run(
+        graph,
+        &ScheduleOptions {
+            optimizer_in_backward: options.optimizer_in_backward,
+            pipeline: options.pipeline,
+        },
+    )?;
+    Ok(peak_of(graph, &sched))
+}
+
 /// Builds the plan of `graph` (forward, or forward + backward + update) for the CPU, with
 /// nothing recomputed.
 pub fn build(
