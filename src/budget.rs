@@ -343,31 +343,41 @@ pub fn plan_with(
     Ok((graph, plan))
 }
 
-/// With the optimizer in backward, `graph` with each scope's AdamW steps one group, large
-/// weights' too (`passes::group_updates`), scope by scope where that does not raise the
-/// peak of live bytes. Offloaded and data-parallel steps are left alone, as the first
-/// grouping leaves them. `clones` follow their values.
+/// `graph` with launches grouped where that does not raise the peak of live bytes, one
+/// group at a time: each scope's parameter casts of one phase one `cast_group`
+/// (`passes::cast_groups`), and with the optimizer in backward each scope's AdamW steps
+/// one group, large weights' too (`passes::group_updates`; offloaded and data-parallel
+/// steps are left alone, as the first grouping leaves them). `clones` follow their values.
 fn grouped_if_no_higher(
     mut graph: Graph,
     mut clones: Vec<(ValueId, ValueId)>,
     train: Option<&TrainSpec>,
     options: &BuildOptions,
 ) -> Result<(Graph, Vec<(ValueId, ValueId)>), StageError> {
-    use crate::passes::group_updates::{run_scope, single_scopes};
+    use crate::passes::{cast_groups, group_updates};
+    type Grouping = Box<dyn Fn(&Graph) -> Result<(Graph, Vec<Option<ValueId>>), StageError>>;
     let settings = train.map(|t| &t.settings);
     let apart = settings.is_none_or(|s| s.offload.is_some() || s.parallel.is_some());
-    if apart || !options.optimizer_in_backward {
-        return Ok((graph, clones));
+    let mut groupings: Vec<Grouping> = Vec::new();
+    for key in cast_groups::keys(&graph) {
+        groupings.push(Box::new(move |g: &Graph| cast_groups::run(g, &key)));
+    }
+    if !apart && options.optimizer_in_backward {
+        for scope in group_updates::single_scopes(&graph) {
+            groupings.push(Box::new(move |g: &Graph| {
+                group_updates::run_scope(g, &scope)
+            }));
+        }
     }
     let mut peak = plan::live_peak(&graph, options)?;
-    for scope in single_scopes(&graph) {
-        let (grouped, map) = run_scope(&graph, &scope)?;
+    for grouping in groupings {
+        let (grouped, map) = grouping(&graph)?;
         let grouped_peak = plan::live_peak(&grouped, options)?;
         if grouped_peak > peak {
             continue;
         }
         let moved = |v: ValueId| {
-            map[v.index()].ok_or_else(|| StageError::internal("group_updates", "a clone grouped"))
+            map[v.index()].ok_or_else(|| StageError::internal("grouping", "a clone grouped"))
         };
         clones = (clones.iter())
             .map(|&(v, c)| Ok((moved(v)?, moved(c)?)))

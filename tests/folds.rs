@@ -62,6 +62,27 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
         count(&|s| cast_of(s, |op| matches!(op, Op::Norm { .. }))),
         0
     );
+    // Parameter casts: each layer's four weights and four biases are one cast group in
+    // forward, its four weights recast for backward one in backward, but in the first
+    // layer, whose backward runs at the end, where holding them would raise the peak; the
+    // token embedding is cast alone, in forward and for backward.
+    let groups = |phase, tensors| {
+        count(&|s| {
+            s.phase == phase
+                && s.op
+                    == Op::CastGroup {
+                        to: DType::BF16,
+                        tensors,
+                    }
+        })
+    };
+    assert_eq!(groups(memc::ir::Phase::Forward, 8), layers);
+    assert_eq!(groups(memc::ir::Phase::Backward, 4), layers - 1);
+    let param_cast = |s: &memc::plan::Step| {
+        matches!(s.op, Op::Cast { .. })
+            && plan.buffers[s.inputs[0].index()].class == memc::plan::BufferClass::Param
+    };
+    assert_eq!(count(&param_cast), 4 + 2);
     // The optimizer runs in backward: each block instance's parameters are one group, run
     // once its last gradient is complete (holding its weights' gradients until then does
     // not raise the peak, which is the loss head); the top level's small parameters (the

@@ -39,11 +39,11 @@ use shim_steps::{example, example_fused, training_step_matches};
 /// One op case at one dtype.
 type Case = KernelCase;
 
-/// Every op case in f32, f16 and bf16, and the promoted arithmetic's; ops on f32 scalars only (the loss-scale update) give
+/// Every op case in f32, f16 and bf16; ops on f32 scalars only (the loss-scale update) give
 /// one kernel for every dtype: it is run once.
 fn all_cases() -> Vec<Case> {
     let mut out: Vec<Case> = Vec::new();
-    for case in kernel_cases().into_iter().chain(promoted::promoted_cases()) {
+    for case in kernel_cases() {
         if !out.iter().any(|c| c.kernel.name == case.kernel.name) {
             out.push(case);
         }
@@ -54,6 +54,14 @@ fn all_cases() -> Vec<Case> {
 #[test]
 fn every_kernel_family_matches_the_cpu_backend_through_the_shim() {
     check_kernel_cases(&all_cases());
+}
+
+/// Promoted arithmetic and cast groups, whose inputs' types differ from their output's.
+#[test]
+fn mixed_type_kernels_match_the_cpu_backend_through_the_shim() {
+    let mut cases = mixed_types::promoted_cases();
+    cases.extend(mixed_types::cast_group_cases());
+    check_kernel_cases(&cases);
 }
 
 /// Inputs for the cast kernels: ties, overflow to infinity, subnormals, signed zero, NaN and

@@ -1,6 +1,7 @@
 //! Reshapes are views: the output buffer sits at its input's bytes, its step launches no
 //! kernel, the input lives as long as the view, and the verifier refuses a view that is
-//! moved, outlives its root or is output by anything but a reshape.
+//! moved, outlives its root or is output by anything but a reshape; a cast group's members
+//! are views of ranges of its bytes, one after another.
 #![allow(clippy::panic, clippy::unwrap_used)]
 
 mod common;
@@ -85,4 +86,60 @@ fn a_view_output_by_a_kernel_is_refused() {
     plan.buffers[output.index()].view_of = Some(input);
     plan.buffers[output.index()].offset = plan.buffers[input.index()].offset;
     refused(plan, "outputs a view but is not a reshape");
+}
+
+/// A bf16 GPT-2 block small enough to test, whose weights and biases fill whole 256-byte
+/// blocks in bf16, so each layer's parameter casts are one group.
+fn grouped_plan() -> Plan {
+    let options = memc::Options {
+        overrides: common::overrides(&[("L", 2), ("D", 128), ("T", 16), ("V", 64), ("H", 4)]),
+        precision: Some(memc::settings::Precision::Bf16),
+        ..memc::Options::default()
+    };
+    let c = common::compiled_with(&common::example("gpt2"), &options);
+    c.plan.plan().clone()
+}
+
+/// The members of the first cast group: (step index, buffer index) each.
+fn members(plan: &Plan) -> (usize, Vec<(usize, usize)>) {
+    let group = plan
+        .steps
+        .iter()
+        .position(|s| matches!(s.op, Op::CastGroup { .. }));
+    let group = group.expect("a cast group");
+    let packed = plan.steps[group].output.expect("the packed output");
+    let members = (plan.steps.iter().enumerate())
+        .filter(|(_, s)| matches!(s.op, Op::Member { .. }) && s.inputs == [packed])
+        .map(|(i, s)| (i, s.output.expect("a member's output").index()))
+        .collect();
+    (packed.index(), members)
+}
+
+#[test]
+fn cast_group_members_sit_one_after_another_in_its_bytes_and_launch_nothing() {
+    let plan = grouped_plan();
+    let (packed, members) = members(&plan);
+    assert_eq!(members.len(), 8, "four weights and four biases");
+    let root = &plan.buffers[packed];
+    let mut at = 0;
+    for &(s, b) in &members {
+        let m = &plan.buffers[b];
+        assert!(!plan.launches(&plan.steps[s]));
+        assert_eq!(m.view_of, Some(root.id));
+        assert_eq!((m.view_offset, m.offset), (at, root.offset + at));
+        assert_eq!(m.offset % 256, 0);
+        at += m.bytes;
+    }
+    assert_eq!(at, root.bytes);
+}
+
+#[test]
+fn a_member_off_its_place_is_refused() {
+    let mut plan = grouped_plan();
+    let (_, members) = members(&plan);
+    let b = members[1].1;
+    plan.buffers[b].offset += 256;
+    refused(plan.clone(), "does not sit at the bytes of its root");
+    plan.buffers[b].view_offset += 256;
+    refused(plan, "is not a reshape or member of its root");
 }

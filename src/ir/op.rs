@@ -151,6 +151,9 @@ pub enum Op {
     MseBackward,
     /// Same elements, new shape.
     Reshape { shape: Vec<usize> },
+    /// `flat -> shape`: elements `offset .. offset + numel(shape)` of a 1-D tensor, as a
+    /// tensor of `shape` (a member of an [`Op::CastGroup`]); a view of those bytes.
+    Member { offset: usize, shape: Vec<usize> },
     /// Output dim i is input dim `perm[i]`.
     Permute { perm: Vec<usize> },
     /// `x[..., start..end, ...]` along `axis`.
@@ -224,6 +227,10 @@ pub enum Op {
     },
     /// `x -> x` converted to `to` (round to nearest even when narrowing).
     Cast { to: DType },
+    /// `(x0, x1, ..) -> [numel(x0) + numel(x1) + ..]`: `tensors` tensors of one float type
+    /// converted to `to` as [`Op::Cast`] converts each, flattened one after the other in one
+    /// launch (`passes::cast_groups`); each is read through an [`Op::Member`] view.
+    CastGroup { to: DType, tensors: u32 },
     /// `(grads...) -> min(1, max_norm / (global L2 norm + 1e-6))`, a scalar. When `scaled`,
     /// the last input is the multiplier of [`Op::UnscaleGrads`]: the norm is that of the
     /// gradients times the multiplier, the result is multiplied by it, and 0 stays 0.
@@ -405,6 +412,7 @@ impl Op {
             Mse => "mse",
             MseBackward => "mse_backward",
             Reshape { .. } => "reshape",
+            Member { .. } => "member",
             Permute { .. } => "permute",
             Slice { .. } => "slice",
             PadSlice { .. } => "pad_slice",
@@ -435,6 +443,7 @@ impl Op {
             AttentionBackward { .. } => "attention_backward",
             Rope { .. } => "rope",
             Cast { .. } => "cast",
+            CastGroup { .. } => "cast_group",
             ClipCoefficient { .. } => "clip_coefficient",
             UnscaleGrads => "unscale_grads",
             LossScaleUpdate { .. } => "loss_scale_update",

@@ -52,7 +52,7 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::Clamp(_)
         | Op::ClampBackward(_)
         | Op::Affine { .. } => &pointwise::Family,
-        Op::Cast { .. } => &cast::Family,
+        Op::Cast { .. } | Op::CastGroup { .. } => &cast::Family,
         Op::SumTo { .. } | Op::BroadcastTo { .. } | Op::MaxTo { .. } | Op::MaxToBackward => {
             &reduce::Family
         }
@@ -74,6 +74,7 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::Mse
         | Op::MseBackward => &loss::Family,
         Op::Reshape { .. }
+        | Op::Member { .. }
         | Op::Permute { .. }
         | Op::Slice { .. }
         | Op::PadSlice { .. }

@@ -138,6 +138,7 @@ impl Buffers {
     fn new(graph: &Graph, own_lives: &[Option<Interval>]) -> Buffers {
         let grads: Gradients = gradient_values(graph).into_values().collect();
         let roots = views::roots(graph, |v| class_of(graph, v, &grads));
+        let view_offsets = views::offsets(graph, &roots);
         let mut lives = own_lives.to_vec();
         views::extend_roots(&mut lives, &roots);
         let mut grad_of = BTreeMap::new();
@@ -174,6 +175,7 @@ impl Buffers {
                 class,
                 tier: tier_of(graph, v),
                 view_of: roots[v.index()].and_then(|r| out.of[r.index()]),
+                view_offset: view_offsets[v.index()],
                 span: origin::nonempty(graph.node(v).span),
                 role: None,
                 line: None,
@@ -216,6 +218,7 @@ impl Buffers {
                     class: BufferClass::Workspace,
                     tier: tier_of(graph, v),
                     view_of: None,
+                    view_offset: 0,
                     span: origin::nonempty(node.span),
                     role: None,
                     line: None,
@@ -370,7 +373,8 @@ pub fn build_for(
     let layout = layouts.device;
     for i in 0..buffers.buffers.len() {
         if let Some(root) = buffers.buffers[i].view_of {
-            buffers.buffers[i].offset = buffers.buffers[root.index()].offset;
+            buffers.buffers[i].offset =
+                buffers.buffers[root.index()].offset + buffers.buffers[i].view_offset;
         }
     }
     let alt_peak = alt_peak(graph, train, options)?;

@@ -223,10 +223,15 @@ pub struct Buffer {
     #[serde(default, skip_serializing_if = "Tier::is_device")]
     pub tier: Tier,
     /// The buffer whose bytes this one views (a reshape's output shares its input's
-    /// storage): same offset and bytes, inside the root's lifetime; the step that outputs a
-    /// view launches nothing ([`Plan::launches`]).
+    /// storage; a cast group's member is a range of the group's): at the root's offset plus
+    /// [`Buffer::view_offset`], its bytes inside the root's, inside the root's lifetime;
+    /// the step that outputs a view launches nothing ([`Plan::launches`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub view_of: Option<BufferId>,
+    /// Where a view's bytes begin in its root's (0 for a reshape, and for a buffer that is
+    /// no view).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub view_offset: u64,
     /// The `.mdl` expression that made the buffer's value (for backward and update values,
     /// the forward expression they belong to; a workspace, its step's), when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,7 +1,8 @@
 //! Views: a `reshape` (or a tensor-parallel region's entry, `tensor_copy`, the same value on
 //! every tensor rank) changes no byte of a contiguous tensor, so its output shares its
-//! input's storage instead of being copied. The view's buffer sits at its root's offset, its
-//! step launches no kernel, and the root lives as long as any of its views.
+//! input's storage instead of being copied; a `member` of a cast group is a range of the
+//! group's bytes. The view's buffer sits at its root's offset (plus the member's place in
+//! it), its step launches no kernel, and the root lives as long as any of its views.
 //!
 //! A value becomes a view only when sharing is safe and the accounting stays exact: its
 //! root is a value a step computes (not a parameter, optimizer state or input, which are
@@ -27,7 +28,10 @@ pub fn roots<C: PartialEq>(graph: &Graph, class: impl Fn(ValueId) -> C) -> Vec<O
     let mut root: Vec<Option<ValueId>> = vec![None; graph.len()];
     for v in graph.values() {
         let node = graph.node(v);
-        let same_bytes = matches!(node.op, Op::Reshape { .. } | Op::TensorCopy { .. });
+        let same_bytes = matches!(
+            node.op,
+            Op::Reshape { .. } | Op::TensorCopy { .. } | Op::Member { .. }
+        );
         if !same_bytes || written_in_place[v.index()] {
             continue;
         }
@@ -39,6 +43,25 @@ pub fn roots<C: PartialEq>(graph: &Graph, class: impl Fn(ValueId) -> C) -> Vec<O
         }
     }
     root
+}
+
+/// The byte offset of each value's storage in its root's (by value index): a member's
+/// elements before it in its flat input, plus its input's own offset; 0 for a value with
+/// storage of its own.
+pub fn offsets(graph: &Graph, roots: &[Option<ValueId>]) -> Vec<u64> {
+    let mut offset = vec![0u64; graph.len()];
+    for v in graph.values() {
+        if roots[v.index()].is_none() {
+            continue;
+        }
+        let node = graph.node(v);
+        let own = match node.op {
+            Op::Member { offset, .. } => offset as u64 * node.ty.dtype.size(),
+            _ => 0,
+        };
+        offset[v.index()] = offset[node.inputs[0].index()] + own;
+    }
+    offset
 }
 
 /// Extends each root's lifetime over its views' (a view with no lifetime adds nothing).

@@ -4,8 +4,8 @@
 mod attention;
 mod conv;
 mod ignore;
+pub mod mixed_types;
 mod multi_block;
-pub mod promoted;
 pub mod quant;
 pub mod select;
 pub mod updates;

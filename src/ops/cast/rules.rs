@@ -1,14 +1,19 @@
-//! Shape and dtype rule, cost and precision class of the cast between floating types.
+//! Shape and dtype rule, cost and precision class of the cast between floating types, and
+//! of a group of casts packed into one flat output.
 
 use crate::ir::{Op, TensorType};
 use crate::ops::rules::{arity, elementwise_flops, fail, float, foreign, Behaviour, Result, Rules};
 
 impl Rules for super::Family {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
-        let Op::Cast { to } = op else {
+        let (Op::Cast { to } | Op::CastGroup { to, .. }) = op else {
             return foreign(op, "cast");
         };
-        arity(op, inputs, 1, 1)?;
+        let count = match op {
+            Op::CastGroup { tensors, .. } => (*tensors as usize).max(1),
+            _ => 1,
+        };
+        arity(op, inputs, count, count)?;
         float(inputs[0], "a cast's input")?;
         if !to.is_float() {
             return fail(
@@ -16,7 +21,19 @@ impl Rules for super::Family {
                 "casts convert between floating types",
             );
         }
-        Ok(inputs[0].with_dtype(*to))
+        if let Some(x) = inputs.iter().find(|x| x.dtype != inputs[0].dtype) {
+            return fail(
+                format!("a cast group of {} and {x}", inputs[0]),
+                "a cast group converts tensors of one type",
+            );
+        }
+        match op {
+            Op::CastGroup { .. } => {
+                let total = inputs.iter().map(|x| x.numel() as usize).sum();
+                Ok(TensorType::new(*to, vec![total]))
+            }
+            _ => Ok(inputs[0].with_dtype(*to)),
+        }
     }
 
     fn flops(&self, _op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {

@@ -41,6 +41,8 @@ impl Backward for super::Family {
                 }
                 Ok(())
             }
+            // Made after autodiff, reading a cast group.
+            Op::Member { .. } => Err(cx.not_forward(op)),
             _ => Err(cx.foreign(op, "movement")),
         }
     }

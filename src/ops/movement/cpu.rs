@@ -1,5 +1,5 @@
-//! CPU reference kernels of the movement ops (reshape, permute, slice, its zero-padding
-//! inverse, concatenation).
+//! CPU reference kernels of the movement ops (reshape, a member of a flat tensor, permute,
+//! slice, its zero-padding inverse, concatenation).
 
 mod kernels;
 
@@ -13,6 +13,7 @@ impl CpuKernel for super::Family {
         let (x, s, out) = (|i| step.input(i), |i| step.shape(i), step.output());
         match step.op() {
             Op::Reshape { .. } => out.copy_from_slice(x(0)),
+            Op::Member { offset, .. } => out.copy_from_slice(&x(0)[*offset..][..out.len()]),
             Op::Permute { perm } => kernels::permute(x(0), s(0), perm, out),
             Op::Slice { axis, start, end } => kernels::slice(x(0), s(0), *axis, *start, *end, out),
             Op::PadSlice { axis, start, full } => {

@@ -72,6 +72,7 @@ impl CudaLowering for super::Family {
         let n_out = out.numel();
         match a.op {
             Op::Reshape { .. } => Self::gather(a, "reshape", &[n_out], &[1], 0),
+            Op::Member { offset, .. } => Self::gather(a, "member", &[n_out], &[1], *offset as u64),
             Op::Permute { perm } => {
                 let xs = contiguous(&a.at(0)?.shape);
                 let st: Vec<u64> = perm.iter().map(|&p| xs[p]).collect();

@@ -21,6 +21,21 @@ fn reshape(x: &TensorType, shape: &[usize]) -> Result<TensorType> {
     Ok(TensorType::new(x.dtype, shape.to_vec()))
 }
 
+/// Elements `offset .. offset + numel(shape)` of the 1-D `x`, as `shape`.
+fn member(x: &TensorType, offset: usize, shape: &[usize]) -> Result<TensorType> {
+    let n = numel(shape);
+    if x.shape.len() != 1 || offset as u64 + n > x.numel() {
+        return fail(
+            format!(
+                "cannot take {} elements at {offset} of {x}",
+                ShapeDisplay(shape)
+            ),
+            "a member lies inside a flat tensor",
+        );
+    }
+    Ok(TensorType::new(x.dtype, shape.to_vec()))
+}
+
 fn permute(x: &TensorType, perm: &[usize]) -> Result<TensorType> {
     let rank = x.shape.len();
     let mut seen = vec![false; rank];
@@ -98,6 +113,10 @@ impl Rules for super::Family {
                 arity(op, inputs, 1, 1)?;
                 reshape(inputs[0], shape)
             }
+            Op::Member { offset, shape } => {
+                arity(op, inputs, 1, 1)?;
+                member(inputs[0], *offset, shape)
+            }
             Op::Permute { perm } => {
                 arity(op, inputs, 1, 1)?;
                 permute(inputs[0], perm)
@@ -116,7 +135,7 @@ impl Rules for super::Family {
 
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
         match op {
-            Op::Reshape { .. } => 0,
+            Op::Reshape { .. } | Op::Member { .. } => 0,
             _ => elementwise_flops(inputs, out),
         }
     }

@@ -200,3 +200,19 @@ template <typename TI, typename TO, typename C> __device__ void cast_kernel(char
     TO* out = tensor_at<TO>(arena, o_out);
     MEMC_GRID_LOOP(i, C::N) st(out, i, ld(x, i));
 }
+
+// The casts of C::TENSORS tensors packed one after the other into out: element e belongs to
+// the last table row (24 bytes: arena offset, first element, type) whose first element is
+// at most e, and is converted as cast_kernel converts it.
+template <typename TI, typename TO, typename C> __device__ void cast_group_kernel(char* arena, u64 o_ws, u64 o_out) {
+    const u64* tab = tensor_at<u64>(arena, o_ws);
+    TO* out = tensor_at<TO>(arena, o_out);
+    MEMC_GRID_LOOP(e, C::TOTAL) {
+        u64 lo = 0, hi = C::TENSORS;
+        while (hi - lo > 1) {
+            const u64 mid = (lo + hi) / 2;
+            if (tab[3 * mid + 1] <= e) lo = mid; else hi = mid;
+        }
+        st(out, e, ld(tensor_at<TI>(arena, tab[3 * lo]), e - tab[3 * lo + 1]));
+    }
+}

@@ -73,8 +73,9 @@ impl VerifiedPlan {
 ///   the same step never share bytes;
 /// - every step's buffers lie in one tier, but copies between tiers, which read a device
 ///   buffer into a host one or a host buffer into a device one;
-/// - a view ([`Buffer::view_of`]) shares its root's offset and bytes inside the root's
-///   lifetime, is output by a reshape of its root (or of another view of it) that launches
+/// - a view ([`Buffer::view_of`]) sits at its root's offset plus its
+///   [`Buffer::view_offset`], its bytes inside the root's, inside the root's lifetime, is
+///   output by a reshape or member of its root (or of another view of it) that launches
 ///   nothing, and neither it nor its root is written in place;
 /// - every later pipeline stage's plan ([`Plan::stages`]) passes all of the above.
 pub fn verify(plan: Plan) -> Result<VerifiedPlan, Vec<PlanError>> {

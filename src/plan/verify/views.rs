@@ -1,13 +1,14 @@
-//! The verifier's check of views: each sits at its root's bytes within the root's lifetime,
-//! comes from a reshape (or a tensor-parallel entry) of the same storage, and no step
-//! writes shared bytes in place.
+//! The verifier's check of views: each sits at its root's bytes (a member at its place in
+//! them) within the root's lifetime, comes from a reshape (or a tensor-parallel entry) of
+//! the same storage or a member of its elements, and no step writes shared bytes in place.
 
 use super::{at, Checker};
 use crate::plan::BufferId;
 
 impl Checker<'_> {
     /// Every view sits at its root's bytes within the root's lifetime, comes from a reshape
-    /// of the same storage, and no step writes the shared bytes in place.
+    /// of the same storage or a member at its place, and no step writes the shared bytes in
+    /// place.
     pub(super) fn views(&mut self) {
         let plan = self.plan;
         let root_of = |b: BufferId| {
@@ -26,8 +27,9 @@ impl Checker<'_> {
                 continue;
             };
             let inside = root.first <= v.first && v.last <= root.last;
-            if root.view_of.is_some() || root.offset != v.offset || root.bytes != v.bytes || !inside
-            {
+            let at = root.offset.checked_add(v.view_offset) == Some(v.offset);
+            let within = (v.view_offset.checked_add(v.bytes)).is_some_and(|end| end <= root.bytes);
+            if root.view_of.is_some() || !at || !within || !inside {
                 self.error(format!(
                     "view {} `{}` does not sit at the bytes of its root {r} `{}` within its lifetime",
                     v.id, v.name, root.name
@@ -52,13 +54,26 @@ impl Checker<'_> {
                     (Some(&i), Some(o)) => root_of(i) == root_of(o),
                     _ => false,
                 };
-                let same_bytes = matches!(
-                    step.op,
-                    crate::ir::Op::Reshape { .. } | crate::ir::Op::TensorCopy { .. }
-                );
+                use crate::ir::Op;
+                let same_bytes = match &step.op {
+                    Op::Reshape { .. } | Op::TensorCopy { .. } => true,
+                    Op::Member { offset, .. } => {
+                        let buffer =
+                            |b: Option<BufferId>| b.and_then(|b| plan.buffers.get(b.index()));
+                        match (buffer(step.inputs.first().copied()), buffer(step.output)) {
+                            (Some(input), Some(output)) => {
+                                let bytes = (*offset as u64).checked_mul(output.ty.dtype.size());
+                                bytes.and_then(|b| input.view_offset.checked_add(b))
+                                    == Some(output.view_offset)
+                            }
+                            _ => false,
+                        }
+                    }
+                    _ => false,
+                };
                 if !same_bytes || !same {
                     self.error(format!(
-                        "{} outputs a view but is not a reshape of its root",
+                        "{} outputs a view but is not a reshape or member of its root",
                         at(s, step)
                     ));
                 }

@@ -1,0 +1,181 @@
+//! Grouped parameter casts: in a mixed-precision step each linear's fp32 weight and bias are
+//! cast to bf16/fp16 before its matmul (and the weights again where backward recomputes
+//! them), one launch a cast. The casts of a scope's parameters in one phase, from one type
+//! to one type, become one `cast_group` launch writing one flat buffer, each cast's value a
+//! `member` view of its range ([`crate::plan::views`]). The group runs where the first of
+//! them ran, so the others' values live from there: the planner keeps a group only where it
+//! does not raise the step's peak of live bytes (`crate::budget::plan_with`). Every member
+//! but the last takes a multiple of [`MEMBER_ALIGN`] bytes, so each starts where a buffer
+//! of its own could (cuBLASLt reads them as operands).
+
+use super::StageError;
+use crate::ir::{DType, Graph, Op, Phase, ValueId};
+
+/// The alignment, in bytes, of each member's start in its group's buffer (the CUDA
+/// backend's buffer alignment).
+pub const MEMBER_ALIGN: u64 = 256;
+
+/// What the casts of one group share: scope, phase, and the types cast from and to.
+pub type Key = (String, Phase, DType, DType);
+
+/// The group key of a cast of a parameter.
+fn key_of(graph: &Graph, v: ValueId) -> Option<Key> {
+    let node = graph.node(v);
+    let Op::Cast { to } = node.op else {
+        return None;
+    };
+    let input = graph.node(*node.inputs.first()?);
+    matches!(input.op, Op::Param { .. })
+        .then(|| (node.scope.clone(), node.phase, input.ty.dtype, to))
+}
+
+/// The casts of `key`, in creation order, that one group takes: of those whose parameter
+/// exists where the first of them runs, each up to the first whose bytes would leave the
+/// next member unaligned, that one included.
+fn members(graph: &Graph, key: &Key) -> Vec<ValueId> {
+    let mut out: Vec<ValueId> = Vec::new();
+    let mut casts = graph
+        .values()
+        .filter(|&v| key_of(graph, v).as_ref() == Some(key));
+    let Some(first) = casts.next() else {
+        return out;
+    };
+    let present = |v: &ValueId| graph.node(*v).inputs[0] < first;
+    for v in std::iter::once(first).chain(casts.filter(present)) {
+        out.push(v);
+        if !graph.node(v).ty.bytes().is_multiple_of(MEMBER_ALIGN) {
+            break;
+        }
+    }
+    out
+}
+
+/// The keys with at least two casts a group would take, in order of their first cast.
+pub fn keys(graph: &Graph) -> Vec<Key> {
+    let mut out: Vec<Key> = Vec::new();
+    for v in graph.values() {
+        if let Some(k) = key_of(graph, v).filter(|k| !out.contains(k)) {
+            if members(graph, &k).len() > 1 {
+                out.push(k);
+            }
+        }
+    }
+    out
+}
+
+/// `graph` with the casts of `key` one group (see the module doc), placed at the first of
+/// them, every other node copied in creation order; also each old value's new one (a
+/// grouped cast's is its member view).
+pub fn run(graph: &Graph, key: &Key) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
+    let grouped = members(graph, key);
+    let internal = |m: String| StageError::internal("cast_groups", m);
+    let mut out = Graph::new();
+    let mut map: Vec<Option<ValueId>> = Vec::with_capacity(graph.len());
+    let mut group: Option<ValueId> = None;
+    let mut offset = 0usize;
+    let mapped = |map: &[Option<ValueId>], v: ValueId| {
+        map.get(v.index())
+            .copied()
+            .flatten()
+            .ok_or_else(|| internal(format!("{v} read before it was rebuilt")))
+    };
+    for v in graph.values() {
+        let node = graph.node(v);
+        let add = |out: &mut Graph, op: Op, inputs: Vec<ValueId>| {
+            (out.add(op, inputs, &node.origin()))
+                .map_err(|e| internal(format!("{v}: {}", e.message)))
+        };
+        let id = if !grouped.contains(&v) || grouped.len() < 2 {
+            let inputs = (node.inputs.iter())
+                .map(|&i| mapped(&map, i))
+                .collect::<Result<Vec<_>, _>>()?;
+            add(&mut out, node.op.clone(), inputs)?
+        } else {
+            let flat = match group {
+                Some(g) => g,
+                None => {
+                    let sources = (grouped.iter())
+                        .map(|&m| mapped(&map, graph.node(m).inputs[0]))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let op = Op::CastGroup {
+                        to: key.3,
+                        tensors: grouped.len() as u32,
+                    };
+                    *group.insert(add(&mut out, op, sources)?)
+                }
+            };
+            let shape = node.ty.shape.clone();
+            let numel = node.ty.numel() as usize;
+            let member = add(&mut out, Op::Member { offset, shape }, vec![flat])?;
+            offset += numel;
+            member
+        };
+        map.push(Some(id));
+    }
+    for (name, v) in &graph.outputs {
+        out.outputs.push((name.clone(), mapped(&map, *v)?));
+    }
+    Ok((out, map))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{keys, run};
+    use crate::ir::{DType, Graph, Init, Op, Origin, Phase, Span, TensorType};
+
+    #[test]
+    fn a_group_takes_aligned_casts_of_present_parameters_up_to_an_unaligned_one() {
+        let origin = Origin {
+            span: Span::default(),
+            scope: "layer.0".to_string(),
+            phase: Phase::Forward,
+        };
+        let mut g = Graph::new();
+        let param = |g: &mut Graph, name: &str, n: usize| {
+            let op = Op::Param {
+                name: name.to_string(),
+                ty: TensorType::new(DType::F32, vec![n]),
+                init: Init::Zeros,
+                frozen: false,
+                buffer: false,
+            };
+            g.add(op, vec![], &origin).expect("param")
+        };
+        let cast = |g: &mut Graph, p| {
+            let op = Op::Cast { to: DType::BF16 };
+            g.add(op, vec![p], &origin).expect("cast")
+        };
+        let [w, b, u] = [("w", 256), ("b", 3), ("u", 128)].map(|(n, k)| param(&mut g, n, k));
+        let casts = [w, b, u].map(|p| cast(&mut g, p));
+        let late = param(&mut g, "late", 128);
+        let late_cast = cast(&mut g, late);
+        g.outputs = (casts.iter().chain([&late_cast]))
+            .map(|&c| (format!("{c}"), c))
+            .collect();
+        let key = (
+            "layer.0".to_string(),
+            Phase::Forward,
+            DType::F32,
+            DType::BF16,
+        );
+        assert_eq!(keys(&g), vec![key.clone()]);
+        let (out, map) = run(&g, &key).expect("grouped");
+        let group = (out.values()).find(|&v| matches!(out.node(v).op, Op::CastGroup { .. }));
+        let group = group.expect("a group");
+        assert_eq!(
+            out.node(group).inputs,
+            vec![w, b],
+            "w fills 512 bytes, b leaves 6"
+        );
+        assert_eq!(out.node(group).ty, TensorType::new(DType::BF16, vec![259]));
+        for (cast, offset) in [(casts[0], 0), (casts[1], 256)] {
+            let member = map[cast.index()].expect("a member");
+            let shape = g.node(cast).ty.shape.clone();
+            assert_eq!(out.node(member).op, Op::Member { offset, shape });
+        }
+        for cast in [casts[2], late_cast] {
+            let kept = map[cast.index()].expect("kept");
+            assert_eq!(out.node(kept).op, Op::Cast { to: DType::BF16 });
+        }
+    }
+}
