@@ -459,6 +459,11 @@ pub(crate) fn planned(
             mixed.loss_scale = (mixed.loss_scale)
                 .map(|s| followed(&map, s, "the bias epilogue"))
                 .transpose()?;
+            let (diff, map) = passes::packed_attention::run(&diff)?;
+            verified(&diff.graph, "packed_attention")?;
+            mixed.loss_scale = (mixed.loss_scale)
+                .map(|s| followed(&map, s, "packed attention"))
+                .transpose()?;
             let opts = passes::optimizer::OptimizerOptions {
                 optimizer: t.optimizer,
                 clip_grad_norm: t.clip_grad_norm,
@@ -487,6 +492,8 @@ pub(crate) fn planned(
             let graph = quantized(module.graph.clone(), options.quantize_frozen)?.0;
             let (graph, _) = passes::bias_epilogue::fold(&graph)?;
             verified(&graph, "bias_epilogue")?;
+            let (graph, _) = passes::packed_attention::fold(&graph)?;
+            verified(&graph, "packed_attention")?;
             (graph, false)
         }
     };

@@ -315,3 +315,39 @@ fn attention_key_mask() {
         assert!(err < 1e-2, "{mask} {m:?}: relative error {err:.2e}");
     }
 }
+
+/// Attention over q, k and v sliced from one parameter, which the packed-attention pass reads
+/// as one operand: causal and not, and grouped-query with a window; each plan holds the
+/// packed forward and backward and no slice or concat.
+#[test]
+fn packed_attention() {
+    let cases = [
+        ("W = 24, K = 16", "heads = 2, causal = true"),
+        ("W = 24, K = 16", "heads = 2"),
+        (
+            "W = 16, K = 12",
+            "heads = 4, kv_heads = 2, causal = true, window = 3",
+        ),
+    ];
+    for (dims, options) in cases {
+        let src = model(
+            &format!("B = 2, T = 5, D = 8, {dims}"),
+            "  param x: [B, T, W] = normal(1.0)",
+            &format!("attention(slice(x, 0, D), slice(x, D, K), slice(x, K, W), {options})"),
+            "[B, T, D]",
+        );
+        let c = compiled(&src);
+        let ops: Vec<&str> = c.plan.plan().steps.iter().map(|s| s.op.name()).collect();
+        for (op, n) in [
+            ("packed_attention", 1),
+            ("packed_attention_backward", 1),
+            ("slice", 0),
+            ("concat", 0),
+        ] {
+            let found = ops.iter().filter(|&&o| o == op).count();
+            assert_eq!(found, n, "{options}: {op} in {ops:?}");
+        }
+        let err = check(&src, 1e-2);
+        assert!(err < 1e-2, "{options}: relative error {err:.2e}");
+    }
+}
