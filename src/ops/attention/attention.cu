@@ -1,7 +1,8 @@
 //! Flash-style multi-head attention (grouped-query, optional causal mask) that never
 //! materializes the TQ x TK score matrix: the forward streams K/V tiles through shared memory
 //! with an online softmax.
-//! q/out/dq: [B, TQ, H*DH]; k/v/dk/dv: [B, TK, KVH*DH]; query head h reads kv head
+//! q/out/dq: [B, TQ, H*DH]; k/v/dk/dv: [B, TK, KVH*DH], or q, k, v (dq, dk, dv) the column
+//! blocks of one packed [B, T, (H + 2 KVH) * DH] (`attn_q`, `attn_kv`); query head h reads kv head
 //! h / (H / KVH). Query i sees keys [attn_kfirst(i), attn_kend(i)), AttnParams::visible_keys's
 //! rule: causal, keys j <= i + TK - TQ; with a window (C::WINDOW > 0) also j > i + TK - TQ -
 //! WINDOW. With a key mask (C::KEY_MASK; i32 [B, TK]) a query also skips key j of its batch

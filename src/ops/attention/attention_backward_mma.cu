@@ -1,6 +1,7 @@
 //! FlashAttention-2's backward on tensor cores for 16-bit operands (after `attention.cu`,
-//! `mma.cu` and `attention_mma.cu`), one op per gradient (C::WHICH: 0 dq, 1 dk, 2 dv), two
-//! launches, 128 threads a block, no scores in memory:
+//! `mma.cu` and `attention_mma.cu`), one op per gradient (C::WHICH: 0 dq, 1 dk, 2 dv) in two
+//! launches, or the packed op's three in four (`packed_attention_backward_mma_kernel`), 128
+//! threads a block, no scores in memory:
 //! - phase 0, the row statistics (grid (ceil(TQ / 64), H, B), as the forward): one online pass
 //!   over the keys each row sees gives its log-sum-exp L = m + log l of the scaled, capped,
 //!   masked scores (+inf for a row that sees no key) and, for dq and dk, D = sum_j p_j dp_j
