@@ -195,7 +195,11 @@ impl Layout {
             dout: 1,
             q_row: row,
             kv_row: row,
-            out: [0, k_at, v_at][which as usize],
+            out: match which {
+                AttnInput::Q => 0,
+                AttnInput::K => k_at,
+                AttnInput::V => v_at,
+            },
             out_row: row,
             store: if which == AttnInput::V { 4 } else { 2 },
         }
@@ -220,11 +224,6 @@ fn staged_backward(
         c_u64("H", g.h),
         c_u64("KVH", g.kvh),
         c_u64("DH", g.dh),
-        c_u64("QROW", u(a.at(0)?.shape[2])),
-        c_u64(
-            "KVROW",
-            u(a.at(usize::from(!super::cuda::packed(a.op)))?.shape[2]),
-        ),
         c_bool("CAUSAL", p.causal),
         c_f32("SCALE", p.scale),
         c_u64("HC", g.hc),
@@ -236,6 +235,7 @@ fn staged_backward(
         c_bool("SLOPES", slopes),
         c_u64("ACCOFF", acc_at),
     ];
+    lines.extend(super::cuda::row_strides(a)?);
     lines.extend(super::cuda::masks(p));
     let kernel = staged(
         "attention_backward",

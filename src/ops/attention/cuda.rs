@@ -44,6 +44,16 @@ pub(super) fn packed(op: &Op) -> bool {
     matches!(op, Op::PackedAttention(_) | Op::PackedAttentionBackward(_))
 }
 
+/// `QROW` and `KVROW`, the row strides (elements) of q and of k and v: their widths, or both
+/// the packed operand's.
+pub(super) fn row_strides(a: &Args) -> Result<[String; 2], CodegenError> {
+    let kv = a.at(usize::from(!packed(a.op)))?;
+    Ok([
+        c_u64("QROW", u(a.at(0)?.shape[2])),
+        c_u64("KVROW", u(kv.shape[2])),
+    ])
+}
+
 /// The types of q and k of an attention op: its first two inputs, or the first two blocks of
 /// its packed operand.
 pub(super) fn operand_types(a: &Args, p: &AttnParams) -> Result<[TensorType; 2], CodegenError> {
@@ -86,11 +96,10 @@ pub(super) fn shapes(a: &Args, p: &AttnParams) -> Result<(Shapes, Vec<String>), 
         c_u64("H", h),
         c_u64("KVH", kvh),
         c_u64("DH", dh),
-        c_u64("QROW", u(a.at(0)?.shape[2])),
-        c_u64("KVROW", u(a.at(usize::from(!packed(a.op)))?.shape[2])),
         c_bool("CAUSAL", p.causal),
         c_f32("SCALE", p.scale),
     ];
+    lines.extend(row_strides(a)?);
     lines.extend(masks(p));
     Ok((
         Shapes {
