@@ -13,10 +13,12 @@ use super::StageError;
 use crate::ir::{AttnInput, AttnParams, Graph, Op, ValueId};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// One attention to pack: the packed operand, the slices it replaces, and, when its
-/// gradients are taken, the concat that becomes the packed backward with that op's inputs.
+/// One attention to pack: its params and packed forward's inputs (`x`, the key mask if any),
+/// the slices it replaces, and, when its gradients are taken, the concat that becomes the
+/// packed backward with that op's inputs.
 struct Packing {
-    x: ValueId,
+    attn: AttnParams,
+    inputs: Vec<ValueId>,
     slices: [ValueId; 3],
     backward: Option<Backward>,
 }
@@ -107,8 +109,11 @@ fn packing(graph: &Graph, v: ValueId, outputs: &BTreeSet<ValueId>) -> Option<Pac
     let readers: BTreeSet<ValueId> = slices.iter().flat_map(|&s| graph.users(s)).collect();
     let others: Vec<ValueId> = readers.into_iter().filter(|&r| r != v).collect();
     let backward = backward(graph, &a, slices, &others, outputs)?;
+    let mut inputs = vec![x];
+    inputs.extend(node.inputs.get(3));
     Some(Packing {
-        x,
+        attn: a,
+        inputs,
         slices,
         backward,
     })
@@ -123,16 +128,10 @@ pub fn fold(graph: &Graph) -> Result<(Graph, Vec<Option<ValueId>>), StageError> 
         let Some(p) = packing(graph, v, &outputs) else {
             continue;
         };
-        let node = graph.node(v);
-        let Op::Attention(a) = node.op else {
-            continue;
-        };
-        let mut inputs = vec![p.x];
-        inputs.extend(node.inputs.get(3));
-        edits.insert(v, Edit::Rebuild(Op::PackedAttention(a), inputs));
+        edits.insert(v, Edit::Rebuild(Op::PackedAttention(p.attn), p.inputs));
         let mut dropped = p.slices.to_vec();
         if let Some(b) = p.backward {
-            let op = Op::PackedAttentionBackward(a);
+            let op = Op::PackedAttentionBackward(p.attn);
             edits.insert(b.concat, Edit::Rebuild(op, b.inputs));
             dropped.extend(b.ops);
         }
