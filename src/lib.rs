@@ -395,6 +395,25 @@ pub(crate) fn checked(plan: plan::Plan) -> Result<VerifiedPlan, CompileError> {
         .map_err(|errs| CompileError::Internal(errs.into_iter().map(|e| e.to_string()).collect()))
 }
 
+/// A peephole fold of a whole graph: the new graph and each old value's new one.
+type Fold = fn(&ir::Graph) -> Result<(ir::Graph, Vec<Option<ir::ValueId>>), passes::StageError>;
+
+/// The peephole folds after autodiff (and on inference graphs), in order: the pass's name,
+/// what a value folded away by it is called, and the fold.
+const FOLDS: [(&str, &str, Fold); 3] = [
+    (
+        "bias_epilogue",
+        "the bias epilogue",
+        passes::bias_epilogue::fold,
+    ),
+    (
+        "packed_attention",
+        "packed attention",
+        passes::packed_attention::fold,
+    ),
+    ("promote", "promotion", passes::promote::fold),
+];
+
 /// The training (or inference) step of `module`'s forward graph planned under `options`:
 /// mixed precision, ZeRO's rewrites under `parallel`, autodiff, the optimizer, the budget's
 /// choices, schedule (in 1F1B order on a pipeline stage, `pipeline`), liveness and layout,
@@ -454,16 +473,15 @@ pub(crate) fn planned(
             verified(&diff.graph, "widen")?;
             let diff = passes::concat_grads::run(&diff)?;
             verified(&diff.graph, "concat_grads")?;
-            let (diff, map) = passes::bias_epilogue::run(&diff)?;
-            verified(&diff.graph, "bias_epilogue")?;
-            mixed.loss_scale = (mixed.loss_scale)
-                .map(|s| followed(&map, s, "the bias epilogue"))
-                .transpose()?;
-            let (diff, map) = passes::promote::run(&diff)?;
-            verified(&diff.graph, "promote")?;
-            mixed.loss_scale = (mixed.loss_scale)
-                .map(|s| followed(&map, s, "promotion"))
-                .transpose()?;
+            let mut diff = diff;
+            for (pass, what, fold) in FOLDS {
+                let (folded, map) = passes::rewrite::refold(&diff, pass, fold)?;
+                verified(&folded.graph, pass)?;
+                mixed.loss_scale = (mixed.loss_scale)
+                    .map(|s| followed(&map, s, what))
+                    .transpose()?;
+                diff = folded;
+            }
             let opts = passes::optimizer::OptimizerOptions {
                 optimizer: t.optimizer,
                 clip_grad_norm: t.clip_grad_norm,
@@ -490,10 +508,11 @@ pub(crate) fn planned(
         }
         None => {
             let graph = quantized(module.graph.clone(), options.quantize_frozen)?.0;
-            let (graph, _) = passes::bias_epilogue::fold(&graph)?;
-            verified(&graph, "bias_epilogue")?;
-            let (graph, _) = passes::promote::fold(&graph)?;
-            verified(&graph, "promote")?;
+            let mut graph = graph;
+            for (pass, _, fold) in FOLDS {
+                graph = fold(&graph)?.0;
+                verified(&graph, pass)?;
+            }
             (graph, false)
         }
     };

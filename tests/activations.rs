@@ -90,16 +90,14 @@ fn gpt2_layers_against_korthikanti() {
         assert_eq!(
             units,
             [
-                ("norm", 2),      // layernorm 1's output, stored bf16: the QKV matmul's input
-                ("slice", 2),     // Q
-                ("slice", 2),     // K
-                ("slice", 2),     // V
-                ("attention", 2), // its output: the projection's input, flash's backward
-                ("binary", 4),    // the fp32 residual after attention: layernorm 2's input
-                ("norm", 2),      // layernorm 2's output, stored bf16: the MLP's input
-                ("matmul", 8),    // the first linear's output, bias added: GELU's input
-                ("unary", 8),     // GELU's output: the second linear's input
-                ("binary", 4),    // the fp32 layer output: the next layernorm's input
+                ("norm", 2),             // layernorm 1's output, stored bf16: the QKV matmul's input
+                ("matmul", 6),           // Q, K and V, packed as the QKV product
+                ("packed_attention", 2), // its output: the projection's input, flash's backward
+                ("binary", 4),           // the fp32 residual after attention: layernorm 2's input
+                ("norm", 2),             // layernorm 2's output, stored bf16: the MLP's input
+                ("matmul", 8),           // the first linear's output, bias added: GELU's input
+                ("unary", 8),            // GELU's output: the second linear's input
+                ("binary", 4),           // the fp32 layer output: the next layernorm's input
             ],
             "layer {layer}"
         );
@@ -149,16 +147,14 @@ fn gpt2_tensor_parallel_layers_against_korthikanti() {
             assert_eq!(
                 units,
                 [
-                    ("cast", 2 * t),   // layernorm 1's output in bf16, whole
-                    ("slice", 2),      // this rank's Q heads
-                    ("slice", 2),      // K
-                    ("slice", 2),      // V
-                    ("attention", 2),  // their output
-                    ("binary", 4 * t), // the fp32 residual, whole
-                    ("cast", 2 * t),   // layernorm 2's output in bf16, whole
-                    ("matmul", 8),     // this rank's columns of the first linear's output
-                    ("unary", 8),      // GELU's output
-                    ("binary", 4 * t), // the fp32 layer output, whole
+                    ("cast", 2 * t),         // layernorm 1's output in bf16, whole
+                    ("matmul", 6),           // this rank's Q, K and V heads, packed
+                    ("packed_attention", 2), // their output
+                    ("binary", 4 * t),       // the fp32 residual, whole
+                    ("cast", 2 * t),         // layernorm 2's output in bf16, whole
+                    ("matmul", 8),           // this rank's columns of the first linear's output
+                    ("unary", 8),            // GELU's output
+                    ("binary", 4 * t),       // the fp32 layer output, whole
                 ],
                 "t = {t}, layer {layer}"
             );

@@ -1,10 +1,11 @@
 //! The compiler's launch-saving folds on a mixed-precision GPT-2 step, asserted on the plan
 //! (their values are checked where the gradients are: against PyTorch in `precision.rs`,
 //! by finite differences in `gradcheck.rs`): a bias is added in its matmul's epilogue, a
-//! bias gradient is one fp32 `sum_to`, a layer norm read only as bf16 stores bf16, the gradient of the q/k/v split is one `concat`, a
-//! block's AdamW steps are one group, and the fused loss head takes at most 16 chunks (the
-//! grouped updates train bit for bit as single ones: `offload.rs`, whose offloaded updates
-//! are not grouped).
+//! bias gradient is one fp32 `sum_to`, a layer norm read only as bf16 stores bf16, attention
+//! reads q, k and v packed in the qkv product and writes their gradient in one op, a block's
+//! AdamW steps are one group, and the fused loss head takes at most 16 chunks (the grouped
+//! updates train bit for bit as single ones: `offload.rs`, whose offloaded updates are not
+//! grouped).
 #![allow(clippy::panic, clippy::unwrap_used)]
 
 mod common;
@@ -30,9 +31,14 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
     };
     let layers = 12;
     let count = |f: &dyn Fn(&memc::plan::Step) -> bool| plan.steps.iter().filter(|s| f(s)).count();
-    // The q/k/v gradient: one concat per layer, no zero-padded slices.
+    // Attention reads q, k and v from the qkv product, and one backward op writes its
+    // gradient: no zero-padded slices, no concat, no separate backward per operand.
     assert_eq!(count(&|s| matches!(s.op, Op::PadSlice { .. })), 0);
-    assert_eq!(count(&|s| matches!(s.op, Op::Concat { .. })), layers);
+    assert_eq!(count(&|s| matches!(s.op, Op::Concat { .. })), 0);
+    assert_eq!(count(&|s| matches!(s.op, Op::PackedAttention(_))), layers);
+    let packed_backward = count(&|s| matches!(s.op, Op::PackedAttentionBackward(_)));
+    assert_eq!(packed_backward, layers);
+    assert_eq!(count(&|s| matches!(s.op, Op::AttentionBackward { .. })), 0);
     // Bias gradients: fp32 sums, and no cast reads a sum.
     let wide_sums = count(&|s| {
         matches!(s.op, Op::SumTo { f32_out: true, .. })
@@ -130,10 +136,10 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
             && (s.inputs.iter()).any(|b| producer(b) == Some(&Op::Cast { to: DType::F32 }))
     };
     assert_eq!(count(&widened), 0);
-    // A layer norm's bias gradient is a sum over rows; the q/k/v slices are saved rather
-    // than sliced again in backward (the same bytes as their source).
+    // A layer norm's bias gradient is a sum over rows; no q/k/v slice is copied, the qkv
+    // product itself is saved for backward.
     assert_eq!(count(&|s| matches!(s.op, Op::NormBackwardBias { .. })), 0);
-    assert_eq!(count(&|s| matches!(s.op, Op::Slice { .. })), 3 * layers);
+    assert_eq!(count(&|s| matches!(s.op, Op::Slice { .. })), 0);
     // The loss head: 8 x 1024 rows in 16 chunks of 512.
     for s in &plan.steps {
         if let Op::LinearCrossEntropy(lce) | Op::LinearCrossEntropyBackward { lce, .. } = &s.op {

@@ -9,7 +9,7 @@ mod common;
 
 use common::{compiled_with, example, executor, tiny_gpt};
 use memc::front::train::Precision;
-use memc::ir::{AttnInput, CeParams, LceGrad, LinearCe, Op};
+use memc::ir::{CeParams, LceGrad, LinearCe, Op};
 use memc::plan::{Plan, Target};
 use memc::{Compiled, Options};
 use std::collections::HashMap;
@@ -249,16 +249,9 @@ fn the_cuda_plan_gives_its_library_steps_their_workspace() {
                 assert_eq!(ws, regions + lse + cublas);
             }
             Op::MatMul { .. } => assert_eq!(ws, cublas),
-            // All 4 heads of 16 rows and 16 keys at once: fp32 scores and bf16 probabilities,
-            // and for dq and dk fp32 dp and bf16 ds.
-            Op::AttentionBackward { which, .. } => {
-                let scores = 4 * 16 * 16;
-                let regions = match which {
-                    AttnInput::V => scores * (4 + 2),
-                    AttnInput::Q | AttnInput::K => scores * 2 * (4 + 2),
-                };
-                assert_eq!(ws, regions + cublas);
-            }
+            // All 4 heads of 16 rows and 16 keys at once, dq's, dk's and dv's units in turn:
+            // fp32 scores and bf16 probabilities, fp32 dp and bf16 ds.
+            Op::PackedAttentionBackward(_) => assert_eq!(ws, 4 * 16 * 16 * 2 * (4 + 2) + cublas),
             // 32 rows (2 x 16 tokens), a chunk each, of 32 channels.
             Op::NormBackwardWeight { .. } | Op::NormBackwardBias { .. } => {
                 assert_eq!(ws, 32 * 32 * 4);

@@ -356,3 +356,52 @@ fn promoted_arithmetic_takes_each_operand_in_its_own_type() {
         );
     }
 }
+
+/// Attention over q, k and v sliced from one parameter, which the packed-attention pass reads
+/// as one operand: causal and not, grouped-query with a window, and with a key mask (item 0
+/// padded at its end, item 1 at its start); each plan holds the packed forward and backward
+/// and no slice or concat.
+#[test]
+fn packed_attention() {
+    let pad: &[i32] = &[1, 1, 1, 0, 0, 0, 1, 1, 1, 1];
+    let cases = [
+        ("W = 24, K = 16", "heads = 2, causal = true"),
+        ("W = 24, K = 16", "heads = 2"),
+        (
+            "W = 16, K = 12",
+            "heads = 4, kv_heads = 2, causal = true, window = 3",
+        ),
+        (
+            "W = 16, K = 12",
+            "heads = 4, kv_heads = 2, causal = true, key_mask = pad",
+        ),
+    ];
+    for (dims, options) in cases {
+        let masked = options.contains("key_mask");
+        let params = if masked {
+            "  param x: [B, T, W] = normal(1.0)\n  input pad: i32[B, T]"
+        } else {
+            "  param x: [B, T, W] = normal(1.0)"
+        };
+        let src = model(
+            &format!("B = 2, T = 5, D = 8, {dims}"),
+            params,
+            &format!("attention(slice(x, 0, D), slice(x, D, K), slice(x, K, W), {options})"),
+            "[B, T, D]",
+        );
+        let c = compiled(&src);
+        let ops: Vec<&str> = c.plan.plan().steps.iter().map(|s| s.op.name()).collect();
+        for (op, n) in [
+            ("packed_attention", 1),
+            ("packed_attention_backward", 1),
+            ("slice", 0),
+            ("concat", 0),
+        ] {
+            let found = ops.iter().filter(|&&o| o == op).count();
+            assert_eq!(found, n, "{options}: {op} in {ops:?}");
+        }
+        let ids: &[(&str, &[i32])] = if masked { &[("pad", pad)] } else { &[] };
+        let err = check_with(&src, 1e-2, ids);
+        assert!(err < 1e-2, "{options}: relative error {err:.2e}");
+    }
+}

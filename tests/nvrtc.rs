@@ -306,3 +306,64 @@ fn attention_runs_on_tensor_cores_without_spills() {
         }
     }
 }
+
+/// Packed attention at GPT-2's size (12 heads of 64 over 1,024 rows) and with heads of 128
+/// (grouped-query, 32 heads over 8 kv heads), in bf16 and f16: the forward and the one
+/// backward run on tensor cores (the backward in four launches, no GEMM) and their CUBINs for
+/// sm_80 and sm_90 spill nothing.
+#[test]
+fn packed_attention_runs_on_tensor_cores_without_spills() {
+    if !nvrtc_ready() {
+        return;
+    }
+    use memc::codegen::gemm::Call;
+    use memc::ir::{AttnParams, Op, TensorType};
+    for (dtype, heads, kv_heads, dh, t) in [
+        (DType::BF16, 12, 12, 64, 1024),
+        (DType::F16, 12, 12, 64, 1024),
+        (DType::BF16, 32, 8, 128, 4096),
+        (DType::F16, 32, 8, 128, 4096),
+    ] {
+        let attn = AttnParams {
+            heads,
+            kv_heads,
+            causal: true,
+            scale: 0.125,
+            window: None,
+            softcap: None,
+            key_mask: false,
+        };
+        let x = TensorType::new(dtype, vec![1, t, (heads + 2 * kv_heads) * dh]);
+        let out = TensorType::new(dtype, vec![1, t, heads * dh]);
+        let cases = [
+            (Op::PackedAttention(attn), vec![x.clone()], out.clone()),
+            (Op::PackedAttentionBackward(attn), vec![x.clone(), out], x),
+        ];
+        for (op, inputs, output) in cases {
+            let label = format!("{} {dtype} {heads}/{kv_heads} heads x {dh}", op.name());
+            let kernel = memc::codegen::kernel_for(&op, &inputs, &output)
+                .expect("lowered")
+                .expect("a kernel");
+            assert!(kernel.source.contains("_mma_kernel<"), "{label}");
+            if matches!(op, Op::PackedAttentionBackward(_)) {
+                let launches = kernel
+                    .library
+                    .iter()
+                    .filter(|c| matches!(c, Call::Launch { .. }));
+                assert_eq!(launches.count(), 4, "{label}");
+                let gemms = kernel.library.iter().filter(|c| matches!(c, Call::Gemm(_)));
+                assert_eq!(gemms.count(), 0, "{label}");
+            }
+            for sm in [(8, 0), (9, 0)] {
+                let cubin = memc::codegen::nvrtc::compile_cubin(&kernel, sm).expect("cubin");
+                let r = cubin.resources;
+                assert_eq!(
+                    (r.spill_store_bytes, r.spill_load_bytes),
+                    (0, 0),
+                    "{label}: {r:?}"
+                );
+                println!("{label}: sm_{}{} {r:?}", sm.0, sm.1);
+            }
+        }
+    }
+}

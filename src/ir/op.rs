@@ -219,6 +219,11 @@ pub enum Op {
     Attention(AttnParams),
     /// `(q, k, v, dout) -> d(which)`.
     AttentionBackward { attn: AttnParams, which: AttnInput },
+    /// `x -> out`: attention whose q, k and v are the column blocks of one packed
+    /// `x[B, T, (heads + 2 kv_heads) * dh]`, q first, then k, then v.
+    PackedAttention(AttnParams),
+    /// `(x, dout) -> dx`: the packed attention's gradient, `dq | dk | dv` along the last axis.
+    PackedAttentionBackward(AttnParams),
     /// Rotary position embedding over `[B, T, heads*dh]`; `inverse` rotates back (its backward).
     Rope {
         heads: usize,
@@ -441,6 +446,8 @@ impl Op {
             Dropout { .. } => "dropout",
             Attention(_) => "attention",
             AttentionBackward { .. } => "attention_backward",
+            PackedAttention(_) => "packed_attention",
+            PackedAttentionBackward(_) => "packed_attention_backward",
             Rope { .. } => "rope",
             Cast { .. } => "cast",
             CastGroup { .. } => "cast_group",

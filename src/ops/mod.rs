@@ -90,7 +90,11 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::AvgPool2d(_)
         | Op::AvgPool2dBackward { .. } => &pool::Family,
         Op::Dropout { .. } => &random::Family,
-        Op::Attention(_) | Op::AttentionBackward { .. } | Op::Rope { .. } => &attention::Family,
+        Op::Attention(_)
+        | Op::AttentionBackward { .. }
+        | Op::PackedAttention(_)
+        | Op::PackedAttentionBackward(_)
+        | Op::Rope { .. } => &attention::Family,
         Op::ClipCoefficient { .. }
         | Op::UnscaleGrads
         | Op::LossScaleUpdate { .. }

@@ -315,7 +315,16 @@ mod tests {
             &[q.clone(), q.clone(), q.clone(), q.clone()]
         ));
         let dout = t(DType::BF16, &[1, 4, 8]);
-        assert!(!ok(back, &[q.clone(), q.clone(), q.clone(), dout]));
+        assert!(!ok(back, &[q.clone(), q.clone(), q.clone(), dout.clone()]));
+        // Packed: x holds 2 q heads and 2 + 2 kv heads of 4 columns; anything else is refused.
+        let x = t(f, &[1, 4, 24]);
+        assert!(ok(Op::PackedAttention(attn), std::slice::from_ref(&x)));
+        assert!(!ok(Op::PackedAttention(attn), &[t(f, &[1, 4, 20])]));
+        assert!(!ok(Op::PackedAttention(attn), &[t(f, &[4, 24])]));
+        let packed_back = Op::PackedAttentionBackward(attn);
+        assert!(ok(packed_back.clone(), &[x.clone(), q.clone()]));
+        assert!(!ok(packed_back.clone(), &[x.clone(), dout]));
+        assert!(!ok(packed_back, std::slice::from_ref(&x)));
         let ids = t(i, &[2, 3]);
         let rows = Op::EmbeddingBackward {
             rows: 10,

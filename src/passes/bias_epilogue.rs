@@ -5,8 +5,7 @@
 //! fp32 accumulator before the output's one rounding, so in fp32 the values are the same
 //! and in 16 bits they are rounded once instead of twice (as PyTorch's `addmm` does).
 
-use super::autodiff::Differentiated;
-use super::rewrite::{rebuild, refold, Edit};
+use super::rewrite::{rebuild, Edit};
 use super::StageError;
 use crate::ir::{BinaryFn, Graph, Op, ValueId};
 use std::collections::{BTreeMap, BTreeSet};
@@ -68,12 +67,6 @@ pub fn fold(graph: &Graph) -> Result<(Graph, Vec<Option<ValueId>>), StageError> 
         None if products.contains(&v) => Edit::Drop,
         None => Edit::Keep,
     })
-}
-
-/// [`fold`] on a differentiated graph, its gradients following their values; also each old
-/// value's new one, for the values the caller holds.
-pub fn run(diff: &Differentiated) -> Result<(Differentiated, Vec<Option<ValueId>>), StageError> {
-    refold(diff, "bias_epilogue", fold)
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ pub mod lora;
 pub mod megatron;
 pub mod offload_activations;
 pub mod optimizer;
+pub mod packed_attention;
 pub mod partition;
 pub mod pipeline;
 pub mod precision;

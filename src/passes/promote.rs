@@ -6,8 +6,7 @@
 //! widens a bf16/fp16 value to fp32, only one arithmetic op (add, sub, mul, div) of the same
 //! phase reads it, the op's other operand is fp32, and the cast is no graph output.
 
-use super::autodiff::Differentiated;
-use super::rewrite::{rebuild, refold, Edit};
+use super::rewrite::{rebuild, Edit};
 use super::StageError;
 use crate::ir::{BinaryFn, DType, Graph, Op, ValueId};
 use std::collections::{BTreeMap, BTreeSet};
@@ -64,12 +63,6 @@ pub fn fold(graph: &Graph) -> Result<(Graph, Vec<Option<ValueId>>), StageError> 
         None if casts.contains(&v) => Edit::Drop,
         None => Edit::Keep,
     })
-}
-
-/// [`fold`] on a differentiated graph, its gradients following their values; also each old
-/// value's new one, for the values the caller holds.
-pub fn run(diff: &Differentiated) -> Result<(Differentiated, Vec<Option<ValueId>>), StageError> {
-    refold(diff, "promote", fold)
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ pub(super) fn id_limit(graph: &Graph, v: ValueId) -> Option<u64> {
                 }
                 // A key mask holds 0 (padding) or 1.
                 Op::Attention(a) if a.key_mask && node.inputs.get(3) == Some(&v) => Some(2),
+                Op::PackedAttention(a) if a.key_mask && node.inputs.get(1) == Some(&v) => Some(2),
                 _ => None,
             }
         })
@@ -51,7 +52,10 @@ pub(super) fn only_key_mask(graph: &Graph, v: ValueId) -> bool {
     let users = readers(graph, v);
     !users.is_empty()
         && users.into_iter().all(|(u, _)| match graph.node(u).op {
-            Op::Attention(a) | Op::AttentionBackward { attn: a, .. } => a.key_mask,
+            Op::Attention(a)
+            | Op::AttentionBackward { attn: a, .. }
+            | Op::PackedAttention(a)
+            | Op::PackedAttentionBackward(a) => a.key_mask,
             _ => false,
         })
 }

@@ -2,7 +2,10 @@
 //! head dim of 256, sliding windows shorter than a key tile and spanning several tiles and
 //! several backward units of rows, and key masks (`case_data` pads the end of batch item 0,
 //! the start of item 1 and all of item 2) with causal and windowed masks and over a key tile
-//! boundary, and soft-capped scores (grouped-query, causal and windowed with a key mask).
+//! boundary, and soft-capped scores (grouped-query, causal and windowed with a key mask);
+//! then the packed op's (`packed.rs`).
+
+mod packed;
 
 use super::t;
 use memc::ir::*;
@@ -268,6 +271,7 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         cases.push((wname, bwd(capped_window), mask_bwd_in.clone()));
     }
     cases.extend(tile_cases());
+    cases.extend(packed::cases());
     cases
 }
 

@@ -230,7 +230,14 @@ pub fn get(arena: &[u8], off: u64, dtype: DType, n: usize) -> Vec<f32> {
 
 /// Whether `op` is an attention op reading a key mask (its one integer input).
 fn reads_key_mask(op: &Op) -> bool {
-    matches!(op, Op::Attention(a) | Op::AttentionBackward { attn: a, .. } if a.key_mask)
+    matches!(
+        op,
+        Op::Attention(a)
+            | Op::AttentionBackward { attn: a, .. }
+            | Op::PackedAttention(a)
+            | Op::PackedAttentionBackward(a)
+            if a.key_mask
+    )
 }
 
 /// A key mask `[b, t_k]` of 0/1 by batch item, in threes: padding from key `4 t_k / 5` on

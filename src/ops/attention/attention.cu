@@ -1,7 +1,8 @@
 //! Flash-style multi-head attention (grouped-query, optional causal mask) that never
 //! materializes the TQ x TK score matrix: the forward streams K/V tiles through shared memory
 //! with an online softmax.
-//! q/out/dq: [B, TQ, H*DH]; k/v/dk/dv: [B, TK, KVH*DH]; query head h reads kv head
+//! q/out/dq: [B, TQ, H*DH]; k/v/dk/dv: [B, TK, KVH*DH], or q, k, v (dq, dk, dv) the column
+//! blocks of one packed [B, T, (H + 2 KVH) * DH] (`attn_q`, `attn_kv`); query head h reads kv head
 //! h / (H / KVH). Query i sees keys [attn_kfirst(i), attn_kend(i)), AttnParams::visible_keys's
 //! rule: causal, keys j <= i + TK - TQ; with a window (C::WINDOW > 0) also j > i + TK - TQ -
 //! WINDOW. With a key mask (C::KEY_MASK; i32 [B, TK]) a query also skips key j of its batch
@@ -27,8 +28,16 @@ template <typename C> __device__ __forceinline__ float attn_cap(float s) {
 template <typename C> __device__ __forceinline__ bool attn_key_kept(char* arena, u64 o_mask, u64 b, u64 j) {
     return !C::KEY_MASK || tensor_at<int>(arena, o_mask)[b * C::TK + j] != 0;
 }
-template <typename C> __device__ __forceinline__ u64 attn_q(u64 b, u64 i, u64 h) { return (b * C::TQ + i) * (C::H * C::DH) + h * C::DH; }
-template <typename C> __device__ __forceinline__ u64 attn_kv(u64 b, u64 j, u64 kh) { return (b * C::TK + j) * (C::KVH * C::DH) + kh * C::DH; }
+// Element offsets of head h of query row i in q (and dq), row stride C::QROW; in out (and
+// dout), row stride H * DH; of kv head kh of key j in k, v (and dk, dv), row stride C::KVROW.
+// Separate operands have rows of their own heads; packed ones, columns of one
+// x[B, T, (H + 2 KVH) * DH] with QROW = KVROW = its row and k, v at `attn_k_at`, `attn_v_at`.
+template <typename C> __device__ __forceinline__ u64 attn_q(u64 b, u64 i, u64 h) { return (b * C::TQ + i) * C::QROW + h * C::DH; }
+template <typename C> __device__ __forceinline__ u64 attn_o(u64 b, u64 i, u64 h) { return (b * C::TQ + i) * (C::H * C::DH) + h * C::DH; }
+template <typename C> __device__ __forceinline__ u64 attn_kv(u64 b, u64 j, u64 kh) { return (b * C::TK + j) * C::KVROW + kh * C::DH; }
+// Byte offsets of the k and v blocks of a packed x at byte o_x.
+template <typename T, typename C> __device__ __forceinline__ u64 attn_k_at(u64 o_x) { return o_x + C::H * C::DH * sizeof(T); }
+template <typename T, typename C> __device__ __forceinline__ u64 attn_v_at(u64 o_x) { return o_x + (C::H + C::KVH) * C::DH * sizeof(T); }
 
 // Grid: (ceil(TQ / BT), H, B); one thread per query row. `o_mask` is read only with C::KEY_MASK.
 template <typename T, typename C> __device__ void attention_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_mask, u64 o_out) {
@@ -79,11 +88,19 @@ template <typename T, typename C> __device__ void attention_kernel(char* arena, 
     if (active) {
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
-        for (int d = 0; d < (int)C::DH; ++d) st(out, attn_q<C>(b, i, h) + d, o[d] * inv);
+        for (int d = 0; d < (int)C::DH; ++d) st(out, attn_o<C>(b, i, h) + d, o[d] * inv);
     }
 }
 
 // Without a key mask: the entry takes no mask offset.
 template <typename T, typename C> __device__ void attention_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_out) {
     attention_kernel<T, C>(arena, o_q, o_k, o_v, 0, o_out);
+}
+
+// Packed operands: q, k and v are the column blocks of x at o_x.
+template <typename T, typename C> __device__ void packed_attention_kernel(char* arena, u64 o_x, u64 o_mask, u64 o_out) {
+    attention_kernel<T, C>(arena, o_x, attn_k_at<T, C>(o_x), attn_v_at<T, C>(o_x), o_mask, o_out);
+}
+template <typename T, typename C> __device__ void packed_attention_kernel(char* arena, u64 o_x, u64 o_out) {
+    packed_attention_kernel<T, C>(arena, o_x, 0, o_out);
 }

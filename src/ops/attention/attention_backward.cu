@@ -110,7 +110,7 @@ template <typename T, typename C> __device__ void attb_store(char* ws, T* out, u
     const float* acc = (const float*)(ws + C::ACCOFF);
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < heads * C::TK * C::DH; i += (u64)gridDim.x * blockDim.x) {
         const u64 g = i / (C::TK * C::DH), j = (i / C::DH) % C::TK, d = i % C::DH;
-        st(out, (b * C::TK + j) * (C::KVH * C::DH) + (g0 + g) * C::DH + d, acc[i]);
+        st(out, attn_kv<C>(b, j, g0 + g) + d, acc[i]);
     }
 }
 
@@ -129,4 +129,20 @@ __device__ void attention_backward_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v
 template <typename T, typename C>
 __device__ void attention_backward_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_out, u64 o_ws, u64 phase, u64 chunk) {
     attention_backward_kernel<T, C>(arena, o_q, o_k, o_v, o_dout, 0, o_out, o_ws, phase, chunk);
+}
+
+// The packed backward: one op runs the units of dq, dk and dv in turn over the blocks of x
+// (QROW = KVROW = its row); phase 2 stores the accumulated dk into dx's k block, phase 4
+// the accumulated dv into its v block, the other phases as above.
+template <typename T, typename C>
+__device__ void packed_attention_backward_kernel(char* arena, u64 o_x, u64 o_dout, u64 o_mask, u64 o_out, u64 o_ws, u64 phase, u64 chunk) {
+    if (phase == 4) attb_store<T, C>(arena + o_ws, tensor_at<T>(arena, attn_v_at<T, C>(o_out)), chunk);
+    else if (phase == 2) attb_store<T, C>(arena + o_ws, tensor_at<T>(arena, attn_k_at<T, C>(o_out)), chunk);
+    else attention_backward_kernel<T, C>(arena, o_x, 0, 0, o_dout, o_mask, o_out, o_ws, phase, chunk);
+}
+
+// Without a key mask: the entry takes no mask offset.
+template <typename T, typename C>
+__device__ void packed_attention_backward_kernel(char* arena, u64 o_x, u64 o_dout, u64 o_out, u64 o_ws, u64 phase, u64 chunk) {
+    packed_attention_backward_kernel<T, C>(arena, o_x, o_dout, 0, o_out, o_ws, phase, chunk);
 }

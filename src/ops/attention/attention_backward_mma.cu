@@ -1,6 +1,7 @@
 //! FlashAttention-2's backward on tensor cores for 16-bit operands (after `attention.cu`,
-//! `mma.cu` and `attention_mma.cu`), one op per gradient (C::WHICH: 0 dq, 1 dk, 2 dv), two
-//! launches, 128 threads a block, no scores in memory:
+//! `mma.cu` and `attention_mma.cu`), one op per gradient (C::WHICH: 0 dq, 1 dk, 2 dv) in two
+//! launches, or the packed op's three in four (`packed_attention_backward_mma_kernel`), 128
+//! threads a block, no scores in memory:
 //! - phase 0, the row statistics (grid (ceil(TQ / 64), H, B), as the forward): one online pass
 //!   over the keys each row sees gives its log-sum-exp L = m + log l of the scaled, capped,
 //!   masked scores (+inf for a row that sees no key) and, for dq and dk, D = sum_j p_j dp_j
@@ -33,10 +34,9 @@ template <typename T, typename C> struct AttbShared {
     bool* kept;
 };
 
-// Phase 0: L (and D unless dv) of the block's 64 query rows.
-template <typename T, typename C> __device__ void attb_mma_stats(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_mask, char* ws, AttbShared<T, C> sh) {
+// Phase 0: L (and, WITH_D, D) of the block's 64 query rows.
+template <typename T, typename C, bool WITH_D> __device__ void attb_mma_stats(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_mask, char* ws, AttbShared<T, C> sh) {
     constexpr int DH = (int)C::DH, BK = (int)C::BK, LD = DH + 8, KS = DH / 16, ST = BK / 8;
-    constexpr bool WITH_D = C::WHICH != 2;
     T* Ks = sh.x;
     T* Vs = sh.y;
     bool* Ms = sh.kept;
@@ -46,7 +46,7 @@ template <typename T, typename C> __device__ void attb_mma_stats(char* arena, u6
     const bool ok0 = w.rows[0] < C::TQ, ok1 = w.rows[1] < C::TQ;
     unsigned qa[KS][4], da[KS][4];
     mma_load_rows<T, KS>(qa, tensor_at<T>(arena, o_q), attn_q<C>(b, w.rows[0], h), ok0, attn_q<C>(b, w.rows[1], h), ok1);
-    if constexpr (WITH_D) mma_load_rows<T, KS>(da, tensor_at<T>(arena, o_dout), attn_q<C>(b, w.rows[0], h), ok0, attn_q<C>(b, w.rows[1], h), ok1);
+    if constexpr (WITH_D) mma_load_rows<T, KS>(da, tensor_at<T>(arena, o_dout), attn_o<C>(b, w.rows[0], h), ok0, attn_o<C>(b, w.rows[1], h), ok1);
     float m[2] = {MEMC_NEG_INF, MEMC_NEG_INF}, l[2] = {0.0f, 0.0f}, dsum[2] = {0.0f, 0.0f};
     for (u64 j0 = w.kmin; j0 < w.kmax; j0 += BK) {
         attn_load_keys<T, C, BK, LD>(Ks, Vs, Ms, arena, o_mask, tensor_at<T>(arena, o_k), tensor_at<T>(arena, o_v), b, kh, j0);
@@ -92,7 +92,7 @@ template <typename T, typename C> __device__ void attb_mma_dq(char* arena, u64 o
     const bool ok0 = w.rows[0] < C::TQ, ok1 = w.rows[1] < C::TQ;
     unsigned qa[KS][4], da[KS][4];
     mma_load_rows<T, KS>(qa, tensor_at<T>(arena, o_q), attn_q<C>(b, w.rows[0], h), ok0, attn_q<C>(b, w.rows[1], h), ok1);
-    mma_load_rows<T, KS>(da, tensor_at<T>(arena, o_dout), attn_q<C>(b, w.rows[0], h), ok0, attn_q<C>(b, w.rows[1], h), ok1);
+    mma_load_rows<T, KS>(da, tensor_at<T>(arena, o_dout), attn_o<C>(b, w.rows[0], h), ok0, attn_o<C>(b, w.rows[1], h), ok1);
     float lse[2], dd[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -129,11 +129,10 @@ template <typename T, typename C> __device__ void attb_mma_dq(char* arena, u64 o
             if (w.rows[c >> 1] < C::TQ) st(out, attn_q<C>(b, w.rows[c >> 1], h) + nt * 8 + 2 * t + (c & 1), acc[nt][c]);
 }
 
-// Phase 1 of dk (C::WHICH 1) or dv (2): the block's 64 keys of kv head blockIdx.y, each warp
+// Phase 1 of dk (DK) or dv: the block's 64 keys of kv head blockIdx.y, each warp
 // 16 of them, over the query tiles of the group's heads that see them.
-template <typename T, typename C> __device__ void attb_mma_dkv(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_mask, u64 o_out, char* ws, AttbShared<T, C> sh) {
+template <typename T, typename C, bool DK> __device__ void attb_mma_dkv(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_mask, u64 o_out, char* ws, AttbShared<T, C> sh) {
     constexpr int DH = (int)C::DH, BQ = (int)C::BK, LD = DH + 8, KS = DH / 16, NT = DH / 8, ST = BQ / 8;
-    constexpr bool DK = C::WHICH == 1;
     T* Qs = sh.x;
     T* Os = sh.y;
     float* Ls = sh.l;
@@ -161,7 +160,7 @@ template <typename T, typename C> __device__ void attb_mma_dkv(char* arena, u64 
             for (u64 e = threadIdx.x; e < (u64)BQ * DH; e += blockDim.x) {
                 const u64 ii = e / DH, d = e % DH, i = i0 + ii;
                 Qs[ii * LD + d] = i < C::TQ ? q[attn_q<C>(b, i, h) + d] : zero;
-                Os[ii * LD + d] = i < C::TQ ? dout[attn_q<C>(b, i, h) + d] : zero;
+                Os[ii * LD + d] = i < C::TQ ? dout[attn_o<C>(b, i, h) + d] : zero;
             }
             for (u64 ii = threadIdx.x; ii < (u64)BQ; ii += blockDim.x) {
                 const u64 at = (b * C::H + h) * C::TQ + i0 + ii;
@@ -199,21 +198,25 @@ template <typename T, typename C> __device__ void attb_mma_dkv(char* arena, u64 
             if (keys[c >> 1] < C::TK) st(out, attn_kv<C>(b, keys[c >> 1], kh) + nt * 8 + 2 * t + (c & 1), acc[nt][c]);
 }
 
+// The shared memory of a block of either phase, declared once per kernel.
+#define ATTB_SHARED                                     \
+    __shared__ T tile_x[C::BK * (C::DH + 8)];           \
+    __shared__ T tile_y[C::BK * (C::DH + 8)];           \
+    __shared__ float row_l[C::BK];                      \
+    __shared__ float row_d[C::BK];                      \
+    __shared__ bool key_kept[C::BK];                    \
+    const AttbShared<T, C> sh{tile_x, tile_y, row_l, row_d, key_kept}
+
 template <typename T, typename C>
 __device__ void attention_backward_mma_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_mask, u64 o_out, u64 o_ws, u64 phase, u64) {
-    __shared__ T tile_x[C::BK * (C::DH + 8)];
-    __shared__ T tile_y[C::BK * (C::DH + 8)];
-    __shared__ float row_l[C::BK];
-    __shared__ float row_d[C::BK];
-    __shared__ bool key_kept[C::BK];
-    const AttbShared<T, C> sh{tile_x, tile_y, row_l, row_d, key_kept};
+    ATTB_SHARED;
     char* ws = arena + o_ws;
     if (phase == 0) {
-        attb_mma_stats<T, C>(arena, o_q, o_k, o_v, o_dout, o_mask, ws, sh);
+        attb_mma_stats<T, C, C::WHICH != 2>(arena, o_q, o_k, o_v, o_dout, o_mask, ws, sh);
     } else if constexpr (C::WHICH == 0) {
         attb_mma_dq<T, C>(arena, o_q, o_k, o_v, o_dout, o_mask, o_out, ws, sh);
     } else {
-        attb_mma_dkv<T, C>(arena, o_q, o_k, o_v, o_dout, o_mask, o_out, ws, sh);
+        attb_mma_dkv<T, C, C::WHICH == 1>(arena, o_q, o_k, o_v, o_dout, o_mask, o_out, ws, sh);
     }
 }
 
@@ -221,4 +224,24 @@ __device__ void attention_backward_mma_kernel(char* arena, u64 o_q, u64 o_k, u64
 template <typename T, typename C>
 __device__ void attention_backward_mma_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_out, u64 o_ws, u64 phase, u64 chunk) {
     attention_backward_mma_kernel<T, C>(arena, o_q, o_k, o_v, o_dout, 0, o_out, o_ws, phase, chunk);
+}
+
+// The packed backward: q, k and v are the column blocks of x at o_x, and dq, dk, dv those of
+// dx at o_out (C::QROW = C::KVROW = their row). Phase 0 the statistics with D, once for all
+// three; 1 dq (grid (ceil(TQ / 64), H, B)); 2 dk and 3 dv (grid (ceil(TK / 64), KVH, B)).
+template <typename T, typename C>
+__device__ void packed_attention_backward_mma_kernel(char* arena, u64 o_x, u64 o_dout, u64 o_mask, u64 o_out, u64 o_ws, u64 phase, u64) {
+    ATTB_SHARED;
+    char* ws = arena + o_ws;
+    const u64 o_k = attn_k_at<T, C>(o_x), o_v = attn_v_at<T, C>(o_x);
+    if (phase == 0) attb_mma_stats<T, C, true>(arena, o_x, o_k, o_v, o_dout, o_mask, ws, sh);
+    else if (phase == 1) attb_mma_dq<T, C>(arena, o_x, o_k, o_v, o_dout, o_mask, o_out, ws, sh);
+    else if (phase == 2) attb_mma_dkv<T, C, true>(arena, o_x, o_k, o_v, o_dout, o_mask, attn_k_at<T, C>(o_out), ws, sh);
+    else attb_mma_dkv<T, C, false>(arena, o_x, o_k, o_v, o_dout, o_mask, attn_v_at<T, C>(o_out), ws, sh);
+}
+
+// Without a key mask: the entry takes no mask offset.
+template <typename T, typename C>
+__device__ void packed_attention_backward_mma_kernel(char* arena, u64 o_x, u64 o_dout, u64 o_out, u64 o_ws, u64 phase, u64 chunk) {
+    packed_attention_backward_mma_kernel<T, C>(arena, o_x, o_dout, 0, o_out, o_ws, phase, chunk);
 }

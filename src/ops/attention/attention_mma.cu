@@ -154,7 +154,7 @@ template <typename T, typename C> __device__ void attention_mma_kernel(char* are
             const int r = c >> 1;
             if (w.rows[r] < C::TQ) {
                 const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-                st(out, attn_q<C>(b, w.rows[r], h) + nt * 8 + 2 * t + (c & 1), o[nt][c] * inv);
+                st(out, attn_o<C>(b, w.rows[r], h) + nt * 8 + 2 * t + (c & 1), o[nt][c] * inv);
             }
         }
 }
@@ -162,4 +162,12 @@ template <typename T, typename C> __device__ void attention_mma_kernel(char* are
 // Without a key mask: the entry takes no mask offset.
 template <typename T, typename C> __device__ void attention_mma_kernel(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_out) {
     attention_mma_kernel<T, C>(arena, o_q, o_k, o_v, 0, o_out);
+}
+
+// Packed operands: q, k and v are the column blocks of x at o_x.
+template <typename T, typename C> __device__ void packed_attention_mma_kernel(char* arena, u64 o_x, u64 o_mask, u64 o_out) {
+    attention_mma_kernel<T, C>(arena, o_x, attn_k_at<T, C>(o_x), attn_v_at<T, C>(o_x), o_mask, o_out);
+}
+template <typename T, typename C> __device__ void packed_attention_mma_kernel(char* arena, u64 o_x, u64 o_out) {
+    packed_attention_mma_kernel<T, C>(arena, o_x, 0, o_out);
 }

@@ -1,4 +1,5 @@
-//! Backward rules of attention (one op per wanted operand: queries, keys, values) and of the
+//! Backward rules of attention (one op per wanted operand: queries, keys, values; one op
+//! writing all three for packed attention) and of the
 //! rotary embedding (the inverse rotation of `dy`).
 
 use crate::ir::{AttnInput, Op};
@@ -23,6 +24,12 @@ impl Backward for super::Family {
                 }
                 Ok(())
             }
+            Op::PackedAttention(attn) => {
+                // x, dout, then the key mask if any: one op writes dq | dk | dv.
+                let mut inputs = vec![x[0], dy];
+                inputs.extend(x.get(1));
+                cx.set(0, |rw| rw.add(Op::PackedAttentionBackward(*attn), inputs))
+            }
             Op::Rope {
                 heads,
                 base,
@@ -37,7 +44,9 @@ impl Backward for super::Family {
                     vec![dy],
                 )
             }),
-            Op::AttentionBackward { .. } => Err(cx.not_forward(op)),
+            Op::AttentionBackward { .. } | Op::PackedAttentionBackward(_) => {
+                Err(cx.not_forward(op))
+            }
             _ => Err(cx.foreign(op, "attention")),
         }
     }

@@ -125,13 +125,14 @@ impl Geometry {
         })
     }
 
-    /// Byte offset of element (batch, row, head) of q-shaped and of k-shaped tensors.
-    fn at_q(&self, b: u64, r: u64, h: u64) -> u64 {
-        ((b * self.tq + r) * self.h + h) * self.dh * self.dtype.size()
+    /// Byte offset of head `h` of query row `r` of batch item `b` in rows of `row` elements.
+    fn at_q(&self, b: u64, r: u64, h: u64, row: u64) -> u64 {
+        ((b * self.tq + r) * row + h * self.dh) * self.dtype.size()
     }
 
-    fn at_kv(&self, b: u64, j: u64, g: u64) -> u64 {
-        ((b * self.tk + j) * self.kvh + g) * self.dh * self.dtype.size()
+    /// Byte offset of kv head `g` of key `j` of batch item `b` in rows of `row` elements.
+    fn at_kv(&self, b: u64, j: u64, g: u64, row: u64) -> u64 {
+        ((b * self.tk + j) * row + g * self.dh) * self.dtype.size()
     }
 
     /// The first key of the score rows of the unit of query rows `r0..r0 + rn`, and how many
@@ -148,17 +149,73 @@ impl Geometry {
     }
 }
 
-/// The kernel and calls of the gradient of `which`.
-pub(crate) fn attention_backward(
+/// Where a backward's GEMMs find their operands and put the gradient: the input and byte
+/// offset (its first column) of q, k and v, the input of dout (rows of its own heads), the
+/// row strides of q and of k and v in elements, the gradient's first column (bytes) and row
+/// stride in the output, and the phase that stores accumulated key gradients.
+struct Layout {
+    q: (usize, u64),
+    k: (usize, u64),
+    v: (usize, u64),
+    dout: usize,
+    q_row: u64,
+    kv_row: u64,
+    out: u64,
+    out_row: u64,
+    store: u64,
+}
+
+impl Layout {
+    /// The separate op's operands `q, k, v, dout` and its output, the gradient of `which`.
+    fn separate(g: &Geometry, which: AttnInput) -> Layout {
+        let (q_row, kv_row) = (g.h * g.dh, g.kvh * g.dh);
+        Layout {
+            q: (0, 0),
+            k: (1, 0),
+            v: (2, 0),
+            dout: 3,
+            q_row,
+            kv_row,
+            out: 0,
+            out_row: if which == AttnInput::Q { q_row } else { kv_row },
+            store: 2,
+        }
+    }
+
+    /// The packed op's operands, the blocks of `x` (input 0) and `dout` (input 1), and the
+    /// block of `which` in its output `dx`; dv's accumulator is stored by phase 4.
+    fn packed(g: &Geometry, which: AttnInput) -> Layout {
+        let e = g.dtype.size();
+        let row = (g.h + 2 * g.kvh) * g.dh;
+        let (k_at, v_at) = (g.h * g.dh * e, (g.h + g.kvh) * g.dh * e);
+        Layout {
+            q: (0, 0),
+            k: (0, k_at),
+            v: (0, v_at),
+            dout: 1,
+            q_row: row,
+            kv_row: row,
+            out: match which {
+                AttnInput::Q => 0,
+                AttnInput::K => k_at,
+                AttnInput::V => v_at,
+            },
+            out_row: row,
+            store: if which == AttnInput::V { 4 } else { 2 },
+        }
+    }
+}
+
+/// The staged kernel of `g` for GEMM calls `calls` (its entry `entry`, taking `n_in` inputs),
+/// with the soft cap's slopes kept when `slopes`.
+fn staged_backward(
     a: &Args,
     p: &AttnParams,
-    which: AttnInput,
+    g: &Geometry,
+    (entry, n_in): (&str, usize),
+    slopes: bool,
+    calls: Vec<Call>,
 ) -> Result<Kernel, CodegenError> {
-    let refs: Vec<&TensorType> = a.inputs.iter().collect();
-    if mma_operands(&refs, p) {
-        return super::backward_mma::attention_backward_mma(a, p, which);
-    }
-    let g = Geometry::of(&refs, p, which).ok_or_else(|| a.err("attention backward shapes"))?;
     let [p_at, dp_at, ds_at, slope_at, acc_at, scratch_at] = g.regions;
     let mut lines = vec![
         c_u64("TQ", g.tq),
@@ -175,33 +232,75 @@ pub(crate) fn attention_backward(
         c_u64("DPOFF", dp_at),
         c_u64("DSOFF", ds_at),
         c_u64("SLOPEOFF", slope_at),
-        c_bool("SLOPES", p.softcap.is_some() && which != AttnInput::V),
+        c_bool("SLOPES", slopes),
         c_u64("ACCOFF", acc_at),
     ];
+    lines.extend(super::cuda::row_strides(a)?);
     lines.extend(super::cuda::masks(p));
     let kernel = staged(
         "attention_backward",
         &[super::cuda::ATTENTION, TEMPLATE],
         lines,
-        ("attention_backward_kernel", a.ty(0)?, p.inputs() + 1),
+        (entry, a.ty(0)?, n_in),
         BLOCK,
     );
-    Ok(kernel.with_library(calls(&g, p, which), scratch_at))
+    Ok(kernel.with_library(calls, scratch_at))
+}
+
+/// The kernel and calls of the gradient of `which`.
+pub(crate) fn attention_backward(
+    a: &Args,
+    p: &AttnParams,
+    which: AttnInput,
+) -> Result<Kernel, CodegenError> {
+    let refs: Vec<&TensorType> = a.inputs.iter().collect();
+    if mma_operands(&refs, p) {
+        return super::backward_mma::attention_backward_mma(a, p, which);
+    }
+    let g = Geometry::of(&refs, p, which).ok_or_else(|| a.err("attention backward shapes"))?;
+    let calls = calls(&g, p, which, &Layout::separate(&g, which));
+    let slopes = p.softcap.is_some() && which != AttnInput::V;
+    let entry = ("attention_backward_kernel", p.inputs() + 1);
+    staged_backward(a, p, &g, entry, slopes, calls)
+}
+
+/// The geometry of the packed backward: that of dk, whose workspace also holds what dq and
+/// dv need.
+fn packed_geometry(inputs: &[&TensorType], p: &AttnParams) -> Option<Geometry> {
+    let [q, k, _] = super::rules::unpacked(inputs.first()?, p).ok()?;
+    Geometry::of(&[&q, &k], p, AttnInput::K)
+}
+
+/// The kernel and calls of the packed backward: the GEMMs and stages of dq, dk and dv in
+/// turn, sharing one workspace, each writing its block of `dx`.
+pub(crate) fn packed_attention_backward(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
+    let refs: Vec<&TensorType> = a.inputs.iter().collect();
+    if packed_mma_operands(&refs, p) {
+        return super::backward_mma::packed_attention_backward_mma(a, p);
+    }
+    let g = packed_geometry(&refs, p).ok_or_else(|| a.err("attention backward shapes"))?;
+    let calls = [AttnInput::Q, AttnInput::K, AttnInput::V]
+        .into_iter()
+        .flat_map(|which| calls(&g, p, which, &Layout::packed(&g, which)))
+        .collect();
+    let entry = ("packed_attention_backward_kernel", p.packed_inputs() + 1);
+    staged_backward(a, p, &g, entry, p.softcap.is_some(), calls)
 }
 
 /// The GEMMs and launches of every unit in order.
-fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
+fn calls(g: &Geometry, p: &AttnParams, which: AttnInput, at: &Layout) -> Vec<Call> {
     let [p_at, dp_at, ds_at, _, acc_at, _] = g.regions;
     let t = g.dtype;
     let group = g.h / g.kvh.max(1);
-    let (q_row, kv_row) = (g.h * g.dh, g.kvh * g.dh);
+    let (q_row, kv_row, dout_row) = (at.q_row, at.kv_row, g.h * g.dh);
+    let accumulates = g.accumulates && which != AttnInput::Q;
     // Per batch item (head), each operand advances by a head's columns; k and v only when
     // every query head has its own kv head (a group's heads run one at a time).
     let kv_step = if group == 1 { g.dh } else { 0 };
     let unit_scores = g.rc * g.tk_ld;
-    let direct = which != AttnInput::Q && !g.accumulates;
+    let direct = which != AttnInput::Q && !accumulates;
     // A windowed unit adds to the accumulator's rows of the keys it sees only: zeroed first.
-    let zeroed = g.accumulates && p.window.is_some();
+    let zeroed = accumulates && p.window.is_some();
     let mut out = Vec::new();
     for b in 0..g.b {
         // Units of kv output: a chunk of heads (no groups), or one kv head and its group.
@@ -230,14 +329,16 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                     let rn = g.rc.min(g.tq - r0);
                     let (k0, kn) = g.keys(p, r0, rn);
                     let chunk = (b * g.h + h0) * g.tq + r0;
-                    let q = |i| Addr::Input(i, g.at_q(b, r0, h0));
-                    let kvm = |i| Addr::Input(i, g.at_kv(b, k0, kv));
+                    let q = Addr::Input(at.q.0, at.q.1 + g.at_q(b, r0, h0, q_row));
+                    let dout = Addr::Input(at.dout, g.at_q(b, r0, h0, dout_row));
+                    let kvm =
+                        |(i, col): (usize, u64)| Addr::Input(i, col + g.at_kv(b, k0, kv, kv_row));
                     let strides = (g.dh, kv_step, unit_scores);
                     // s = SCALE q k^T
                     out.push(Call::gemm(
                         Gemm::row_major(
-                            (q(0), t, false, q_row),
-                            (kvm(1), t, true, kv_row),
+                            (q, t, false, q_row),
+                            (kvm(at.k), t, true, kv_row),
                             (Addr::Workspace(0), DType::F32, g.tk_ld),
                             (rn, kn, g.dh),
                         )
@@ -251,7 +352,11 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                         0.0
                     };
                     let kv_out = if direct {
-                        (Addr::Output(g.at_kv(b, k0, h0)), t, kv_row)
+                        (
+                            Addr::Output(at.out + g.at_kv(b, k0, h0, at.out_row)),
+                            t,
+                            at.out_row,
+                        )
                     } else {
                         (Addr::Workspace(acc_at + k0 * g.dh * 4), DType::F32, g.dh)
                     };
@@ -261,7 +366,7 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                         out.push(Call::gemm(
                             Gemm::row_major(
                                 (Addr::Workspace(p_at), t, true, g.tk_ld),
-                                (q(3), t, false, q_row),
+                                (dout, t, false, dout_row),
                                 kv_out,
                                 (kn, g.dh, rn),
                             )
@@ -272,8 +377,8 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                         // dp = dout v^T, then ds
                         out.push(Call::gemm(
                             Gemm::row_major(
-                                (q(3), t, false, q_row),
-                                (kvm(2), t, true, kv_row),
+                                (dout, t, false, dout_row),
+                                (kvm(at.v), t, true, kv_row),
                                 (Addr::Workspace(dp_at), DType::F32, g.tk_ld),
                                 (rn, kn, g.dh),
                             )
@@ -285,14 +390,18 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                             // dq = ds k
                             Gemm::row_major(
                                 ds,
-                                (kvm(1), t, false, kv_row),
-                                (Addr::Output(g.at_q(b, r0, h0)), t, q_row),
+                                (kvm(at.k), t, false, kv_row),
+                                (
+                                    Addr::Output(at.out + g.at_q(b, r0, h0, at.out_row)),
+                                    t,
+                                    at.out_row,
+                                ),
                                 (rn, g.dh, kn),
                             )
                             .batched(hn, (unit_scores, kv_step, g.dh))
                         } else {
                             // dk += ds^T q
-                            Gemm::row_major(ds, (q(0), t, false, q_row), kv_out, (kn, g.dh, rn))
+                            Gemm::row_major(ds, (q, t, false, q_row), kv_out, (kn, g.dh, rn))
                                 .batched(hn, (unit_scores, g.dh, kv_out_step))
                                 .scaled(1.0, beta)
                         }));
@@ -300,8 +409,8 @@ fn calls(g: &Geometry, p: &AttnParams, which: AttnInput) -> Vec<Call> {
                     contributions += 1;
                 }
             }
-            if g.accumulates {
-                out.push(kv_launch(2));
+            if accumulates {
+                out.push(kv_launch(at.store));
             }
         }
     }
@@ -315,6 +424,23 @@ fn mma_operands(inputs: &[&TensorType], p: &AttnParams) -> bool {
         let dh = u(q.shape.get(2).copied().unwrap_or(0)) / u(p.heads).max(1);
         super::cuda::on_tensor_cores(q.dtype, dh)
     })
+}
+
+/// Whether the packed backward runs on tensor cores: [`mma_operands`] of x's q block.
+fn packed_mma_operands(inputs: &[&TensorType], p: &AttnParams) -> bool {
+    let q = inputs
+        .first()
+        .and_then(|x| super::rules::unpacked(x, p).ok());
+    q.is_some_and(|[q, ..]| mma_operands(&[&q], p))
+}
+
+/// Workspace bytes of the packed backward on CUDA: on tensor cores the rows' statistics;
+/// else dk's regions (which hold dq's and dv's) and cuBLASLt's scratch.
+pub(crate) fn packed_workspace_bytes(inputs: &[&TensorType], p: &AttnParams) -> u64 {
+    if packed_mma_operands(inputs, p) {
+        return super::backward_mma::packed_workspace_bytes(inputs, p);
+    }
+    packed_geometry(inputs, p).map_or(0, |g| g.regions[5] + GEMM_WORKSPACE)
 }
 
 /// Workspace bytes of an attention backward op on CUDA: on tensor cores the rows'

@@ -1,7 +1,8 @@
 //! CUDA lowering of attention's backward on tensor cores (`attention_backward_mma.cu`) for
 //! the operands [`super::cuda::on_tensor_cores`] accepts: two launches of the step's own
 //! kernel, the rows' statistics then the gradient, with the statistics (fp32 log-sum-exp and,
-//! for dq and dk, `D`, one of each per query row and head) as the step's workspace.
+//! for dq and dk, `D`, one of each per query row and head) as the step's workspace. The packed
+//! backward computes the statistics with `D` once, then dq, dk and dv: four launches.
 
 use crate::codegen::build::c_u64;
 use crate::codegen::gemm::Call;
@@ -46,33 +47,24 @@ pub(super) fn workspace_bytes(inputs: &[&TensorType], p: &AttnParams, which: Att
     }
 }
 
-/// The kernel and its two launches for the gradient of `which`.
-pub(super) fn attention_backward_mma(
+/// The kernel of `a`'s backward on tensor cores (entry `entry` of `n_in` inputs, with the
+/// `Cfg` lines `extra` beyond the shapes), its launches, `(phase, rows, heads)` each: a
+/// block per 64 of `rows` of each of `heads` heads of each batch item, and its workspace
+/// bytes `ws`.
+fn lower(
     a: &Args,
     p: &AttnParams,
-    which: AttnInput,
+    (entry, n_in): (&str, usize),
+    (extra, ws): (Vec<String>, u64),
+    launches: impl Fn(&super::cuda::Shapes) -> Vec<(u64, u64, u64)>,
 ) -> Result<Kernel, CodegenError> {
-    let (
-        super::cuda::Shapes {
-            b,
-            tq,
-            tk,
-            h,
-            kvh,
-            dh,
-        },
-        mut lines,
-    ) = super::cuda::shapes(a, p)?;
-    let which_code = match which {
-        AttnInput::Q => 0,
-        AttnInput::K => 1,
-        AttnInput::V => 2,
-    };
+    let (shapes, mut lines) = super::cuda::shapes(a, p)?;
+    let (b, tq, h) = (shapes.b, shapes.tq, shapes.h);
     lines.extend([
-        c_u64("BK", tile(dh)),
-        c_u64("WHICH", which_code),
+        c_u64("BK", tile(shapes.dh)),
         c_u64("DOFF", d_offset(b, h, tq)),
     ]);
+    lines.extend(extra);
     let kernel = staged(
         "attention_backward",
         &[
@@ -82,27 +74,70 @@ pub(super) fn attention_backward_mma(
             TEMPLATE,
         ],
         lines,
-        ("attention_backward_mma_kernel", a.ty(0)?, p.inputs() + 1),
+        (entry, a.ty(0)?, n_in),
         128,
     );
-    let grid = |rows: u64, heads: u64| {
-        let blocks = u32::try_from(rows.div_ceil(BLOCK_ROWS)).unwrap_or(u32::MAX);
-        [
-            blocks,
-            u32::try_from(heads).unwrap_or(1),
-            u32::try_from(b).unwrap_or(1),
-        ]
-    };
-    let launch = |grid, phase| Call::Launch {
-        grid,
-        phase,
-        chunk: 0,
-    };
-    let gradient = match which {
-        AttnInput::Q => grid(tq, h),
-        AttnInput::K | AttnInput::V => grid(tk, kvh),
-    };
-    let calls = vec![launch(grid(tq, h), 0), launch(gradient, 1)];
-    let ws = workspace_bytes(&[a.at(0)?], p, which);
+    let calls = launches(&shapes)
+        .into_iter()
+        .map(|(phase, rows, heads)| Call::Launch {
+            grid: [
+                u32::try_from(rows.div_ceil(BLOCK_ROWS)).unwrap_or(u32::MAX),
+                u32::try_from(heads).unwrap_or(1),
+                u32::try_from(b).unwrap_or(1),
+            ],
+            phase,
+            chunk: 0,
+        })
+        .collect();
     Ok(kernel.with_library(calls, ws))
+}
+
+/// The kernel and its two launches for the gradient of `which`.
+pub(super) fn attention_backward_mma(
+    a: &Args,
+    p: &AttnParams,
+    which: AttnInput,
+) -> Result<Kernel, CodegenError> {
+    let entry = ("attention_backward_mma_kernel", p.inputs() + 1);
+    let which_code = match which {
+        AttnInput::Q => 0,
+        AttnInput::K => 1,
+        AttnInput::V => 2,
+    };
+    let lines = vec![c_u64("WHICH", which_code)];
+    let ws = workspace_bytes(&[a.at(0)?], p, which);
+    lower(a, p, entry, (lines, ws), |s| {
+        let gradient = match which {
+            AttnInput::Q => (1, s.tq, s.h),
+            AttnInput::K | AttnInput::V => (1, s.tk, s.kvh),
+        };
+        vec![(0, s.tq, s.h), gradient]
+    })
+}
+
+/// The packed backward's kernel and its four launches: the statistics with `D`, then dq, dk
+/// and dv into their blocks of `dx`.
+pub(super) fn packed_attention_backward_mma(
+    a: &Args,
+    p: &AttnParams,
+) -> Result<Kernel, CodegenError> {
+    let entry = (
+        "packed_attention_backward_mma_kernel",
+        p.packed_inputs() + 1,
+    );
+    let ws = packed_workspace_bytes(&[a.at(0)?], p);
+    lower(a, p, entry, (Vec::new(), ws), |s| {
+        vec![
+            (0, s.tq, s.h),
+            (1, s.tq, s.h),
+            (2, s.tk, s.kvh),
+            (3, s.tk, s.kvh),
+        ]
+    })
+}
+
+/// Workspace bytes of the packed backward: the log-sum-exps and `D`, once for all three
+/// gradients.
+pub(super) fn packed_workspace_bytes(inputs: &[&TensorType], p: &AttnParams) -> u64 {
+    workspace_bytes(inputs, p, AttnInput::Q)
 }

@@ -2,6 +2,7 @@
 //! backwards, rotary position embedding).
 
 mod kernels;
+mod packed;
 mod rope;
 
 use crate::exec::cpu::CpuStep;
@@ -18,6 +19,19 @@ fn attn_geom(a: &AttnParams, q: &[usize], k: &[usize], operand: crate::ir::DType
         t_k: k[1],
         attn: *a,
         head_dim: q[2] / a.heads.max(1),
+        operand,
+    }
+}
+
+/// Geometry of a packed attention from its params and the shape of `x`
+/// (`[b, t, (heads + 2 kv_heads) * head_dim]`).
+fn packed_geom(a: &AttnParams, x: &[usize], operand: crate::ir::DType) -> AttnGeom {
+    AttnGeom {
+        b: x[0],
+        t_q: x[1],
+        t_k: x[1],
+        attn: *a,
+        head_dim: x[2] / (a.heads + 2 * a.kv_heads).max(1),
         operand,
     }
 }
@@ -46,6 +60,19 @@ impl CpuKernel for super::Family {
                 operands(step, attn, 4),
                 x(3),
                 *which,
+                out,
+            ),
+            Op::PackedAttention(a) => packed::packed_forward(
+                &packed_geom(a, s(0), step.dtype(0)),
+                x(0),
+                a.key_mask.then(|| step.ids(1)),
+                out,
+            ),
+            Op::PackedAttentionBackward(a) => packed::packed_backward(
+                &packed_geom(a, s(0), step.dtype(0)),
+                x(0),
+                a.key_mask.then(|| step.ids(2)),
+                x(1),
                 out,
             ),
             Op::Rope {

@@ -6,7 +6,7 @@ use crate::codegen::geometry::u;
 use crate::codegen::launch::{templated, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel};
-use crate::ir::{AttnParams, DType, Op};
+use crate::ir::{AttnParams, DType, Op, TensorType};
 use crate::ops::cuda::CudaLowering;
 
 /// `attention.cu`: the attention forward template.
@@ -39,6 +39,31 @@ pub(super) fn on_tensor_cores(dtype: DType, dh: u64) -> bool {
     matches!(dtype, DType::BF16 | DType::F16) && dh.is_multiple_of(16) && (16..=128).contains(&dh)
 }
 
+/// Whether `op` reads q, k and v as the column blocks of one packed operand.
+pub(super) fn packed(op: &Op) -> bool {
+    matches!(op, Op::PackedAttention(_) | Op::PackedAttentionBackward(_))
+}
+
+/// `QROW` and `KVROW`, the row strides (elements) of q and of k and v: their widths, or both
+/// the packed operand's.
+pub(super) fn row_strides(a: &Args) -> Result<[String; 2], CodegenError> {
+    let kv = a.at(usize::from(!packed(a.op)))?;
+    Ok([
+        c_u64("QROW", u(a.at(0)?.shape[2])),
+        c_u64("KVROW", u(kv.shape[2])),
+    ])
+}
+
+/// The types of q and k of an attention op: its first two inputs, or the first two blocks of
+/// its packed operand.
+pub(super) fn operand_types(a: &Args, p: &AttnParams) -> Result<[TensorType; 2], CodegenError> {
+    if !packed(a.op) {
+        return Ok([a.at(0)?.clone(), a.at(1)?.clone()]);
+    }
+    let [q, k, _] = super::rules::unpacked(a.at(0)?, p).map_err(|e| a.err(e.message))?;
+    Ok([q, k])
+}
+
 /// The shapes of an attention op's kernels: batch, query and key rows, heads, kv heads and
 /// head dim.
 pub(super) struct Shapes {
@@ -50,11 +75,12 @@ pub(super) struct Shapes {
     pub(super) dh: u64,
 }
 
-/// The shapes of `a`'s attention op (q then k as its first inputs) and the `Cfg` lines every
-/// attention kernel reads (shapes, causal mask, scale, [`masks`]); `Unsupported` for a head
+/// The shapes of `a`'s attention op ([`operand_types`]) and the `Cfg` lines every attention
+/// kernel reads (shapes, the row strides `QROW` of q and `KVROW` of k and v, causal mask,
+/// scale, [`masks`]); `Unsupported` for a head
 /// dim outside 1..=256 or a grid past CUDA's 65,535 heads or batches.
 pub(super) fn shapes(a: &Args, p: &AttnParams) -> Result<(Shapes, Vec<String>), CodegenError> {
-    let (q, kt) = (a.at(0)?, a.at(1)?);
+    let [q, kt] = operand_types(a, p)?;
     let (b, tq, tk) = (u(q.shape[0]), u(q.shape[1]), u(kt.shape[1]));
     let (h, kvh) = (u(p.heads), u(p.kv_heads));
     let dh = u(q.shape[2]) / h.max(1);
@@ -73,6 +99,7 @@ pub(super) fn shapes(a: &Args, p: &AttnParams) -> Result<(Shapes, Vec<String>), 
         c_bool("CAUSAL", p.causal),
         c_f32("SCALE", p.scale),
     ];
+    lines.extend(row_strides(a)?);
     lines.extend(masks(p));
     Ok((
         Shapes {
@@ -87,10 +114,15 @@ pub(super) fn shapes(a: &Args, p: &AttnParams) -> Result<(Shapes, Vec<String>), 
     ))
 }
 
-/// The attention forward: on tensor cores where [`on_tensor_cores`] says so, else the SIMT
+/// The attention forward, of separate or packed operands: on tensor cores where [`on_tensor_cores`] says so, else the SIMT
 /// kernel of `attention.cu`.
 fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
     let (Shapes { b, tq, h, dh, .. }, mut lines) = shapes(a, p)?;
+    let (prefix, n_in) = if packed(a.op) {
+        ("packed_", p.packed_inputs())
+    } else {
+        ("", p.inputs())
+    };
     if on_tensor_cores(a.at(0)?.dtype, dh) {
         lines.push(c_u64("BK", MMA_KEYS));
         let launch = Launch::Grid([tq.div_ceil(MMA_ROWS), h, b], 128);
@@ -98,7 +130,7 @@ fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
             "attention",
             &[ATTENTION, MMA, ATTENTION_MMA],
             lines,
-            ("attention_mma_kernel", &[a.ty(0)?], p.inputs()),
+            (&format!("{prefix}attention_mma_kernel"), &[a.ty(0)?], n_in),
             launch,
         ));
     }
@@ -111,7 +143,7 @@ fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
         "attention",
         &[ATTENTION],
         lines,
-        ("attention_kernel", &[a.ty(0)?], p.inputs()),
+        (&format!("{prefix}attention_kernel"), &[a.ty(0)?], n_in),
         launch,
     ))
 }
@@ -150,15 +182,21 @@ impl CudaLowering for super::Family {
             Op::AttentionBackward { attn, which } => {
                 super::backward_cuda::workspace_bytes(inputs, attn, *which)
             }
+            Op::PackedAttentionBackward(attn) => {
+                super::backward_cuda::packed_workspace_bytes(inputs, attn)
+            }
             _ => 0,
         }
     }
 
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
-            Op::Attention(p) => attention(a, p),
+            Op::Attention(p) | Op::PackedAttention(p) => attention(a, p),
             Op::AttentionBackward { attn, which } => {
                 super::backward_cuda::attention_backward(a, attn, *which)
+            }
+            Op::PackedAttentionBackward(attn) => {
+                super::backward_cuda::packed_attention_backward(a, attn)
             }
             Op::Rope {
                 heads,

@@ -87,6 +87,12 @@ impl AttnParams {
         3 + usize::from(self.key_mask)
     }
 
+    /// How many inputs the packed forward takes: the packed `x`, and the key mask when there
+    /// is one. Its backward takes `dout` after `x` and the key mask last.
+    pub fn packed_inputs(&self) -> usize {
+        1 + usize::from(self.key_mask)
+    }
+
     /// The number of visible (query, key) pairs of one head of one batch item: the sum of
     /// [`AttnParams::visible_keys`] over the `t_q` queries.
     pub fn visible_pairs(&self, t_q: usize, t_k: usize) -> u64 {

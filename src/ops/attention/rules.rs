@@ -98,6 +98,36 @@ fn attention_backward(
     })
 }
 
+/// The q, k and v types of a packed attention operand `x[B, T, (heads + 2 kv_heads) * dh]`,
+/// checked as the separate operands are: the columns it holds must split into those blocks.
+pub(crate) fn unpacked(x: &TensorType, a: &AttnParams) -> Result<[TensorType; 3]> {
+    rank_exactly(x, 3, "packed attention x")?;
+    let blocks = a.heads + 2 * a.kv_heads;
+    if a.heads == 0 || a.kv_heads == 0 || !x.shape[2].is_multiple_of(blocks) {
+        return fail(
+            format!(
+                "packed attention x {x} does not split into {} q and 2 x {} k/v heads",
+                a.heads, a.kv_heads
+            ),
+            "x's last dim must be (heads + 2 kv_heads) x head_dim: q, then k, then v",
+        );
+    }
+    let dh = x.shape[2] / blocks;
+    let part = |heads: usize| TensorType::new(x.dtype, vec![x.shape[0], x.shape[1], heads * dh]);
+    let [q, k, v] = [part(a.heads), part(a.kv_heads), part(a.kv_heads)];
+    attention(&q, &k, &v, a)?;
+    Ok([q, k, v])
+}
+
+/// Checks a packed forward's inputs `x[, mask]` and returns q's type, the output's.
+fn packed(inputs: &[&TensorType], a: &AttnParams) -> Result<TensorType> {
+    let [q, k, _] = unpacked(inputs[0], a)?;
+    if a.key_mask {
+        key_mask(&q, &k, inputs[1])?;
+    }
+    Ok(q)
+}
+
 /// Rope over `x[B, T, heads*dh]` with an even head dim.
 fn rope(x: &TensorType, heads: usize) -> Result<TensorType> {
     rank_exactly(x, 3, "rope input")?;
@@ -123,6 +153,26 @@ impl Rules for super::Family {
                 arity(op, inputs, attn.inputs() + 1, attn.inputs() + 1)?;
                 attention_backward(inputs, attn, *which)
             }
+            Op::PackedAttention(a) => {
+                arity(op, inputs, a.packed_inputs(), a.packed_inputs())?;
+                packed(inputs, a)
+            }
+            Op::PackedAttentionBackward(a) => {
+                arity(op, inputs, a.packed_inputs() + 1, a.packed_inputs() + 1)?;
+                let mut forward = vec![inputs[0]];
+                forward.extend(inputs.get(2));
+                let q = packed(&forward, a)?;
+                if *inputs[1] != q {
+                    return fail(
+                        format!(
+                            "packed attention gradient {} does not match q {q}",
+                            inputs[1]
+                        ),
+                        "dout must have the type of the attention's output",
+                    );
+                }
+                Ok(inputs[0].clone())
+            }
             Op::Rope { heads, .. } => {
                 arity(op, inputs, 1, 1)?;
                 rope(inputs[0], *heads)
@@ -132,18 +182,28 @@ impl Rules for super::Family {
     }
 
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-        let (Op::Attention(a) | Op::AttentionBackward { attn: a, .. }) = op else {
-            return elementwise_flops(inputs, out);
+        let (a, q, k) = match op {
+            Op::Attention(a) | Op::AttentionBackward { attn: a, .. } => {
+                (a, inputs[0].clone(), inputs[1].clone())
+            }
+            Op::PackedAttention(a) | Op::PackedAttentionBackward(a) => {
+                let Ok([q, k, _]) = unpacked(inputs[0], a) else {
+                    return 0;
+                };
+                (a, q, k)
+            }
+            _ => return elementwise_flops(inputs, out),
         };
-        let (q, k) = (inputs[0], inputs[1]);
         // Two products of q.k and p.v per visible pair, per head dim of each head. A key mask
         // is data: the pairs it hides are counted, as the kernels still visit them.
         let pairs = q.shape[0] as u64 * a.visible_pairs(q.shape[1], k.shape[1]);
         let fwd = 4 * pairs * q.shape[2] as u64;
-        if matches!(op, Op::Attention(_)) {
-            fwd
-        } else {
-            fwd * 3 / 2
+        match op {
+            Op::Attention(_) | Op::PackedAttention(_) => fwd,
+            Op::AttentionBackward { .. } => fwd * 3 / 2,
+            // The statistics (q.k, dout.v), dq (q.k, dout.v, ds.k), dk (q.k, dout.v, ds.q)
+            // and dv (q.k, p.dout): ten products of the forward's two.
+            _ => fwd * 5,
         }
     }
 
