@@ -258,6 +258,8 @@ fn the_cuda_plan_gives_its_library_steps_their_workspace() {
             }
             // Its tensor table: 24 bytes for each parameter, gradient and moment.
             Op::AdamWGroup { tensors, .. } => assert_eq!(ws, 4 * 24 * u64::from(*tensors)),
+            // Its table of inputs: 24 bytes for each parameter cast.
+            Op::CastGroup { tensors, .. } => assert_eq!(ws, 24 * u64::from(*tensors)),
             op => assert_eq!(ws, 0, "{}", op.name()),
         }
     }

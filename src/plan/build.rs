@@ -444,6 +444,15 @@ fn precision_summary(
                     summary.weight_copy_bytes += node.ty.bytes();
                 }
             }
+            // A group of parameter casts (`passes::cast_groups`): weight copies, each one.
+            Op::CastGroup { tensors, .. } => {
+                summary.casts += u64::from(tensors);
+                summary.cast_bytes += node.ty.bytes();
+                if node.phase == Phase::Forward {
+                    summary.weight_copies += u64::from(tensors);
+                    summary.weight_copy_bytes += node.ty.bytes();
+                }
+            }
             Op::LossScaleUpdate { .. } => summary.loss_scaling = true,
             _ => {}
         }
