@@ -335,7 +335,7 @@ pub fn plan_with(
     } else {
         (rewritten.graph, rewritten.clones)
     };
-    let (graph, clones) = grouped_if_no_higher(graph, clones, train, options)?;
+    let (graph, clones) = grouped_if_no_higher(graph, clones, (target, train), options)?;
     let train = train.map(TrainSummary::from);
     let clone_ids = clones.iter().map(|&(_, c)| c).collect();
     let mut plan = plan::build_for(target, model, &graph, train.as_ref(), options, &clone_ids)?;
@@ -344,22 +344,29 @@ pub fn plan_with(
 }
 
 /// `graph` with launches grouped where that does not raise the peak of live bytes, one
-/// group at a time: each scope's parameter casts of one phase one `cast_group`
-/// (`passes::cast_groups`), and with the optimizer in backward each scope's AdamW steps
-/// one group, large weights' too (`passes::group_updates`; offloaded and data-parallel
-/// steps are left alone, as the first grouping leaves them). `clones` follow their values.
+/// group at a time: on CUDA, where a launch costs time (the CPU backend runs every step
+/// alike) and the longer lives may cost the layout bytes beyond the peak, each scope's
+/// parameter casts of one phase one `cast_group` (`passes::cast_groups`), and with the optimizer in backward each scope's AdamW steps
+/// one group, large weights' too (`passes::group_updates`; updates on the host and
+/// data-parallel steps are left alone, as the first grouping leaves them). `clones` follow their values.
 fn grouped_if_no_higher(
     mut graph: Graph,
     mut clones: Vec<(ValueId, ValueId)>,
-    train: Option<&TrainSpec>,
+    (target, train): (Target, Option<&TrainSpec>),
     options: &BuildOptions,
 ) -> Result<(Graph, Vec<(ValueId, ValueId)>), StageError> {
     use crate::passes::{cast_groups, group_updates};
     type Grouping = Box<dyn Fn(&Graph) -> Result<(Graph, Vec<Option<ValueId>>), StageError>>;
     let settings = train.map(|t| &t.settings);
-    let apart = settings.is_none_or(|s| s.offload.is_some() || s.parallel.is_some());
+    let apart = settings.is_none_or(|s| {
+        s.offload.is_some_and(crate::settings::Offload::optimizer) || s.parallel.is_some()
+    });
     let mut groupings: Vec<Grouping> = Vec::new();
-    for key in cast_groups::keys(&graph) {
+    let launches_matter = matches!(target, Target::Cuda { .. });
+    for key in cast_groups::keys(&graph)
+        .into_iter()
+        .filter(|_| launches_matter)
+    {
         groupings.push(Box::new(move |g: &Graph| cast_groups::run(g, &key)));
     }
     if !apart && options.optimizer_in_backward {

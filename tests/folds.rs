@@ -1,11 +1,12 @@
-//! The compiler's launch-saving folds on a mixed-precision GPT-2 step, asserted on the plan
-//! (their values are checked where the gradients are: against PyTorch in `precision.rs`,
-//! by finite differences in `gradcheck.rs`): a bias is added in its matmul's epilogue, a
-//! bias gradient is one fp32 `sum_to`, a layer norm read only as bf16 stores bf16, attention
-//! reads q, k and v packed in the qkv product and writes their gradient in one op, a block's
-//! AdamW steps are one group, and the fused loss head takes at most 16 chunks (the grouped
-//! updates train bit for bit as single ones: `offload.rs`, whose offloaded updates are not
-//! grouped).
+//! The compiler's launch-saving folds on a mixed-precision GPT-2 step for CUDA, asserted on
+//! the plan (their values are checked where the gradients are: against PyTorch in
+//! `precision.rs`, by finite differences in `gradcheck.rs`, through the shim in `shim.rs`):
+//! a bias is added in its matmul's epilogue, a bias gradient is one fp32 `sum_to`, a layer
+//! norm read only as bf16 stores bf16, attention reads q, k and v packed in the qkv product
+//! and writes their gradient in one op, residual adds read their bf16 branch as it is, a
+//! block's AdamW steps are one group, its parameter casts one cast group, and the fused loss
+//! head takes at most 16 chunks (the grouped updates train bit for bit as single ones:
+//! `offload.rs`, whose offloaded updates are not grouped).
 #![allow(clippy::panic, clippy::unwrap_used)]
 
 mod common;
@@ -18,6 +19,7 @@ use memc::Options;
 fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
     let options = Options {
         precision: Some(Precision::Bf16),
+        target: memc::plan::Target::CUDA_MIN,
         ..Options::default()
     };
     let c = common::compiled_with(&common::example("gpt2"), &options);

@@ -88,12 +88,13 @@ fn a_view_output_by_a_kernel_is_refused() {
     refused(plan, "outputs a view but is not a reshape");
 }
 
-/// A bf16 GPT-2 block small enough to test, whose weights and biases fill whole 256-byte
+/// A bf16 GPT-2 for CUDA small enough to test, whose weights and biases fill whole 256-byte
 /// blocks in bf16, so each layer's parameter casts are one group.
 fn grouped_plan() -> Plan {
     let options = memc::Options {
         overrides: common::overrides(&[("L", 2), ("D", 128), ("T", 16), ("V", 64), ("H", 4)]),
         precision: Some(memc::settings::Precision::Bf16),
+        target: memc::plan::Target::CUDA_MIN,
         ..memc::Options::default()
     };
     let c = common::compiled_with(&common::example("gpt2"), &options);
