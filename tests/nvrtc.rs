@@ -289,16 +289,7 @@ fn attention_runs_on_tensor_cores_without_spills() {
                 let gemms = kernel.library.iter().filter(|c| matches!(c, Call::Gemm(_)));
                 assert_eq!(gemms.count() == 0, mma, "{label}");
             }
-            for sm in [(8, 0), (9, 0)] {
-                let cubin = memc::codegen::nvrtc::compile_cubin(&kernel, sm).expect("cubin");
-                let r = cubin.resources;
-                assert_eq!(
-                    (r.spill_store_bytes, r.spill_load_bytes),
-                    (0, 0),
-                    "{label}: {r:?}"
-                );
-                println!("{label}: sm_{}{} {r:?}", sm.0, sm.1);
-            }
+            assert_no_spills(&kernel, &label);
             if mma {
                 let ptx = memc::codegen::nvrtc::compile_ptx(&kernel, "compute_80").expect("ptx");
                 assert!(ptx.contains("mma.sync.aligned.m16n8k16"), "{label}");
@@ -354,16 +345,22 @@ fn packed_attention_runs_on_tensor_cores_without_spills() {
                 let gemms = kernel.library.iter().filter(|c| matches!(c, Call::Gemm(_)));
                 assert_eq!(gemms.count(), 0, "{label}");
             }
-            for sm in [(8, 0), (9, 0)] {
-                let cubin = memc::codegen::nvrtc::compile_cubin(&kernel, sm).expect("cubin");
-                let r = cubin.resources;
-                assert_eq!(
-                    (r.spill_store_bytes, r.spill_load_bytes),
-                    (0, 0),
-                    "{label}: {r:?}"
-                );
-                println!("{label}: sm_{}{} {r:?}", sm.0, sm.1);
-            }
+            assert_no_spills(&kernel, &label);
         }
+    }
+}
+
+/// Compiles `kernel` to CUBIN for sm_80 and sm_90 and asserts ptxas spilled nothing,
+/// printing its figures.
+fn assert_no_spills(kernel: &Kernel, label: &str) {
+    for sm in [(8, 0), (9, 0)] {
+        let cubin = memc::codegen::nvrtc::compile_cubin(kernel, sm).expect("cubin");
+        let r = cubin.resources;
+        assert_eq!(
+            (r.spill_store_bytes, r.spill_load_bytes),
+            (0, 0),
+            "{label}: {r:?}"
+        );
+        println!("{label}: sm_{}{} {r:?}", sm.0, sm.1);
     }
 }

@@ -104,14 +104,18 @@ fn peak_of(graph: &Graph, schedule: &Schedule) -> u64 {
 /// The most bytes live at once over `graph`'s steps in the order `options` schedules them
 /// (buffers of values, workspace not counted: the arena's lower bound before scratch).
 pub fn live_peak(graph: &Graph, options: &BuildOptions) -> Result<u64, StageError> {
-    let sched = schedule::run(
+    Ok(peak_of(graph, &scheduled(graph, options)?))
+}
+
+/// `graph`'s steps in the order `options` asks for.
+fn scheduled(graph: &Graph, options: &BuildOptions) -> Result<Schedule, StageError> {
+    schedule::run(
         graph,
         &ScheduleOptions {
             optimizer_in_backward: options.optimizer_in_backward,
             pipeline: options.pipeline,
         },
-    )?;
-    Ok(peak_of(graph, &sched))
+    )
 }
 
 /// Builds the plan of `graph` (forward, or forward + backward + update) for the CPU, with
@@ -344,13 +348,7 @@ pub fn build_for(
     options: &BuildOptions,
     recomputed: &BTreeSet<ValueId>,
 ) -> Result<Plan, StageError> {
-    let sched = schedule::run(
-        graph,
-        &ScheduleOptions {
-            optimizer_in_backward: options.optimizer_in_backward,
-            pipeline: options.pipeline,
-        },
-    )?;
+    let sched = scheduled(graph, options)?;
     schedule::verify(graph, &sched)?;
     let lives = liveness::run(graph, &sched);
     let mut buffers = Buffers::new(graph, &lives);
