@@ -10,6 +10,7 @@
 
 use super::StageError;
 use crate::ir::{DType, Graph, Op, Phase, ValueId};
+use std::collections::BTreeMap;
 
 /// The alignment, in bytes, of each member's start in its group's buffer (the CUDA
 /// backend's buffer alignment).
@@ -32,7 +33,7 @@ fn key_of(graph: &Graph, v: ValueId) -> Option<Key> {
 /// The casts of `key`, in creation order, that one group takes: of those whose parameter
 /// exists where the first of them runs, each up to the first whose bytes would leave the
 /// next member unaligned, that one included.
-fn members(graph: &Graph, key: &Key) -> Vec<ValueId> {
+pub fn members(graph: &Graph, key: &Key) -> Vec<ValueId> {
     let mut out: Vec<ValueId> = Vec::new();
     let mut casts = graph
         .values()
@@ -63,16 +64,22 @@ pub fn keys(graph: &Graph) -> Vec<Key> {
     out
 }
 
-/// `graph` with the casts of `key` one group (see the module doc), placed at the first of
-/// them, every other node copied in creation order; also each old value's new one (a
-/// grouped cast's is its member view).
-pub fn run(graph: &Graph, key: &Key) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
-    let grouped = members(graph, key);
+/// `graph` with the casts of each of `keys` one group (see the module doc), placed at the
+/// first of them, every other node copied in creation order; also each old value's new one
+/// (a grouped cast's is its member view).
+pub fn run(graph: &Graph, keys: &[Key]) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
+    let mut group_of: BTreeMap<ValueId, usize> = BTreeMap::new();
+    for (k, key) in keys.iter().enumerate() {
+        let members = members(graph, key);
+        if members.len() > 1 {
+            group_of.extend(members.into_iter().map(|m| (m, k)));
+        }
+    }
     let internal = |m: String| StageError::internal("cast_groups", m);
     let mut out = Graph::new();
     let mut map: Vec<Option<ValueId>> = Vec::with_capacity(graph.len());
-    let mut group: Option<ValueId> = None;
-    let mut offset = 0usize;
+    // Each key's group and the elements of its members so far.
+    let mut groups: Vec<Option<(ValueId, usize)>> = vec![None; keys.len()];
     let mapped = |map: &[Option<ValueId>], v: ValueId| {
         map.get(v.index())
             .copied()
@@ -85,32 +92,34 @@ pub fn run(graph: &Graph, key: &Key) -> Result<(Graph, Vec<Option<ValueId>>), St
             (out.add(op, inputs, &node.origin()))
                 .map_err(|e| internal(format!("{v}: {}", e.message)))
         };
-        let id = if !grouped.contains(&v) || grouped.len() < 2 {
+        let Some(&k) = group_of.get(&v) else {
             let inputs = (node.inputs.iter())
                 .map(|&i| mapped(&map, i))
                 .collect::<Result<Vec<_>, _>>()?;
-            add(&mut out, node.op.clone(), inputs)?
-        } else {
-            let flat = match group {
-                Some(g) => g,
-                None => {
-                    let sources = (grouped.iter())
-                        .map(|&m| mapped(&map, graph.node(m).inputs[0]))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    let op = Op::CastGroup {
-                        to: key.3,
-                        tensors: grouped.len() as u32,
-                    };
-                    *group.insert(add(&mut out, op, sources)?)
-                }
-            };
-            let shape = node.ty.shape.clone();
-            let numel = node.ty.numel() as usize;
-            let member = add(&mut out, Op::Member { offset, shape }, vec![flat])?;
-            offset += numel;
-            member
+            map.push(Some(add(&mut out, node.op.clone(), inputs)?));
+            continue;
         };
-        map.push(Some(id));
+        let (flat, offset) = match groups[k] {
+            Some(g) => g,
+            None => {
+                let grouped: Vec<ValueId> = (group_of.iter())
+                    .filter(|(_, &g)| g == k)
+                    .map(|(&m, _)| m)
+                    .collect();
+                let sources = (grouped.iter())
+                    .map(|&m| mapped(&map, graph.node(m).inputs[0]))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let op = Op::CastGroup {
+                    to: keys[k].3,
+                    tensors: grouped.len() as u32,
+                };
+                (add(&mut out, op, sources)?, 0)
+            }
+        };
+        let shape = node.ty.shape.clone();
+        let member = add(&mut out, Op::Member { offset, shape }, vec![flat])?;
+        groups[k] = Some((flat, offset + node.ty.numel() as usize));
+        map.push(Some(member));
     }
     for (name, v) in &graph.outputs {
         out.outputs.push((name.clone(), mapped(&map, *v)?));
@@ -159,7 +168,7 @@ mod tests {
             DType::BF16,
         );
         assert_eq!(keys(&g), vec![key.clone()]);
-        let (out, map) = run(&g, &key).expect("grouped");
+        let (out, map) = run(&g, &[key]).expect("grouped");
         let group = (out.values()).find(|&v| matches!(out.node(v).op, Op::CastGroup { .. }));
         let group = group.expect("a group");
         assert_eq!(

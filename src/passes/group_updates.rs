@@ -103,10 +103,25 @@ pub fn single_scopes(graph: &Graph) -> Vec<String> {
     scopes
 }
 
-/// `graph` with the steps of `scope` one group (up to [`MAX_GROUP`] tensors a group), large
-/// gradients' too, and groups made earlier joining it; as [`run`] otherwise.
-pub fn run_scope(graph: &Graph, scope: &str) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
-    grouped(graph, None, |k| k.0 == scope)
+/// `graph` with the steps of each of `scopes` one group (up to [`MAX_GROUP`] tensors a
+/// group), large gradients' too, and groups made earlier joining it; as [`run`] otherwise.
+pub fn run_scopes(
+    graph: &Graph,
+    scopes: &[String],
+) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
+    grouped(graph, None, |k| scopes.contains(&k.0))
+}
+
+/// The steps (AdamW steps and groups made earlier) [`run_scopes`] would group for `scope`,
+/// each with the gradients it reads.
+pub fn members_of(graph: &Graph, scope: &str) -> Vec<(ValueId, Vec<ValueId>)> {
+    (graph.values())
+        .filter_map(|v| {
+            let (_, m) = key(graph, v, None).filter(|(k, _)| k.0 == scope)?;
+            let inputs = &graph.node(v).inputs;
+            Some((v, (0..m.quads).map(|q| inputs[4 * q + 1]).collect()))
+        })
+        .collect()
 }
 
 /// The grouping of [`run`], of the steps whose gradients take at most `hold` bytes (None:

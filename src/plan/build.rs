@@ -85,6 +85,24 @@ fn name_of(
 }
 
 fn peak_of(graph: &Graph, schedule: &Schedule) -> u64 {
+    profile_of(graph, schedule)
+        .bytes
+        .into_iter()
+        .max()
+        .unwrap_or(0)
+}
+
+/// Where each value of a scheduled graph lives and how many bytes are live at each step.
+pub struct LiveProfile {
+    /// Bytes live at each step (buffers of values on the device; workspace not counted).
+    pub bytes: Vec<u64>,
+    /// Each value's lifetime in steps (a root's over its views'), by value index.
+    pub lives: Vec<Option<Interval>>,
+    /// Each step's place in the order, by value index (None for sources).
+    pub position: Vec<Option<usize>>,
+}
+
+fn profile_of(graph: &Graph, schedule: &Schedule) -> LiveProfile {
     let mut lives = liveness::run(graph, schedule);
     let grads: Gradients = gradient_values(graph).into_values().collect();
     let roots = views::roots(graph, |v| class_of(graph, v, &grads));
@@ -95,10 +113,21 @@ fn peak_of(graph: &Graph, schedule: &Schedule) -> u64 {
             .filter(|_| bytes > 0 && roots[v.index()].is_none() && tier_of(graph, v).is_device())
             .map(|i| (bytes, i.first, i.last))
     });
-    live_bytes(schedule.order.len().max(1), spans)
-        .into_iter()
-        .max()
-        .unwrap_or(0)
+    let bytes = live_bytes(schedule.order.len().max(1), spans);
+    let mut position = vec![None; graph.len()];
+    for (i, v) in schedule.order.iter().enumerate() {
+        position[v.index()] = Some(i);
+    }
+    LiveProfile {
+        bytes,
+        lives,
+        position,
+    }
+}
+
+/// The [`LiveProfile`] of `graph` in the order `options` schedules it.
+pub fn live_profile(graph: &Graph, options: &BuildOptions) -> Result<LiveProfile, StageError> {
+    Ok(profile_of(graph, &scheduled(graph, options)?))
 }
 
 /// The most bytes live at once over `graph`'s steps in the order `options` schedules them

@@ -18,7 +18,7 @@ mod verify;
 mod views;
 
 pub use crate::settings::TrainSummary;
-pub use build::{build, build_for, live_peak, BuildOptions};
+pub use build::{build, build_for, live_peak, live_profile, BuildOptions, LiveProfile};
 pub use host::{HostBytes, Transfers};
 pub use memory_summary::render_memory_summary;
 pub use origin::{attach_lines, Role};
