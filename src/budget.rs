@@ -13,7 +13,7 @@ use crate::cost::{estimate, Gpu};
 use crate::diagnostic::UserError;
 use crate::front::train::TrainSpec;
 use crate::ir::cost::flops;
-use crate::ir::{Graph, Span, TensorType, ValueId};
+use crate::ir::{Graph, Span, TensorType};
 use crate::passes::checkpoint::{self, Policy};
 use crate::passes::StageError;
 use crate::plan::{
@@ -335,128 +335,13 @@ pub fn plan_with(
     } else {
         (rewritten.graph, rewritten.clones)
     };
-    let (graph, clones) = grouped_if_no_higher(graph, clones, (target, train), options)?;
+    let (graph, clones) =
+        crate::launch_groups::grouped_if_no_higher(graph, clones, (target, train), options)?;
     let train = train.map(TrainSummary::from);
     let clone_ids = clones.iter().map(|&(_, c)| c).collect();
     let mut plan = plan::build_for(target, model, &graph, train.as_ref(), options, &clone_ids)?;
     plan.report.checkpoint = summary(policy, &graph, &clones, &plan);
     Ok((graph, plan))
-}
-
-/// `graph` with launches grouped where that does not raise the peak of live bytes: on
-/// CUDA, where a launch costs time (the CPU backend runs every step alike) and the longer
-/// lives may cost the layout bytes beyond the peak, each scope's parameter casts of one
-/// phase one `cast_group` (`passes::cast_groups`), and with the optimizer in backward each
-/// scope's AdamW steps one group, large weights' too (`passes::group_updates`; updates on
-/// the host and data-parallel steps are left alone, as the first grouping leaves them).
-/// Each group is weighed on the live bytes of one schedule, the values it holds longer
-/// added where they would be held, and kept where the peak stays; the groups kept are made
-/// at once and the peak checked again on the grouped step (none kept if it rose).
-/// `clones` follow their values.
-fn grouped_if_no_higher(
-    graph: Graph,
-    clones: Vec<(ValueId, ValueId)>,
-    (target, train): (Target, Option<&TrainSpec>),
-    options: &BuildOptions,
-) -> Result<(Graph, Vec<(ValueId, ValueId)>), StageError> {
-    use crate::passes::{cast_groups, group_updates};
-    let settings = train.map(|t| &t.settings);
-    let apart = settings.is_none_or(|s| {
-        s.offload.is_some_and(crate::settings::Offload::optimizer) || s.parallel.is_some()
-    });
-    let casts = match target {
-        Target::Cuda { .. } => cast_groups::keys(&graph),
-        Target::Cpu => Vec::new(),
-    };
-    let scopes = match !apart && options.optimizer_in_backward {
-        true => group_updates::single_scopes(&graph),
-        false => Vec::new(),
-    };
-    if casts.is_empty() && scopes.is_empty() {
-        return Ok((graph, clones));
-    }
-    let profile = plan::live_profile(&graph, options)?;
-    let mut live = Held::new(profile.bytes.clone());
-    let life = |v: ValueId| profile.lives[v.index()];
-    let bytes = |v: ValueId| graph.node(v).ty.bytes();
-    let casts: Vec<_> =
-        (casts.into_iter())
-            .filter(|key| {
-                let members = cast_groups::members(&graph, key);
-                let lives: Vec<_> = members
-                    .iter()
-                    .filter_map(|&m| Some((m, life(m)?)))
-                    .collect();
-                let (Some(first), Some(last)) = (
-                    lives.iter().map(|(_, l)| l.first).min(),
-                    lives.iter().map(|(_, l)| l.last).max(),
-                ) else {
-                    return false;
-                };
-                live.hold(lives.iter().flat_map(|&(m, l)| {
-                    [(bytes(m), first, l.first), (bytes(m), l.last + 1, last + 1)]
-                }))
-            })
-            .collect();
-    let scopes: Vec<_> = (scopes.into_iter())
-        .filter(|scope| {
-            let members = group_updates::members_of(&graph, scope);
-            let at = |v: ValueId| profile.position[v.index()];
-            let Some(group) = members.iter().filter_map(|(u, _)| at(*u)).max() else {
-                return false;
-            };
-            live.hold(members.iter().flat_map(|(_, grads)| {
-                let ends = grads
-                    .iter()
-                    .filter_map(|&g| Some((bytes(g), life(g)?.last + 1)));
-                ends.map(move |(b, end)| (b, end, group + 1))
-                    .collect::<Vec<_>>()
-            }))
-        })
-        .collect();
-    let (cast_graph, cast_map) = cast_groups::run(&graph, &casts)?;
-    let (grouped, update_map) = group_updates::run_scopes(&cast_graph, &scopes)?;
-    if plan::live_peak(&grouped, options)? > live.peak {
-        return Ok((graph, clones));
-    }
-    let moved = |v: ValueId| {
-        let new = cast_map[v.index()].and_then(|c| update_map[c.index()]);
-        new.ok_or_else(|| StageError::internal("grouping", "a clone grouped"))
-    };
-    let clones = (clones.iter())
-        .map(|&(v, c)| Ok((moved(v)?, moved(c)?)))
-        .collect::<Result<_, StageError>>()?;
-    Ok((grouped, clones))
-}
-
-/// Live bytes per step with the values groups hold longer added, against the peak before.
-struct Held {
-    bytes: Vec<u64>,
-    peak: u64,
-}
-
-impl Held {
-    fn new(bytes: Vec<u64>) -> Held {
-        let peak = bytes.iter().copied().max().unwrap_or(0);
-        Held { bytes, peak }
-    }
-
-    /// Adds `(bytes, from, to)` (steps `from..to`) and keeps them if no step then holds more
-    /// than the peak; otherwise leaves the profile as it was and says no.
-    fn hold(&mut self, spans: impl IntoIterator<Item = (u64, usize, usize)>) -> bool {
-        let mut with = self.bytes.clone();
-        for (b, from, to) in spans {
-            let to = to.min(with.len());
-            for x in with.get_mut(from.min(to)..to).into_iter().flatten() {
-                *x += b;
-            }
-        }
-        let fits = with.iter().all(|&x| x <= self.peak);
-        if fits {
-            self.bytes = with;
-        }
-        fits
-    }
 }
 
 /// The diagnostic for a budget no plan meets: `arena_budget` is what the budget leaves for

@@ -18,6 +18,7 @@ pub mod hf;
 pub mod init;
 pub mod ir;
 mod joint;
+mod launch_groups;
 pub mod onnx;
 pub mod ops;
 pub mod parallel;

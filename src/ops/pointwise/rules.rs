@@ -60,9 +60,10 @@ impl Rules for super::Family {
     }
 }
 
-/// For arithmetic on a 16-bit float and an fp32 operand (`a f b`): fp32, the result's type, the 16-bit operand widened exactly as it is read (PyTorch's type
-/// promotion; `passes::widening` folds a widening cast into the op this way). `None` for
-/// equal dtypes, any other pair, or a comparison, extremum or power.
+/// For arithmetic on a 16-bit float and an fp32 operand (`a f b`): fp32, the result's type,
+/// the 16-bit operand widened exactly as it is read (PyTorch's type promotion;
+/// `passes::promote` folds a widening cast into the op this way). `None` for equal dtypes,
+/// any other pair, or a comparison, extremum or power.
 fn promoted(f: BinaryFn, a: &TensorType, b: &TensorType) -> Option<DType> {
     let arithmetic = matches!(
         f,
