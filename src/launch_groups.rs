@@ -12,7 +12,8 @@ use crate::plan::{self, BuildOptions, Target};
 /// lives may cost the layout bytes beyond the peak, each scope's parameter casts of one
 /// phase one `cast_group` (`passes::cast_groups`), and with the optimizer in backward each
 /// scope's AdamW steps one group, large weights' too (`passes::group_updates`; updates on
-/// the host and data-parallel steps are left alone, as the first grouping leaves them).
+/// the host are left alone, as the first grouping leaves them). A parallel rank's step is
+/// left as it is: its stages and collectives are weighed by their own rules.
 /// Each group is weighed on the live bytes of one schedule, the values it holds longer
 /// added where they would be held, and kept where the peak stays; the groups kept are made
 /// at once and the peak checked again on the grouped step (none kept if it rose).
@@ -28,9 +29,10 @@ pub(crate) fn grouped_if_no_higher(
     let apart = settings.is_none_or(|s| {
         s.offload.is_some_and(crate::settings::Offload::optimizer) || s.parallel.is_some()
     });
+    let parallel = settings.is_some_and(|s| s.parallel.is_some());
     let casts = match target {
-        Target::Cuda { .. } => cast_groups::keys(&graph),
-        Target::Cpu => Vec::new(),
+        Target::Cuda { .. } if !parallel => cast_groups::keys(&graph),
+        _ => Vec::new(),
     };
     let scopes = match !apart && options.optimizer_in_backward {
         true => group_updates::single_scopes(&graph),
