@@ -119,8 +119,8 @@ fn row(
 /// one alone may not fit: bf16 and pure bf16 with checkpointing fitted to the budget, and the
 /// largest batch with both. Each row says the flags that select it and whether it is on the
 /// frontier of bytes against estimated time. Each row compiles as `memc compile` with its
-/// flags does ([`crate::compile_or_offload`]): a row with a budget on the CPU target keeps
-/// what the least estimated time puts in host memory there, and says so. For a CUDA target one more row keeps the
+/// flags does ([`crate::compile_or_offload`]): a row with a budget keeps what the least
+/// estimated time puts in host memory, and says so. For a CUDA target one more row keeps the
 /// arena in unified memory with the budget as the device's capacity: it fits by paging, at
 /// the estimated cost of its page faults; every other row plans without unified memory.
 pub fn advise(source: &str, options: &Options, budget: u64) -> Vec<Advice> {

@@ -1,5 +1,5 @@
-//! Offload as one more knob of the planner: where a budget is in force on the CPU target
-//! (the backend that runs offloaded plans) and neither `--offload` nor `train { offload }`
+//! Offload as one more knob of the planner: where a budget is in force (on either target:
+//! both backends run offloaded plans) and neither `--offload` nor `train { offload }`
 //! says what lives in host memory, the step is planned with everything on the device and
 //! with each of [`OFFLOAD_KNOBS`] in host memory, each with checkpointing fitted to the
 //! budget, and the plan that fits with the least estimated step time on the `--gpu` (the
@@ -8,7 +8,7 @@
 //! than the copies.
 
 use crate::settings::Offload;
-use crate::{compile, plan, CompileError, Compiled, Options};
+use crate::{compile, CompileError, Compiled, Options};
 
 /// The offload settings the planner weighs against keeping everything on the device.
 pub const OFFLOAD_KNOBS: [Offload; 3] = [Offload::Activations, Offload::Optimizer, Offload::All];
@@ -38,8 +38,8 @@ fn shaped_by_budget(c: &Compiled) -> bool {
 /// estimated step time among those that fit, with the offload it takes (None: everything
 /// on the device). Offload is tried only where the plain compile fails for the user's
 /// reasons (no plan fits) or its budget made it recompute; when nothing compiles, the plain
-/// compile's failure. The CUDA backend does not run offloaded plans, unified memory pages
-/// by itself and parallel plans do not offload yet, so none of them gets one this way.
+/// compile's failure. Unified memory pages by itself and parallel plans do not offload yet,
+/// so neither gets one this way.
 pub fn compile_or_offload(
     source: &str,
     options: &Options,
@@ -47,7 +47,6 @@ pub fn compile_or_offload(
     let plain = compile(source, options);
     let weighed = options.offload.is_none()
         && options.unified != Some(true)
-        && options.target == plan::Target::Cpu
         && match &plain {
             Ok(c) => shaped_by_budget(c),
             Err(e) => matches!(e, CompileError::User(_)),

@@ -122,7 +122,7 @@ pub struct CompileArgs {
     /// parameter copied there and the parameter back; `activations` copies each activation
     /// backward reads to the host after its producer and back before its first backward
     /// reader; `all` does both; `none` keeps everything on the device (without it, a budget
-    /// on the CPU target weighs offload against checkpointing by estimated time).
+    /// weighs offload against checkpointing by estimated time).
     #[arg(long, value_name = "optimizer|activations|all|none")]
     offload: Option<String>,
     /// Data parallelism, overriding `train { parallel }`:

@@ -134,7 +134,8 @@ fn write_pretty(path: &Path, value: &serde_json::Value) -> Result<(), Failure> {
 /// capability (registers, shared memory, stack, spills); `plan.json`; `manifest.json`
 /// mapping each kernel to its source, launches (a two-stage reduction's finishing grid),
 /// resources, library calls (cuBLASLt GEMMs with their descriptors, and the kernel's own
-/// launches between them; a step of library calls alone has no source) and steps; and, with NVRTC,
+/// launches between them; a step of library calls alone has no source) and steps, then
+/// an offloaded plan's copies and host updates ([`off_device_entries`]); and, with NVRTC,
 /// `device.json`: the device bytes beyond the arena that the compiled kernels fix (module
 /// images, and local memory for their stack frames reserved for every resident thread).
 /// NVRTC loading without the CUDA headers is a plain error naming them.
@@ -183,6 +184,7 @@ pub fn emit(compiled: &memc::Compiled, dir: &Path, gpu: memc::cost::Gpu) -> Resu
         };
         manifest.push(serde_json::json!({ "kernel": k.name, "entry": k.entry, "source": cu, "ptx": ptx, "sm": sm, "resources": resources, "library": library, "grid": k.grid, "finish": k.finish, "block": k.block, "shared_bytes": k.shared_bytes, "steps": steps }));
     }
+    manifest.extend(off_device_entries(plan));
     if with_ptx {
         let local = stack * u64::from(spec.threads_per_sm) * u64::from(spec.sms);
         let device = serde_json::json!({
@@ -230,6 +232,41 @@ pub fn emit(compiled: &memc::Compiled, dir: &Path, gpu: memc::cost::Gpu) -> Resu
         }
     );
     Ok(())
+}
+
+/// The manifest's entries for the steps that are not kernels, one per op in first-use order:
+/// the copies between the device and the pinned host arena (`transfer`, with the bytes the
+/// steps move) and the updates that run on the host (`host`).
+fn off_device_entries(plan: &memc::plan::Plan) -> Vec<serde_json::Value> {
+    use memc::plan::Placement;
+    let mut entries: Vec<(Placement, &str, Vec<usize>, u64)> = Vec::new();
+    for (s, step) in plan.steps.iter().enumerate() {
+        let placement = plan.placement(step);
+        if placement == Placement::Device {
+            continue;
+        }
+        let name = step.op.name();
+        let moved = match placement {
+            Placement::Transfer => memc::exec::copy_order::copied_device_bytes(plan, step)
+                .map_or(0, |r| r.end - r.start),
+            _ => 0,
+        };
+        match entries.iter_mut().find(|(_, n, _, _)| *n == name) {
+            Some((_, _, steps, bytes)) => {
+                steps.push(s);
+                *bytes += moved;
+            }
+            None => entries.push((placement, name, vec![s], moved)),
+        }
+    }
+    (entries.into_iter())
+        .map(|(placement, name, steps, bytes)| match placement {
+            Placement::Transfer => {
+                serde_json::json!({ "transfer": name, "bytes": bytes, "steps": steps })
+            }
+            _ => serde_json::json!({ "host": name, "steps": steps }),
+        })
+        .collect()
 }
 
 /// The files a previous `memc emit` into `dir` wrote besides plan.json and manifest.json:

@@ -96,14 +96,14 @@ pub fn cast_kernel(from: DType, to: DType, numel: u64) -> Kernel {
     crate::ops::cast::Family::kernel(from, to, numel)
 }
 
-/// The distinct kernels of a plan's steps, in first-use order, with the step indices
-/// that launch each.
+/// The distinct kernels of a plan's device steps, in first-use order, with the step indices
+/// that launch each (copies between the tiers and host updates launch none).
 pub fn plan_kernel_uses(
     plan: &crate::plan::Plan,
 ) -> Result<Vec<(Kernel, Vec<usize>)>, CodegenError> {
     let mut out: Vec<(Kernel, Vec<usize>)> = Vec::new();
     for (s, step) in plan.steps.iter().enumerate() {
-        if !plan.launches(step) {
+        if !plan.launches(step) || plan.placement(step) != crate::plan::Placement::Device {
             continue;
         }
         let inputs: Vec<crate::ir::TensorType> = step

@@ -13,7 +13,7 @@
 
 use super::{Gpu, StepTime, Work, LAUNCH_OVERHEAD_S};
 use crate::ir::{Op, Phase};
-use crate::plan::{Plan, Step, Tier};
+use crate::plan::{Plan, Step};
 use serde::{Deserialize, Serialize};
 
 /// Bytes/s a CPU AdamW (or SGD) update streams through host memory: a vectorized,
@@ -45,14 +45,7 @@ pub struct OffloadTime {
 /// Whether `step` of `plan` runs off the device: a copy between tiers, or a step on host
 /// buffers. The device estimate leaves such steps out; [`offload_time`] costs them.
 pub fn off_device(plan: &Plan, step: &Step) -> bool {
-    matches!(
-        step.op,
-        Op::CopyToHost | Op::CopyToDevice | Op::CopyFromHost
-    ) || step
-        .inputs
-        .first()
-        .and_then(|b| plan.buffers.get(b.index()))
-        .is_some_and(|b| b.tier == Tier::Host)
+    plan.placement(step) != crate::plan::Placement::Device
 }
 
 /// The time offload adds to a step of `plan` on `gpu`, given the device steps' estimates

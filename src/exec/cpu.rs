@@ -8,6 +8,8 @@ use crate::ir::{DType, Op, Phase};
 use crate::plan::{Buffer, BufferId, Plan, Step, Tier, VerifiedPlan};
 use std::borrow::Cow;
 
+mod host_side;
+
 /// Executes a plan step after step, keeping parameters and optimizer state in the arena.
 pub struct CpuExecutor {
     plan: Plan,
@@ -39,9 +41,15 @@ impl CpuExecutor {
     /// zeroed) for `plan`. Every dtype runs: 16-bit tensors are stored
     /// as 16-bit words at their planned offsets.
     pub fn new(plan: &VerifiedPlan) -> Result<CpuExecutor, ExecError> {
-        let plan = plan.plan().clone();
-        let [words, host] = [plan.arena_bytes, plan.host_bytes].map(|b| b.div_ceil(4) as usize);
-        Ok(CpuExecutor {
+        Ok(CpuExecutor::with_arenas(plan.plan().clone(), true))
+    }
+
+    /// An executor of `plan` with its host arena and, when `device`, its device arena
+    /// (both zeroed).
+    fn with_arenas(plan: Plan, device: bool) -> CpuExecutor {
+        let device_bytes = if device { plan.arena_bytes } else { 0 };
+        let [words, host] = [device_bytes, plan.host_bytes].map(|b| b.div_ceil(4) as usize);
+        CpuExecutor {
             quantized: QuantizedParams::of(&plan),
             plan,
             arena: vec![0.0; words],
@@ -53,7 +61,7 @@ impl CpuExecutor {
             member: None,
             tensor_member: None,
             stage: None,
-        })
+        }
     }
 
     /// Makes this executor rank `rank` of `group`: its collectives meet the other ranks',

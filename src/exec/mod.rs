@@ -1,5 +1,6 @@
 //! Backends that execute a verified plan, and the file formats they exchange.
 pub mod adapters;
+pub mod copy_order;
 pub mod cpu;
 pub mod cublaslt;
 pub mod cuda;
@@ -51,9 +52,8 @@ pub const PARALLEL_ON_CUDA: &str = "the CUDA backend does not run data-parallel 
      with --device cuda to read each rank's device bytes";
 
 /// Whether the CUDA backend (and `memc emit`'s kernels) can take `plan` on a machine whose
-/// CUDA driver is `driver` present: not without a driver, and not for a plan with a host
-/// tier (`--offload`), whose copies between the arena and host memory only the CPU
-/// backend executes, not for a data-parallel plan, whose collectives only the CPU
+/// CUDA driver is `driver` present: not without a driver, not for a data-parallel plan,
+/// whose collectives only the CPU
 /// backend's in-process group runs, and not for a plan built for the CPU backend, whose
 /// scratch buffers are sized for the CPU kernels (the CUDA lowerings need others).
 pub fn cuda_can_run(plan: &crate::plan::Plan, driver: bool) -> Result<(), ExecError> {
@@ -61,13 +61,6 @@ pub fn cuda_can_run(plan: &crate::plan::Plan, driver: bool) -> Result<(), ExecEr
         return Err(ExecError::Unsupported(
             "the plan was built for the CPU backend: its ops' scratch buffers are sized for \
              the CPU kernels, not the CUDA ones; compile the .mdl with --device cuda"
-                .into(),
-        ));
-    }
-    if plan.host_bytes > 0 {
-        return Err(ExecError::Unsupported(
-            "the CUDA backend does not run offloaded plans yet (their host arena and copies \
-             run on the CPU backend): run with --device cpu, or compile without --offload"
                 .into(),
         ));
     }

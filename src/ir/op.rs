@@ -361,6 +361,11 @@ impl Op {
         crate::ops::family(self).behaviour(self).mutated_inputs
     }
 
+    /// Whether this op copies between the device and the host tier (`--offload`).
+    pub fn is_transfer(&self) -> bool {
+        matches!(self, Op::CopyToHost | Op::CopyToDevice | Op::CopyFromHost)
+    }
+
     /// Indices of inputs this op reads only after every in-place writer of them in the same
     /// phase has run (a copy back to the device reads the host value its update wrote);
     /// the schedule orders it after those writers instead of before.

@@ -32,7 +32,7 @@ pub use report::{
     PhasePeak, PrecisionSummary, QuantSummary, RecomputedGroup, Report, SavedKind,
 };
 pub use target::Target;
-pub use tier::{on_device, tier_of, Tier};
+pub use tier::{on_device, tier_of, Placement, Tier};
 pub use unified::{
     report as unified_report, step_pages, FaultTime, FaultingStep, Unified, FAULT_LATENCY_S,
     PAGE_BYTES,

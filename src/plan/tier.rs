@@ -25,6 +25,40 @@ impl Tier {
     }
 }
 
+/// Where a plan step does its work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// On the device: a kernel or library call over device buffers (or nothing, for a
+    /// view).
+    Device,
+    /// On the host, over host buffers only (an update of offloaded optimizer state).
+    Host,
+    /// A copy between the tiers: `copy_to_host`, `copy_to_device` or `copy_from_host`.
+    Transfer,
+}
+
+impl Plan {
+    /// Where `step` runs: a copy between the tiers is a transfer, a step whose buffers lie
+    /// in the host arena runs on the host (the verifier's [`misplaced`] guarantees a step
+    /// that copies nothing has all its buffers in one tier), every other step on the device.
+    pub fn placement(&self, step: &super::Step) -> Placement {
+        if step.op.is_transfer() {
+            return Placement::Transfer;
+        }
+        let first = (step
+            .inputs
+            .iter()
+            .chain(&step.output)
+            .chain(&step.workspace))
+        .next()
+        .and_then(|b| self.buffers.get(b.index()));
+        match first.map(|b| b.tier) {
+            Some(Tier::Host) => Placement::Host,
+            _ => Placement::Device,
+        }
+    }
+}
+
 /// The device value that `v` is a host copy of, or `v` itself when it is no copy.
 pub fn on_device(graph: &Graph, v: ValueId) -> ValueId {
     match graph.node(v).op {
@@ -37,13 +71,11 @@ pub fn on_device(graph: &Graph, v: ValueId) -> ValueId {
 /// a copy back to the device.
 fn on_host(graph: &Graph, u: ValueId) -> bool {
     let node = graph.node(u);
-    !matches!(
-        node.op,
-        Op::CopyToHost | Op::CopyToDevice | Op::CopyFromHost
-    ) && node
-        .inputs
-        .iter()
-        .any(|&i| matches!(graph.node(i).op, Op::CopyToHost))
+    !node.op.is_transfer()
+        && node
+            .inputs
+            .iter()
+            .any(|&i| matches!(graph.node(i).op, Op::CopyToHost))
 }
 
 /// The tier of value `v`: the host for a copy to the host, for what a step on the host

@@ -1,6 +1,7 @@
 //! CUDA lowering of the copies between tiers: none. A copy is not a kernel but a transfer
-//! between the arena and pinned host memory, and the CUDA backend refuses plans with a host
-//! tier before it lowers any step (`crate::exec::cuda_can_run`).
+//! between the arena and the page-locked host arena on the CUDA backend's copy stream
+//! (`crate::exec::cuda`); the code generator lowers no step that is not on the device
+//! (`crate::codegen::plan_kernel_uses`), so this refusal is reached only by a direct call.
 
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel};

@@ -4,20 +4,26 @@
 //! launches twice; a kernel reading a tensor table gets it copied into its workspace
 //! first). Nothing else is allocated on the device, and the
 //! host never builds the arena: parameters and state are uploaded one buffer at a time
-//! (only the bound inputs stay on the host, every micro-batch of them).
+//! (only the bound inputs stay on the host, every micro-batch of them). An offloaded plan's
+//! host arena is page-locked host memory: its copies run on a second stream, overlapping
+//! the kernels after them, and its host steps run the CPU kernels on it (`host_tier`).
 //!
 //! Every entry point checks that the driver library loads before calling into cudarc, whose
 //! dynamically loaded symbols panic when it is absent.
 
-use super::cublaslt::{Lt, PreparedGemm};
+mod host_tier;
+mod launch;
+
+use super::cublaslt::Lt;
 use super::{ExecError, GradientHook};
-use crate::codegen::gemm::{Addr, Call};
-use crate::codegen::{nvrtc, plan_kernel_uses, Kernel, KernelParam};
-use crate::plan::{BufferId, Plan, Target, VerifiedPlan};
+use crate::codegen::gemm::Call;
+use crate::codegen::{plan_kernel_uses, Kernel};
+use crate::plan::{BufferId, Placement, Plan, Target, VerifiedPlan};
 use cudarc::driver::{
     sys::CUevent_flags, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr,
-    DriverError, LaunchConfig, PushKernelArg,
+    DriverError,
 };
+use launch::{image, prepare_calls, Prepared};
 use std::sync::Arc;
 
 /// True when the CUDA driver library can be loaded on this machine.
@@ -39,11 +45,17 @@ pub struct MemInfo {
     pub total: u64,
 }
 
-/// Executes a plan on device 0, keeping parameters and optimizer state in the device arena.
+/// Executes a plan on device 0, keeping parameters and optimizer state in the device arena
+/// (offloaded optimizer state in the host arena).
 pub struct CudaExecutor {
     plan: Plan,
+    /// The host arena, its copy stream and host steps (None without `--offload`). Declared
+    /// before the arena so that it drops first, waiting for the copies that read it.
+    host: Option<host_tier::HostTier>,
     stream: Arc<CudaStream>,
     arena: CudaSlice<u8>,
+    /// The arena's device address.
+    base: u64,
     /// Distinct kernels with their loaded functions (none for library calls alone);
     /// `kernel_of[step]` indexes this list.
     kernels: Vec<(Kernel, Option<CudaFunction>)>,
@@ -68,36 +80,6 @@ pub struct CudaExecutor {
     pub memory: (MemInfo, MemInfo),
     /// While profiling, the events recorded around each step's work.
     timing: Option<Vec<(usize, CudaEvent, CudaEvent)>>,
-}
-
-/// A library call of a step with its addresses resolved.
-enum Prepared {
-    Gemm(PreparedGemm),
-    Launch {
-        grid: [u32; 3],
-        phase: u64,
-        chunk: u64,
-    },
-}
-
-/// The image of `kernel` the driver loads: a CUBIN for the device's compute capability
-/// `sm`, or PTX for `arch` where this NVRTC cannot target `sm` (the driver then JIT-compiles
-/// it). NVRTC or the CUDA headers missing is a device error naming what is missing.
-fn image(kernel: &Kernel, sm: (u32, u32), arch: &str) -> Result<cudarc::nvrtc::Ptx, ExecError> {
-    use crate::codegen::CodegenError;
-    let missing = |e: CodegenError| match e {
-        CodegenError::NvrtcMissing | CodegenError::HeadersMissing => {
-            ExecError::Device(e.to_string())
-        }
-        other => ExecError::Unsupported(other.to_string()),
-    };
-    match nvrtc::compile_cubin(kernel, sm) {
-        Ok(cubin) => Ok(cudarc::nvrtc::Ptx::from_binary(cubin.image)),
-        Err(CodegenError::Compile { .. }) => nvrtc::compile_ptx(kernel, arch)
-            .map(cudarc::nvrtc::Ptx::from_src)
-            .map_err(missing),
-        Err(e) => Err(missing(e)),
-    }
 }
 
 impl CudaExecutor {
@@ -168,6 +150,11 @@ impl CudaExecutor {
             .map_err(device_error)?;
         stream.synchronize().map_err(device_error)?;
         let after = info(&ctx)?;
+        let base = {
+            let (ptr, _recorded) = arena.device_ptr(&stream);
+            ptr
+        };
+        let host = host_tier::HostTier::new(&plan, &ctx)?;
         let lt = match kernels.iter().any(|(k, _)| !k.library.is_empty()) {
             true => {
                 ctx.bind_to_thread().map_err(device_error)?;
@@ -176,7 +163,7 @@ impl CudaExecutor {
             false => None,
         };
         let calls = match &lt {
-            Some(lt) => prepare_calls(&plan, &kernels, &kernel_of, lt, &arena, &stream)?,
+            Some(lt) => prepare_calls(&plan, &kernels, &kernel_of, lt, base)?,
             None => Vec::new(),
         };
         Ok(CudaExecutor {
@@ -184,6 +171,8 @@ impl CudaExecutor {
             plan,
             stream,
             arena,
+            base,
+            host,
             kernels,
             kernel_of,
             lt,
@@ -217,6 +206,9 @@ impl CudaExecutor {
                 range.len(),
                 bytes.len()
             )));
+        }
+        if let Some(host) = self.host.as_mut().filter(|h| h.holds(b)) {
+            return host.write(b, bytes);
         }
         let mut view = self.arena.slice_mut(range);
         self.stream
@@ -315,6 +307,9 @@ impl CudaExecutor {
 
     /// The bytes of a buffer.
     pub fn read(&self, b: BufferId) -> Result<Vec<u8>, ExecError> {
+        if let Some(host) = self.host.as_ref().filter(|h| h.holds(b)) {
+            return host.read(b);
+        }
         self.stream
             .clone_dtoh(&self.arena.slice(self.range(b)))
             .map_err(device_error)
@@ -339,6 +334,9 @@ impl CudaExecutor {
             self.launch_steps(micro, micro + 1 == micro_steps, &mut on_gradient)?;
         }
         self.stream.synchronize().map_err(device_error)?;
+        if let Some(host) = &self.host {
+            host.drain()?;
+        }
         self.step += 1;
         Ok(())
     }
@@ -390,7 +388,9 @@ impl CudaExecutor {
     }
 
     /// Launches every step of micro-step `micro` (update-phase steps only when `last`),
-    /// showing `on_gradient` each update's gradient first.
+    /// showing `on_gradient` each update's gradient first: kernels on the compute stream,
+    /// copies between the tiers on the copy stream, host steps on this thread; the compute
+    /// stream ends waiting for the copies.
     fn launch_steps(
         &mut self,
         micro: u32,
@@ -404,19 +404,37 @@ impl CudaExecutor {
             .bind_to_thread()
             .map_err(device_error)?;
         for (s, step) in self.plan.steps.iter().enumerate() {
-            let Some(k) = self.kernel_of[s] else {
-                continue;
-            };
             if !last && step.phase == crate::ir::Phase::Update {
                 continue;
             }
             if let Some(hook) = on_gradient.as_mut() {
-                for (target, grad, _) in crate::ops::optimizer::stepped(&step.op, &step.inputs) {
-                    if let Some(p) = self.plan.params.iter().find(|p| p.buffer == target) {
-                        let dtype = self.plan.buffers[grad.index()].ty.dtype;
-                        hook(&p.name, &super::lowp::from_bytes(dtype, &self.read(grad)?));
-                    }
+                for (name, grad) in self.plan.gradients_consumed(step) {
+                    let dtype = self.plan.buffers[grad.index()].ty.dtype;
+                    hook(name, &super::lowp::from_bytes(dtype, &self.read(grad)?));
                 }
+            }
+            match (self.plan.placement(step), self.host.as_mut()) {
+                (Placement::Device, _) => {}
+                (Placement::Host, Some(host)) => {
+                    host.run(s, (self.step, self.seed, micro))?;
+                    continue;
+                }
+                (Placement::Transfer, Some(host)) => {
+                    host.copy(&self.plan, s, &self.stream, self.base)?;
+                    continue;
+                }
+                (_, None) => {
+                    return Err(ExecError::Unsupported(format!(
+                        "step {s} ({}) is off the device, but the plan has no host arena",
+                        step.op.name()
+                    )))
+                }
+            }
+            let Some(k) = self.kernel_of[s] else {
+                continue;
+            };
+            if let Some(host) = &self.host {
+                host.wait_before(s, &self.stream)?;
             }
             let start = self.record()?;
             if let Some(bytes) = &self.tables[s] {
@@ -436,7 +454,10 @@ impl CudaExecutor {
                 }
             }
         }
-        Ok(())
+        match &self.host {
+            Some(host) => host.join(&self.stream),
+            None => Ok(()),
+        }
     }
 
     /// An event recorded on the stream now, while profiling.
@@ -450,150 +471,4 @@ impl CudaExecutor {
             .map_err(device_error)?;
         Ok(Some(event))
     }
-
-    /// Issues plan step `s`'s work (kernel `k`) for micro-step `micro`: its library calls in
-    /// order, or its launch and finishing launch.
-    fn launch_step(&self, s: usize, k: usize, micro: u32, stream: u64) -> Result<(), ExecError> {
-        let (kernel, function) = &self.kernels[k];
-        let launch = |grid, phase_chunk| {
-            self.launch(
-                s,
-                function.as_ref(),
-                kernel,
-                grid,
-                phase_chunk,
-                stream,
-                micro,
-            )
-        };
-        let Some(calls) = self.calls.get(s).filter(|c| !c.is_empty()) else {
-            let phases = [Some(kernel.grid), kernel.finish];
-            for (phase, grid) in phases.into_iter().enumerate() {
-                if let Some(grid) = grid {
-                    launch(grid, (phase as u64, 0))?;
-                }
-            }
-            return Ok(());
-        };
-        for call in calls {
-            match call {
-                Prepared::Gemm(g) => {
-                    let lt = self
-                        .lt
-                        .as_ref()
-                        .ok_or_else(|| ExecError::Device("cuBLASLt is not open".to_string()))?;
-                    // SAFETY: the addresses were resolved from the plan's verified offsets
-                    // inside the arena, which lives as long as `self`.
-                    unsafe { lt.run(g, self.stream.cu_stream() as *mut _) }?;
-                }
-                Prepared::Launch { grid, phase, chunk } => launch(*grid, (*phase, *chunk))?,
-            }
-        }
-        Ok(())
-    }
-
-    /// Launches step `s`'s kernel over `grid` with the given (phase, chunk).
-    #[allow(clippy::too_many_arguments)]
-    fn launch(
-        &self,
-        s: usize,
-        function: Option<&CudaFunction>,
-        kernel: &Kernel,
-        [gx, gy, gz]: [u32; 3],
-        (phase, chunk): (u64, u64),
-        stream: u64,
-        micro: u32,
-    ) -> Result<(), ExecError> {
-        let step = &self.plan.steps[s];
-        let function = function
-            .ok_or_else(|| ExecError::Device(format!("`{}` has no code to launch", kernel.name)))?;
-        let offset = |b: BufferId| self.plan.buffers[b.index()].offset;
-        let workspace = step.workspace.map_or(0, offset);
-        let values: Vec<u64> = kernel.params[1..]
-            .iter()
-            .map(|p| match p {
-                KernelParam::Input(i) => offset(step.inputs[*i]),
-                KernelParam::Output => step.output.map_or(0, offset),
-                KernelParam::Step => self.step,
-                KernelParam::Stream => stream,
-                KernelParam::MicroStep => u64::from(micro),
-                KernelParam::Workspace => workspace,
-                KernelParam::Phase => phase,
-                KernelParam::Chunk => chunk,
-                KernelParam::Arena => 0,
-            })
-            .collect();
-        let mut launch = self.stream.launch_builder(function);
-        launch.arg(&self.arena);
-        for v in &values {
-            launch.arg(v);
-        }
-        let [bx, by, bz] = kernel.block;
-        let cfg = LaunchConfig {
-            grid_dim: (gx, gy, gz),
-            block_dim: (bx, by, bz),
-            shared_mem_bytes: kernel.shared_bytes,
-        };
-        // SAFETY: the entry's signature is `char*` followed by one `unsigned long long`
-        // per remaining `kernel.params` entry, exactly the arguments pushed above; every
-        // offset is a buffer the plan verifier placed inside the arena (a kernel's table
-        // fits its workspace: the lowering counts it in).
-        unsafe { launch.launch(cfg) }.map_err(device_error)?;
-        Ok(())
-    }
-}
-
-/// Every step's library calls with device addresses resolved against the arena, GEMMs
-/// prepared with cuBLASLt (empty lists for plain launches).
-fn prepare_calls(
-    plan: &Plan,
-    kernels: &[(Kernel, Option<CudaFunction>)],
-    kernel_of: &[Option<usize>],
-    lt: &Lt,
-    arena: &CudaSlice<u8>,
-    stream: &CudaStream,
-) -> Result<Vec<Vec<Prepared>>, ExecError> {
-    let (base, _sync) = arena.device_ptr(stream);
-    let mut out = Vec::with_capacity(plan.steps.len());
-    for (step, k) in plan.steps.iter().zip(kernel_of) {
-        let Some(kernel) = k.map(|k| &kernels[k].0) else {
-            out.push(Vec::new());
-            continue;
-        };
-        let offset = |b: BufferId| plan.buffers[b.index()].offset;
-        let workspace = step
-            .workspace
-            .map(|b| (offset(b), plan.buffers[b.index()].bytes));
-        let addr = |a: Addr| -> Result<u64, ExecError> {
-            let missing =
-                || ExecError::Unsupported(format!("`{}`: no buffer for {a:?}", kernel.name));
-            Ok(base
-                + match a {
-                    Addr::Input(i, plus) => offset(*step.inputs.get(i).ok_or_else(missing)?) + plus,
-                    Addr::Output(plus) => offset(step.output.ok_or_else(missing)?) + plus,
-                    Addr::Workspace(plus) => workspace.ok_or_else(missing)?.0 + plus,
-                })
-        };
-        // cuBLASLt's scratch: whatever of the workspace the step's kernel does not use.
-        let (ws_at, ws_bytes) = workspace.unwrap_or((0, 0));
-        let own = kernel.library_workspace_from.min(ws_bytes);
-        let scratch = (base + ws_at + own, (ws_bytes - own) as usize);
-        let mut calls = Vec::with_capacity(kernel.library.len());
-        for call in &kernel.library {
-            calls.push(match call {
-                Call::Gemm(g) => {
-                    let ptrs = [addr(g.a.at)?, addr(g.b.at)?, addr(g.d.at)?];
-                    let bias = g.bias.map(addr).transpose()?;
-                    Prepared::Gemm(lt.prepare(g, ptrs, bias, scratch)?)
-                }
-                Call::Launch { grid, phase, chunk } => Prepared::Launch {
-                    grid: *grid,
-                    phase: *phase,
-                    chunk: *chunk,
-                },
-            });
-        }
-        out.push(calls);
-    }
-    Ok(out)
 }
