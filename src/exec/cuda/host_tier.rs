@@ -2,6 +2,12 @@
 //! copies run asynchronously, with the CPU kernels that run the plan's host steps on it
 //! (the same as the CPU backend's), and a copy stream beside the compute stream, ordered
 //! against it as [`crate::exec::copy_order`] lays out.
+//!
+//! A host step is a host function on the copy stream (`cuLaunchHostFunc`): the driver runs
+//! it on its own thread once the copies before it are done, and the copies after it (the
+//! updated parameter back to the device) wait for it. The thread issuing kernels never
+//! blocks on it, so the host updates overlap the kernels issued after them, as
+//! ZeRO-Offload's do and as the cost model's offload estimate assumes.
 
 use super::device_error;
 use crate::exec::copy_order::{compute_waits, copied_device_bytes};
@@ -10,12 +16,17 @@ use crate::exec::ExecError;
 use crate::ir::Op;
 use crate::plan::{BufferId, Plan};
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The host arena and what runs on it and from it.
 pub(super) struct HostTier {
-    /// The host arena, and the CPU kernels of the host steps.
-    cpu: CpuExecutor,
+    /// The host arena, and the CPU kernels of the host steps, shared with the host
+    /// functions that run them on the copy stream.
+    cpu: Arc<Mutex<CpuExecutor>>,
+    /// The host arena's address and bytes (its allocation never moves).
+    arena: (usize, usize),
+    /// The first failure of a host step run on the copy stream, reported by the next drain.
+    failed: Arc<Mutex<Option<ExecError>>>,
     /// The stream the copies between the tiers run on.
     copy: Arc<CudaStream>,
     /// Per copy step, the event the compute stream records at the copy's place and the one
@@ -32,34 +43,37 @@ impl HostTier {
         if plan.host_bytes == 0 {
             return Ok(None);
         }
-        let mut cpu = CpuExecutor::host_side(plan);
-        let (base, len) = cpu.host_arena();
         ctx.bind_to_thread().map_err(device_error)?;
-        // SAFETY: `base..base + len` is the host arena's allocation, which does not move
-        // while `cpu` lives; `Drop` unregisters it before `cpu` frees it.
-        unsafe { sys::cuMemHostRegister_v2(base.cast(), len, 0) }
-            .result()
-            .map_err(device_error)?;
         let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
         let pair =
             || -> Result<_, DriverError> { Ok((ctx.new_event(flags)?, ctx.new_event(flags)?)) };
-        let mut tier = HostTier {
-            cpu,
-            copy: ctx.new_stream().map_err(device_error)?,
-            events: Vec::with_capacity(plan.steps.len()),
+        let events = (plan.steps.iter())
+            .map(|step| step.op.is_transfer().then(pair).transpose())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(device_error)?;
+        let copy = ctx.new_stream().map_err(device_error)?;
+        let mut cpu = CpuExecutor::host_side(plan);
+        let (base, len) = cpu.host_arena();
+        // SAFETY: `base..base + len` is the host arena's allocation, which does not move
+        // while `cpu` lives; the tier's `Drop` unregisters it before `cpu` frees it.
+        unsafe { sys::cuMemHostRegister_v2(base.cast(), len, 0) }
+            .result()
+            .map_err(device_error)?;
+        let tier = HostTier {
+            cpu: Arc::new(Mutex::new(cpu)),
+            arena: (base as usize, len),
+            failed: Arc::new(Mutex::new(None)),
+            copy,
+            events,
             waits: compute_waits(plan),
         };
-        for step in &plan.steps {
-            let events = step.op.is_transfer().then(pair).transpose();
-            tier.events.push(events.map_err(device_error)?);
-        }
         Ok(Some(tier))
     }
 
     /// Issues copy step `s` of `plan` on the copy stream, after the work issued on
     /// `compute` so far; the device arena starts at `device_base`.
     pub(super) fn copy(
-        &mut self,
+        &self,
         plan: &Plan,
         s: usize,
         compute: &CudaStream,
@@ -76,7 +90,7 @@ impl HostTier {
         };
         let host = &plan.buffers[host.ok_or_else(not_a_copy)?.index()];
         let n = host.ty.bytes();
-        let (base, len) = self.cpu.host_arena();
+        let (base, len) = self.arena;
         if n > device.end - device.start || host.offset + n > len as u64 {
             return Err(ExecError::Unsupported(format!(
                 "step {s} ({}) copies {n} bytes that do not fit its buffers",
@@ -85,20 +99,24 @@ impl HostTier {
         }
         ready.record(compute).map_err(device_error)?;
         self.copy.wait(ready).map_err(device_error)?;
-        // SAFETY: the range was checked to lie inside the page-locked host arena; no Rust
-        // reference into it lives while copies are in flight (host steps, reads and writes
-        // drain the copy stream first), and the device range is the copied buffer's,
-        // inside the arena at `device_base` (the plan verifier placed it).
-        let host =
-            unsafe { std::slice::from_raw_parts_mut(base.add(host.offset as usize), n as usize) };
-        let stream = self.copy.cu_stream();
-        let at = device_base + device.start;
+        let host = (base + host.offset as usize) as *mut std::ffi::c_void;
+        let (at, n, stream) = (
+            device_base + device.start,
+            n as usize,
+            self.copy.cu_stream(),
+        );
+        // SAFETY: the host range was checked to lie inside the page-locked host arena and
+        // is passed as a raw address (no reference is made); the host steps touching it run
+        // on the same stream, so never during the copy, and reads and writes drain the
+        // stream first; the device range is the copied buffer's, inside the arena at
+        // `device_base` (the plan verifier placed it).
         unsafe {
             match step.op {
-                Op::CopyToHost => result::memcpy_dtoh_async(host, at, stream),
-                _ => result::memcpy_htod_async(at, host, stream),
+                Op::CopyToHost => sys::cuMemcpyDtoHAsync_v2(host, at, n, stream),
+                _ => sys::cuMemcpyHtoDAsync_v2(at, host, n, stream),
             }
         }
+        .result()
         .map_err(device_error)?;
         done.record(&self.copy).map_err(device_error)
     }
@@ -118,33 +136,60 @@ impl HostTier {
         compute.join(&self.copy).map_err(device_error)
     }
 
-    /// Waits on the host for every copy issued so far.
+    /// Waits on the host for every copy and host step issued so far; the first host step
+    /// that failed since the last drain is the error.
     pub(super) fn drain(&self) -> Result<(), ExecError> {
-        self.copy.synchronize().map_err(device_error)
+        self.copy.synchronize().map_err(device_error)?;
+        match lock(&self.failed)?.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
-    /// Runs host step `s` on the host once the copies issued so far are done, as step
-    /// `number` of a run seeded `seed`, in micro-step `micro`.
-    pub(super) fn run(&mut self, s: usize, keys: (u64, u64, u32)) -> Result<(), ExecError> {
-        self.drain()?;
-        self.cpu.run_host_step(s, keys)
+    /// Issues host step `s` on the copy stream, after the copies issued so far and before
+    /// those issued after it, as step `number` of a run seeded `seed`, in micro-step `micro`.
+    pub(super) fn run(&self, s: usize, keys: (u64, u64, u32)) -> Result<(), ExecError> {
+        fn sendable<T: Send>(job: T) -> T {
+            job
+        }
+        // The driver runs the job on its own thread.
+        let job = Box::new(sendable(HostJob {
+            cpu: Arc::clone(&self.cpu),
+            failed: Arc::clone(&self.failed),
+            step: s,
+            keys,
+        }));
+        let data: *mut std::ffi::c_void = Box::into_raw(job).cast();
+        // SAFETY: `run_host_job` takes the box back exactly once, when the stream reaches
+        // it; where the launch fails it never runs, and the box is taken back here.
+        let launched = unsafe {
+            result::stream::launch_host_function(self.copy.cu_stream(), run_host_job, data)
+        };
+        if let Err(e) = launched {
+            // SAFETY: as above: the driver did not take `data`.
+            drop(unsafe { Box::from_raw(data.cast::<HostJob>()) });
+            return Err(device_error(e));
+        }
+        Ok(())
     }
 
     /// Whether buffer `b` lies in the host arena.
     pub(super) fn holds(&self, b: BufferId) -> bool {
-        self.cpu.on_host(b)
+        lock(&self.cpu).is_ok_and(|cpu| cpu.on_host(b))
     }
 
-    /// The bytes of host buffer `b`, once the copies are done.
+    /// The bytes of host buffer `b`, once the copies and host steps are done.
     pub(super) fn read(&self, b: BufferId) -> Result<Vec<u8>, ExecError> {
         self.drain()?;
-        Ok(self.cpu.host_bytes(b)?.to_vec())
+        Ok(lock(&self.cpu)?.host_bytes(b)?.to_vec())
     }
 
-    /// Overwrites host buffer `b` with `bytes` (its exact size), once the copies are done.
+    /// Overwrites host buffer `b` with `bytes` (its exact size), once the copies and host
+    /// steps are done.
     pub(super) fn write(&mut self, b: BufferId, bytes: &[u8]) -> Result<(), ExecError> {
         self.drain()?;
-        let into = self.cpu.host_bytes_mut(b)?;
+        let mut cpu = lock(&self.cpu)?;
+        let into = cpu.host_bytes_mut(b)?;
         if into.len() != bytes.len() {
             return Err(ExecError::Shape(format!(
                 "a host buffer holds {} bytes, got {}",
@@ -157,12 +202,43 @@ impl HostTier {
     }
 }
 
+/// One host step for a host function on the copy stream.
+struct HostJob {
+    cpu: Arc<Mutex<CpuExecutor>>,
+    failed: Arc<Mutex<Option<ExecError>>>,
+    step: usize,
+    keys: (u64, u64, u32),
+}
+
+/// The host function of a host step: runs it on the driver's thread, keeping the first
+/// failure (a panic included, which must not unwind into the driver) for the next drain.
+unsafe extern "C" fn run_host_job(data: *mut std::ffi::c_void) {
+    // SAFETY: `data` is the box `HostTier::run` leaked for this call, passed once.
+    let job = unsafe { Box::from_raw(data.cast::<HostJob>()) };
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        lock(&job.cpu)?.run_host_step(job.step, job.keys)
+    }));
+    let failure = match ran {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => e,
+        Err(_) => ExecError::Device(format!("host step {} panicked", job.step)),
+    };
+    if let Ok(mut slot) = job.failed.lock() {
+        slot.get_or_insert(failure);
+    };
+}
+
+/// The value behind `m`; a mutex poisoned by a panicking host step is an error.
+fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>, ExecError> {
+    m.lock()
+        .map_err(|_| ExecError::Device("a host step panicked earlier".to_string()))
+}
+
 impl Drop for HostTier {
     fn drop(&mut self) {
         // Errors cannot be returned from here; the arena is freed with `cpu` either way.
         let _ = self.copy.synchronize();
-        let (base, _) = self.cpu.host_arena();
-        // SAFETY: `base` was registered in `new` and no copy is in flight any more.
-        let _ = unsafe { sys::cuMemHostUnregister(base.cast()) };
+        // SAFETY: the arena was registered in `new` and nothing is in flight any more.
+        let _ = unsafe { sys::cuMemHostUnregister(self.arena.0 as *mut std::ffi::c_void) };
     }
 }

@@ -413,7 +413,7 @@ impl CudaExecutor {
                     hook(name, &super::lowp::from_bytes(dtype, &self.read(grad)?));
                 }
             }
-            match (self.plan.placement(step), self.host.as_mut()) {
+            match (self.plan.placement(step), self.host.as_ref()) {
                 (Placement::Device, _) => {}
                 (Placement::Host, Some(host)) => {
                     host.run(s, (self.step, self.seed, micro))?;
