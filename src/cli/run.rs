@@ -398,10 +398,18 @@ fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> R
     let dtype = |b: BufferId| plan.buffers[b.index()].ty.dtype;
     let (before, after) = dev.memory;
     let used = |m: memc::exec::cuda::MemInfo| human_bytes(m.total - m.free);
+    let allocation = match plan.train.as_ref().is_some_and(|t| t.unified) {
+        true => "one managed allocation (unified memory)",
+        false => "one allocation",
+    };
+    let host = match plan.host_bytes {
+        0 => String::new(),
+        bytes => format!("; host arena {} page-locked", human_bytes(bytes)),
+    };
     super::output::write(
         None,
         &format!(
-            "cuda: arena {} in one allocation; device memory in use {} -> {} of {}\n",
+            "cuda: arena {} in {allocation}{host}; device memory in use {} -> {} of {}\n",
             human_bytes(plan.arena_bytes),
             used(before),
             used(after),

@@ -124,7 +124,7 @@ impl CudaExecutor {
             })
             .collect();
         let mut launch = self.stream.launch_builder(function);
-        launch.arg(&self.arena);
+        launch.arg(&self.base);
         for v in &values {
             launch.arg(v);
         }
@@ -134,8 +134,9 @@ impl CudaExecutor {
             block_dim: (bx, by, bz),
             shared_mem_bytes: kernel.shared_bytes,
         };
-        // SAFETY: the entry's signature is `char*` followed by one `unsigned long long`
-        // per remaining `kernel.params` entry, exactly the arguments pushed above; every
+        // SAFETY: the entry's signature is `char*` (the arena's base address, pushed as its
+        // 8-byte value) followed by one `unsigned long long` per remaining `kernel.params`
+        // entry, exactly the arguments pushed above; every
         // offset is a buffer the plan verifier placed inside the arena (a kernel's table
         // fits its workspace: the lowering counts it in).
         unsafe { launch.launch(cfg) }.map_err(device_error)?;

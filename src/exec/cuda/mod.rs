@@ -1,4 +1,5 @@
-//! The CUDA backend: one device allocation holds the plan's whole arena; every step launches
+//! The CUDA backend: one device allocation holds the plan's whole arena (managed memory for
+//! a plan in unified memory, `arena`); every step launches
 //! its generated kernel (an NVRTC CUBIN for the device, or PTX, loaded through the driver
 //! API) with the arena base and the byte offsets the plan assigned (a two-stage reduction
 //! launches twice; a kernel reading a tensor table gets it copied into its workspace
@@ -11,6 +12,7 @@
 //! Every entry point checks that the driver library loads before calling into cudarc, whose
 //! dynamically loaded symbols panic when it is absent.
 
+mod arena;
 mod host_tier;
 mod launch;
 
@@ -20,8 +22,7 @@ use crate::codegen::gemm::Call;
 use crate::codegen::{plan_kernel_uses, Kernel};
 use crate::plan::{BufferId, Placement, Plan, Target, VerifiedPlan};
 use cudarc::driver::{
-    sys::CUevent_flags, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr,
-    DriverError,
+    sys::CUevent_flags, CudaContext, CudaEvent, CudaFunction, CudaStream, DriverError,
 };
 use launch::{image, prepare_calls, Prepared};
 use std::sync::Arc;
@@ -53,7 +54,7 @@ pub struct CudaExecutor {
     /// before the arena so that it drops first, waiting for the copies that read it.
     host: Option<host_tier::HostTier>,
     stream: Arc<CudaStream>,
-    arena: CudaSlice<u8>,
+    arena: arena::Arena,
     /// The arena's device address.
     base: u64,
     /// Distinct kernels with their loaded functions (none for library calls alone);
@@ -145,15 +146,11 @@ impl CudaExecutor {
                 })
         };
         let before = info(&ctx)?;
-        let arena = stream
-            .alloc_zeros::<u8>(plan.arena_bytes.max(1) as usize)
-            .map_err(device_error)?;
+        let managed = plan.train.as_ref().is_some_and(|t| t.unified);
+        let arena = arena::Arena::zeroed(&ctx, &stream, plan.arena_bytes, managed)?;
         stream.synchronize().map_err(device_error)?;
         let after = info(&ctx)?;
-        let base = {
-            let (ptr, _recorded) = arena.device_ptr(&stream);
-            ptr
-        };
+        let base = arena.base(&stream);
         let host = host_tier::HostTier::new(&plan, &ctx)?;
         let lt = match kernels.iter().any(|(k, _)| !k.library.is_empty()) {
             true => {
@@ -210,10 +207,7 @@ impl CudaExecutor {
         if let Some(host) = self.host.as_mut().filter(|h| h.holds(b)) {
             return host.write(b, bytes);
         }
-        let mut view = self.arena.slice_mut(range);
-        self.stream
-            .memcpy_htod(bytes, &mut view)
-            .map_err(device_error)
+        self.arena.upload(&self.stream, range.start, bytes)
     }
 
     /// Writes `values` into a buffer in its element type (16-bit floats rounded to nearest
@@ -310,9 +304,7 @@ impl CudaExecutor {
         if let Some(host) = self.host.as_ref().filter(|h| h.holds(b)) {
             return host.read(b);
         }
-        self.stream
-            .clone_dtoh(&self.arena.slice(self.range(b)))
-            .map_err(device_error)
+        self.arena.download(&self.stream, self.range(b))
     }
 
     /// Runs one training step and waits for the device: every step of the plan on each
@@ -325,10 +317,8 @@ impl CudaExecutor {
             for (b, bytes) in std::mem::take(&mut self.bound) {
                 let range = self.range(b);
                 let start = micro as usize * range.len();
-                let mut view = self.arena.slice_mut(range.clone());
-                self.stream
-                    .memcpy_htod(&bytes[start..start + range.len()], &mut view)
-                    .map_err(device_error)?;
+                let micro_batch = &bytes[start..start + range.len()];
+                self.arena.upload(&self.stream, range.start, micro_batch)?;
                 self.bound.push((b, bytes));
             }
             self.launch_steps(micro, micro + 1 == micro_steps, &mut on_gradient)?;
@@ -442,10 +432,7 @@ impl CudaExecutor {
                     .workspace
                     .map_or(0, |b| self.plan.buffers[b.index()].offset)
                     as usize;
-                let mut view = self.arena.slice_mut(at..at + bytes.len());
-                self.stream
-                    .memcpy_htod(&bytes[..], &mut view)
-                    .map_err(device_error)?;
+                self.arena.upload(&self.stream, at, bytes)?;
             }
             self.launch_step(s, k, micro, stream)?;
             if let (Some(start), Some(end)) = (start, self.record()?) {
