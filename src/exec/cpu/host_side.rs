@@ -78,11 +78,6 @@ impl CpuExecutor {
             ))),
         }
     }
-
-    /// Whether buffer `b` lies in the host arena.
-    pub(crate) fn on_host(&self, b: BufferId) -> bool {
-        self.plan.buffers.get(b.index()).map(|x| x.tier) == Some(Tier::Host)
-    }
 }
 
 #[cfg(test)]

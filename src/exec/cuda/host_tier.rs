@@ -173,11 +173,6 @@ impl HostTier {
         Ok(())
     }
 
-    /// Whether buffer `b` lies in the host arena.
-    pub(super) fn holds(&self, b: BufferId) -> bool {
-        lock(&self.cpu).is_ok_and(|cpu| cpu.on_host(b))
-    }
-
     /// The bytes of host buffer `b`, once the copies and host steps are done.
     pub(super) fn read(&self, b: BufferId) -> Result<Vec<u8>, ExecError> {
         self.drain()?;

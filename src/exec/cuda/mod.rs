@@ -20,7 +20,7 @@ use super::cublaslt::Lt;
 use super::{ExecError, GradientHook};
 use crate::codegen::gemm::Call;
 use crate::codegen::{plan_kernel_uses, Kernel};
-use crate::plan::{BufferId, Placement, Plan, Target, VerifiedPlan};
+use crate::plan::{BufferId, Placement, Plan, Target, Tier, VerifiedPlan};
 use cudarc::driver::{
     sys::CUevent_flags, CudaContext, CudaEvent, CudaFunction, CudaStream, DriverError,
 };
@@ -204,7 +204,8 @@ impl CudaExecutor {
                 bytes.len()
             )));
         }
-        if let Some(host) = self.host.as_mut().filter(|h| h.holds(b)) {
+        let on_host = self.plan.buffers[b.index()].tier == Tier::Host;
+        if let Some(host) = self.host.as_mut().filter(|_| on_host) {
             return host.write(b, bytes);
         }
         self.arena.upload(&self.stream, range.start, bytes)
@@ -301,7 +302,8 @@ impl CudaExecutor {
 
     /// The bytes of a buffer.
     pub fn read(&self, b: BufferId) -> Result<Vec<u8>, ExecError> {
-        if let Some(host) = self.host.as_ref().filter(|h| h.holds(b)) {
+        let on_host = self.plan.buffers[b.index()].tier == Tier::Host;
+        if let Some(host) = self.host.as_ref().filter(|_| on_host) {
             return host.read(b);
         }
         self.arena.download(&self.stream, self.range(b))
