@@ -401,7 +401,7 @@ type Fold = fn(&ir::Graph) -> Result<(ir::Graph, Vec<Option<ir::ValueId>>), pass
 
 /// The peephole folds after autodiff (and on inference graphs), in order: the pass's name,
 /// what a value folded away by it is called, and the fold.
-const FOLDS: [(&str, &str, Fold); 3] = [
+const FOLDS: [(&str, &str, Fold); 4] = [
     (
         "bias_epilogue",
         "the bias epilogue",
@@ -413,6 +413,11 @@ const FOLDS: [(&str, &str, Fold); 3] = [
         passes::packed_attention::fold,
     ),
     ("promote", "promotion", passes::promote::fold),
+    (
+        "norm_accumulate",
+        "the norm's accumulated input gradient",
+        passes::norm_accumulate::fold,
+    ),
 ];
 
 /// The training (or inference) step of `module`'s forward graph planned under `options`:

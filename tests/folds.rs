@@ -4,6 +4,8 @@
 //! a bias is added in its matmul's epilogue, a bias gradient is one fp32 `sum_to`, a layer
 //! norm read only as bf16 stores bf16, attention reads q, k and v packed in the qkv product
 //! and writes their gradient in one op, residual adds read their bf16 branch as it is, a
+//! norm's input gradient adds the residual gradient itself, backward reads saved
+//! activations reshaped as views, a
 //! block's AdamW steps are one group, its parameter casts one cast group, and the fused loss
 //! head takes at most 16 chunks (the grouped updates train bit for bit as single ones:
 //! `offload.rs`, whose offloaded updates are not grouped).
@@ -138,6 +140,20 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
             && (s.inputs.iter()).any(|b| producer(b) == Some(&Op::Cast { to: DType::F32 }))
     };
     assert_eq!(count(&widened), 0);
+    // Each layer norm's input gradient takes in the residual gradient passed down the stream
+    // (two a layer: the final norm's has nothing to add), and no add reads one.
+    let accumulating =
+        |s: &memc::plan::Step| matches!(s.op, Op::NormBackwardInput { .. }) && s.inputs.len() == 4;
+    assert_eq!(count(&accumulating), 2 * layers);
+    let add_of_norm_gradient = |s: &memc::plan::Step| {
+        matches!(s.op, Op::Binary(memc::ir::BinaryFn::Add))
+            && (s.inputs.iter()).any(|b| matches!(producer(b), Some(Op::NormBackwardInput { .. })))
+    };
+    assert_eq!(count(&add_of_norm_gradient), 0);
+    // Backward reads each saved attention output reshaped for the projection's weight
+    // gradient as a view of it: no reshape launches a copy.
+    let copies = count(&|s| matches!(s.op, Op::Reshape { .. }) && plan.launches(s));
+    assert_eq!(copies, 0);
     // A layer norm's bias gradient is a sum over rows; no q/k/v slice is copied, the qkv
     // product itself is saved for backward.
     assert_eq!(count(&|s| matches!(s.op, Op::NormBackwardBias { .. })), 0);

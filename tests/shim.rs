@@ -56,11 +56,13 @@ fn every_kernel_family_matches_the_cpu_backend_through_the_shim() {
     check_kernel_cases(&all_cases());
 }
 
-/// Promoted arithmetic and cast groups, whose inputs' types differ from their output's.
+/// Promoted arithmetic, cast groups and accumulating norm input gradients, whose inputs'
+/// types differ from their output's.
 #[test]
 fn mixed_type_kernels_match_the_cpu_backend_through_the_shim() {
     let mut cases = mixed_types::promoted_cases();
     cases.extend(mixed_types::cast_group_cases());
+    cases.extend(mixed_types::accumulated_norm_cases());
     check_kernel_cases(&cases);
 }
 

@@ -11,6 +11,7 @@ pub mod group_updates;
 pub mod liveness;
 pub mod lora;
 pub mod megatron;
+pub mod norm_accumulate;
 pub mod offload_activations;
 pub mod optimizer;
 pub mod packed_attention;

@@ -7,15 +7,19 @@
 //! A value becomes a view only when sharing is safe and the accounting stays exact: its
 //! root is a value a step computes (not a parameter, optimizer state or input, which are
 //! bound from outside), nothing writes the root in place, and both hold the same kind of
-//! bytes (the same buffer class, so the report's parts add up as before).
+//! bytes (the same buffer class, so the report's parts add up as before), or the view is a
+//! temporary over a saved activation (a backward step reading the activation reshaped: the
+//! bytes stay the activation's, and the temporary copy it replaces is gone).
 
+use super::BufferClass;
 use crate::ir::{Graph, Op, ValueId};
 use crate::passes::liveness::Interval;
 
 /// The value whose storage each value shares (by value index): `Some(root)` for a view,
-/// `None` for a value with storage of its own. `class` gives each value's buffer class key
-/// (views need the root's). Roots are never views themselves.
-pub fn roots<C: PartialEq>(graph: &Graph, class: impl Fn(ValueId) -> C) -> Vec<Option<ValueId>> {
+/// `None` for a value with storage of its own. `class` gives each value's buffer class
+/// (views need the root's, or are temporaries over an activation). Roots are never views
+/// themselves.
+pub fn roots(graph: &Graph, class: impl Fn(ValueId) -> BufferClass) -> Vec<Option<ValueId>> {
     let mut written_in_place = vec![false; graph.len()];
     for v in graph.values() {
         let node = graph.node(v);
@@ -38,7 +42,10 @@ pub fn roots<C: PartialEq>(graph: &Graph, class: impl Fn(ValueId) -> C) -> Vec<O
         let input = node.inputs[0];
         let r = root[input.index()].unwrap_or(input);
         let source = graph.node(r).op.class() == crate::ir::OpClass::Source;
-        if !source && !written_in_place[r.index()] && class(r) == class(v) {
+        let kinds = (class(r), class(v));
+        let shared =
+            kinds.0 == kinds.1 || kinds == (BufferClass::Activation, BufferClass::Temporary);
+        if !source && !written_in_place[r.index()] && shared {
             root[v.index()] = Some(r);
         }
     }

@@ -1,12 +1,32 @@
 //! Cases whose inputs' types differ from their output's: arithmetic on a 16-bit and an
 //! fp32 operand (type promotion, as the residual adds of a mixed-precision step read their
 //! 16-bit branch: the result is fp32, each operand read in its own type, either one the
-//! narrow one, broadcast or not), and cast groups (fp32 parameters cast to 16 bits into
-//! one packed output through the tensor table).
+//! narrow one, broadcast or not), cast groups (fp32 parameters cast to 16 bits into one
+//! packed output through the tensor table), and norm input gradients that add a residual
+//! gradient of another type as they store (`passes::norm_accumulate`).
 
 use super::{output, t, KernelCase};
 use memc::codegen::kernel_for;
-use memc::ir::{BinaryFn, DType, Op};
+use memc::ir::{BinaryFn, DType, NormKind, Op, TensorType};
+
+/// The case `label` of `op` over `inputs` (`dtype` names its narrow type), checked against
+/// the CPU backend running the same op on the inputs widened to f32.
+fn case(label: String, dtype: DType, op: Op, inputs: Vec<TensorType>) -> KernelCase {
+    let output = output(&op, &inputs);
+    let kernel = kernel_for(&op, &inputs, &output)
+        .unwrap_or_else(|e| panic!("{label}: {e}"))
+        .unwrap_or_else(|| panic!("{label}: no kernel"));
+    KernelCase {
+        label,
+        dtype,
+        f32_op: op.clone(),
+        op,
+        f32_inputs: inputs.iter().map(|x| x.with_dtype(DType::F32)).collect(),
+        inputs,
+        output,
+        kernel,
+    }
+}
 
 /// Add, sub, mul and div with one operand in f16 or bf16 and the other in f32.
 pub fn promoted_cases() -> Vec<KernelCase> {
@@ -20,28 +40,14 @@ pub fn promoted_cases() -> Vec<KernelCase> {
     for narrow in [DType::F16, DType::BF16] {
         for (label, fun, which) in funs {
             let op = Op::Binary(fun);
-            let f32_inputs = vec![t(DType::F32, &[4, 33]), t(DType::F32, &[4, 33])];
-            let mut inputs = f32_inputs.clone();
+            let mut inputs = vec![t(DType::F32, &[4, 33]), t(DType::F32, &[4, 33])];
             inputs[which] = inputs[which].with_dtype(narrow);
             if fun == BinaryFn::Mul {
                 inputs[1 - which] = t(DType::F32, &[33]);
             }
-            let f32_inputs = inputs.iter().map(|x| x.with_dtype(DType::F32)).collect();
-            let output = output(&op, &inputs);
-            assert_eq!(output.dtype, DType::F32, "{label}: promoted to fp32");
-            let kernel = kernel_for(&op, &inputs, &output)
-                .unwrap_or_else(|e| panic!("{label}/{narrow}: {e}"))
-                .unwrap_or_else(|| panic!("{label}/{narrow}: no kernel"));
-            out.push(KernelCase {
-                label: format!("{label}/{narrow}"),
-                dtype: narrow,
-                f32_op: op.clone(),
-                op,
-                f32_inputs,
-                inputs,
-                output,
-                kernel,
-            });
+            let case = case(format!("{label}/{narrow}"), narrow, op.clone(), inputs);
+            assert_eq!(case.output.dtype, DType::F32, "{label}: promoted to fp32");
+            out.push(case);
         }
     }
     out
@@ -60,20 +66,36 @@ pub fn cast_group_cases() -> Vec<KernelCase> {
                 tensors: inputs.len() as u32,
             };
             let label = format!("cast_group_{}/{to}", inputs.len());
-            let output = output(&op, &inputs);
-            let kernel = kernel_for(&op, &inputs, &output)
-                .unwrap_or_else(|e| panic!("{label}: {e}"))
-                .unwrap_or_else(|| panic!("{label}: no kernel"));
-            out.push(KernelCase {
-                label,
-                dtype: to,
-                f32_op: op.clone(),
-                op,
-                f32_inputs: inputs.clone(),
-                inputs,
-                output,
-                kernel,
-            });
+            out.push(case(label, to, op, inputs));
+        }
+    }
+    out
+}
+
+/// Layer and RMS norm input gradients over fp32 rows that add a residual gradient in f32,
+/// f16 or bf16 (with a bf16 `dy` beside the bf16 one, as a mixed-precision step has).
+pub fn accumulated_norm_cases() -> Vec<KernelCase> {
+    let mut out = Vec::new();
+    for (kind, name, eps) in [
+        (NormKind::Layer, "layer", 1e-5),
+        (NormKind::Rms, "rms", 1e-6),
+    ] {
+        for residual in [DType::F32, DType::F16, DType::BF16] {
+            let dy = if residual == DType::BF16 {
+                DType::BF16
+            } else {
+                DType::F32
+            };
+            let rows = t(DType::F32, &[6, 72]);
+            let inputs = vec![
+                rows.clone(),
+                t(DType::F32, &[72]),
+                t(dy, &[6, 72]),
+                t(residual, &[6, 72]),
+            ];
+            let op = Op::NormBackwardInput { kind, eps };
+            let label = format!("{name}_norm_bwd_in_accumulated/{residual}");
+            out.push(case(label, residual, op, inputs));
         }
     }
     out

@@ -17,7 +17,11 @@ impl CpuKernel for super::Family {
                 kernels::norm_forward(*kind, *eps, x(0), s, x(1), bias, step.output())
             }
             Op::NormBackwardInput { kind, eps } => {
-                kernels::norm_backward_input(*kind, *eps, x(0), s, x(1), x(2), step.output())
+                let dx = step.output();
+                kernels::norm_backward_input(*kind, *eps, x(0), s, x(1), x(2), dx);
+                if step.input_count() > 3 {
+                    kernels::accumulate(dx, x(3));
+                }
             }
             Op::NormBackwardWeight { kind, eps } => {
                 kernels::norm_backward_weight(*kind, *eps, x(0), s, x(1), step.output())

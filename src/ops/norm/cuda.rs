@@ -6,7 +6,7 @@
 
 use crate::codegen::build::{c_bool, c_f32, c_int, c_u64};
 use crate::codegen::geometry::{numel, pow2_block, split, u};
-use crate::codegen::launch::{single, templated, two_stage, Launch};
+use crate::codegen::launch::{single, two_stage, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel, KernelParam};
 use crate::ir::infer::norm_channels;
@@ -66,6 +66,37 @@ fn forward(a: &Args, kind: NormKind, eps: f32) -> Result<Kernel, CodegenError> {
     p.push(KernelParam::Output);
     let launch = Launch::PerBlock(groups, pow2_block(gsize, 32, 512));
     Ok(single("norm", &[TEMPLATE], lines, call, &p, launch))
+}
+
+/// The input gradient: `in3`, when there is one, is a gradient added to it as each element
+/// is stored (`passes::norm_accumulate`; `dy` stands in when there is none).
+fn backward_input(a: &Args, kind: NormKind, eps: f32) -> Result<Kernel, CodegenError> {
+    let x = a.at(0)?;
+    let acc = a.inputs.len() == 4;
+    let (mut lines, groups, gsize) = norm_cfg(kind, eps, &x.shape, false);
+    lines.push(c_bool("ACC", acc));
+    let (g, tg) = if acc {
+        ("in3", a.ty(3)?)
+    } else {
+        ("in2", a.ty(2)?)
+    };
+    let call = format!(
+        "norm_backward_input_kernel<{}, {}, {}, {tg}, Cfg>(arena, in0, in1, in2, {g}, out)",
+        a.ty(0)?,
+        a.ty(1)?,
+        a.ty(2)?,
+    );
+    let mut p: Vec<KernelParam> = (0..a.inputs.len()).map(KernelParam::Input).collect();
+    p.push(KernelParam::Output);
+    let launch = Launch::PerBlock(groups, pow2_block(gsize, 32, 512));
+    Ok(single(
+        "norm_backward_input",
+        &[TEMPLATE],
+        lines,
+        call,
+        &p,
+        launch,
+    ))
 }
 
 /// Most position chunks of the weight and bias gradients: a block per chunk for layer/RMS
@@ -197,21 +228,7 @@ impl CudaLowering for super::Family {
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
             Op::Norm { kind, eps, .. } => forward(a, *kind, *eps),
-            Op::NormBackwardInput { kind, eps } => {
-                let x = a.at(0)?;
-                let (lines, groups, gsize) = norm_cfg(*kind, *eps, &x.shape, false);
-                Ok(templated(
-                    "norm_backward_input",
-                    &[TEMPLATE],
-                    lines,
-                    (
-                        "norm_backward_input_kernel",
-                        &[a.ty(0)?, a.ty(1)?, a.ty(2)?],
-                        3,
-                    ),
-                    Launch::PerBlock(groups, pow2_block(gsize, 32, 512)),
-                ))
-            }
+            Op::NormBackwardInput { kind, eps } => backward_input(a, *kind, *eps),
             Op::BatchNormStats { momentum } => {
                 let x = a.at(2)?;
                 let (mut lines, groups, gsize) = norm_cfg(NormKind::Batch, 0.0, &x.shape, false);

@@ -76,12 +76,14 @@ __device__ void norm_kernel(char* arena, u64 o_x, u64 o_w, u64 o_b, u64 o_out) {
     }
 }
 
-// dx = rstd * (gr - mean(gr) - xhat * mean(gr * xhat)), gr = dy * w (no mean(gr) for rms).
-template <typename T, typename TW, typename TD, typename C>
-__device__ void norm_backward_input_kernel(char* arena, u64 o_x, u64 o_w, u64 o_dy, u64 o_dx) {
+// dx = rstd * (gr - mean(gr) - xhat * mean(gr * xhat)), gr = dy * w (no mean(gr) for rms);
+// with C::ACC, dx = g + that, added as a separate rounding (o_g is ignored otherwise).
+template <typename T, typename TW, typename TD, typename TG, typename C>
+__device__ void norm_backward_input_kernel(char* arena, u64 o_x, u64 o_w, u64 o_dy, u64 o_g, u64 o_dx) {
     const T* x = tensor_at<T>(arena, o_x);
     const TW* w = tensor_at<TW>(arena, o_w);
     const TD* dy = tensor_at<TD>(arena, o_dy);
+    const TG* acc = tensor_at<TG>(arena, o_g);
     T* dx = tensor_at<T>(arena, o_dx);
     for (u64 g = blockIdx.x; g < C::GROUPS; g += gridDim.x) {
         const float2 ms = norm_stats<T, C>(x, g);
@@ -98,7 +100,8 @@ __device__ void norm_backward_input_kernel(char* arena, u64 o_x, u64 o_w, u64 o_
             const u64 i = norm_off<C>(g, e);
             const float gr = ld(dy, i) * ld(w, norm_ch<C>(g, e));
             const float xh = (ld(x, i) - ms.x) * ms.y;
-            st(dx, i, ms.y * (gr - mg - xh * mgx));
+            const float d = ms.y * (gr - mg - xh * mgx);
+            st(dx, i, C::ACC ? __fadd_rn(ld(acc, i), d) : d);
         }
     }
 }

@@ -98,8 +98,13 @@ impl Rules for super::Family {
                 })
             }
             Op::NormBackwardInput { kind, .. } => {
-                arity(op, inputs, 3, 3)?;
+                // A fourth input is a gradient the op adds to its own as it stores it
+                // (`passes::norm_accumulate`), of the input's shape.
+                arity(op, inputs, 3, 4)?;
                 same_shape(inputs[0], inputs[2], op.name())?;
+                if let Some(acc) = inputs.get(3) {
+                    same_shape(inputs[0], acc, op.name())?;
+                }
                 norm(*kind, inputs[0], &inputs[1..2])
             }
             Op::NormBackwardWeight { kind, .. } => {

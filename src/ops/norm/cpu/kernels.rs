@@ -227,6 +227,14 @@ pub fn norm_backward_input(
     });
 }
 
+/// Adds `g` to `dx` element by element (`dx = g + dx`, one rounding each): the residual
+/// gradient a norm's input gradient takes in (`passes::norm_accumulate`).
+pub fn accumulate(dx: &mut [f32], g: &[f32]) {
+    for (d, &g) in dx.iter_mut().zip(g) {
+        *d += g;
+    }
+}
+
 /// Computes `dweight = sum over non-channel positions of dy * normalize(x)`.
 pub fn norm_backward_weight(
     kind: NormKind,
