@@ -5,18 +5,14 @@
 //! fp32 accumulator before the output's one rounding, so in fp32 the values are the same
 //! and in 16 bits they are rounded once instead of twice (as PyTorch's `addmm` does).
 
-use super::rewrite::{rebuild, Edit};
+use super::rewrite::{absorb, Absorbed};
 use super::StageError;
 use crate::ir::{BinaryFn, Graph, Op, ValueId};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 /// For an add of a bias to a product only it reads: the product, and the matmul with the
 /// bias that replaces the add (its op and inputs).
-fn fusable(
-    graph: &Graph,
-    v: ValueId,
-    outputs: &BTreeSet<ValueId>,
-) -> Option<(ValueId, Op, Vec<ValueId>)> {
+fn fusable(graph: &Graph, v: ValueId, outputs: &BTreeSet<ValueId>) -> Option<Absorbed> {
     let node = graph.node(v);
     if node.op != Op::Binary(BinaryFn::Add) {
         return None;
@@ -56,17 +52,7 @@ fn fusable(
 /// `graph` with every such add folded into its product (see the module doc): the new graph
 /// and each old value's new one (`None` for a folded product).
 pub fn fold(graph: &Graph) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
-    let outputs: BTreeSet<ValueId> = graph.outputs.iter().map(|(_, v)| *v).collect();
-    let fused: BTreeMap<ValueId, (ValueId, Op, Vec<ValueId>)> = graph
-        .values()
-        .filter_map(|v| fusable(graph, v, &outputs).map(|f| (v, f)))
-        .collect();
-    let products: BTreeSet<ValueId> = fused.values().map(|(p, _, _)| *p).collect();
-    rebuild(graph, "bias_epilogue", |v| match fused.get(&v) {
-        Some((_, op, inputs)) => Edit::Rebuild(op.clone(), inputs.clone()),
-        None if products.contains(&v) => Edit::Drop,
-        None => Edit::Keep,
-    })
+    absorb(graph, "bias_epilogue", fusable)
 }
 
 #[cfg(test)]

@@ -7,10 +7,10 @@
 //! one operand is an fp32 norm input gradient of three inputs that only this add reads (and
 //! is no graph output), the add's output is fp32, and both are of one phase.
 
-use super::rewrite::{rebuild, Edit};
+use super::rewrite::{absorb, Absorbed};
 use super::StageError;
 use crate::ir::{BinaryFn, DType, Graph, Op, ValueId};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 /// Whether `v` is a norm input gradient that may fold into the add `by`.
 fn folds(graph: &Graph, v: ValueId, by: ValueId, outputs: &BTreeSet<ValueId>) -> bool {
@@ -25,11 +25,7 @@ fn folds(graph: &Graph, v: ValueId, by: ValueId, outputs: &BTreeSet<ValueId>) ->
 
 /// For an add reading a foldable norm input gradient: that gradient, and the fused op's
 /// inputs (the norm's three, then the add's other operand).
-fn accumulated(
-    graph: &Graph,
-    v: ValueId,
-    outputs: &BTreeSet<ValueId>,
-) -> Option<(ValueId, Op, Vec<ValueId>)> {
+fn accumulated(graph: &Graph, v: ValueId, outputs: &BTreeSet<ValueId>) -> Option<Absorbed> {
     let node = graph.node(v);
     if node.op != Op::Binary(BinaryFn::Add) || node.ty.dtype != DType::F32 {
         return None;
@@ -52,17 +48,7 @@ fn accumulated(
 /// `graph` with every such add folded into its norm input gradient (see the module doc): the
 /// new graph and each old value's new one (`None` for a folded norm input gradient).
 pub fn fold(graph: &Graph) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
-    let outputs: BTreeSet<ValueId> = graph.outputs.iter().map(|(_, v)| *v).collect();
-    let adds: BTreeMap<ValueId, (ValueId, Op, Vec<ValueId>)> = graph
-        .values()
-        .filter_map(|v| accumulated(graph, v, &outputs).map(|p| (v, p)))
-        .collect();
-    let norms: BTreeSet<ValueId> = adds.values().map(|(norm, _, _)| *norm).collect();
-    rebuild(graph, "norm_accumulate", |v| match adds.get(&v) {
-        Some((_, op, inputs)) => Edit::Rebuild(op.clone(), inputs.clone()),
-        None if norms.contains(&v) => Edit::Drop,
-        None => Edit::Keep,
-    })
+    absorb(graph, "norm_accumulate", accumulated)
 }
 
 #[cfg(test)]

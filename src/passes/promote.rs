@@ -6,10 +6,10 @@
 //! widens a bf16/fp16 value to fp32, only one arithmetic op (add, sub, mul, div) of the same
 //! phase reads it, the op's other operand is fp32, and the cast is no graph output.
 
-use super::rewrite::{rebuild, Edit};
+use super::rewrite::absorb;
 use super::StageError;
 use crate::ir::{BinaryFn, DType, Graph, Op, ValueId};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 /// Whether `v` is a widening cast (bf16/fp16 to fp32) that may fold into its reader `by`.
 fn folds(graph: &Graph, v: ValueId, by: ValueId, outputs: &BTreeSet<ValueId>) -> bool {
@@ -52,16 +52,9 @@ fn promoted(
 /// `graph` with every such cast folded into its reader (see the module doc): the new graph
 /// and each old value's new one (`None` for a folded cast).
 pub fn fold(graph: &Graph) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
-    let outputs: BTreeSet<ValueId> = graph.outputs.iter().map(|(_, v)| *v).collect();
-    let readers: BTreeMap<ValueId, (ValueId, Vec<ValueId>)> = graph
-        .values()
-        .filter_map(|v| promoted(graph, v, &outputs).map(|p| (v, p)))
-        .collect();
-    let casts: BTreeSet<ValueId> = readers.values().map(|(cast, _)| *cast).collect();
-    rebuild(graph, "promote", |v| match readers.get(&v) {
-        Some((_, inputs)) => Edit::Rebuild(graph.node(v).op.clone(), inputs.clone()),
-        None if casts.contains(&v) => Edit::Drop,
-        None => Edit::Keep,
+    absorb(graph, "promote", |graph, v, outputs| {
+        let (cast, inputs) = promoted(graph, v, outputs)?;
+        Some((cast, graph.node(v).op.clone(), inputs))
     })
 }
 

@@ -1,10 +1,12 @@
 //! Rebuilding a graph with some nodes folded away: the shared step of the peephole passes
-//! (`widen`, `concat_grads`). Nodes are copied in creation order; an edited node is dropped,
+//! (`widen`, `concat_grads`, and the folds that absorb a producer: `bias_epilogue`,
+//! `promote`, `norm_accumulate`). Nodes are copied in creation order; an edited node is dropped,
 //! made an alias of an earlier value, or rebuilt with a new op and inputs.
 
 use super::autodiff::Differentiated;
 use super::StageError;
 use crate::ir::{Graph, Op, ValueId};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What becomes of one node of the old graph.
 pub enum Edit {
@@ -61,6 +63,31 @@ pub fn rebuild(
         out.outputs.push((name.clone(), mapped(&map, *v)?));
     }
     Ok((out, map))
+}
+
+/// What a fold makes of one node that absorbs the producer of one of its inputs: that
+/// producer (read by nothing else), the node's new op and its new (old) inputs.
+pub type Absorbed = (ValueId, Op, Vec<ValueId>);
+
+/// `graph` with every node for which `absorbs` (given the graph outputs) names an
+/// [`Absorbed`] rebuilt with its op and inputs and the absorbed producer dropped: the new
+/// graph and each old value's new one (`None` for an absorbed producer).
+pub fn absorb(
+    graph: &Graph,
+    pass: &'static str,
+    absorbs: impl Fn(&Graph, ValueId, &BTreeSet<ValueId>) -> Option<Absorbed>,
+) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
+    let outputs: BTreeSet<ValueId> = graph.outputs.iter().map(|(_, v)| *v).collect();
+    let rebuilt: BTreeMap<ValueId, Absorbed> = graph
+        .values()
+        .filter_map(|v| absorbs(graph, v, &outputs).map(|a| (v, a)))
+        .collect();
+    let absorbed: BTreeSet<ValueId> = rebuilt.values().map(|(p, _, _)| *p).collect();
+    rebuild(graph, pass, |v| match rebuilt.get(&v) {
+        Some((_, op, inputs)) => Edit::Rebuild(op.clone(), inputs.clone()),
+        None if absorbed.contains(&v) => Edit::Drop,
+        None => Edit::Keep,
+    })
 }
 
 /// The new value of each of `pairs` (a parameter and its gradient) under `map`.
