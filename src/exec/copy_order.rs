@@ -3,13 +3,15 @@
 //! host arena on a copy stream, so a copy overlaps the kernels that follow it until one of
 //! them touches the device bytes it moves.
 //!
-//! Each copy first waits for the compute stream to reach its place in the plan (so every
-//! earlier kernel has finished with the bytes it reads or overwrites). The compute stream
-//! waits for a copy only before the first later device step whose buffers overlap the
-//! copy's device bytes: a saved activation copied out keeps its bytes until the step that
-//! reuses them, a prefetched one is waited for by its first reader. Copies follow one
-//! another on their own stream, and host steps run after the copy stream has drained, so
-//! neither needs more. What a micro-step leaves in flight is waited for at its end.
+//! Each copy waits only for the last earlier device step whose buffers overlap the device
+//! bytes it moves (a saved activation's producer, a prefetch's previous occupant's last
+//! reader), so it starts as soon as its bytes are free, however far the kernels issued
+//! before it have got. The compute stream waits for a copy only before the first later
+//! device step whose buffers overlap the copy's device bytes: a saved activation copied out
+//! keeps its bytes until the step that reuses them, a prefetched one is waited for by its
+//! first reader. Copies follow one another on their own stream, and host steps run on it
+//! between them, so neither needs more. A micro-step's copies start after the work of the
+//! micro-step before, and what a micro-step leaves in flight is waited for at its end.
 
 use crate::plan::{Placement, Plan, Step};
 use std::ops::Range;
@@ -49,23 +51,37 @@ fn overlap(a: &Range<u64>, b: &Range<u64>) -> bool {
     a.start < b.end && b.start < a.end
 }
 
-/// Per plan step, the copy steps the compute stream waits for before issuing it: each copy
-/// appears once, before the first later device step touching its device bytes (a copy no
-/// later step touches is waited for at the micro-step's end instead).
-pub fn compute_waits(plan: &Plan) -> Vec<Vec<usize>> {
+/// The two directions of the order between the streams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyOrder {
+    /// Per plan step, the copy steps the compute stream waits for before issuing it: each
+    /// copy appears once, before the first later device step touching its device bytes (a
+    /// copy no later step touches is waited for at the micro-step's end instead).
+    pub compute_waits: Vec<Vec<usize>>,
+    /// Per copy step, the last earlier device step touching its device bytes, which the copy
+    /// waits for (None: no step of the micro-step before it touches them; None for every
+    /// other step).
+    pub copy_waits: Vec<Option<usize>>,
+}
+
+/// The order between the compute stream and the copy stream for `plan` (module doc).
+pub fn copy_order(plan: &Plan) -> CopyOrder {
     let touches: Vec<Vec<Range<u64>>> = plan.steps.iter().map(|s| touched(plan, s)).collect();
-    let mut waits = vec![Vec::new(); plan.steps.len()];
+    let touch = |t: usize, moved: &Range<u64>| touches[t].iter().any(|r| overlap(r, moved));
+    let mut order = CopyOrder {
+        compute_waits: vec![Vec::new(); plan.steps.len()],
+        copy_waits: vec![None; plan.steps.len()],
+    };
     for (c, step) in plan.steps.iter().enumerate() {
         let Some(moved) = copied_device_bytes(plan, step) else {
             continue;
         };
-        let reader =
-            (c + 1..plan.steps.len()).find(|&t| touches[t].iter().any(|r| overlap(r, &moved)));
-        if let Some(t) = reader {
-            waits[t].push(c);
+        order.copy_waits[c] = (0..c).rev().find(|&t| touch(t, &moved));
+        if let Some(t) = (c + 1..plan.steps.len()).find(|&t| touch(t, &moved)) {
+            order.compute_waits[t].push(c);
         }
     }
-    waits
+    order
 }
 
 #[cfg(test)]
@@ -104,13 +120,20 @@ mod tests {
     fn every_step_touching_copied_bytes_is_ordered_after_the_copy() {
         for offload in ["optimizer", "activations", "all"] {
             let plan = offloaded(offload);
-            let waits = compute_waits(&plan);
+            let order = copy_order(&plan);
+            let waits = &order.compute_waits;
             let mut copies = 0;
             for (c, step) in plan.steps.iter().enumerate() {
                 let Some(moved) = copied_device_bytes(&plan, step) else {
                     continue;
                 };
                 copies += 1;
+                // The copy waits for the last earlier step touching its bytes.
+                let earlier = (0..c).filter(|&t| {
+                    let touches = touched(&plan, &plan.steps[t]);
+                    touches.iter().any(|r| overlap(r, &moved))
+                });
+                assert_eq!(order.copy_waits[c], earlier.max(), "{offload}: copy {c}");
                 let mut waited = false;
                 for (t, later) in plan.steps.iter().enumerate().skip(c + 1) {
                     waited |= waits[t].contains(&c);
@@ -136,19 +159,28 @@ mod tests {
         }
     }
 
-    /// A prefetched activation is waited for by its first reader, not at the copy: the
-    /// copies of `offload = activations` leave device steps between each copy and its wait.
+    /// A prefetched activation is waited for by its first reader, not at the copy, and the
+    /// prefetch starts once its bytes are free, not when the kernels reach it: the copies of
+    /// `offload = activations` leave device steps between each copy and its wait, and
+    /// prefetches start device steps before their place.
     #[test]
     fn copies_overlap_the_steps_before_their_first_reader() {
         let plan = offloaded("activations");
-        let waits = compute_waits(&plan);
+        let order = copy_order(&plan);
+        let early = (plan.steps.iter().enumerate())
+            .filter(|(_, s)| s.op == crate::ir::Op::CopyFromHost)
+            .filter(|&(c, _)| {
+                let free_since = order.copy_waits[c].map_or(0, |t| t + 1);
+                (free_since..c).any(|u| !touched(&plan, &plan.steps[u]).is_empty())
+            })
+            .count();
+        assert!(early > 0, "no prefetch starts before its place");
+        let waits = &order.compute_waits;
         let overlapped = waits
             .iter()
             .enumerate()
             .flat_map(|(t, list)| list.iter().map(move |&c| (c, t)))
-            .filter(|&(c, t)| {
-                (c + 1..t).any(|u| plan.placement(&plan.steps[u]) == Placement::Device)
-            })
+            .filter(|&(c, t)| (c + 1..t).any(|u| !touched(&plan, &plan.steps[u]).is_empty()))
             .count();
         assert!(overlapped > 0, "no copy overlaps a kernel");
     }

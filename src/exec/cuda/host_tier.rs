@@ -10,7 +10,7 @@
 //! ZeRO-Offload's do and as the cost model's offload estimate assumes.
 
 use super::device_error;
-use crate::exec::copy_order::{compute_waits, copied_device_bytes};
+use crate::exec::copy_order::{copied_device_bytes, copy_order, CopyOrder};
 use crate::exec::cpu::CpuExecutor;
 use crate::exec::ExecError;
 use crate::ir::Op;
@@ -29,11 +29,11 @@ pub(super) struct HostTier {
     failed: Arc<Mutex<Option<ExecError>>>,
     /// The stream the copies between the tiers run on.
     copy: Arc<CudaStream>,
-    /// Per copy step, the event the compute stream records at the copy's place and the one
-    /// the copy stream records after the copy (None for every other step).
-    events: Vec<Option<(CudaEvent, CudaEvent)>>,
-    /// Per step, the copies the compute stream waits for before it.
-    waits: Vec<Vec<usize>>,
+    /// Per step, the event the compute stream records after it where a copy waits for it,
+    /// and, for a copy step, the event the copy stream records after the copy.
+    events: Vec<(Option<CudaEvent>, Option<CudaEvent>)>,
+    /// What waits for what.
+    order: CopyOrder,
 }
 
 impl HostTier {
@@ -45,10 +45,16 @@ impl HostTier {
         }
         ctx.bind_to_thread().map_err(device_error)?;
         let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
-        let pair =
-            || -> Result<_, DriverError> { Ok((ctx.new_event(flags)?, ctx.new_event(flags)?)) };
-        let events = (plan.steps.iter())
-            .map(|step| step.op.is_transfer().then(pair).transpose())
+        let order = copy_order(plan);
+        let mut marked = vec![false; plan.steps.len()];
+        for &t in order.copy_waits.iter().flatten() {
+            marked[t] = true;
+        }
+        let event = |wanted: bool| wanted.then(|| ctx.new_event(flags)).transpose();
+        let events = (plan.steps.iter().zip(marked))
+            .map(|(step, mark)| -> Result<_, DriverError> {
+                Ok((event(mark)?, event(step.op.is_transfer())?))
+            })
             .collect::<Result<Vec<_>, _>>()
             .map_err(device_error)?;
         let copy = ctx.new_stream().map_err(device_error)?;
@@ -65,23 +71,39 @@ impl HostTier {
             failed: Arc::new(Mutex::new(None)),
             copy,
             events,
-            waits: compute_waits(plan),
+            order,
         };
         Ok(Some(tier))
     }
 
-    /// Issues copy step `s` of `plan` on the copy stream, after the work issued on
-    /// `compute` so far; the device arena starts at `device_base`.
+    /// Makes the copies issued from now on follow the work issued on `compute` so far (at
+    /// a micro-step's start).
+    pub(super) fn begin(&self, compute: &CudaStream) -> Result<(), ExecError> {
+        self.copy.join(compute).map_err(device_error)
+    }
+
+    /// Records on `compute` that device step `t` is issued, where a copy waits for it.
+    pub(super) fn issued(&self, t: usize, compute: &CudaStream) -> Result<(), ExecError> {
+        match &self.events[t].0 {
+            Some(mark) => mark.record(compute).map_err(device_error),
+            None => Ok(()),
+        }
+    }
+
+    /// Issues copy step `s` of `plan` on the copy stream, once the last earlier device step
+    /// touching its device bytes is done (`ran` tells whether a step ran in this
+    /// micro-step; where it did not, the copy follows all the work issued on `compute`);
+    /// the device arena starts at `device_base`.
     pub(super) fn copy(
         &self,
         plan: &Plan,
         s: usize,
-        compute: &CudaStream,
+        (compute, ran): (&CudaStream, impl Fn(usize) -> bool),
         device_base: u64,
     ) -> Result<(), ExecError> {
         let step = &plan.steps[s];
         let not_a_copy = || ExecError::Unsupported(format!("step {s} is not a copy"));
-        let (ready, done) = self.events[s].as_ref().ok_or_else(not_a_copy)?;
+        let done = self.events[s].1.as_ref().ok_or_else(not_a_copy)?;
         let device = copied_device_bytes(plan, step).ok_or_else(not_a_copy)?;
         let host = match step.op {
             Op::CopyToHost => step.output,
@@ -97,8 +119,14 @@ impl HostTier {
                 step.op.name()
             )));
         }
-        ready.record(compute).map_err(device_error)?;
-        self.copy.wait(ready).map_err(device_error)?;
+        let after = self.order.copy_waits[s];
+        let mark = after.and_then(|t| Some((t, self.events[t].0.as_ref()?)));
+        match mark {
+            Some((t, mark)) if ran(t) => self.copy.wait(mark),
+            _ if after.is_none() => Ok(()),
+            _ => self.copy.join(compute),
+        }
+        .map_err(device_error)?;
         let host = (base + host.offset as usize) as *mut std::ffi::c_void;
         let (at, n, stream) = (
             device_base + device.start,
@@ -123,8 +151,8 @@ impl HostTier {
 
     /// Makes `compute` wait for the copies step `s` must follow.
     pub(super) fn wait_before(&self, s: usize, compute: &CudaStream) -> Result<(), ExecError> {
-        for &c in &self.waits[s] {
-            if let Some((_, done)) = &self.events[c] {
+        for &c in &self.order.compute_waits[s] {
+            if let Some(done) = &self.events[c].1 {
                 compute.wait(done).map_err(device_error)?;
             }
         }

@@ -395,6 +395,9 @@ impl CudaExecutor {
             .context()
             .bind_to_thread()
             .map_err(device_error)?;
+        if let Some(host) = &self.host {
+            host.begin(&self.stream)?;
+        }
         for (s, step) in self.plan.steps.iter().enumerate() {
             if !last && step.phase == crate::ir::Phase::Update {
                 continue;
@@ -412,7 +415,9 @@ impl CudaExecutor {
                     continue;
                 }
                 (Placement::Transfer, Some(host)) => {
-                    host.copy(&self.plan, s, &self.stream, self.base)?;
+                    let ran =
+                        |t: usize| last || self.plan.steps[t].phase != crate::ir::Phase::Update;
+                    host.copy(&self.plan, s, (&self.stream, ran), self.base)?;
                     continue;
                 }
                 (_, None) => {
@@ -423,6 +428,10 @@ impl CudaExecutor {
                 }
             }
             let Some(k) = self.kernel_of[s] else {
+                // Nothing to launch; a copy waiting for this step follows what came before.
+                if let Some(host) = &self.host {
+                    host.issued(s, &self.stream)?;
+                }
                 continue;
             };
             if let Some(host) = &self.host {
@@ -437,6 +446,9 @@ impl CudaExecutor {
                 self.arena.upload(&self.stream, at, bytes)?;
             }
             self.launch_step(s, k, micro, stream)?;
+            if let Some(host) = &self.host {
+                host.issued(s, &self.stream)?;
+            }
             if let (Some(start), Some(end)) = (start, self.record()?) {
                 if let Some(t) = self.timing.as_mut() {
                     t.push((s, start, end));
