@@ -1,15 +1,17 @@
 //! The order between the CUDA backend's two streams for a plan with a host tier
 //! (`--offload`): kernels run on the compute stream, copies between the arena and the pinned
-//! host arena on a copy stream, so a copy overlaps the kernels that follow it until one of
-//! them touches the device bytes it moves.
+//! host arena on a copy stream, so a copy overlaps the kernels around it.
 //!
-//! Each copy waits only for the last earlier device step whose buffers overlap the device
-//! bytes it moves (a saved activation's producer, a prefetch's previous occupant's last
-//! reader), so it starts as soon as its bytes are free, however far the kernels issued
-//! before it have got. The compute stream waits for a copy only before the first later
-//! device step whose buffers overlap the copy's device bytes: a saved activation copied out
-//! keeps its bytes until the step that reuses them, a prefetched one is waited for by its
-//! first reader. Copies follow one another on their own stream, and host steps run on it
+//! A device step conflicts with a copy over the copy's device bytes where one of them
+//! writes those bytes: a copy to the host only reads them, so it conflicts with the steps
+//! that write them (its source's producer, and the step that reuses the bytes), while a
+//! copy into the device conflicts with every step that reads or writes them. Each copy
+//! waits only for the last earlier device step it conflicts with, so it starts as soon as
+//! its bytes are ready or free, however far the kernels issued before it have got; the
+//! compute stream waits for a copy only before the first later device step that conflicts
+//! with it. So a saved activation's copy to the host runs beside the kernels that still
+//! read it until its bytes are reused, and a prefetch runs from the moment its bytes are
+//! free until its first reader. Copies follow one another on their own stream, and host steps run on it
 //! between them, so neither needs more. A micro-step's copies start after the work of the
 //! micro-step before, and what a micro-step leaves in flight is waited for at its end.
 
@@ -31,20 +33,21 @@ fn bytes_of(b: &crate::plan::Buffer) -> Range<u64> {
     b.offset..b.offset + b.bytes.max(b.ty.bytes())
 }
 
-/// The device bytes a device step reads or writes: its inputs, output and workspace (none
-/// for a step that launches nothing, a view).
-fn touched(plan: &Plan, step: &Step) -> Vec<Range<u64>> {
+/// The device bytes a device step touches: with `reads`, its inputs, output and workspace;
+/// without, only what it writes (its output, workspace and the inputs it updates in place).
+/// None for a step that launches nothing (a view).
+fn touched(plan: &Plan, step: &Step, reads: bool) -> Vec<Range<u64>> {
     if plan.placement(step) != Placement::Device || !plan.launches(step) {
         return Vec::new();
     }
-    (step
-        .inputs
-        .iter()
-        .chain(&step.output)
-        .chain(&step.workspace))
-    .filter_map(|b| plan.buffers.get(b.index()))
-    .map(bytes_of)
-    .collect()
+    let mutated = step.op.mutated_inputs();
+    let inputs = (step.inputs.iter().enumerate())
+        .filter(|(i, _)| reads || mutated.contains(i))
+        .map(|(_, b)| b);
+    (inputs.chain(&step.output).chain(&step.workspace))
+        .filter_map(|b| plan.buffers.get(b.index()))
+        .map(bytes_of)
+        .collect()
 }
 
 fn overlap(a: &Range<u64>, b: &Range<u64>) -> bool {
@@ -66,8 +69,21 @@ pub struct CopyOrder {
 
 /// The order between the compute stream and the copy stream for `plan` (module doc).
 pub fn copy_order(plan: &Plan) -> CopyOrder {
-    let touches: Vec<Vec<Range<u64>>> = plan.steps.iter().map(|s| touched(plan, s)).collect();
-    let touch = |t: usize, moved: &Range<u64>| touches[t].iter().any(|r| overlap(r, moved));
+    let touches = |reads| -> Vec<Vec<Range<u64>>> {
+        (plan.steps.iter())
+            .map(|s| touched(plan, s, reads))
+            .collect()
+    };
+    let (all, writes) = (touches(true), touches(false));
+    let conflict = |c: usize, t: usize, moved: &Range<u64>| {
+        // A copy to the host only reads its device bytes: reading them beside it is no
+        // conflict. A copy into the device conflicts with every touch.
+        let touched = match plan.steps[c].op {
+            crate::ir::Op::CopyToHost => &writes[t],
+            _ => &all[t],
+        };
+        touched.iter().any(|r| overlap(r, moved))
+    };
     let mut order = CopyOrder {
         compute_waits: vec![Vec::new(); plan.steps.len()],
         copy_waits: vec![None; plan.steps.len()],
@@ -76,8 +92,8 @@ pub fn copy_order(plan: &Plan) -> CopyOrder {
         let Some(moved) = copied_device_bytes(plan, step) else {
             continue;
         };
-        order.copy_waits[c] = (0..c).rev().find(|&t| touch(t, &moved));
-        if let Some(t) = (c + 1..plan.steps.len()).find(|&t| touch(t, &moved)) {
+        order.copy_waits[c] = (0..c).rev().find(|&t| conflict(c, t, &moved));
+        if let Some(t) = (c + 1..plan.steps.len()).find(|&t| conflict(c, t, &moved)) {
             order.compute_waits[t].push(c);
         }
     }
@@ -113,11 +129,20 @@ mod tests {
             .clone()
     }
 
-    /// Every device step that touches a copy's device bytes comes after a wait on that copy
-    /// (at it or at an earlier step after the copy), and no step waits for a copy without
-    /// touching its bytes.
+    /// Whether device step `t` conflicts with copy step `c` over its device bytes `moved`:
+    /// a write to them for a copy to the host, any touch for a copy into the device.
+    fn conflicts(plan: &Plan, c: usize, t: usize, moved: &Range<u64>) -> bool {
+        let reads = plan.steps[c].op != crate::ir::Op::CopyToHost;
+        let touches = touched(plan, &plan.steps[t], reads);
+        touches.iter().any(|r| overlap(r, moved))
+    }
+
+    /// Every device step that conflicts with a copy over its device bytes comes after a wait
+    /// on that copy (at it or at an earlier step after the copy), no step waits for a copy
+    /// it does not conflict with, and each copy waits for the last earlier step it conflicts
+    /// with.
     #[test]
-    fn every_step_touching_copied_bytes_is_ordered_after_the_copy() {
+    fn every_step_conflicting_with_a_copy_is_ordered_after_it() {
         for offload in ["optimizer", "activations", "all"] {
             let plan = offloaded(offload);
             let order = copy_order(&plan);
@@ -128,20 +153,15 @@ mod tests {
                     continue;
                 };
                 copies += 1;
-                // The copy waits for the last earlier step touching its bytes.
-                let earlier = (0..c).filter(|&t| {
-                    let touches = touched(&plan, &plan.steps[t]);
-                    touches.iter().any(|r| overlap(r, &moved))
-                });
+                let earlier = (0..c).filter(|&t| conflicts(&plan, c, t, &moved));
                 assert_eq!(order.copy_waits[c], earlier.max(), "{offload}: copy {c}");
                 let mut waited = false;
-                for (t, later) in plan.steps.iter().enumerate().skip(c + 1) {
-                    waited |= waits[t].contains(&c);
-                    let touches = touched(&plan, later);
-                    if touches.iter().any(|r| overlap(r, &moved)) {
+                for (t, list) in waits.iter().enumerate().skip(c + 1) {
+                    waited |= list.contains(&c);
+                    if conflicts(&plan, c, t, &moved) {
                         assert!(
                             waited,
-                            "{offload}: step {t} touches copy {c}'s bytes unordered"
+                            "{offload}: step {t} conflicts with copy {c} unordered"
                         );
                     }
                 }
@@ -150,38 +170,39 @@ mod tests {
             for (t, list) in waits.iter().enumerate() {
                 for &c in list {
                     let moved = copied_device_bytes(&plan, &plan.steps[c]).expect("a copy");
-                    assert!(c < t);
-                    assert!(touched(&plan, &plan.steps[t])
-                        .iter()
-                        .any(|r| overlap(r, &moved)));
+                    assert!(c < t && conflicts(&plan, c, t, &moved));
                 }
             }
         }
     }
 
-    /// A prefetched activation is waited for by its first reader, not at the copy, and the
-    /// prefetch starts once its bytes are free, not when the kernels reach it: the copies of
-    /// `offload = activations` leave device steps between each copy and its wait, and
-    /// prefetches start device steps before their place.
+    /// The copies of `offload = activations` overlap kernels: a saved activation's copy to
+    /// the host runs beside the kernels that still read it, and a prefetch starts once its
+    /// bytes are free, before its place.
     #[test]
-    fn copies_overlap_the_steps_before_their_first_reader() {
+    fn copies_overlap_the_kernels_around_them() {
         let plan = offloaded("activations");
         let order = copy_order(&plan);
+        let kernel = |u: usize| !touched(&plan, &plan.steps[u], true).is_empty();
         let early = (plan.steps.iter().enumerate())
             .filter(|(_, s)| s.op == crate::ir::Op::CopyFromHost)
             .filter(|&(c, _)| {
                 let free_since = order.copy_waits[c].map_or(0, |t| t + 1);
-                (free_since..c).any(|u| !touched(&plan, &plan.steps[u]).is_empty())
+                (free_since..c).any(kernel)
             })
             .count();
         assert!(early > 0, "no prefetch starts before its place");
-        let waits = &order.compute_waits;
-        let overlapped = waits
-            .iter()
-            .enumerate()
-            .flat_map(|(t, list)| list.iter().map(move |&c| (c, t)))
-            .filter(|&(c, t)| (c + 1..t).any(|u| !touched(&plan, &plan.steps[u]).is_empty()))
+        let copies_out = (plan.steps.iter().enumerate())
+            .filter(|(_, s)| s.op == crate::ir::Op::CopyToHost)
+            .map(|(c, _)| c);
+        let waited_at = |c: usize| {
+            (order.compute_waits.iter())
+                .position(|list| list.contains(&c))
+                .unwrap_or(plan.steps.len())
+        };
+        let overlapped = copies_out
+            .filter(|&c| (c + 1..waited_at(c)).any(kernel))
             .count();
-        assert!(overlapped > 0, "no copy overlaps a kernel");
+        assert!(overlapped > 0, "no copy to the host overlaps a kernel");
     }
 }
