@@ -451,7 +451,8 @@ fn plan_candidates(
 
 /// Auto mode's choice: the first stage of [`auto_candidates`] with a plan that fits `budget`
 /// gives its smallest plan (then the least estimated step time) when it is the first stage,
-/// else its plan with the least estimated step time (then the smallest arena); when none fits
+/// else its plan with the least estimated step time (of times equal up to rounding, the
+/// smallest arena); when none fits
 /// with the quick layout, the smallest candidate, which then gets the full layout search
 /// (and the infeasible diagnostic if it still misses).
 fn least_time(
@@ -463,7 +464,7 @@ fn least_time(
     for (index, stage) in auto_candidates(step.graph).into_iter().enumerate() {
         let planned = plan_candidates(step, &stage, quick)?;
         let order = |a: &Candidate, b: &Candidate| {
-            let time = a.seconds.total_cmp(&b.seconds);
+            let time = same_time(a.seconds, b.seconds);
             let bytes = a.bytes.cmp(&b.bytes);
             if index == 0 {
                 bytes.then(time)
@@ -483,6 +484,16 @@ fn least_time(
             .min_by(|a, b| a.bytes.cmp(&b.bytes).then(a.seconds.total_cmp(&b.seconds)));
     }
     Ok(smallest)
+}
+
+/// The order of two estimated step times, equal where they differ only by rounding (a
+/// step bound by its offload copies costs the same whatever backward recomputes, up to the
+/// last bits of the sums).
+fn same_time(a: f64, b: f64) -> std::cmp::Ordering {
+    match (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) {
+        true => std::cmp::Ordering::Equal,
+        false => a.total_cmp(&b),
+    }
 }
 
 /// Plans the step: the policy of `mode`, or in auto mode the plan [`least_time`]
