@@ -427,38 +427,45 @@ impl CudaExecutor {
                     )))
                 }
             }
-            let Some(k) = self.kernel_of[s] else {
-                // Nothing to launch; a copy waiting for this step follows what came before.
-                if let Some(host) = &self.host {
-                    host.issued(s, &self.stream)?;
-                }
-                continue;
-            };
-            if let Some(host) = &self.host {
-                host.wait_before(s, &self.stream)?;
-            }
-            let start = self.record()?;
-            if let Some(bytes) = &self.tables[s] {
-                let at = step
-                    .workspace
-                    .map_or(0, |b| self.plan.buffers[b.index()].offset)
-                    as usize;
-                self.arena.upload(&self.stream, at, bytes)?;
-            }
-            self.launch_step(s, k, micro, stream)?;
-            if let Some(host) = &self.host {
-                host.issued(s, &self.stream)?;
-            }
-            if let (Some(start), Some(end)) = (start, self.record()?) {
-                if let Some(t) = self.timing.as_mut() {
+            if let Some(k) = self.kernel_of[s] {
+                let timed = self.issue_launch(s, k, micro, stream)?;
+                if let (Some((start, end)), Some(t)) = (timed, self.timing.as_mut()) {
                     t.push((s, start, end));
                 }
+            }
+            // A copy waiting for this step follows it (and, where it launches nothing,
+            // what came before it).
+            if let Some(host) = &self.host {
+                host.issued(s, &self.stream)?;
             }
         }
         match &self.host {
             Some(host) => host.join(&self.stream),
             None => Ok(()),
         }
+    }
+
+    /// Issues device step `s` (kernel `k`) for micro-step `micro`: after the copies it must
+    /// follow, its tensor table uploaded, then its work; while profiling, the events
+    /// recorded around it.
+    fn issue_launch(
+        &self,
+        s: usize,
+        k: usize,
+        micro: u32,
+        stream: u64,
+    ) -> Result<Option<(CudaEvent, CudaEvent)>, ExecError> {
+        if let Some(host) = &self.host {
+            host.wait_before(s, &self.stream)?;
+        }
+        let start = self.record()?;
+        if let Some(bytes) = &self.tables[s] {
+            let at = (self.plan.steps[s].workspace)
+                .map_or(0, |b| self.plan.buffers[b.index()].offset) as usize;
+            self.arena.upload(&self.stream, at, bytes)?;
+        }
+        self.launch_step(s, k, micro, stream)?;
+        Ok(start.zip(self.record()?))
     }
 
     /// An event recorded on the stream now, while profiling.
