@@ -81,15 +81,16 @@ def write_safetensors(path, tensors):
             f.write(b)
 
 
-def run_memc(memc, spec, sets, precision, device, steps, params, inputs):
+def run_memc(memc, spec, sets, precision, device, steps, params, inputs, env=None):
     """Losses of `steps` steps, seconds per step after the first (from memc's `cuda:` line;
-    the CPU run's wall time over all steps, compilation included) and its `cuda:` lines."""
+    the CPU run's wall time over all steps, compilation included) and its `cuda:` lines;
+    `env` adds environment variables."""
     cmd = [memc, "run", spec, "--device", device, "--steps", str(steps), "--precision", precision,
            "--params", params] + sets
     for name, path in inputs.items():
         cmd += ["--input", f"{name}={path}"]
     start = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
     seconds = time.perf_counter() - start
     if out.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr}")
@@ -158,6 +159,12 @@ def main():
         memc_losses, memc_step, cuda = run_memc(
             args.memc, spec, sets, args.precision, args.device, args.steps, params, inputs
         )
+        # The same step launch by launch instead of as one CUDA Graph (6 steps suffice for
+        # the time per step after the first).
+        launches = None
+        if args.device == "cuda":
+            launches = run_memc(args.memc, spec, sets, args.precision, args.device, 6, params,
+                                inputs, env={"MEMC_CUDA_GRAPH": "0"})
     torch_losses, torch_step, torch_peak = run_torch(model, (tokens, targets), args.precision, args.device, args.steps)
     label = f"{args.model} {args.precision} {args.device} {dims}"
     worst = 0.0
@@ -172,6 +179,11 @@ def main():
         print(f"{label}: PyTorch max_memory_allocated {torch_peak:,} B")
     print(f"{label}: seconds per step memc {memc_step:.4f}, PyTorch eager {torch_step:.4f}, "
           f"memc / PyTorch {memc_step / torch_step:.2f}")
+    if launches is not None:
+        agree = launches[0] == memc_losses[:len(launches[0])]
+        print(f"{label}: seconds per step memc launch by launch {launches[1]:.4f}, "
+              f"graph / launches {memc_step / launches[1]:.2f}, losses bitwise equal: {agree}")
+        worst = worst if agree else float("inf")
     if len(memc_losses) != args.steps or len(torch_losses) != args.steps or worst > rtol:
         print(f"{label}: FAILED", file=sys.stderr)
         return 1

@@ -5,9 +5,10 @@
 //! the compute stream, in stream order with the kernels.
 
 use super::device_error;
+use super::pinned::Pinned;
 use crate::exec::ExecError;
 use cudarc::driver::{
-    result, CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError, UnifiedSlice,
+    result, sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError, UnifiedSlice,
 };
 use std::ops::Range;
 use std::sync::Arc;
@@ -80,6 +81,37 @@ impl Arena {
         unsafe {
             result::memcpy_htod_async(self.base(stream) + at as u64, bytes, stream.cu_stream())
         }
+        .map_err(device_error)
+    }
+
+    /// Copies bytes `from[range]` of page-locked memory to offset `at`, asynchronously
+    /// after the work issued on `stream` so far (a copy a CUDA Graph can capture).
+    pub(super) fn upload_pinned(
+        &self,
+        stream: &CudaStream,
+        at: usize,
+        from: &Pinned,
+        range: Range<usize>,
+    ) -> Result<(), ExecError> {
+        self.check(at..at + range.len())?;
+        if range.end > from.len() {
+            return Err(ExecError::Shape(format!(
+                "bytes {range:?} lie past the {} staged",
+                from.len()
+            )));
+        }
+        // SAFETY: the destination lies inside the allocation and the source inside the
+        // page-locked allocation (both checked), which lives until the stream is
+        // synchronized at the step's end.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                self.base(stream) + at as u64,
+                from.address(range.start).cast(),
+                range.len(),
+                stream.cu_stream(),
+            )
+        }
+        .result()
         .map_err(device_error)
     }
 

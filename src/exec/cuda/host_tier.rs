@@ -14,8 +14,9 @@ use crate::exec::copy_order::{copied_device_bytes, copy_order, CopyOrder};
 use crate::exec::cpu::CpuExecutor;
 use crate::exec::ExecError;
 use crate::ir::Op;
-use crate::plan::{BufferId, Plan};
+use crate::plan::{BufferId, Placement, Plan};
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 /// The host arena and what runs on it and from it.
@@ -34,6 +35,12 @@ pub(super) struct HostTier {
     events: Vec<(Option<CudaEvent>, Option<CudaEvent>)>,
     /// What waits for what.
     order: CopyOrder,
+    /// The step number and seed the host steps run as, set before each step is launched
+    /// (a captured graph runs the same host functions every step).
+    keys: Arc<Mutex<(u64, u64)>>,
+    /// The host functions' data, one per host step and micro-step; they stay in place
+    /// while the tier lives, so a captured graph may call them again.
+    jobs: BTreeMap<(usize, u32), Box<HostJob>>,
 }
 
 impl HostTier {
@@ -65,13 +72,33 @@ impl HostTier {
         unsafe { sys::cuMemHostRegister_v2(base.cast(), len, 0) }
             .result()
             .map_err(device_error)?;
+        let cpu = Arc::new(Mutex::new(cpu));
+        let failed = Arc::new(Mutex::new(None));
+        let keys = Arc::new(Mutex::new((1, 0)));
+        let host_steps =
+            (0..plan.steps.len()).filter(|&s| plan.placement(&plan.steps[s]) == Placement::Host);
+        let jobs = host_steps
+            .flat_map(|s| (0..plan.micro_steps()).map(move |micro| (s, micro)))
+            .map(|(step, micro)| {
+                let job = HostJob {
+                    cpu: Arc::clone(&cpu),
+                    failed: Arc::clone(&failed),
+                    keys: Arc::clone(&keys),
+                    step,
+                    micro,
+                };
+                ((step, micro), Box::new(job))
+            })
+            .collect();
         let tier = HostTier {
-            cpu: Arc::new(Mutex::new(cpu)),
+            cpu,
             arena: (base as usize, len),
-            failed: Arc::new(Mutex::new(None)),
+            failed,
             copy,
             events,
             order,
+            keys,
+            jobs,
         };
         Ok(Some(tier))
     }
@@ -174,31 +201,30 @@ impl HostTier {
         }
     }
 
-    /// Issues host step `s` on the copy stream, after the copies issued so far and before
-    /// those issued after it, as step `number` of a run seeded `seed`, in micro-step `micro`.
-    pub(super) fn run(&self, s: usize, keys: (u64, u64, u32)) -> Result<(), ExecError> {
-        fn sendable<T: Send>(job: T) -> T {
-            job
-        }
-        // The driver runs the job on its own thread.
-        let job = Box::new(sendable(HostJob {
-            cpu: Arc::clone(&self.cpu),
-            failed: Arc::clone(&self.failed),
-            step: s,
-            keys,
-        }));
-        let data: *mut std::ffi::c_void = Box::into_raw(job).cast();
-        // SAFETY: `run_host_job` takes the box back exactly once, when the stream reaches
-        // it; where the launch fails it never runs, and the box is taken back here.
-        let launched = unsafe {
-            result::stream::launch_host_function(self.copy.cu_stream(), run_host_job, data)
-        };
-        if let Err(e) = launched {
-            // SAFETY: as above: the driver did not take `data`.
-            drop(unsafe { Box::from_raw(data.cast::<HostJob>()) });
-            return Err(device_error(e));
-        }
+    /// Sets the step number and seed of the host steps issued or launched from now on.
+    pub(super) fn set_keys(&self, number: u64, seed: u64) -> Result<(), ExecError> {
+        *lock(&self.keys)? = (number, seed);
         Ok(())
+    }
+
+    /// Issues host step `s` of micro-step `micro` on the copy stream, after the copies
+    /// issued so far and before those issued after it.
+    pub(super) fn run(&self, s: usize, micro: u32) -> Result<(), ExecError> {
+        let job = self.jobs.get(&(s, micro)).ok_or_else(|| {
+            ExecError::Unsupported(format!("step {s} is not a host step of micro-step {micro}"))
+        })?;
+        let data: *const HostJob = &**job;
+        // SAFETY: the job stays in place while the tier lives, and the tier outlives every
+        // launch of the work issued here (the executor synchronizes at every step's end);
+        // `run_host_job` only reads it.
+        unsafe {
+            result::stream::launch_host_function(
+                self.copy.cu_stream(),
+                run_host_job,
+                data.cast_mut().cast(),
+            )
+        }
+        .map_err(device_error)
     }
 
     /// The bytes of host buffer `b`, once the copies and host steps are done.
@@ -225,21 +251,23 @@ impl HostTier {
     }
 }
 
-/// One host step for a host function on the copy stream.
+/// One host step of one micro-step, for a host function on the copy stream.
 struct HostJob {
     cpu: Arc<Mutex<CpuExecutor>>,
     failed: Arc<Mutex<Option<ExecError>>>,
+    keys: Arc<Mutex<(u64, u64)>>,
     step: usize,
-    keys: (u64, u64, u32),
+    micro: u32,
 }
 
 /// The host function of a host step: runs it on the driver's thread, keeping the first
 /// failure (a panic included, which must not unwind into the driver) for the next drain.
 unsafe extern "C" fn run_host_job(data: *mut std::ffi::c_void) {
-    // SAFETY: `data` is the box `HostTier::run` leaked for this call, passed once.
-    let job = unsafe { Box::from_raw(data.cast::<HostJob>()) };
+    // SAFETY: `data` is a job of the tier, which outlives every launch that calls this.
+    let job = unsafe { &*data.cast::<HostJob>() };
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        lock(&job.cpu)?.run_host_step(job.step, job.keys)
+        let (number, seed) = *lock(&job.keys)?;
+        lock(&job.cpu)?.run_host_step(job.step, (number, seed, job.micro))
     }));
     let failure = match ran {
         Ok(Ok(())) => return,

@@ -2,7 +2,7 @@
 //! calls' addresses against the arena once, and launching with the arena base and the
 //! plan's byte offsets.
 
-use super::{device_error, CudaExecutor};
+use super::{device_error, CudaExecutor, Issue};
 use crate::codegen::gemm::{Addr, Call};
 use crate::codegen::{nvrtc, Kernel, KernelParam};
 use crate::exec::cublaslt::{Lt, PreparedGemm};
@@ -45,27 +45,12 @@ pub(super) fn image(
 }
 
 impl CudaExecutor {
-    /// Issues plan step `s`'s work (kernel `k`) for micro-step `micro`: its library calls in
-    /// order, or its launch and finishing launch.
-    pub(super) fn launch_step(
-        &self,
-        s: usize,
-        k: usize,
-        micro: u32,
-        stream: u64,
-    ) -> Result<(), ExecError> {
+    /// Issues plan step `s`'s work (kernel `k`) as `at` says: its library calls in order,
+    /// or its launch and finishing launch.
+    pub(super) fn launch_step(&self, s: usize, k: usize, at: Issue) -> Result<(), ExecError> {
         let (kernel, function) = &self.kernels[k];
-        let launch = |grid, phase_chunk| {
-            self.launch(
-                s,
-                function.as_ref(),
-                kernel,
-                grid,
-                phase_chunk,
-                stream,
-                micro,
-            )
-        };
+        let launch =
+            |grid, phase_chunk| self.launch(s, (function.as_ref(), kernel), grid, phase_chunk, at);
         let Some(calls) = self.calls.get(s).filter(|c| !c.is_empty()) else {
             let phases = [Some(kernel.grid), kernel.finish];
             for (phase, grid) in phases.into_iter().enumerate() {
@@ -92,17 +77,14 @@ impl CudaExecutor {
         Ok(())
     }
 
-    /// Launches step `s`'s kernel over `grid` with the given (phase, chunk).
-    #[allow(clippy::too_many_arguments)]
+    /// Launches step `s`'s kernel over `grid` with the given (phase, chunk), as `at` says.
     fn launch(
         &self,
         s: usize,
-        function: Option<&CudaFunction>,
-        kernel: &Kernel,
+        (function, kernel): (Option<&CudaFunction>, &Kernel),
         [gx, gy, gz]: [u32; 3],
         (phase, chunk): (u64, u64),
-        stream: u64,
-        micro: u32,
+        at: Issue,
     ) -> Result<(), ExecError> {
         let step = &self.plan.steps[s];
         let function = function
@@ -114,9 +96,9 @@ impl CudaExecutor {
             .map(|p| match p {
                 KernelParam::Input(i) => offset(step.inputs[*i]),
                 KernelParam::Output => step.output.map_or(0, offset),
-                KernelParam::Step => self.step,
-                KernelParam::Stream => stream,
-                KernelParam::MicroStep => u64::from(micro),
+                KernelParam::Step => at.number,
+                KernelParam::Stream => at.stream,
+                KernelParam::MicroStep => u64::from(at.micro),
                 KernelParam::Workspace => workspace,
                 KernelParam::Phase => phase,
                 KernelParam::Chunk => chunk,

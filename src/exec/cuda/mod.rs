@@ -5,7 +5,9 @@
 //! launches twice; a kernel reading a tensor table gets it copied into its workspace
 //! first). Nothing else is allocated on the device, and the
 //! host never builds the arena: parameters and state are uploaded one buffer at a time
-//! (only the bound inputs stay on the host, every micro-batch of them). An offloaded plan's
+//! (only the bound inputs stay on the host, every micro-batch of them, page-locked). A
+//! step runs as one CUDA Graph (`graph`), or launch by launch while a hook reads
+//! gradients, while profiling, or as [`StepMode`] says. An offloaded plan's
 //! host arena is page-locked host memory: its copies run on a second stream, overlapping
 //! the kernels after them, and its host steps run the CPU kernels on it (`host_tier`).
 //!
@@ -13,8 +15,10 @@
 //! dynamically loaded symbols panic when it is absent.
 
 mod arena;
+mod graph;
 mod host_tier;
 mod launch;
+mod pinned;
 
 use super::cublaslt::Lt;
 use super::{ExecError, GradientHook};
@@ -24,7 +28,9 @@ use crate::plan::{BufferId, Placement, Plan, Target, Tier, VerifiedPlan};
 use cudarc::driver::{
     sys::CUevent_flags, CudaContext, CudaEvent, CudaFunction, CudaStream, DriverError,
 };
+pub use graph::StepMode;
 use launch::{image, prepare_calls, Prepared};
+use pinned::Pinned;
 use std::sync::Arc;
 
 /// True when the CUDA driver library can be loaded on this machine.
@@ -44,6 +50,14 @@ pub struct MemInfo {
     pub free: u64,
     /// Bytes of the device.
     pub total: u64,
+}
+
+/// What work is issued for: the step number, the micro-step and its dropout stream.
+#[derive(Debug, Clone, Copy)]
+struct Issue {
+    number: u64,
+    micro: u32,
+    stream: u64,
 }
 
 /// Executes a plan on device 0, keeping parameters and optimizer state in the device arena
@@ -67,14 +81,18 @@ pub struct CudaExecutor {
     calls: Vec<Vec<Prepared>>,
     /// Per step, the tensor table its kernel reads from the start of its workspace (the
     /// plan's offsets are fixed, so it is rendered once and copied before every launch).
-    tables: Vec<Option<Vec<u8>>>,
+    tables: Vec<Option<Pinned>>,
     /// The 1-based number of the next training step.
     step: u64,
     /// The run's seed, which keys its dropout masks ([`Plan::dropout_stream`]).
     seed: u64,
-    /// Host copies of the inputs, one micro-batch after another, uploaded at the start of
-    /// every micro-step.
-    bound: Vec<(BufferId, Vec<u8>)>,
+    /// Page-locked copies of the inputs, one micro-batch after another, uploaded at the
+    /// start of every micro-step, and how many times an input was bound.
+    bound: (Vec<(BufferId, Pinned)>, u64),
+    /// The step's graph, and the next step's captured ahead.
+    graph: graph::StepGraph,
+    /// How steps are issued.
+    mode: StepMode,
     /// The parameters stored quantized, and the error of what was written to them.
     quantized: super::quantized::QuantizedParams,
     /// Device memory just before and just after the arena was allocated.
@@ -92,6 +110,10 @@ impl CudaExecutor {
         super::cuda_can_run(plan.plan(), driver_present())?;
         let plan = plan.plan().clone();
         let ctx = CudaContext::new(0).map_err(device_error)?;
+        // SAFETY: the executor orders its two streams itself (`copy_order`), so cudarc's
+        // per-allocation events are not needed; they would also break graph capture.
+        unsafe { ctx.disable_event_tracking() };
+        ctx.bind_to_thread().map_err(device_error)?;
         let (major, minor) = ctx.compute_capability().map_err(device_error)?;
         let arch = match major {
             8 => "compute_80",
@@ -133,10 +155,13 @@ impl CudaExecutor {
             .zip(&kernel_of)
             .map(|(step, k)| {
                 let table = k.and_then(|k| kernels[k].0.table.as_ref())?;
-                Some(table.bytes(|i| plan.buffers[step.inputs[i].index()].offset))
+                let bytes = table.bytes(|i| plan.buffers[step.inputs[i].index()].offset);
+                Some(Pinned::copy_of(&bytes))
             })
-            .collect();
-        let stream = ctx.default_stream();
+            .map(Option::transpose)
+            .collect::<Result<_, _>>()?;
+        // Not the legacy default stream, which cannot be captured.
+        let stream = ctx.new_stream().map_err(device_error)?;
         let info = |ctx: &CudaContext| {
             ctx.mem_get_info()
                 .map_err(device_error)
@@ -177,7 +202,9 @@ impl CudaExecutor {
             tables,
             step: 1,
             seed: 0,
-            bound: Vec::new(),
+            bound: (Vec::new(), 0),
+            graph: graph::StepGraph::default(),
+            mode: StepMode::from_env(),
             memory: (before, after),
             timing: None,
         })
@@ -295,8 +322,10 @@ impl CudaExecutor {
             )));
         }
         self.write(b, &bytes[..n])?;
-        self.bound.retain(|(id, _)| *id != b);
-        self.bound.push((b, bytes));
+        let pinned = Pinned::copy_of(&bytes)?;
+        self.bound.0.retain(|(id, _)| *id != b);
+        self.bound.0.push((b, pinned));
+        self.bound.1 += 1;
         Ok(())
     }
 
@@ -312,24 +341,70 @@ impl CudaExecutor {
     /// Runs one training step and waits for the device: every step of the plan on each
     /// micro-batch in turn, the update-phase steps only after the last. `on_gradient` sees
     /// each complete gradient (decoded to f32) just before the update that consumes it; the
-    /// device is synchronized for each.
+    /// device is synchronized for each. Without a hook or profiling, in [`StepMode::Graph`],
+    /// the step runs as one CUDA Graph, and the next step's graph is captured while it runs.
     pub fn run_step(&mut self, mut on_gradient: Option<GradientHook>) -> Result<(), ExecError> {
-        let micro_steps = self.micro_steps();
-        for micro in 0..micro_steps {
-            for (b, bytes) in std::mem::take(&mut self.bound) {
-                let range = self.range(b);
-                let start = micro as usize * range.len();
-                let micro_batch = &bytes[start..start + range.len()];
-                self.arena.upload(&self.stream, range.start, micro_batch)?;
-                self.bound.push((b, bytes));
+        let number = self.step;
+        if let Some(host) = &self.host {
+            host.set_keys(number, self.seed)?;
+        }
+        if on_gradient.is_some() || self.timing.is_some() || self.mode != StepMode::Graph {
+            self.issue_step(number, &mut on_gradient)?;
+        } else {
+            let graph = match self.graph.take_ahead(self.capture_key(number)) {
+                Some(graph) => graph,
+                None => self.capture_step(number)?,
+            };
+            self.graph.launch(graph, &self.stream)?;
+            // A failed capture ahead is captured again, and reported, by the next step.
+            if let Ok(next) = self.capture_step(number + 1) {
+                self.graph.keep_ahead(self.capture_key(number + 1), next);
             }
-            self.launch_steps(micro, micro + 1 == micro_steps, &mut on_gradient)?;
         }
         self.stream.synchronize().map_err(device_error)?;
         if let Some(host) = &self.host {
             host.drain()?;
         }
         self.step += 1;
+        Ok(())
+    }
+
+    /// What a graph of step `number` is captured for.
+    fn capture_key(&self, number: u64) -> graph::CaptureKey {
+        graph::CaptureKey {
+            step: number,
+            seed: self.seed,
+            bound: self.bound.1,
+        }
+    }
+
+    /// Step `number`'s work captured as a graph.
+    fn capture_step(&mut self, number: u64) -> Result<graph::Captured, ExecError> {
+        let stream = Arc::clone(&self.stream);
+        graph::capture(&stream, || self.issue_step(number, &mut None))
+    }
+
+    /// Issues step `number`'s work: each micro-step's inputs copied in, then its steps.
+    fn issue_step(
+        &mut self,
+        number: u64,
+        on_gradient: &mut Option<GradientHook>,
+    ) -> Result<(), ExecError> {
+        let micro_steps = self.micro_steps();
+        for micro in 0..micro_steps {
+            for (b, bytes) in &self.bound.0 {
+                let range = self.range(*b);
+                let start = micro as usize * range.len();
+                let micro_batch = start..start + range.len();
+                (self.arena).upload_pinned(&self.stream, range.start, bytes, micro_batch)?;
+            }
+            let at = Issue {
+                number,
+                micro,
+                stream: self.plan.dropout_stream(self.seed, number, micro),
+            };
+            self.launch_steps(at, micro + 1 == micro_steps, on_gradient)?;
+        }
         Ok(())
     }
 
@@ -379,17 +454,16 @@ impl CudaExecutor {
         Ok(out)
     }
 
-    /// Launches every step of micro-step `micro` (update-phase steps only when `last`),
-    /// showing `on_gradient` each update's gradient first: kernels on the compute stream,
-    /// copies between the tiers on the copy stream, host steps on this thread; the compute
-    /// stream ends waiting for the copies.
+    /// Launches every step of a micro-step (update-phase steps only when `last`), showing
+    /// `on_gradient` each update's gradient first: kernels on the compute stream, copies
+    /// between the tiers and host steps on the copy stream; the compute stream ends
+    /// waiting for the copies.
     fn launch_steps(
         &mut self,
-        micro: u32,
+        at: Issue,
         last: bool,
         on_gradient: &mut Option<GradientHook>,
     ) -> Result<(), ExecError> {
-        let stream = self.plan.dropout_stream(self.seed, self.step, micro);
         // cuBLASLt issues its work in the thread's current context.
         self.stream
             .context()
@@ -411,13 +485,15 @@ impl CudaExecutor {
             match (self.plan.placement(step), self.host.as_ref()) {
                 (Placement::Device, _) => {}
                 (Placement::Host, Some(host)) => {
-                    host.run(s, (self.step, self.seed, micro))?;
+                    host.run(s, at.micro)?;
+                    self.settle(s)?;
                     continue;
                 }
                 (Placement::Transfer, Some(host)) => {
                     let ran =
                         |t: usize| last || self.plan.steps[t].phase != crate::ir::Phase::Update;
                     host.copy(&self.plan, s, (&self.stream, ran), self.base)?;
+                    self.settle(s)?;
                     continue;
                 }
                 (_, None) => {
@@ -428,10 +504,11 @@ impl CudaExecutor {
                 }
             }
             if let Some(k) = self.kernel_of[s] {
-                let timed = self.issue_launch(s, k, micro, stream)?;
+                let timed = self.issue_launch(s, k, at)?;
                 if let (Some((start, end)), Some(t)) = (timed, self.timing.as_mut()) {
                     t.push((s, start, end));
                 }
+                self.settle(s)?;
             }
             // A copy waiting for this step follows it (and, where it launches nothing,
             // what came before it).
@@ -445,27 +522,51 @@ impl CudaExecutor {
         }
     }
 
-    /// Issues device step `s` (kernel `k`) for micro-step `micro`: after the copies it must
-    /// follow, its tensor table uploaded, then its work; while profiling, the events
-    /// recorded around it.
+    /// Issues device step `s` (kernel `k`) as `at` says: after the copies it must follow,
+    /// its tensor table uploaded, then its work; while profiling, the events recorded
+    /// around it.
     fn issue_launch(
         &self,
         s: usize,
         k: usize,
-        micro: u32,
-        stream: u64,
+        at: Issue,
     ) -> Result<Option<(CudaEvent, CudaEvent)>, ExecError> {
         if let Some(host) = &self.host {
             host.wait_before(s, &self.stream)?;
         }
         let start = self.record()?;
-        if let Some(bytes) = &self.tables[s] {
-            let at = (self.plan.steps[s].workspace)
+        if let Some(table) = &self.tables[s] {
+            let to = (self.plan.steps[s].workspace)
                 .map_or(0, |b| self.plan.buffers[b.index()].offset) as usize;
-            self.arena.upload(&self.stream, at, bytes)?;
+            (self.arena).upload_pinned(&self.stream, to, table, 0..table.len())?;
         }
-        self.launch_step(s, k, micro, stream)?;
+        self.launch_step(s, k, at)?;
         Ok(start.zip(self.record()?))
+    }
+
+    /// With `MEMC_CUDA_SYNC=1`, waits for step `s`'s work and names it if it failed.
+    fn settle(&self, s: usize) -> Result<(), ExecError> {
+        if self.mode != StepMode::Synchronized {
+            return Ok(());
+        }
+        let failed = |e: String| {
+            let step = &self.plan.steps[s];
+            let kernel = self.kernel_of[s].map(|k| self.kernels[k].0.name.as_str());
+            ExecError::Device(format!(
+                "step {s} (`{}`{}) failed: {e}",
+                step.op.name(),
+                kernel
+                    .map(|k| format!(", kernel `{k}`"))
+                    .unwrap_or_default()
+            ))
+        };
+        self.stream
+            .synchronize()
+            .map_err(|e| failed(format!("CUDA driver: {e}")))?;
+        match &self.host {
+            Some(host) => host.drain().map_err(|e| failed(e.to_string())),
+            None => Ok(()),
+        }
     }
 
     /// An event recorded on the stream now, while profiling.
