@@ -62,8 +62,8 @@ fn activation_offload_wins_where_recomputation_cannot_reach_the_budget() {
         (plan.arena_bytes, plan.host_bytes),
         (1_879_251_460, 1_686_142_976)
     );
-    // The optimizer state on the host fits too, in less device memory, but its host update
-    // makes it slower by the estimate.
+    // The optimizer state on the host fits too (with the first 3 blocks recomputed), but
+    // its host update makes it slower by the estimate.
     let optimizer = compiled_with(
         &src,
         &Options {
@@ -71,7 +71,7 @@ fn activation_offload_wins_where_recomputation_cannot_reach_the_budget() {
             ..options.clone()
         },
     );
-    assert_eq!(optimizer.plan.plan().arena_bytes, 1_185_257_988);
+    assert_eq!(optimizer.plan.plan().arena_bytes, 2_126_743_556);
     assert!(seconds(&optimizer) > seconds(&c));
     // A setting given is kept, and no budget leaves everything on the device.
     let given = Options {

@@ -247,7 +247,7 @@ fn off_device_entries(plan: &memc::plan::Plan) -> Vec<serde_json::Value> {
         }
         let name = step.op.name();
         let moved = match placement {
-            Placement::Transfer => memc::exec::copy_order::copied_device_bytes(plan, step)
+            Placement::Transfer => memc::plan::copy_order::copied_device_bytes(plan, step)
                 .map_or(0, |r| r.end - r.start),
             _ => 0,
         };

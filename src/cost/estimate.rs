@@ -99,7 +99,7 @@ pub fn estimate(plan: &Plan, gpu: Gpu) -> Estimate {
     let mut by_op: BTreeMap<&str, OpTime> = BTreeMap::new();
     let ty = |b: crate::plan::BufferId| plan.buffers.get(b.index()).map(|b| &b.ty);
     for (index, step) in plan.steps.iter().enumerate() {
-        if !plan.launches(step) || super::offload::off_device(plan, step) {
+        if !plan.launches(step) || plan.placement(step) != crate::plan::Placement::Device {
             continue;
         }
         let inputs: Vec<_> = step.inputs.iter().filter_map(|&b| ty(b)).collect();

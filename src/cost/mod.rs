@@ -16,4 +16,4 @@ pub use model::{
     Bound, Time, Work, LAUNCH_OVERHEAD_S, LIBRARY_FP32_EFFICIENCY, MEMORY_EFFICIENCY,
     MMA_KERNEL_EFFICIENCY, SIMT_EFFICIENCY, TENSOR_CORE_EFFICIENCY,
 };
-pub use offload::{off_device, offload_time, OffloadTime, HOST_UPDATE_BANDWIDTH};
+pub use offload::{offload_time, stream_time, OffloadTime, HOST_UPDATE_BANDWIDTH};

@@ -1,6 +1,5 @@
 //! Backends that execute a verified plan, and the file formats they exchange.
 pub mod adapters;
-pub mod copy_order;
 pub mod cpu;
 pub mod cublaslt;
 pub mod cuda;

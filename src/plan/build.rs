@@ -1,6 +1,8 @@
 //! Graph + schedule to Plan: buffers from lifetimes, offsets from the arena layout, steps
 //! with FLOPs, and the memory report.
 
+use super::classes::{class_of, gradient_values, view_roots, Gradients};
+use super::live::{peak_of, scheduled};
 use super::report::{live_bytes, Bytes, PhasePeak, PrecisionSummary, Report, SavedKind};
 use super::tier::{on_device, tier_of};
 use super::*;
@@ -9,7 +11,7 @@ use crate::ir::cost::flops;
 use crate::ir::{Graph, Op, Phase, ValueId};
 use crate::passes::arena::{self, LayoutOptions};
 use crate::passes::liveness::{self, Interval};
-use crate::passes::schedule::{self, Schedule, ScheduleOptions};
+use crate::passes::schedule::{self, Schedule};
 use crate::passes::StageError;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -25,39 +27,6 @@ pub struct BuildOptions {
     pub alignment: u64,
     /// A pipeline stage's place in the 1F1B schedule (None without a pipeline).
     pub pipeline: Option<crate::passes::pipeline::order::OneFOneB>,
-}
-
-/// The gradient each updated parameter's update reads, by parameter (they get class
-/// `Gradient`).
-fn gradient_values(graph: &Graph) -> BTreeMap<ValueId, ValueId> {
-    use crate::passes::partition::{reduced_gradient, updated_param};
-    graph
-        .values()
-        .flat_map(|v| {
-            let node = graph.node(v);
-            crate::ops::optimizer::stepped(&node.op, &node.inputs)
-                .into_iter()
-                .map(|(p, g, _)| {
-                    let [p, g] = [p, g].map(|x| on_device(graph, x));
-                    (updated_param(graph, p), reduced_gradient(graph, g))
-                })
-        })
-        .collect()
-}
-
-/// The values that are parameter gradients.
-type Gradients = std::collections::BTreeSet<ValueId>;
-
-fn class_of(graph: &Graph, v: ValueId, grads: &Gradients) -> BufferClass {
-    match graph.node(v).op {
-        // Gradient accumulators are persistent state read by the updates.
-        _ if grads.contains(&v) => BufferClass::Gradient,
-        Op::Param { .. } => BufferClass::Param,
-        Op::OptimState { .. } => BufferClass::OptimState,
-        Op::Input { .. } => BufferClass::Input,
-        _ if graph.node(v).phase == crate::ir::Phase::Forward => BufferClass::Activation,
-        _ => BufferClass::Temporary,
-    }
 }
 
 fn name_of(
@@ -84,69 +53,6 @@ fn name_of(
     }
 }
 
-fn peak_of(graph: &Graph, schedule: &Schedule) -> u64 {
-    profile_of(graph, schedule)
-        .bytes
-        .into_iter()
-        .max()
-        .unwrap_or(0)
-}
-
-/// Where each value of a scheduled graph lives and how many bytes are live at each step.
-pub struct LiveProfile {
-    /// Bytes live at each step (buffers of values on the device; workspace not counted).
-    pub bytes: Vec<u64>,
-    /// Each value's lifetime in steps (a root's over its views'), by value index.
-    pub lives: Vec<Option<Interval>>,
-    /// Each step's place in the order, by value index (None for sources).
-    pub position: Vec<Option<usize>>,
-}
-
-fn profile_of(graph: &Graph, schedule: &Schedule) -> LiveProfile {
-    let mut lives = liveness::run(graph, schedule);
-    let grads: Gradients = gradient_values(graph).into_values().collect();
-    let roots = views::roots(graph, |v| class_of(graph, v, &grads));
-    views::extend_roots(&mut lives, &roots);
-    let spans = graph.values().filter_map(|v| {
-        let bytes = graph.node(v).ty.bytes();
-        lives[v.index()]
-            .filter(|_| bytes > 0 && roots[v.index()].is_none() && tier_of(graph, v).is_device())
-            .map(|i| (bytes, i.first, i.last))
-    });
-    let bytes = live_bytes(schedule.order.len().max(1), spans);
-    let mut position = vec![None; graph.len()];
-    for (i, v) in schedule.order.iter().enumerate() {
-        position[v.index()] = Some(i);
-    }
-    LiveProfile {
-        bytes,
-        lives,
-        position,
-    }
-}
-
-/// The [`LiveProfile`] of `graph` in the order `options` schedules it.
-pub fn live_profile(graph: &Graph, options: &BuildOptions) -> Result<LiveProfile, StageError> {
-    Ok(profile_of(graph, &scheduled(graph, options)?))
-}
-
-/// The most bytes live at once over `graph`'s steps in the order `options` schedules them
-/// (buffers of values, workspace not counted: the arena's lower bound before scratch).
-pub fn live_peak(graph: &Graph, options: &BuildOptions) -> Result<u64, StageError> {
-    Ok(peak_of(graph, &scheduled(graph, options)?))
-}
-
-/// `graph`'s steps in the order `options` asks for.
-fn scheduled(graph: &Graph, options: &BuildOptions) -> Result<Schedule, StageError> {
-    schedule::run(
-        graph,
-        &ScheduleOptions {
-            optimizer_in_backward: options.optimizer_in_backward,
-            pipeline: options.pipeline,
-        },
-    )
-}
-
 /// Builds the plan of `graph` (forward, or forward + backward + update) for the CPU, with
 /// nothing recomputed.
 pub fn build(
@@ -170,7 +76,7 @@ struct Buffers {
 impl Buffers {
     fn new(graph: &Graph, own_lives: &[Option<Interval>]) -> Buffers {
         let grads: Gradients = gradient_values(graph).into_values().collect();
-        let roots = views::roots(graph, |v| class_of(graph, v, &grads));
+        let roots = view_roots(graph);
         let view_offsets = views::offsets(graph, &roots);
         let mut lives = own_lives.to_vec();
         views::extend_roots(&mut lives, &roots);
@@ -354,14 +260,11 @@ fn alt_peak(
         && options.optimizer_in_backward
         && train.is_some_and(|t| t.clip_grad_norm.is_none()))
     .then(|| {
-        schedule::run(
-            graph,
-            &ScheduleOptions {
-                optimizer_in_backward: false,
-                pipeline: options.pipeline,
-            },
-        )
-        .map(|s| peak_of(graph, &s))
+        let after = BuildOptions {
+            optimizer_in_backward: false,
+            ..options.clone()
+        };
+        scheduled(graph, &after).map(|s| peak_of(graph, &s))
     })
     .transpose()
 }

@@ -2,8 +2,11 @@
 //! offset in one arena, and the report of what it needs. JSON (serde) is its stable form.
 
 mod build;
+mod classes;
+pub mod copy_order;
 mod host;
 mod inputs;
+mod live;
 mod memory_summary;
 mod origin;
 mod parallel;
@@ -18,8 +21,9 @@ mod verify;
 mod views;
 
 pub use crate::settings::TrainSummary;
-pub use build::{build, build_for, live_peak, live_profile, BuildOptions, LiveProfile};
+pub use build::{build, build_for, BuildOptions};
 pub use host::{HostBytes, Transfers};
+pub use live::{live_peak, live_profile, LiveProfile};
 pub use memory_summary::render_memory_summary;
 pub use origin::{attach_lines, Role};
 pub use parallel::{

@@ -1,7 +1,7 @@
 //! The host tier of an offloaded plan on the CUDA backend: the host arena, page-locked so
 //! copies run asynchronously, with the CPU kernels that run the plan's host steps on it
 //! (the same as the CPU backend's), and a copy stream beside the compute stream, ordered
-//! against it as [`crate::exec::copy_order`] lays out.
+//! against it as [`crate::plan::copy_order`] lays out.
 //!
 //! A host step is a host function on the copy stream (`cuLaunchHostFunc`): the driver runs
 //! it on its own thread once the copies before it are done, and the copies after it (the
@@ -10,10 +10,10 @@
 //! ZeRO-Offload's do and as the cost model's offload estimate assumes.
 
 use super::device_error;
-use crate::exec::copy_order::{copied_device_bytes, copy_order, CopyOrder};
 use crate::exec::cpu::CpuExecutor;
 use crate::exec::ExecError;
 use crate::ir::Op;
+use crate::plan::copy_order::{copied_device_bytes, copy_order, CopyOrder};
 use crate::plan::{BufferId, Placement, Plan};
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
 use std::collections::BTreeMap;
