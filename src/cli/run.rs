@@ -466,6 +466,10 @@ fn run_cuda(args: &RunArgs, plan: &VerifiedPlan, bar: Option<&ProgressBar>) -> R
             write_dump(dir, plan, (&dumped, scale), &outputs)?;
         }
     }
+    if let Some(why) = dev.graph_failure() {
+        let line = format!("cuda: steps ran launch by launch, as no CUDA Graph could: {why}\n");
+        super::output::write(None, &line)?;
+    }
     if args.steps > 1 {
         super::output::write(
             None,

@@ -12,6 +12,7 @@
 use super::device_error;
 use crate::exec::ExecError;
 use cudarc::driver::{result, sys, CudaStream};
+use std::sync::Arc;
 
 /// How the CUDA executor issues a step's work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +43,39 @@ impl StepMode {
             std::env::var_os("MEMC_CUDA_GRAPH"),
         );
         StepMode::from_vars(sync.as_deref(), graph.as_deref())
+    }
+}
+
+impl super::CudaExecutor {
+    /// Runs step `number` as a graph: the one captured ahead for it, else captured now;
+    /// then captures the next step's while the device runs this one (a capture ahead that
+    /// fails is captured again, and reported, by the next step).
+    pub(super) fn run_graph(&mut self, number: u64) -> Result<(), ExecError> {
+        let graph = match self.graph.take_ahead(self.capture_key(number)) {
+            Some(graph) => graph,
+            None => self.capture_step(number)?,
+        };
+        self.graph.launch(graph, &self.stream)?;
+        if let Ok(next) = self.capture_step(number + 1) {
+            let key = self.capture_key(number + 1);
+            self.graph.keep_ahead(key, next);
+        }
+        Ok(())
+    }
+
+    /// What a graph of step `number` is captured for.
+    fn capture_key(&self, number: u64) -> CaptureKey {
+        CaptureKey {
+            step: number,
+            seed: self.seed,
+            bound: self.bound.1,
+        }
+    }
+
+    /// Step `number`'s work captured as a graph.
+    fn capture_step(&mut self, number: u64) -> Result<Captured, ExecError> {
+        let stream = Arc::clone(&self.stream);
+        capture(&stream, || self.issue_step(number, &mut None))
     }
 }
 

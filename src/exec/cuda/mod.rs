@@ -93,6 +93,8 @@ pub struct CudaExecutor {
     graph: graph::StepGraph,
     /// How steps are issued.
     mode: StepMode,
+    /// Why the step stopped running as a CUDA Graph, if it did.
+    graph_failure: Option<String>,
     /// The parameters stored quantized, and the error of what was written to them.
     quantized: super::quantized::QuantizedParams,
     /// Device memory just before and just after the arena was allocated.
@@ -205,6 +207,7 @@ impl CudaExecutor {
             bound: (Vec::new(), 0),
             graph: graph::StepGraph::default(),
             mode: StepMode::from_env(),
+            graph_failure: None,
             memory: (before, after),
             timing: None,
         })
@@ -348,18 +351,21 @@ impl CudaExecutor {
         if let Some(host) = &self.host {
             host.set_keys(number, self.seed)?;
         }
-        if on_gradient.is_some() || self.timing.is_some() || self.mode != StepMode::Graph {
-            self.issue_step(number, &mut on_gradient)?;
-        } else {
-            let graph = match self.graph.take_ahead(self.capture_key(number)) {
-                Some(graph) => graph,
-                None => self.capture_step(number)?,
+        let graphed = on_gradient.is_none() && self.timing.is_none();
+        let ran = graphed
+            && self.mode == StepMode::Graph
+            && match self.run_graph(number) {
+                Ok(()) => true,
+                Err(e) => {
+                    // Nothing of the step ran; a driver that cannot capture or instantiate
+                    // it runs every step launch by launch from now on.
+                    self.mode = StepMode::Launches;
+                    self.graph_failure = Some(e.to_string());
+                    false
+                }
             };
-            self.graph.launch(graph, &self.stream)?;
-            // A failed capture ahead is captured again, and reported, by the next step.
-            if let Ok(next) = self.capture_step(number + 1) {
-                self.graph.keep_ahead(self.capture_key(number + 1), next);
-            }
+        if !ran {
+            self.issue_step(number, &mut on_gradient)?;
         }
         self.stream.synchronize().map_err(device_error)?;
         if let Some(host) = &self.host {
@@ -369,23 +375,8 @@ impl CudaExecutor {
         Ok(())
     }
 
-    /// What a graph of step `number` is captured for.
-    fn capture_key(&self, number: u64) -> graph::CaptureKey {
-        graph::CaptureKey {
-            step: number,
-            seed: self.seed,
-            bound: self.bound.1,
-        }
-    }
-
-    /// Step `number`'s work captured as a graph.
-    fn capture_step(&mut self, number: u64) -> Result<graph::Captured, ExecError> {
-        let stream = Arc::clone(&self.stream);
-        graph::capture(&stream, || self.issue_step(number, &mut None))
-    }
-
     /// Issues step `number`'s work: each micro-step's inputs copied in, then its steps.
-    fn issue_step(
+    pub(super) fn issue_step(
         &mut self,
         number: u64,
         on_gradient: &mut Option<GradientHook>,
@@ -406,6 +397,12 @@ impl CudaExecutor {
             self.launch_steps(at, micro + 1 == micro_steps, on_gradient)?;
         }
         Ok(())
+    }
+
+    /// Why the steps run launch by launch although graphs were asked for: the error of the
+    /// capture or instantiation that failed (None while they run as graphs).
+    pub fn graph_failure(&self) -> Option<&str> {
+        self.graph_failure.as_deref()
     }
 
     /// Kernel launches and library calls of one step (every micro-step counted).
