@@ -37,7 +37,8 @@ pub struct OffloadTime {
     pub transfer_seconds: f64,
     /// The host updates' time: the bytes they touch at [`HOST_UPDATE_BANDWIDTH`].
     pub host_update_seconds: f64,
-    /// The device time that the copies and host updates can hide behind.
+    /// Of the copies' and host updates' time, what runs beside the device's work (on the
+    /// two streams as [`stream_time`] lays them out).
     pub overlapped_seconds: f64,
     /// What the step takes longer: `max(0, transfer + host update - overlapped)`.
     pub extra_seconds: f64,
