@@ -213,7 +213,11 @@ impl HostTier {
         let job = self.jobs.get(&(s, micro)).ok_or_else(|| {
             ExecError::Unsupported(format!("step {s} is not a host step of micro-step {micro}"))
         })?;
-        let data: *const HostJob = &**job;
+        fn shared<T: Sync>(job: &T) -> &T {
+            job
+        }
+        // The driver's thread reads the job.
+        let data: *const HostJob = shared(&**job);
         // SAFETY: the job stays in place while the tier lives, and the tier outlives every
         // launch of the work issued here (the executor synchronizes at every step's end);
         // `run_host_job` only reads it.
