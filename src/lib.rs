@@ -522,13 +522,13 @@ pub(crate) fn planned(
             (graph, false)
         }
     };
-    let gpu = options.gpu.unwrap_or_default();
     let build = BuildOptions {
         optimizer_in_backward: in_backward,
         layout_time: options.layout_time,
         alignment: options.target.alignment(),
         pipeline,
     };
+    let gpu = options.gpu.unwrap_or_default();
     let reserve = match options.target {
         plan::Target::Cuda { .. } => Some(
             options

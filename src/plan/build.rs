@@ -75,13 +75,14 @@ struct Buffers {
 
 impl Buffers {
     fn new(graph: &Graph, own_lives: &[Option<Interval>]) -> Buffers {
-        let grads: Gradients = gradient_values(graph).into_values().collect();
-        let roots = view_roots(graph);
+        let by_param = gradient_values(graph);
+        let grads: Gradients = by_param.values().copied().collect();
+        let roots = view_roots(graph, &grads);
         let view_offsets = views::offsets(graph, &roots);
         let mut lives = own_lives.to_vec();
         views::extend_roots(&mut lives, &roots);
         let mut grad_of = BTreeMap::new();
-        for (p, g) in gradient_values(graph) {
+        for (p, g) in by_param {
             if let Op::Param { name, .. } = &graph.node(p).op {
                 grad_of.insert(g, name.clone());
             }

@@ -27,6 +27,11 @@ pub(super) fn gradient_values(graph: &Graph) -> BTreeMap<ValueId, ValueId> {
 /// The values that are parameter gradients.
 pub(super) type Gradients = std::collections::BTreeSet<ValueId>;
 
+/// The parameter gradients of `graph`.
+pub(super) fn gradients(graph: &Graph) -> Gradients {
+    gradient_values(graph).into_values().collect()
+}
+
 pub(super) fn class_of(graph: &Graph, v: ValueId, grads: &Gradients) -> BufferClass {
     match graph.node(v).op {
         // Gradient accumulators are persistent state read by the updates.
@@ -39,8 +44,8 @@ pub(super) fn class_of(graph: &Graph, v: ValueId, grads: &Gradients) -> BufferCl
     }
 }
 
-/// The value each view aliases (None for a value with bytes of its own), by value index.
-pub(super) fn view_roots(graph: &Graph) -> Vec<Option<ValueId>> {
-    let grads: Gradients = gradient_values(graph).into_values().collect();
-    views::roots(graph, |v| class_of(graph, v, &grads))
+/// The value each view aliases (None for a value with bytes of its own), by value index;
+/// `grads` are the graph's [`gradients`].
+pub(super) fn view_roots(graph: &Graph, grads: &Gradients) -> Vec<Option<ValueId>> {
+    views::roots(graph, |v| class_of(graph, v, grads))
 }

@@ -2,7 +2,7 @@
 //! and the bytes live at each step.
 
 use super::build::BuildOptions;
-use super::classes::view_roots;
+use super::classes::{gradients, view_roots};
 use super::report::live_bytes;
 use super::tier::tier_of;
 use super::views;
@@ -31,7 +31,7 @@ pub struct LiveProfile {
 
 fn profile_of(graph: &Graph, schedule: &Schedule) -> LiveProfile {
     let mut lives = liveness::run(graph, schedule);
-    let roots = view_roots(graph);
+    let roots = view_roots(graph, &gradients(graph));
     views::extend_roots(&mut lives, &roots);
     let spans = graph.values().filter_map(|v| {
         let bytes = graph.node(v).ty.bytes();
