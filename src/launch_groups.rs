@@ -1,6 +1,7 @@
 //! Launch groupings that hold values longer, kept only where the step's peak of live bytes
-//! does not rise: parameter casts as cast groups and a scope's AdamW steps as one group,
-//! chosen after checkpointing for the plan being built (`crate::budget::plan_with`).
+//! does not rise: parameter casts as cast groups, a scope's AdamW steps as one group and the
+//! fused loss head's two backward ops as one, chosen after checkpointing for the plan being
+//! built (`crate::budget::plan_with`).
 
 use crate::front::train::TrainSpec;
 use crate::ir::{Graph, ValueId};
@@ -93,6 +94,41 @@ pub(crate) fn grouped_if_no_higher(
         .map(|&(v, c)| Ok((moved(v)?, moved(c)?)))
         .collect::<Result<_, StageError>>()?;
     Ok((grouped, clones))
+}
+
+/// `graph` with each pair of the fused loss head's backward ops merged into one
+/// (`passes::lce_merge`) where that does not raise the step's peak of bytes in use, its
+/// workspace counted (the merged op's is larger on CUDA): on CUDA only, where the merge
+/// saves the head's second pass over the logits and its launches (the CPU backend keeps
+/// the two ops, which each give the same bits as the merged one). A pair whose weight
+/// gradient is itself a parameter's gradient is left apart: that buffer is the update's.
+/// `clones` follow their values.
+pub(crate) fn heads_merged_if_no_higher(
+    graph: Graph,
+    clones: Vec<(ValueId, ValueId)>,
+    target: Target,
+    options: &BuildOptions,
+) -> Result<(Graph, Vec<(ValueId, ValueId)>), StageError> {
+    use crate::passes::lce_merge;
+    if !matches!(target, Target::Cuda { .. }) {
+        return Ok((graph, clones));
+    }
+    let pairs = lce_merge::pairs(&graph, &plan::param_gradients(&graph));
+    if pairs.is_empty() {
+        return Ok((graph, clones));
+    }
+    let (merged, map) = lce_merge::run(&graph, &pairs)?;
+    let peak = |g: &Graph| plan::live_peak_with_workspace(g, options, target);
+    if peak(&merged)? > peak(&graph)? {
+        return Ok((graph, clones));
+    }
+    let moved = |v: ValueId| {
+        map[v.index()].ok_or_else(|| StageError::internal("lce_merge", "a clone merged"))
+    };
+    let clones = (clones.iter())
+        .map(|&(v, c)| Ok((moved(v)?, moved(c)?)))
+        .collect::<Result<_, StageError>>()?;
+    Ok((merged, clones))
 }
 
 /// Live bytes per step with the values groups hold longer added, against the peak before.

@@ -7,7 +7,7 @@
 //! norm's input gradient adds the residual gradient itself, backward reads saved
 //! activations reshaped as views, a
 //! block's AdamW steps are one group, its parameter casts one cast group, and the fused loss
-//! head takes at most 16 chunks (the grouped updates train bit for bit as single ones:
+//! head takes at most 16 chunks and computes both its gradients in one op (the grouped updates train bit for bit as single ones:
 //! `offload.rs`, whose offloaded updates are not grouped).
 #![allow(clippy::panic, clippy::unwrap_used)]
 
@@ -158,12 +158,43 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
     // product itself is saved for backward.
     assert_eq!(count(&|s| matches!(s.op, Op::NormBackwardBias { .. })), 0);
     assert_eq!(count(&|s| matches!(s.op, Op::Slice { .. })), 0);
-    // The loss head: 8 x 1024 rows in 16 chunks of 512.
+    // The loss head: 8 x 1024 rows in 16 chunks of 512, its two gradients one backward op
+    // (the logits computed once for both) whose packed output both are views of.
     for s in &plan.steps {
         if let Op::LinearCrossEntropy(lce) | Op::LinearCrossEntropyBackward { lce, .. } = &s.op {
             assert_eq!(lce.chunk, 512);
         }
     }
+    let head_backward =
+        |s: &memc::plan::Step| matches!(s.op, Op::LinearCrossEntropyBackward { .. });
+    let merged = |s: &memc::plan::Step| {
+        matches!(
+            s.op,
+            Op::LinearCrossEntropyBackward {
+                which: memc::ir::LceGrad::Both,
+                ..
+            }
+        )
+    };
+    assert_eq!((count(&head_backward), count(&merged)), (1, 1));
+    let views = |s: &memc::plan::Step| {
+        matches!(s.op, Op::Member { .. })
+            && (s.inputs.iter())
+                .any(|b| matches!(producer(b), Some(Op::LinearCrossEntropyBackward { .. })))
+            && !plan.launches(s)
+    };
+    assert_eq!(count(&views), 2);
+    // On the CPU backend the two stay apart (each gives the merged op's bits).
+    let cpu = common::compiled_with(
+        &common::example("gpt2"),
+        &Options {
+            target: memc::plan::Target::Cpu,
+            ..options.clone()
+        },
+    );
+    let cpu_plan = cpu.plan.plan();
+    let apart = (cpu_plan.steps.iter()).filter(|s| head_backward(s) && !merged(s));
+    assert_eq!(apart.count(), 2);
 }
 
 /// Updating after backward, every gradient is live until the updates anyway: each block

@@ -79,11 +79,14 @@ pub(crate) fn pow2_block(n: u64, lo: u32, hi: u32) -> u32 {
 /// Most blocks the first launch of a two-stage reduction to a scalar spreads its work over:
 /// eight 256-thread blocks for each of the 132 streaming multiprocessors of an H100, enough
 /// to fill every one; the partials (8 bytes a block) stay small.
-pub(crate) const PARTIAL_BLOCKS: u64 = 8 * 132;
+pub(crate) const PARTIAL_BLOCKS: u64 = 8 * SMS;
+
+/// An H100's streaming multiprocessors: a grid of at least this many blocks reaches every one.
+pub(crate) const SMS: u64 = 132;
 
 /// Blocks that fill an H100 four times over (132 SMs): a kernel whose natural grid is
 /// smaller splits its work (rows into slices, a GEMM's K) until it launches about this many.
-pub(crate) const FILL_BLOCKS: u64 = 4 * 132;
+pub(crate) const FILL_BLOCKS: u64 = 4 * SMS;
 
 /// `bytes` rounded up to 256: the start of the next region of a workspace laid out in
 /// regions, each aligned for any element type and for cuBLASLt's operands.

@@ -419,6 +419,10 @@ impl Op {
                 which: LceGrad::Weight,
                 ..
             } => "linear_cross_entropy_backward_weight",
+            LinearCrossEntropyBackward {
+                which: LceGrad::Both,
+                ..
+            } => "linear_cross_entropy_backward",
             Mse => "mse",
             MseBackward => "mse_backward",
             Reshape { .. } => "reshape",

@@ -8,6 +8,7 @@ pub mod concat_grads;
 pub mod freeze;
 pub mod fuse_loss;
 pub mod group_updates;
+pub mod lce_merge;
 pub mod liveness;
 pub mod lora;
 pub mod megatron;

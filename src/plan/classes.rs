@@ -25,10 +25,10 @@ pub(super) fn gradient_values(graph: &Graph) -> BTreeMap<ValueId, ValueId> {
 }
 
 /// The values that are parameter gradients.
-pub(super) type Gradients = std::collections::BTreeSet<ValueId>;
+pub type Gradients = std::collections::BTreeSet<ValueId>;
 
 /// The parameter gradients of `graph`.
-pub(super) fn gradients(graph: &Graph) -> Gradients {
+pub fn gradients(graph: &Graph) -> Gradients {
     gradient_values(graph).into_values().collect()
 }
 

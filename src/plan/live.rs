@@ -72,3 +72,23 @@ pub(super) fn scheduled(graph: &Graph, options: &BuildOptions) -> Result<Schedul
         },
     )
 }
+
+/// The most bytes in use at once over `graph`'s steps in the order `options` schedules them
+/// on `target`: each step's live values and its own workspace.
+pub fn live_peak_with_workspace(
+    graph: &Graph,
+    options: &BuildOptions,
+    target: super::Target,
+) -> Result<u64, StageError> {
+    let schedule = scheduled(graph, options)?;
+    let profile = profile_of(graph, &schedule);
+    let workspace = |v: crate::ir::ValueId| {
+        let node = graph.node(v);
+        let inputs: Vec<_> = node.inputs.iter().map(|&i| &graph.node(i).ty).collect();
+        target.workspace_bytes(&node.op, &inputs, &node.ty)
+    };
+    Ok((schedule.order.iter().zip(&profile.bytes))
+        .map(|(&v, &live)| live + workspace(v))
+        .max()
+        .unwrap_or(0))
+}

@@ -22,8 +22,9 @@ mod views;
 
 pub use crate::settings::TrainSummary;
 pub use build::{build, build_for, BuildOptions};
+pub use classes::gradients as param_gradients;
 pub use host::{HostBytes, Transfers};
-pub use live::{live_peak, live_profile, LiveProfile};
+pub use live::{live_peak, live_peak_with_workspace, live_profile, LiveProfile};
 pub use memory_summary::render_memory_summary;
 pub use origin::{attach_lines, Role};
 pub use parallel::{

@@ -1,6 +1,7 @@
 //! Op cases whose kernels spread a reduction over many blocks, at sizes that give several
 //! blocks and a partial last one: norm weight and bias gradients over row and sample chunks,
-//! embedding backward row tiles, the scalar losses, the fused loss head's sliced log-sum-exp,
+//! embedding backward row tiles, the scalar losses, the fused loss head's sliced log-sum-exp
+//! and its merged backward's tiles,
 //! the convolution weight gradient split over K, and the gradient reductions.
 
 use super::t;
@@ -115,6 +116,24 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             "linear_ce_slices",
             Op::LinearCrossEntropy(super::lce(3, false)),
             vec![f(&[5, 8]), f(&[8, 4099]), t(I32, &[5])],
+        ),
+        // A chunk of at least an H100's SMs in rows: each row's loss in one stage.
+        (
+            "linear_ce_one_stage",
+            Op::LinearCrossEntropy(super::lce(140, false)),
+            vec![f(&[150, 8]), f(&[8, 20]), t(I32, &[150])],
+        ),
+        // Both gradients in one pass: the input gradient summed in fp32 over 10 and over 5
+        // column tiles (the last one narrower), then rounded into the packed output.
+        (
+            "linear_ce_bwd_both",
+            super::lce_bwd(3, false, LceGrad::Both),
+            super::lce_bwd_in(&[2, 7], 16, &[16, 50]),
+        ),
+        (
+            "linear_ce_bwd_both_tied",
+            super::lce_bwd(13, true, LceGrad::Both),
+            super::lce_bwd_in(&[40], 16, &[80, 16]),
         ),
         // Three chunks of the gradients' flat index space, boundaries inside tensors and a
         // chunk spanning three of them.

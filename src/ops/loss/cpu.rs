@@ -9,7 +9,7 @@ use crate::exec::ExecError;
 use crate::ir::{CeParams, LceGrad, LinearCe, Op, TensorType};
 use crate::ops::cpu::{foreign_op, CpuKernel};
 use kernels::Targets;
-use linear::Head;
+use linear::{Grads, Head};
 
 /// The linear cross-entropy head of `step` (inputs x, w, targets first).
 fn head<'a>(step: &CpuStep<'a>, lce: &LinearCe) -> Head<'a> {
@@ -62,10 +62,30 @@ impl CpuKernel for super::Family {
             }
             Op::LinearCrossEntropyBackward { lce, which } => {
                 let (h, rows, ws) = (head(step, lce), (x(3), x(4)), step.workspace());
-                match which {
-                    LceGrad::Input => linear::backward_input(&h, rows, step.output(), ws),
-                    LceGrad::Weight => linear::backward_weight(&h, rows, step.output(), ws),
-                }
+                let out = step.output();
+                let grads = match which {
+                    LceGrad::Input => Grads {
+                        dx: Some(out),
+                        dw: None,
+                    },
+                    LceGrad::Weight => Grads {
+                        dx: None,
+                        dw: Some(out),
+                    },
+                    LceGrad::Both => {
+                        let (x_len, w_len) = (h.x.len(), h.w.len());
+                        let elem = step.dtype(0).size();
+                        let (w_at, _) = super::packed_grads(x_len as u64, w_len as u64, elem);
+                        let (dx, rest) = out.split_at_mut(x_len);
+                        let (gap, dw) = rest.split_at_mut(w_at as usize - x_len);
+                        gap.fill(0.0);
+                        Grads {
+                            dx: Some(dx),
+                            dw: Some(&mut dw[..w_len]),
+                        }
+                    }
+                };
+                linear::backward(&h, rows, grads, ws)
             }
             Op::Mse => {
                 kernels::mse(x(0), x(1), step.output());

@@ -3,12 +3,16 @@
 //! chunks of `lce.chunk` rows (`z = x_c @ W`, then the rows' losses, or their logits'
 //! gradient `p` and `dx_c = p @ W^T`); the weight gradient walks tiles of columns so that
 //! each tile of `dW` is one GEMM over all rows (`dW[:, tile] = x^T @ p`), summed in fp32
-//! inside cuBLASLt and rounded once. Workspace: the fp32 logits of a chunk, then `p` in the
-//! operands' type, then (weight gradient) each row's log-sum-exp, then cuBLASLt's scratch.
+//! inside cuBLASLt and rounded once. A merged backward ([`LceGrad::Both`]) walks the weight
+//! gradient's tiles and also sums `dx += p @ W[:, tile]^T` over them in fp32, rounded once
+//! at the end: the logits are computed once for both gradients. Workspace: the fp32 logits
+//! of a chunk (their gradient `p` in the operands' type written over them, a block a row),
+//! then (weight gradient) each row's log-sum-exp, then (merged) the fp32 `dx`, then
+//! cuBLASLt's scratch.
 
 use crate::codegen::build::{c_bool, c_u64};
 use crate::codegen::gemm::{Addr, Call, Gemm, RowMajor};
-use crate::codegen::geometry::{padded_row, region, u, FILL_BLOCKS};
+use crate::codegen::geometry::{padded_row, region, u, FILL_BLOCKS, SMS};
 use crate::codegen::launch::staged;
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel};
@@ -33,15 +37,23 @@ struct Shape {
     dtype: DType,
     v_ld: u64,
     tile_ld: u64,
-    /// Column slices of the forward's per-row log-sum-exp.
+    /// Column slices of the forward's per-row log-sum-exp: one (a single stage, a block a
+    /// row) once a chunk's rows are at least an H100's SMs.
     splits: u64,
 }
 
 impl Shape {
-    fn of(lce: &LinearCe, inputs: &[&TensorType]) -> Option<Shape> {
+    /// The shapes of `which` (forward when `None`). A merged backward's tiles are narrower
+    /// by the hidden dim, so that its fp32 input gradient takes the bytes of the logits it
+    /// leaves (the workspace of the weight gradient alone), unless that would halve them.
+    fn of(lce: &LinearCe, inputs: &[&TensorType], which: Option<LceGrad>) -> Option<Shape> {
         let (n, d, v) = super::rules::linear_ce(lce, inputs).ok()?;
         let chunk = u(lce.chunk).clamp(1, n.max(1));
-        let tile = (chunk * v / n.max(1)).clamp(1, v.max(1));
+        let mut tile = (chunk * v / n.max(1)).clamp(1, v.max(1));
+        if which == Some(LceGrad::Both) {
+            let narrower = padded_row(tile).saturating_sub(padded_row(d));
+            tile = narrower.max(tile / 2).clamp(1, v.max(1));
+        }
         Some(Shape {
             n,
             d,
@@ -51,21 +63,41 @@ impl Shape {
             dtype: inputs.first()?.dtype,
             v_ld: padded_row(v),
             tile_ld: padded_row(tile),
-            splits: FILL_BLOCKS.div_ceil(chunk).clamp(1, (v / 1024).max(1)),
+            splits: if chunk >= SMS {
+                1
+            } else {
+                FILL_BLOCKS.div_ceil(chunk).clamp(1, (v / 1024).max(1))
+            },
         })
     }
 
-    /// Byte offsets of `p` and of the log-sum-exps (the forward: its rows' partials), and
-    /// where cuBLASLt's scratch begins.
-    fn regions(&self, which: Option<LceGrad>) -> (u64, u64, u64) {
-        let logits = (self.chunk * self.v_ld).max(self.n * self.tile_ld);
-        let p = region(logits * 4);
-        let lse = p + region(logits * self.dtype.size());
+    /// Byte offsets (the logits, and their gradient `p` in their place, at 0) of the
+    /// log-sum-exps (the forward: its rows' partials), of the
+    /// fp32 input gradient a merged backward sums over the tiles, and where cuBLASLt's
+    /// scratch begins.
+    fn regions(&self, which: Option<LceGrad>) -> [u64; 3] {
+        let rows = match which {
+            Some(LceGrad::Both) => 0,
+            _ => self.chunk * self.v_ld,
+        };
+        let logits = rows.max(self.n * self.tile_ld);
+        let lse = region(logits * 4);
+        let acc = lse + region(self.n * 4);
         match which {
-            None => (p, p, p + region(self.chunk * self.splits * 8)),
-            Some(LceGrad::Input) => (p, lse, lse),
-            Some(LceGrad::Weight) => (p, lse, lse + region(self.n * 4)),
+            None => {
+                let scratch = lse + region(self.chunk * self.splits * 8);
+                [lse, scratch, scratch]
+            }
+            Some(LceGrad::Input) => [lse, lse, lse],
+            Some(LceGrad::Weight) => [lse, acc, acc],
+            Some(LceGrad::Both) => [lse, acc, acc + region(self.n * self.d * 4)],
         }
+    }
+
+    /// Elements of `T` between rows of the logits' gradient, which takes the place of logits
+    /// `ld` fp32 elements apart.
+    fn p_ld(&self, ld: u64) -> u64 {
+        ld * 4 / self.dtype.size()
     }
 
     /// `W` (or `E`) from column `v0` on as the right operand of `x @ W`, row-major: its
@@ -92,8 +124,10 @@ pub(crate) fn linear_ce(
     which: Option<LceGrad>,
 ) -> Result<Kernel, CodegenError> {
     let refs: Vec<&TensorType> = a.inputs.iter().collect();
-    let s = Shape::of(lce, &refs).ok_or_else(|| a.err("linear cross-entropy shapes"))?;
-    let (p_at, lse_at, scratch) = s.regions(which);
+    let s = Shape::of(lce, &refs, which).ok_or_else(|| a.err("linear cross-entropy shapes"))?;
+    let [lse_at, acc_at, scratch] = s.regions(which);
+    // Where a merged backward's weight gradient starts in its output, in elements.
+    let w_at = super::packed_grads(s.n * s.d, s.v * s.d, s.dtype.size()).0;
     let t = s.dtype;
     let mut lines = vec![
         c_u64("N", s.n),
@@ -105,14 +139,15 @@ pub(crate) fn linear_ce(
         c_u64("VLD", s.v_ld),
         c_u64("VTLD", s.tile_ld),
         c_u64("SPLITS", s.splits),
-        c_u64("POFF", p_at),
         c_u64("LOFF", lse_at),
+        c_u64("AOFF", acc_at),
+        c_u64("WAT", w_at),
     ];
     lines.extend(super::cuda::ce_lines(&lce.ce));
     let (entry, n_in) = match which {
         None => ("lce_forward_kernel", 3),
         Some(LceGrad::Input) => ("lce_backward_input_kernel", 5),
-        Some(LceGrad::Weight) => ("lce_backward_weight_kernel", 5),
+        Some(LceGrad::Weight | LceGrad::Both) => ("lce_backward_weight_kernel", 5),
     };
     let kernel = staged(
         "linear_ce",
@@ -124,7 +159,7 @@ pub(crate) fn linear_ce(
     let e = t.size();
     let x_rows = |r0: u64| (Addr::Input(0, r0 * s.d * e), t, false, s.d);
     let z = (Addr::Workspace(0), DType::F32);
-    let p = Addr::Workspace(p_at);
+    let p = Addr::Workspace(0);
     let mut calls = Vec::new();
     match which {
         None | Some(LceGrad::Input) => {
@@ -140,14 +175,16 @@ pub(crate) fn linear_ce(
                 ));
                 if which.is_none() {
                     calls.push(Call::launch(rn * s.splits, 0, c));
-                    calls.push(Call::launch(rn.div_ceil(u64::from(BLOCK)), 1, c));
+                    if s.splits > 1 {
+                        calls.push(Call::launch(rn.div_ceil(u64::from(BLOCK)), 1, c));
+                    }
                 } else {
-                    calls.push(Call::launch((rn * s.v).div_ceil(u64::from(BLOCK)), 0, c));
+                    calls.push(Call::launch(rn, 0, c));
                     // dx_c = p @ W^T: W [D, V] read transposed, or E [V, D] as stored.
                     let w_stride = if lce.transposed { s.d } else { s.v };
                     let w = Addr::Input(1, 0);
                     calls.push(gemm(
-                        (p, t, false, s.v_ld),
+                        (p, t, false, s.p_ld(s.v_ld)),
                         (w, t, !lce.transposed, w_stride),
                         (Addr::Output(r0 * s.d * e), t, s.d),
                         (rn, s.d, s.v),
@@ -155,7 +192,10 @@ pub(crate) fn linear_ce(
                 }
             }
         }
-        Some(LceGrad::Weight) => {
+        Some(grad @ (LceGrad::Weight | LceGrad::Both)) => {
+            let both = grad == LceGrad::Both;
+            // A merged backward writes the weight's gradient after the hidden states'.
+            let dw_at = if both { w_at * e } else { 0 };
             let warps_per_block = u64::from(BLOCK / 32);
             calls.push(Call::launch(s.n.div_ceil(warps_per_block), 0, 0));
             for tile in 0..s.v.div_ceil(s.tile) {
@@ -168,29 +208,39 @@ pub(crate) fn linear_ce(
                     (z.0, z.1, s.tile_ld),
                     (s.n, width, s.d),
                 ));
-                calls.push(Call::launch(
-                    (s.n * width).div_ceil(u64::from(BLOCK)),
-                    1,
-                    tile,
-                ));
+                calls.push(Call::launch(s.n, 1, tile));
                 let call = if lce.transposed {
                     // dE[v0.., :] = p^T @ x
                     gemm(
-                        (p, t, true, s.tile_ld),
+                        (p, t, true, s.p_ld(s.tile_ld)),
                         (Addr::Input(0, 0), t, false, s.d),
-                        (Addr::Output(v0 * s.d * e), t, s.d),
+                        (Addr::Output(dw_at + v0 * s.d * e), t, s.d),
                         (width, s.d, s.n),
                     )
                 } else {
                     // dW[:, v0..] = x^T @ p
                     gemm(
                         (Addr::Input(0, 0), t, true, s.d),
-                        (p, t, false, s.tile_ld),
-                        (Addr::Output(v0 * e), t, s.v),
+                        (p, t, false, s.p_ld(s.tile_ld)),
+                        (Addr::Output(dw_at + v0 * e), t, s.v),
                         (s.d, width, s.n),
                     )
                 };
                 calls.push(call);
+                if both {
+                    // dx += p @ W[:, tile]^T, summed over the tiles in fp32.
+                    let beta = if tile == 0 { 0.0 } else { 1.0 };
+                    let product = Gemm::row_major(
+                        (p, t, false, s.p_ld(s.tile_ld)),
+                        (w, t, !w_t, w_stride),
+                        (Addr::Workspace(acc_at), DType::F32, s.d),
+                        (s.n, s.d, width),
+                    );
+                    calls.push(Call::gemm(product.scaled(1.0, beta)));
+                }
+            }
+            if both {
+                calls.push(Call::launch(w_at.div_ceil(u64::from(BLOCK)), 2, 0));
             }
         }
     }
@@ -203,5 +253,5 @@ pub(crate) fn workspace_bytes(
     which: Option<LceGrad>,
     inputs: &[&TensorType],
 ) -> u64 {
-    Shape::of(lce, inputs).map_or(0, |s| s.regions(which).2 + GEMM_WORKSPACE)
+    Shape::of(lce, inputs, which).map_or(0, |s| s.regions(which)[2] + GEMM_WORKSPACE)
 }

@@ -93,6 +93,11 @@ fn linear_ce_type(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         None => rows,
         Some(LceGrad::Input) => inputs[0].clone(),
         Some(LceGrad::Weight) => inputs[1].clone(),
+        Some(LceGrad::Both) => {
+            let (x, w) = (inputs[0], inputs[1]);
+            let (_, len) = super::packed_grads(x.numel(), w.numel(), x.dtype.size());
+            TensorType::new(x.dtype, vec![len as usize])
+        }
     })
 }
 
@@ -167,7 +172,7 @@ impl Rules for super::Family {
             // The logits (2NDV) and their log-sum-exp (5 per logit, as cross-entropy counts
             // it); each backward op recomputes both and adds its own product with the
             // gradient of the logits (another 2NDV): the head's backward costs two
-            // recomputations of the logits.
+            // recomputations of the logits, or one when merged.
             Op::LinearCrossEntropy(lce) | Op::LinearCrossEntropyBackward { lce, .. } => {
                 let Ok((n, d, v)) = linear_ce(lce, inputs) else {
                     return 0;
@@ -175,6 +180,10 @@ impl Rules for super::Family {
                 let forward = 2 * n * d * v + 5 * n * v;
                 match op {
                     Op::LinearCrossEntropy(_) => forward,
+                    Op::LinearCrossEntropyBackward {
+                        which: LceGrad::Both,
+                        ..
+                    } => forward + 4 * n * d * v,
                     _ => forward + 2 * n * d * v,
                 }
             }

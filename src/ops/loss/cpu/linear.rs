@@ -118,30 +118,22 @@ pub fn forward(h: &Head, out: &mut [f32], ws: &mut [f32]) -> Result<(), ExecErro
     Ok(())
 }
 
-/// Writes `dx = dz @ w^T` [rows, dim] for the per-row losses `rows` and their gradient
-/// `drows`, chunk by chunk. Errs on a kept target out of range (dx is then unspecified).
-pub fn backward_input(
-    h: &Head,
-    (rows, drows): (&[f32], &[f32]),
-    dx: &mut [f32],
-    ws: &mut [f32],
-) -> Result<(), ExecError> {
-    for (r0, m) in h.chunks()? {
-        h.logits((r0, m), ws);
-        h.logits_grad((r0, m), rows, drows, ws);
-        let dz = rm(&ws[..m * h.classes], h.classes);
-        let out = rm_mut(&mut dx[r0 * h.dim..(r0 + m) * h.dim], h.dim);
-        gemm(m, h.classes, h.dim, dz, h.weight_t(), 0.0, out);
-    }
-    Ok(())
+/// The gradients a backward pass writes: `dx = dz @ w^T` [rows, dim] and `dw = x^T @ dz`
+/// ([dim, classes], or its transpose when `transposed`), either or both.
+pub struct Grads<'a> {
+    pub dx: Option<&'a mut [f32]>,
+    pub dw: Option<&'a mut [f32]>,
 }
 
-/// Writes `dw = x^T @ dz` ([dim, classes], or its transpose when `transposed`), summed over
-/// the chunks in order. Errs on a kept target out of range (dw is then unspecified).
-pub fn backward_weight(
+/// Writes the gradients `g` asks for, for the per-row losses `rows` and their gradient
+/// `drows`, chunk by chunk: each chunk's logits and their gradient are computed once for
+/// both; `dw` is summed over the chunks in order. Each gradient has the same bits whether
+/// it is written alone or beside the other. Errs on a kept target out of range (the
+/// gradients are then unspecified).
+pub fn backward(
     h: &Head,
     (rows, drows): (&[f32], &[f32]),
-    dw: &mut [f32],
+    mut g: Grads,
     ws: &mut [f32],
 ) -> Result<(), ExecError> {
     let (d, v) = (h.dim, h.classes);
@@ -149,17 +141,23 @@ pub fn backward_weight(
     for (r0, m) in h.chunks()? {
         h.logits((r0, m), ws);
         h.logits_grad((r0, m), rows, drows, ws);
-        let x = &h.x[r0 * d..(r0 + m) * d];
         let dz = &ws[..m * v];
-        if h.transposed {
-            gemm(v, m, d, rm_t(dz, v), rm(x, d), beta, rm_mut(dw, d));
-        } else {
-            gemm(d, m, v, rm_t(x, d), rm(dz, v), beta, rm_mut(dw, v));
+        if let Some(dx) = g.dx.as_deref_mut() {
+            let out = rm_mut(&mut dx[r0 * d..(r0 + m) * d], d);
+            gemm(m, v, d, rm(dz, v), h.weight_t(), 0.0, out);
+        }
+        if let Some(dw) = g.dw.as_deref_mut() {
+            let x = &h.x[r0 * d..(r0 + m) * d];
+            if h.transposed {
+                gemm(v, m, d, rm_t(dz, v), rm(x, d), beta, rm_mut(dw, d));
+            } else {
+                gemm(d, m, v, rm_t(x, d), rm(dz, v), beta, rm_mut(dw, v));
+            }
         }
         beta = 1.0;
     }
     if beta == 0.0 {
-        dw.fill(0.0);
+        g.dw.into_iter().for_each(|dw| dw.fill(0.0));
     }
     Ok(())
 }
@@ -289,9 +287,26 @@ mod tests {
             let rows = rows_of(&h);
             let mut ws = vec![f32::NAN; Head::workspace_len(5, 7, chunk)];
             let mut dx = vec![f32::NAN; 15];
-            backward_input(&h, (&rows, &drows), &mut dx, &mut ws)?;
+            let dx_only = Grads {
+                dx: Some(&mut dx),
+                dw: None,
+            };
+            backward(&h, (&rows, &drows), dx_only, &mut ws)?;
             let mut dw = vec![f32::NAN; 21];
-            backward_weight(&h, (&rows, &drows), &mut dw, &mut ws)?;
+            let dw_only = Grads {
+                dx: None,
+                dw: Some(&mut dw),
+            };
+            backward(&h, (&rows, &drows), dw_only, &mut ws)?;
+            // Both in one pass: the same bits.
+            let (mut dx2, mut dw2) = (vec![f32::NAN; 15], vec![f32::NAN; 21]);
+            let both = Grads {
+                dx: Some(&mut dx2),
+                dw: Some(&mut dw2),
+            };
+            backward(&h, (&rows, &drows), both, &mut ws)?;
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!((bits(&dx2), bits(&dw2)), (bits(&dx), bits(&dw)));
             let loss = |x: &[f32], w: &[f32]| {
                 objective(&rows_of(&head_ce(x, w, &t, transposed, chunk, ce)))
             };
@@ -316,7 +331,11 @@ mod tests {
         assert_eq!(forward(&h, &mut [0.0; 5], &mut ws), err);
         let rows = [0.0; 5];
         let mut dw = [0.0; 21];
-        assert_eq!(backward_weight(&h, (&rows, &rows), &mut dw, &mut ws), err);
+        let dw_only = Grads {
+            dx: None,
+            dw: Some(&mut dw),
+        };
+        assert_eq!(backward(&h, (&rows, &rows), dw_only, &mut ws), err);
         let t = [0, -100, 1, 1, 1];
         let ignoring = head_ce(&x, &w, &t, false, 2, IGNORE);
         assert_eq!(forward(&ignoring, &mut [0.0; 5], &mut ws), Ok(()));

@@ -1,0 +1,108 @@
+//! The fused loss head's two backward ops as one: `linear_cross_entropy_backward_input` and
+//! `_weight` on the same operands each recompute the logits chunk by chunk; merged
+//! ([`LceGrad::Both`]) they compute them once, for one pass fewer over the head's largest
+//! GEMMs. The merged op writes both gradients into one flat buffer, each read through an
+//! [`Op::Member`] view, so the pair's values live together: the planner merges only where
+//! that does not raise the step's peak (`crate::launch_groups`).
+
+use super::StageError;
+use crate::ir::{Graph, LceGrad, Op, ValueId};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The pairs of backward ops on the same operands, as (input gradient, weight gradient),
+/// neither of them in `skip`.
+pub fn pairs(graph: &Graph, skip: &BTreeSet<ValueId>) -> Vec<(ValueId, ValueId)> {
+    let of = |which: LceGrad| {
+        graph.values().filter(move |&v| {
+            let node = graph.node(v);
+            matches!(node.op, Op::LinearCrossEntropyBackward { which: w, .. } if w == which)
+                && !skip.contains(&v)
+        })
+    };
+    of(LceGrad::Input)
+        .filter_map(|dx| {
+            let node = graph.node(dx);
+            let Op::LinearCrossEntropyBackward { lce, .. } = node.op else {
+                return None;
+            };
+            let twin = Op::LinearCrossEntropyBackward {
+                lce,
+                which: LceGrad::Weight,
+            };
+            let dw = of(LceGrad::Weight)
+                .find(|&w| graph.node(w).op == twin && graph.node(w).inputs == node.inputs)?;
+            Some((dx, dw))
+        })
+        .collect()
+}
+
+/// `graph` with each of `pairs` one merged backward op, placed at the first of the two, its
+/// gradients member views of its output; also each old value's new one (a merged op's
+/// gradients are their views).
+pub fn run(
+    graph: &Graph,
+    pairs: &[(ValueId, ValueId)],
+) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
+    let internal = |m: String| StageError::internal("lce_merge", m);
+    // Each grouped op, its pair's index and whether it is the input gradient.
+    let mut pair_of: BTreeMap<ValueId, (usize, bool)> = BTreeMap::new();
+    for (i, &(dx, dw)) in pairs.iter().enumerate() {
+        pair_of.insert(dx, (i, true));
+        pair_of.insert(dw, (i, false));
+    }
+    let mut roots: Vec<Option<ValueId>> = vec![None; pairs.len()];
+    let mut out = Graph::new();
+    let mut map: Vec<Option<ValueId>> = Vec::with_capacity(graph.len());
+    let mapped = |map: &[Option<ValueId>], v: ValueId| {
+        map.get(v.index())
+            .copied()
+            .flatten()
+            .ok_or_else(|| internal(format!("{v} read before it was rebuilt")))
+    };
+    for v in graph.values() {
+        let node = graph.node(v);
+        let inputs = (node.inputs.iter())
+            .map(|&i| mapped(&map, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let add = |out: &mut Graph, op: Op, inputs: Vec<ValueId>| {
+            (out.add(op, inputs, &node.origin()))
+                .map_err(|e| internal(format!("{v}: {}", e.message)))
+        };
+        let (Some(&(pair, is_dx)), Op::LinearCrossEntropyBackward { lce, .. }) =
+            (pair_of.get(&v), &node.op)
+        else {
+            map.push(Some(add(&mut out, node.op.clone(), inputs)?));
+            continue;
+        };
+        let root = match roots[pair] {
+            Some(root) => root,
+            None => {
+                let op = Op::LinearCrossEntropyBackward {
+                    lce: *lce,
+                    which: LceGrad::Both,
+                };
+                let root = add(&mut out, op, inputs)?;
+                roots[pair] = Some(root);
+                root
+            }
+        };
+        let offset = match is_dx {
+            true => 0,
+            false => {
+                let (x, w) = (out.node(root).inputs[0], out.node(root).inputs[1]);
+                let (x, w) = (&out.node(x).ty, &out.node(w).ty);
+                crate::ops::loss::packed_grads(x.numel(), w.numel(), x.dtype.size()).0 as usize
+            }
+        };
+        let shape = node.ty.shape.clone();
+        map.push(Some(add(
+            &mut out,
+            Op::Member { offset, shape },
+            vec![root],
+        )?));
+    }
+    for (name, v) in &graph.outputs {
+        out.outputs.push((name.clone(), mapped(&map, *v)?));
+    }
+    Ok((out, map))
+}
