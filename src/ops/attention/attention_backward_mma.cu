@@ -1,6 +1,7 @@
 //! FlashAttention-2's backward on tensor cores for 16-bit operands (after `attention.cu`,
 //! `mma.cu` and `attention_mma.cu`), one op per gradient (C::WHICH: 0 dq, 1 dk, 2 dv) in two
-//! launches, or the packed op's three in four (`packed_attention_backward_mma_kernel`), 128
+//! launches, or the packed op's three in four, or three with dk and dv together (C::DKV)
+//! (`packed_attention_backward_mma_kernel`), 128
 //! threads a block, no scores in memory:
 //! - phase 0, the row statistics (grid (ceil(TQ / 64), H, B), as the forward): one online pass
 //!   over the keys each row sees gives its log-sum-exp L = m + log l of the scaled, capped,
@@ -129,9 +130,21 @@ template <typename T, typename C> __device__ void attb_mma_dq(char* arena, u64 o
             if (w.rows[c >> 1] < C::TQ) st(out, attn_q<C>(b, w.rows[c >> 1], h) + nt * 8 + 2 * t + (c & 1), acc[nt][c]);
 }
 
-// Phase 1 of dk (DK) or dv: the block's 64 keys of kv head blockIdx.y, each warp
-// 16 of them, over the query tiles of the group's heads that see them.
-template <typename T, typename C, bool DK> __device__ void attb_mma_dkv(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_mask, u64 o_out, char* ws, AttbShared<T, C> sh) {
+// Stores a warp's accumulated gradient rows of its two keys (those inside the sequence).
+template <typename T, typename C, int NT>
+__device__ __forceinline__ void attb_store_keys(T* out, const float (&acc)[NT][4], u64 b, const u64 (&keys)[2], u64 kh, int t) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            if (keys[c >> 1] < C::TK) st(out, attn_kv<C>(b, keys[c >> 1], kh) + nt * 8 + 2 * t + (c & 1), acc[nt][c]);
+}
+
+// Phase 1 of dk (DK) and/or dv (DV), into o_dk and o_dv: the block's 64 keys of kv head
+// blockIdx.y, each warp 16 of them, over the query tiles of the group's heads that see
+// them; both at once share each tile's scores and probabilities.
+template <typename T, typename C, bool DK, bool DV>
+__device__ void attb_mma_dkv(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout, u64 o_mask, u64 o_dk, u64 o_dv, char* ws, AttbShared<T, C> sh) {
     constexpr int DH = (int)C::DH, BQ = (int)C::BK, LD = DH + 8, KS = DH / 16, NT = DH / 8, ST = BQ / 8;
     T* Qs = sh.x;
     T* Os = sh.y;
@@ -150,8 +163,9 @@ template <typename T, typename C, bool DK> __device__ void attb_mma_dkv(char* ar
     const T* q = tensor_at<T>(arena, o_q);
     const T* dout = tensor_at<T>(arena, o_dout);
     const T zero = from_f32<T>(0.0f);
-    float acc[NT][4];
-    mma_zero<NT>(acc);
+    float acck[NT][4], accv[NT][4];
+    mma_zero<NT>(acck);
+    mma_zero<NT>(accv);
     for (u64 h = kh * group; h < (kh + 1) * group; ++h) {
         for (u64 i0 = 0; i0 < C::TQ; i0 += BQ) {
             // Query rows see keys in ranges that only move forward with the row.
@@ -182,20 +196,18 @@ template <typename T, typename C, bool DK> __device__ void attb_mma_dkv(char* ar
                         const bool seen = kept[r] && i < C::TQ && j >= attn_kfirst<C>(i) && j < attn_kend<C>(i);
                         const float capped = attn_cap<C>(s[nt][c] * C::SCALE);
                         const float p = seen ? expf(capped - Ls[ii]) : 0.0f;
-                        s[nt][c] = DK ? attb_ds<C>(p, dp[nt][c], Ds[ii], capped) : p;
+                        if constexpr (DK) dp[nt][c] = attb_ds<C>(p, dp[nt][c], Ds[ii], capped);
+                        s[nt][c] = p;
                     }
-                // dv += p^T dout, or dk += ds^T q: 16 query rows at a time as the A operand.
-                mma_add_scores_times<T, ST, NT, LD>(acc, s, DK ? Qs : Os);
+                // dv += p^T dout, dk += ds^T q: 16 query rows at a time as the A operand.
+                if constexpr (DV) mma_add_scores_times<T, ST, NT, LD>(accv, s, Os);
+                if constexpr (DK) mma_add_scores_times<T, ST, NT, LD>(acck, dp, Qs);
             }
             __syncthreads();
         }
     }
-    T* out = tensor_at<T>(arena, o_out);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-            if (keys[c >> 1] < C::TK) st(out, attn_kv<C>(b, keys[c >> 1], kh) + nt * 8 + 2 * t + (c & 1), acc[nt][c]);
+    if constexpr (DK) attb_store_keys<T, C, NT>(tensor_at<T>(arena, o_dk), acck, b, keys, kh, t);
+    if constexpr (DV) attb_store_keys<T, C, NT>(tensor_at<T>(arena, o_dv), accv, b, keys, kh, t);
 }
 
 // The shared memory of a block of either phase, declared once per kernel.
@@ -216,7 +228,7 @@ __device__ void attention_backward_mma_kernel(char* arena, u64 o_q, u64 o_k, u64
     } else if constexpr (C::WHICH == 0) {
         attb_mma_dq<T, C>(arena, o_q, o_k, o_v, o_dout, o_mask, o_out, ws, sh);
     } else {
-        attb_mma_dkv<T, C, C::WHICH == 1>(arena, o_q, o_k, o_v, o_dout, o_mask, o_out, ws, sh);
+        attb_mma_dkv<T, C, C::WHICH == 1, C::WHICH == 2>(arena, o_q, o_k, o_v, o_dout, o_mask, o_out, o_out, ws, sh);
     }
 }
 
@@ -228,7 +240,8 @@ __device__ void attention_backward_mma_kernel(char* arena, u64 o_q, u64 o_k, u64
 
 // The packed backward: q, k and v are the column blocks of x at o_x, and dq, dk, dv those of
 // dx at o_out (C::QROW = C::KVROW = their row). Phase 0 the statistics with D, once for all
-// three; 1 dq (grid (ceil(TQ / 64), H, B)); 2 dk and 3 dv (grid (ceil(TK / 64), KVH, B)).
+// three; 1 dq (grid (ceil(TQ / 64), H, B)); 2 dk and 3 dv (grid (ceil(TK / 64), KVH, B)),
+// or with C::DKV both in phase 2.
 template <typename T, typename C>
 __device__ void packed_attention_backward_mma_kernel(char* arena, u64 o_x, u64 o_dout, u64 o_mask, u64 o_out, u64 o_ws, u64 phase, u64) {
     ATTB_SHARED;
@@ -236,8 +249,8 @@ __device__ void packed_attention_backward_mma_kernel(char* arena, u64 o_x, u64 o
     const u64 o_k = attn_k_at<T, C>(o_x), o_v = attn_v_at<T, C>(o_x);
     if (phase == 0) attb_mma_stats<T, C, true>(arena, o_x, o_k, o_v, o_dout, o_mask, ws, sh);
     else if (phase == 1) attb_mma_dq<T, C>(arena, o_x, o_k, o_v, o_dout, o_mask, o_out, ws, sh);
-    else if (phase == 2) attb_mma_dkv<T, C, true>(arena, o_x, o_k, o_v, o_dout, o_mask, attn_k_at<T, C>(o_out), ws, sh);
-    else attb_mma_dkv<T, C, false>(arena, o_x, o_k, o_v, o_dout, o_mask, attn_v_at<T, C>(o_out), ws, sh);
+    else if (phase == 2) attb_mma_dkv<T, C, true, C::DKV>(arena, o_x, o_k, o_v, o_dout, o_mask, attn_k_at<T, C>(o_out), attn_v_at<T, C>(o_out), ws, sh);
+    else attb_mma_dkv<T, C, false, true>(arena, o_x, o_k, o_v, o_dout, o_mask, 0, attn_v_at<T, C>(o_out), ws, sh);
 }
 
 // Without a key mask: the entry takes no mask offset.

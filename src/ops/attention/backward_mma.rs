@@ -2,7 +2,8 @@
 //! the operands [`super::cuda::on_tensor_cores`] accepts: two launches of the step's own
 //! kernel, the rows' statistics then the gradient, with the statistics (fp32 log-sum-exp and,
 //! for dq and dk, `D`, one of each per query row and head) as the step's workspace. The packed
-//! backward computes the statistics with `D` once, then dq, dk and dv: four launches.
+//! backward computes the statistics with `D` once, then dq, then dk and dv: three launches
+//! up to a head dim of 64 (dk and dv together), four beyond.
 
 use crate::codegen::build::c_u64;
 use crate::codegen::gemm::Call;
@@ -115,8 +116,14 @@ pub(super) fn attention_backward_mma(
     })
 }
 
-/// The packed backward's kernel and its four launches: the statistics with `D`, then dq, dk
-/// and dv into their blocks of `dx`.
+/// The largest head dim whose dk and dv one launch of the packed backward computes together
+/// (sharing each tile's scores and probabilities): two gradient accumulators beside the
+/// keys' and values' fragments fit a thread's registers up to here without spilling.
+const DKV_TOGETHER_MAX_DH: u64 = 64;
+
+/// The packed backward's kernel and its launches: the statistics with `D`, then dq, then dk
+/// and dv into their blocks of `dx`, together in one launch up to
+/// [`DKV_TOGETHER_MAX_DH`] (three launches), else one each (four).
 pub(super) fn packed_attention_backward_mma(
     a: &Args,
     p: &AttnParams,
@@ -126,13 +133,14 @@ pub(super) fn packed_attention_backward_mma(
         p.packed_inputs() + 1,
     );
     let ws = packed_workspace_bytes(&[a.at(0)?], p);
-    lower(a, p, entry, (Vec::new(), ws), |s| {
-        vec![
-            (0, s.tq, s.h),
-            (1, s.tq, s.h),
-            (2, s.tk, s.kvh),
-            (3, s.tk, s.kvh),
-        ]
+    let together = super::cuda::shapes(a, p)?.0.dh <= DKV_TOGETHER_MAX_DH;
+    let lines = vec![c_u64("DKV", u64::from(together))];
+    lower(a, p, entry, (lines, ws), |s| {
+        let mut launches = vec![(0, s.tq, s.h), (1, s.tq, s.h), (2, s.tk, s.kvh)];
+        if !together {
+            launches.push((3, s.tk, s.kvh));
+        }
+        launches
     })
 }
 
