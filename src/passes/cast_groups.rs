@@ -8,6 +8,7 @@
 //! but the last takes a multiple of [`MEMBER_ALIGN`] bytes, so each starts where a buffer
 //! of its own could (cuBLASLt reads them as operands).
 
+use super::rewrite::rebuild_each;
 use super::StageError;
 use crate::ir::{DType, Graph, Op, Phase, ValueId};
 use std::collections::BTreeMap;
@@ -75,29 +76,11 @@ pub fn run(graph: &Graph, keys: &[Key]) -> Result<(Graph, Vec<Option<ValueId>>),
             group_of.extend(members.into_iter().map(|m| (m, k)));
         }
     }
-    let internal = |m: String| StageError::internal("cast_groups", m);
-    let mut out = Graph::new();
-    let mut map: Vec<Option<ValueId>> = Vec::with_capacity(graph.len());
     // Each key's group and the elements of its members so far.
     let mut groups: Vec<Option<(ValueId, usize)>> = vec![None; keys.len()];
-    let mapped = |map: &[Option<ValueId>], v: ValueId| {
-        map.get(v.index())
-            .copied()
-            .flatten()
-            .ok_or_else(|| internal(format!("{v} read before it was rebuilt")))
-    };
-    for v in graph.values() {
-        let node = graph.node(v);
-        let add = |out: &mut Graph, op: Op, inputs: Vec<ValueId>| {
-            (out.add(op, inputs, &node.origin()))
-                .map_err(|e| internal(format!("{v}: {}", e.message)))
-        };
+    rebuild_each(graph, "cast_groups", |b, v| {
         let Some(&k) = group_of.get(&v) else {
-            let inputs = (node.inputs.iter())
-                .map(|&i| mapped(&map, i))
-                .collect::<Result<Vec<_>, _>>()?;
-            map.push(Some(add(&mut out, node.op.clone(), inputs)?));
-            continue;
+            return b.copy(v);
         };
         let (flat, offset) = match groups[k] {
             Some(g) => g,
@@ -107,24 +90,21 @@ pub fn run(graph: &Graph, keys: &[Key]) -> Result<(Graph, Vec<Option<ValueId>>),
                     .map(|(&m, _)| m)
                     .collect();
                 let sources = (grouped.iter())
-                    .map(|&m| mapped(&map, graph.node(m).inputs[0]))
+                    .map(|&m| b.new_of(graph.node(m).inputs[0]))
                     .collect::<Result<Vec<_>, _>>()?;
                 let op = Op::CastGroup {
                     to: keys[k].3,
                     tensors: grouped.len() as u32,
                 };
-                (add(&mut out, op, sources)?, 0)
+                (b.add(v, op, sources)?, 0)
             }
         };
+        let node = graph.node(v);
         let shape = node.ty.shape.clone();
-        let member = add(&mut out, Op::Member { offset, shape }, vec![flat])?;
+        let member = b.add(v, Op::Member { offset, shape }, vec![flat])?;
         groups[k] = Some((flat, offset + node.ty.numel() as usize));
-        map.push(Some(member));
-    }
-    for (name, v) in &graph.outputs {
-        out.outputs.push((name.clone(), mapped(&map, *v)?));
-    }
-    Ok((out, map))
+        Ok(member)
+    })
 }
 
 #[cfg(test)]

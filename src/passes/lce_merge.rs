@@ -5,6 +5,7 @@
 //! [`Op::Member`] view, so the pair's values live together: the planner merges only where
 //! that does not raise the step's peak (`crate::launch_groups`).
 
+use super::rewrite::rebuild_each;
 use super::StageError;
 use crate::ir::{Graph, LceGrad, Op, ValueId};
 use std::collections::{BTreeMap, BTreeSet};
@@ -43,7 +44,6 @@ pub fn run(
     graph: &Graph,
     pairs: &[(ValueId, ValueId)],
 ) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
-    let internal = |m: String| StageError::internal("lce_merge", m);
     // Each grouped op, its pair's index and whether it is the input gradient.
     let mut pair_of: BTreeMap<ValueId, (usize, bool)> = BTreeMap::new();
     for (i, &(dx, dw)) in pairs.iter().enumerate() {
@@ -51,28 +51,12 @@ pub fn run(
         pair_of.insert(dw, (i, false));
     }
     let mut roots: Vec<Option<ValueId>> = vec![None; pairs.len()];
-    let mut out = Graph::new();
-    let mut map: Vec<Option<ValueId>> = Vec::with_capacity(graph.len());
-    let mapped = |map: &[Option<ValueId>], v: ValueId| {
-        map.get(v.index())
-            .copied()
-            .flatten()
-            .ok_or_else(|| internal(format!("{v} read before it was rebuilt")))
-    };
-    for v in graph.values() {
+    rebuild_each(graph, "lce_merge", |b, v| {
         let node = graph.node(v);
-        let inputs = (node.inputs.iter())
-            .map(|&i| mapped(&map, i))
-            .collect::<Result<Vec<_>, _>>()?;
-        let add = |out: &mut Graph, op: Op, inputs: Vec<ValueId>| {
-            (out.add(op, inputs, &node.origin()))
-                .map_err(|e| internal(format!("{v}: {}", e.message)))
-        };
         let (Some(&(pair, is_dx)), Op::LinearCrossEntropyBackward { lce, .. }) =
             (pair_of.get(&v), &node.op)
         else {
-            map.push(Some(add(&mut out, node.op.clone(), inputs)?));
-            continue;
+            return b.copy(v);
         };
         let root = match roots[pair] {
             Some(root) => root,
@@ -81,7 +65,10 @@ pub fn run(
                     lce: *lce,
                     which: LceGrad::Both,
                 };
-                let root = add(&mut out, op, inputs)?;
+                let inputs = (node.inputs.iter())
+                    .map(|&i| b.new_of(i))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let root = b.add(v, op, inputs)?;
                 roots[pair] = Some(root);
                 root
             }
@@ -89,20 +76,14 @@ pub fn run(
         let offset = match is_dx {
             true => 0,
             false => {
-                let (x, w) = (out.node(root).inputs[0], out.node(root).inputs[1]);
-                let (x, w) = (&out.node(x).ty, &out.node(w).ty);
+                let (x, w) = (
+                    &graph.node(node.inputs[0]).ty,
+                    &graph.node(node.inputs[1]).ty,
+                );
                 crate::ops::loss::packed_grads(x.numel(), w.numel(), x.dtype.size()).0 as usize
             }
         };
         let shape = node.ty.shape.clone();
-        map.push(Some(add(
-            &mut out,
-            Op::Member { offset, shape },
-            vec![root],
-        )?));
-    }
-    for (name, v) in &graph.outputs {
-        out.outputs.push((name.clone(), mapped(&map, *v)?));
-    }
-    Ok((out, map))
+        b.add(v, Op::Member { offset, shape }, vec![root])
+    })
 }

@@ -30,18 +30,12 @@ pub fn rebuild(
 ) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
     let mut out = Graph::new();
     let mut map: Vec<Option<ValueId>> = Vec::with_capacity(graph.len());
-    let mapped = |map: &[Option<ValueId>], v: ValueId| {
-        map.get(v.index())
-            .copied()
-            .flatten()
-            .ok_or_else(|| StageError::internal(pass, format!("{v} read where it was folded away")))
-    };
     for v in graph.values() {
         let node = graph.node(v);
         let (op, inputs) = match edit(v) {
             Edit::Keep => (node.op.clone(), node.inputs.clone()),
             Edit::Alias(to) => {
-                map.push(Some(mapped(&map, to)?));
+                map.push(Some(mapped(&map, to, pass)?));
                 continue;
             }
             Edit::Drop => {
@@ -52,7 +46,7 @@ pub fn rebuild(
         };
         let inputs = inputs
             .iter()
-            .map(|&i| mapped(&map, i))
+            .map(|&i| mapped(&map, i, pass))
             .collect::<Result<Vec<_>, _>>()?;
         let id = out
             .add(op, inputs, &node.origin())
@@ -60,7 +54,79 @@ pub fn rebuild(
         map.push(Some(id));
     }
     for (name, v) in &graph.outputs {
-        out.outputs.push((name.clone(), mapped(&map, *v)?));
+        out.outputs.push((name.clone(), mapped(&map, *v, pass)?));
+    }
+    Ok((out, map))
+}
+
+/// The new value of old value `v` under `map`, or `pass`'s internal error where it has none
+/// (read where it was folded away, or before it was rebuilt).
+fn mapped(map: &[Option<ValueId>], v: ValueId, pass: &'static str) -> Result<ValueId, StageError> {
+    map.get(v.index())
+        .copied()
+        .flatten()
+        .ok_or_else(|| StageError::internal(pass, format!("{v} read where it was folded away")))
+}
+
+/// How a pass that rebuilds nodes into several reaches the graph being built: the new
+/// value of an old one, and adding a node with an old node's origin.
+pub struct Builder<'a> {
+    /// The graph being built.
+    pub out: &'a mut Graph,
+    old: &'a Graph,
+    map: &'a [Option<ValueId>],
+    pass: &'static str,
+}
+
+impl Builder<'_> {
+    /// The new value of old value `v` (an internal error where it has none yet).
+    pub fn new_of(&self, v: ValueId) -> Result<ValueId, StageError> {
+        mapped(self.map, v, self.pass)
+    }
+
+    /// Adds `op` on the (new) `inputs` with old node `like`'s origin.
+    pub fn add(
+        &mut self,
+        like: ValueId,
+        op: Op,
+        inputs: Vec<ValueId>,
+    ) -> Result<ValueId, StageError> {
+        (self.out.add(op, inputs, &self.old.node(like).origin()))
+            .map_err(|e| StageError::internal(self.pass, format!("{like}: {}", e.message)))
+    }
+
+    /// Copies old node `v` as it is, on its inputs' new values.
+    pub fn copy(&mut self, v: ValueId) -> Result<ValueId, StageError> {
+        let node = self.old.node(v);
+        let inputs = (node.inputs.iter())
+            .map(|&i| self.new_of(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.add(v, node.op.clone(), inputs)
+    }
+}
+
+/// `graph` rebuilt node by node in creation order, `each` giving each old node's new value
+/// (adding what nodes it needs through the [`Builder`]): the new graph and each old value's
+/// new one. Graph outputs follow their values.
+pub fn rebuild_each(
+    graph: &Graph,
+    pass: &'static str,
+    mut each: impl FnMut(&mut Builder<'_>, ValueId) -> Result<ValueId, StageError>,
+) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
+    let mut out = Graph::new();
+    let mut map: Vec<Option<ValueId>> = Vec::with_capacity(graph.len());
+    for v in graph.values() {
+        let mut b = Builder {
+            out: &mut out,
+            old: graph,
+            map: &map,
+            pass,
+        };
+        let new = each(&mut b, v)?;
+        map.push(Some(new));
+    }
+    for (name, v) in &graph.outputs {
+        out.outputs.push((name.clone(), mapped(&map, *v, pass)?));
     }
     Ok((out, map))
 }
