@@ -346,3 +346,39 @@ fn a_shared_transpose_is_dropped_once_every_head_is_fused() {
     assert_eq!(head_ops(read.plan.plan()).len(), 6);
     assert_eq!(permutes(&read), 1);
 }
+
+/// The backward ops of a CUDA head merge only where the weight's gradient is a value of its
+/// own: an fp32 LLaMA's untied head weight is a parameter, whose gradient buffer the update
+/// reads, so its pair stays apart; in bf16 the head reads the weight's bf16 copy, whose
+/// gradient is a temporary, and the pair is one op (the peak unchanged).
+#[test]
+fn a_parameter_s_own_gradient_keeps_the_head_backward_apart() {
+    let dims = common::overrides(&[
+        ("L", 2),
+        ("D", 64),
+        ("H", 4),
+        ("F", 128),
+        ("V", 512),
+        ("T", 64),
+    ]);
+    let head = |precision| {
+        let c = compiled_with(
+            &example("llama7b"),
+            &Options {
+                overrides: dims.clone(),
+                precision: Some(precision),
+                target: Target::CUDA_MIN,
+                ..Options::default()
+            },
+        );
+        let ops: Vec<LceGrad> = (c.plan.plan().steps.iter())
+            .filter_map(|s| match s.op {
+                Op::LinearCrossEntropyBackward { which, .. } => Some(which),
+                _ => None,
+            })
+            .collect();
+        ops
+    };
+    assert_eq!(head(Precision::Fp32), vec![LceGrad::Input, LceGrad::Weight]);
+    assert_eq!(head(Precision::Bf16), vec![LceGrad::Both]);
+}
