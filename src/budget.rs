@@ -13,7 +13,7 @@ use crate::cost::{estimate, Gpu};
 use crate::diagnostic::UserError;
 use crate::front::train::TrainSpec;
 use crate::ir::cost::flops;
-use crate::ir::{Graph, Span, TensorType};
+use crate::ir::{Graph, Op, Span, TensorType};
 use crate::passes::checkpoint::{self, Policy};
 use crate::passes::StageError;
 use crate::plan::{
@@ -242,12 +242,21 @@ fn summary(
     let mut recompute_flops = 0;
     for &(_, c) in clones {
         let node = graph.node(c);
-        let types: Vec<&TensorType> = node.inputs.iter().map(|&i| &graph.node(i).ty).collect();
-        recompute_flops += flops(&node.op, &types, &node.ty);
+        // A recomputed activation computed beside its gradient (`passes::unary_pairs`) is
+        // counted as the activation alone.
+        let (op, inputs) = match node.op {
+            Op::Member { .. } => match graph.node(node.inputs[0]).op {
+                Op::UnaryPair(f) => (Op::Unary(f), &graph.node(node.inputs[0]).inputs[..1]),
+                _ => (node.op.clone(), &node.inputs[..]),
+            },
+            _ => (node.op.clone(), &node.inputs[..]),
+        };
+        let types: Vec<&TensorType> = inputs.iter().map(|&i| &graph.node(i).ty).collect();
+        recompute_flops += flops(&op, &types, &node.ty);
         let block = node.scope.split('.').next().unwrap_or("").to_string();
         let e = groups
             .entry((
-                node.op.name().to_string(),
+                op.name().to_string(),
                 if block.is_empty() {
                     "(top)".into()
                 } else {
@@ -338,7 +347,7 @@ pub fn plan_with(
     let (graph, clones) =
         crate::launch_groups::grouped_if_no_higher(graph, clones, (target, train), options)?;
     let (graph, clones) =
-        crate::launch_groups::heads_merged_if_no_higher(graph, clones, target, options)?;
+        crate::launch_groups::pairs_merged_if_no_higher(graph, clones, target, options)?;
     let train = train.map(TrainSummary::from);
     let clone_ids = clones.iter().map(|&(_, c)| c).collect();
     let mut plan = plan::build_for(target, model, &graph, train.as_ref(), options, &clone_ids)?;

@@ -1,7 +1,7 @@
 //! Launch groupings that hold values longer, kept only where the step's peak of live bytes
-//! does not rise: parameter casts as cast groups, a scope's AdamW steps as one group and the
-//! fused loss head's two backward ops as one, chosen after checkpointing for the plan being
-//! built (`crate::budget::plan_with`).
+//! does not rise: parameter casts as cast groups, a scope's AdamW steps as one group, the
+//! fused loss head's two backward ops as one, and a recomputed activation beside its
+//! gradient, chosen after checkpointing for the plan being built (`crate::budget::plan_with`).
 
 use crate::front::train::TrainSpec;
 use crate::ir::{Graph, ValueId};
@@ -96,34 +96,56 @@ pub(crate) fn grouped_if_no_higher(
     Ok((grouped, clones))
 }
 
-/// `graph` with each pair of the fused loss head's backward ops merged into one
-/// (`passes::lce_merge`) where that does not raise the step's peak of bytes in use, its
-/// workspace counted (the merged op's is larger on CUDA): on CUDA only, where the merge
-/// saves the head's second pass over the logits and its launches (the CPU backend keeps
-/// the two ops, which each give the same bits as the merged one). A pair whose weight
-/// gradient is itself a parameter's gradient is left apart: that buffer is the update's.
-/// `clones` follow their values.
-pub(crate) fn heads_merged_if_no_higher(
+/// `graph` with backward's pairs of launches merged where that does not raise the step's
+/// peak of bytes in use, each step's workspace counted: on CUDA only, where a merge saves
+/// launches and a pass over its operands (the CPU backend keeps the pairs apart, each op
+/// giving the merged op's bits). First the fused loss head's two backward ops, one op that
+/// computes each tile's logits once (`passes::lce_merge`; a pair whose weight gradient is
+/// itself a parameter's gradient is left apart: that buffer is the update's); then each
+/// activation backward recomputes beside its gradient, one `unary_pair`
+/// (`passes::unary_pairs`). Each is weighed on the graph the one before left. `clones`
+/// follow their values.
+pub(crate) fn pairs_merged_if_no_higher(
     graph: Graph,
     clones: Vec<(ValueId, ValueId)>,
     target: Target,
     options: &BuildOptions,
 ) -> Result<(Graph, Vec<(ValueId, ValueId)>), StageError> {
-    use crate::passes::lce_merge;
+    use crate::passes::{lce_merge, unary_pairs};
     if !matches!(target, Target::Cuda { .. }) {
         return Ok((graph, clones));
     }
-    let pairs = lce_merge::pairs(&graph, &plan::param_gradients(&graph));
-    if pairs.is_empty() {
-        return Ok((graph, clones));
-    }
-    let (merged, map) = lce_merge::run(&graph, &pairs)?;
+    let heads = |g: &Graph| {
+        let pairs = lce_merge::pairs(g, &plan::param_gradients(g));
+        lce_merge::run(g, &pairs).map(|r| (pairs.is_empty(), r))
+    };
+    let (graph, clones) = merged_if_no_higher(graph, clones, target, options, heads)?;
+    let activations = |g: &Graph| {
+        let pairs = unary_pairs::pairs(g);
+        unary_pairs::run(g, &pairs).map(|r| (pairs.is_empty(), r))
+    };
+    merged_if_no_higher(graph, clones, target, options, activations)
+}
+
+/// A rebuilt graph (with each old value's new one), and whether it is the graph as it was.
+type Merge = (bool, (Graph, Vec<Option<ValueId>>));
+
+/// `graph` as `merge` rebuilds it, where that does not raise the peak of bytes in use with
+/// each step's workspace; `clones` follow their values.
+fn merged_if_no_higher(
+    graph: Graph,
+    clones: Vec<(ValueId, ValueId)>,
+    target: Target,
+    options: &BuildOptions,
+    merge: impl Fn(&Graph) -> Result<Merge, StageError>,
+) -> Result<(Graph, Vec<(ValueId, ValueId)>), StageError> {
+    let (unchanged, (merged, map)) = merge(&graph)?;
     let peak = |g: &Graph| plan::live_peak_with_workspace(g, options, target);
-    if peak(&merged)? > peak(&graph)? {
+    if unchanged || peak(&merged)? > peak(&graph)? {
         return Ok((graph, clones));
     }
     let moved = |v: ValueId| {
-        map[v.index()].ok_or_else(|| StageError::internal("lce_merge", "a clone merged"))
+        map[v.index()].ok_or_else(|| StageError::internal("merge", "a clone merged away"))
     };
     let clones = (clones.iter())
         .map(|&(v, c)| Ok((moved(v)?, moved(c)?)))

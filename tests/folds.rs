@@ -7,7 +7,8 @@
 //! norm's input gradient adds the residual gradient itself, backward reads saved
 //! activations reshaped as views, a
 //! block's AdamW steps are one group, its parameter casts one cast group, and the fused loss
-//! head takes at most 16 chunks and computes both its gradients in one op (the grouped updates train bit for bit as single ones:
+//! head takes at most 16 chunks and computes both its gradients in one op, and backward's
+//! recomputed GELU comes with its gradient (the grouped updates train bit for bit as single ones:
 //! `offload.rs`, whose offloaded updates are not grouped).
 #![allow(clippy::panic, clippy::unwrap_used)]
 
@@ -184,6 +185,10 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
             && !plan.launches(s)
     };
     assert_eq!(count(&views), 2);
+    // Backward's recomputed GELU and its gradient are one launch in each layer.
+    let pairs = count(&|s| matches!(s.op, Op::UnaryPair(_)));
+    let apart = count(&|s| matches!(s.op, Op::UnaryBackward(_)));
+    assert_eq!((pairs, apart), (layers, 0));
     // On the CPU backend the two stay apart (each gives the merged op's bits).
     let cpu = common::compiled_with(
         &common::example("gpt2"),

@@ -64,6 +64,11 @@ pub enum Op {
     /// `(y, dy) -> f'(x) * dy` from the forward output `y = f(x)`, for the functions whose
     /// derivative is a function of their output ([`UnaryFn::derivative_from_output`]).
     UnaryOutputBackward(UnaryFn),
+    /// `(x, dy) -> f(x)` and `f'(x) * dy` in one launch, into one flat buffer of `x`'s type:
+    /// `f(x)` from element 0, `f'(x) * dy` from [`crate::ops::packed_pair`]`.0`, each read
+    /// through an [`Op::Member`] view (`passes::unary_pairs`: backward's recomputed
+    /// activation beside its gradient).
+    UnaryPair(UnaryFn),
     /// `(a, b) -> a op b`, broadcasting.
     Binary(BinaryFn),
     /// `(cond, a, b) -> a where cond is nonzero, else b`, all three broadcasting; `cond` is
@@ -386,6 +391,7 @@ impl Op {
             Fill { .. } => "fill",
             Unary(_) => "unary",
             UnaryBackward(_) => "unary_backward",
+            UnaryPair(_) => "unary_pair",
             UnaryOutputBackward(_) => "unary_output_backward",
             Binary(_) => "binary",
             Where => "where",

@@ -38,6 +38,16 @@ pub trait OpFamily:
 {
 }
 
+/// Where the second of two tensors packed into one flat buffer starts and how many elements
+/// the buffer holds, for a first of `first` elements and a second of `second`, both of
+/// `elem_bytes` bytes: the second starts at the first 256-byte boundary after the first
+/// (where a buffer of its own could start), the gap between them zero.
+pub fn packed_pair(first: u64, second: u64, elem_bytes: u64) -> (u64, u64) {
+    let align = (256 / elem_bytes.max(1)).max(1);
+    let at = first.div_ceil(align) * align;
+    (at, at + second)
+}
+
 /// The family that holds `op`'s rules.
 pub fn family(op: &Op) -> &'static dyn OpFamily {
     match op {
@@ -47,6 +57,7 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         Op::Unary(_)
         | Op::UnaryBackward(_)
         | Op::UnaryOutputBackward(_)
+        | Op::UnaryPair(_)
         | Op::Binary(_)
         | Op::Where
         | Op::Clamp(_)

@@ -80,7 +80,7 @@ pub fn run(
                     &graph.node(node.inputs[0]).ty,
                     &graph.node(node.inputs[1]).ty,
                 );
-                crate::ops::loss::packed_grads(x.numel(), w.numel(), x.dtype.size()).0 as usize
+                crate::ops::packed_pair(x.numel(), w.numel(), x.dtype.size()).0 as usize
             }
         };
         let shape = node.ty.shape.clone();

@@ -25,6 +25,7 @@ pub mod rewrite;
 pub mod saves;
 pub mod schedule;
 pub mod tile;
+pub mod unary_pairs;
 pub mod widen;
 
 use std::fmt;

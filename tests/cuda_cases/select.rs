@@ -1,5 +1,6 @@
 //! Cases of the selection kernels: extrema and comparisons (broadcasting), `where` over three
-//! broadcast operands, `clamp` with one or two bounds and its backward, and `reciprocal`.
+//! broadcast operands, `clamp` with one or two bounds and its backward, `reciprocal`, and a
+//! unary function beside its gradient (`unary_pair`).
 
 use super::t;
 use memc::ir::{BinaryFn, Bounds, DType, Op, TensorType, UnaryFn};
@@ -39,6 +40,13 @@ pub fn select_cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             "reciprocal_bwd",
             Op::UnaryBackward(UnaryFn::Reciprocal),
             vec![f(&[4, 33]), f(&[4, 33])],
+        ),
+        // Backward's recomputed GELU beside its gradient, one launch (384 elements: the
+        // gradient starts right after the activation in every type).
+        (
+            "gelu_pair",
+            Op::UnaryPair(UnaryFn::GeluTanh),
+            vec![f(&[3, 128]), f(&[3, 128])],
         ),
     ];
     let binary: [(&'static str, BinaryFn); 8] = [

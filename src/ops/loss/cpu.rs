@@ -75,7 +75,7 @@ impl CpuKernel for super::Family {
                     LceGrad::Both => {
                         let (x_len, w_len) = (h.x.len(), h.w.len());
                         let elem = step.dtype(0).size();
-                        let (w_at, _) = super::packed_grads(x_len as u64, w_len as u64, elem);
+                        let (w_at, _) = crate::ops::packed_pair(x_len as u64, w_len as u64, elem);
                         let (dx, rest) = out.split_at_mut(x_len);
                         let (gap, dw) = rest.split_at_mut(w_at as usize - x_len);
                         gap.fill(0.0);

@@ -127,7 +127,7 @@ pub(crate) fn linear_ce(
     let s = Shape::of(lce, &refs, which).ok_or_else(|| a.err("linear cross-entropy shapes"))?;
     let [lse_at, acc_at, scratch] = s.regions(which);
     // Where a merged backward's weight gradient starts in its output, in elements.
-    let w_at = super::packed_grads(s.n * s.d, s.v * s.d, s.dtype.size()).0;
+    let w_at = crate::ops::packed_pair(s.n * s.d, s.v * s.d, s.dtype.size()).0;
     let t = s.dtype;
     let mut lines = vec![
         c_u64("N", s.n),

@@ -66,20 +66,9 @@ pub enum LceGrad {
     Weight,
     /// Both, in one pass that computes the logits once (`passes::lce_merge`): the output is
     /// one flat buffer of the operands' type holding the hidden states' gradient from
-    /// element 0 and the weight's from [`packed_grads`]`.0`, each read through an
-    /// `Op::Member` view.
+    /// element 0 and the weight's from [`crate::ops::packed_pair`]`.0`, each read through
+    /// an `Op::Member` view.
     Both,
-}
-
-/// Where a merged linear cross-entropy backward ([`LceGrad::Both`]) puts the weight's
-/// gradient and how many elements its flat output holds, for hidden states of `x_numel`
-/// elements and a weight of `w_numel`, both of `elem_bytes` bytes: the weight's gradient
-/// starts at the first 256-byte boundary after the hidden states' (where a buffer of its
-/// own could start; cuBLASLt writes it).
-pub fn packed_grads(x_numel: u64, w_numel: u64, elem_bytes: u64) -> (u64, u64) {
-    let align = (256 / elem_bytes.max(1)).max(1);
-    let w_at = x_numel.div_ceil(align) * align;
-    (w_at, w_at + w_numel)
 }
 
 /// The fewest rows a default chunk takes, as a share of all rows: the head runs in at most

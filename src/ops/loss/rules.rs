@@ -95,7 +95,7 @@ fn linear_ce_type(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
         Some(LceGrad::Weight) => inputs[1].clone(),
         Some(LceGrad::Both) => {
             let (x, w) = (inputs[0], inputs[1]);
-            let (_, len) = super::packed_grads(x.numel(), w.numel(), x.dtype.size());
+            let (_, len) = crate::ops::packed_pair(x.numel(), w.numel(), x.dtype.size());
             TensorType::new(x.dtype, vec![len as usize])
         }
     })

@@ -36,9 +36,10 @@ impl Backward for super::Family {
                     vec![dy],
                 )
             }),
-            Op::UnaryBackward(_) | Op::UnaryOutputBackward(_) | Op::ClampBackward(_) => {
-                Err(cx.not_forward(op))
-            }
+            Op::UnaryBackward(_)
+            | Op::UnaryOutputBackward(_)
+            | Op::UnaryPair(_)
+            | Op::ClampBackward(_) => Err(cx.not_forward(op)),
             _ => Err(cx.foreign(op, "pointwise")),
         }
     }

@@ -15,6 +15,15 @@ impl CpuKernel for super::Family {
         match step.op() {
             Op::Unary(f) => kernels::unary_forward(*f, x(0), step.output()),
             Op::UnaryBackward(f) => kernels::unary_backward(*f, x(0), x(1), step.output()),
+            Op::UnaryPair(f) => {
+                let n = x(0).len();
+                let (at, _) = crate::ops::packed_pair(n as u64, n as u64, step.dtype(0).size());
+                let (y, rest) = step.output().split_at_mut(n);
+                let (gap, dx) = rest.split_at_mut(at as usize - n);
+                gap.fill(0.0);
+                kernels::unary_forward(*f, x(0), y);
+                kernels::unary_backward(*f, x(0), x(1), &mut dx[..n]);
+            }
             Op::UnaryOutputBackward(f) => {
                 kernels::unary_output_backward(*f, x(0), x(1), step.output())
             }

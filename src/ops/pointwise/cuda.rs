@@ -86,6 +86,17 @@ impl CudaLowering for super::Family {
                 ("unary_backward_kernel", &[a.ty(0)?, a.ty(1)?], 2),
                 Elementwise(n_out),
             )),
+            Op::UnaryPair(f) => {
+                let n = a.at(0)?.numel();
+                let (at, _) = crate::ops::packed_pair(n, n, a.at(0)?.dtype.size());
+                Ok(templated(
+                    "unary_pair",
+                    files,
+                    vec![c_u64("N", n), c_u64("AT", at), c_int("OP", unary_code(*f))],
+                    ("unary_pair_kernel", &[a.ty(0)?, a.ty(1)?], 2),
+                    Elementwise(at),
+                ))
+            }
             Op::UnaryOutputBackward(f) => Ok(templated(
                 "unary_output_backward",
                 files,

@@ -106,6 +106,24 @@ __device__ void unary_backward_kernel(char* arena, u64 o_x, u64 o_dy, u64 o_dx) 
     MEMC_GRID_LOOP(i, C::N) st(dx, i, unary_deriv<C::OP>(ld(x, i)) * ld(dy, i));
 }
 
+// out[i] = f(x[i]) and out[C::AT + i] = f'(x[i]) * dy[i], reading x once; the elements
+// between the two (from C::N to C::AT) are zero.
+template <typename T, typename TD, typename C>
+__device__ void unary_pair_kernel(char* arena, u64 o_x, u64 o_dy, u64 o_out) {
+    const T* x = tensor_at<T>(arena, o_x);
+    const TD* dy = tensor_at<TD>(arena, o_dy);
+    T* out = tensor_at<T>(arena, o_out);
+    MEMC_GRID_LOOP(i, C::AT) {
+        if (i < C::N) {
+            const float v = ld(x, i);
+            st(out, i, unary_eval<C::OP>(v));
+            st(out, C::AT + i, unary_deriv<C::OP>(v) * ld(dy, i));
+        } else {
+            st(out, i, 0.0f);
+        }
+    }
+}
+
 // dx[i] = f'(x[i]) * dy[i] from the forward output y = f(x).
 template <typename T, typename TD, typename C>
 __device__ void unary_output_backward_kernel(char* arena, u64 o_y, u64 o_dy, u64 o_dx) {

@@ -20,6 +20,14 @@ impl Rules for super::Family {
                 float(inputs[0], "operand")?;
                 Ok(inputs[0].clone())
             }
+            Op::UnaryPair(_) => {
+                arity(op, inputs, 2, 2)?;
+                same_shape(inputs[0], inputs[1], op.name())?;
+                float(inputs[0], "operand")?;
+                let (x, n) = (inputs[0], inputs[0].numel());
+                let (_, len) = crate::ops::packed_pair(n, n, x.dtype.size());
+                Ok(TensorType::new(x.dtype, vec![len as usize]))
+            }
             Op::Binary(f) => {
                 arity(op, inputs, 2, 2)?;
                 let [a, b] = [inputs[0], inputs[1]];
@@ -39,6 +47,7 @@ impl Rules for super::Family {
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
         match op {
             Op::Unary(_) | Op::UnaryBackward(_) | Op::UnaryOutputBackward(_) => 4 * out.numel(),
+            Op::UnaryPair(_) => 8 * inputs.first().map_or(0, |x| x.numel()),
             Op::Clamp(_) | Op::ClampBackward(_) => 2 * out.numel(),
             _ => elementwise_flops(inputs, out),
         }
