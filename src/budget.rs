@@ -347,7 +347,7 @@ pub fn plan_with(
     let (graph, clones) =
         crate::launch_groups::grouped_if_no_higher(graph, clones, (target, train), options)?;
     let (graph, clones) =
-        crate::launch_groups::pairs_merged_if_no_higher(graph, clones, target, options)?;
+        crate::launch_groups::pairs_merged_if_no_higher(graph, clones, (target, train), options)?;
     let train = train.map(TrainSummary::from);
     let clone_ids = clones.iter().map(|&(_, c)| c).collect();
     let mut plan = plan::build_for(target, model, &graph, train.as_ref(), options, &clone_ids)?;
