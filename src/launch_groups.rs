@@ -120,7 +120,10 @@ pub(crate) fn pairs_merged_if_no_higher(
     }
     let heads = |g: &Graph| {
         let pairs = lce_merge::pairs(g, &plan::param_gradients(g));
-        lce_merge::run(g, &pairs).map(|r| (pairs.is_empty(), r))
+        match pairs.is_empty() {
+            true => Ok(None),
+            false => lce_merge::run(g, &pairs).map(Some),
+        }
     };
     let (graph, clones) = merged_if_no_higher(graph, clones, target, options, heads)?;
     let moves = train.is_some_and(|t| t.settings.offload.is_some() || t.settings.unified);
@@ -129,13 +132,17 @@ pub(crate) fn pairs_merged_if_no_higher(
     }
     let activations = |g: &Graph| {
         let pairs = unary_pairs::pairs(g);
-        unary_pairs::run(g, &pairs).map(|r| (pairs.is_empty(), r))
+        match pairs.is_empty() {
+            true => Ok(None),
+            false => unary_pairs::run(g, &pairs).map(Some),
+        }
     };
     merged_if_no_higher(graph, clones, target, options, activations)
 }
 
-/// A rebuilt graph (with each old value's new one), and whether it is the graph as it was.
-type Merge = (bool, (Graph, Vec<Option<ValueId>>));
+/// A rebuilt graph with each old value's new one, or `None` where there was nothing to merge
+/// (no graph is rebuilt then).
+type Merge = Option<(Graph, Vec<Option<ValueId>>)>;
 
 /// `graph` as `merge` rebuilds it, where that does not raise the peak of bytes in use with
 /// each step's workspace; `clones` follow their values.
@@ -146,9 +153,11 @@ fn merged_if_no_higher(
     options: &BuildOptions,
     merge: impl Fn(&Graph) -> Result<Merge, StageError>,
 ) -> Result<(Graph, Vec<(ValueId, ValueId)>), StageError> {
-    let (unchanged, (merged, map)) = merge(&graph)?;
+    let Some((merged, map)) = merge(&graph)? else {
+        return Ok((graph, clones));
+    };
     let peak = |g: &Graph| plan::live_peak_with_workspace(g, options, target);
-    if unchanged || peak(&merged)? > peak(&graph)? {
+    if peak(&merged)? > peak(&graph)? {
         return Ok((graph, clones));
     }
     let moved = |v: ValueId| {

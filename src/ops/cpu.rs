@@ -20,3 +20,18 @@ pub(crate) fn foreign_op(op: &Op, family: &str) -> ExecError {
         op.name()
     ))
 }
+
+/// The two tensors of a flat output that packs a first of `first` elements and a second of
+/// `second` as [`crate::ops::packed_pair`] lays them out (elements of `elem_bytes` bytes),
+/// with the gap between them zeroed.
+pub(crate) fn packed_pair_mut(
+    out: &mut [f32],
+    (first, second): (usize, usize),
+    elem_bytes: u64,
+) -> (&mut [f32], &mut [f32]) {
+    let (at, _) = super::packed_pair(first as u64, second as u64, elem_bytes);
+    let (a, rest) = out.split_at_mut(first);
+    let (gap, b) = rest.split_at_mut(at as usize - first);
+    gap.fill(0.0);
+    (a, &mut b[..second])
+}

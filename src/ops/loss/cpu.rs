@@ -7,7 +7,7 @@ mod linear;
 use crate::exec::cpu::CpuStep;
 use crate::exec::ExecError;
 use crate::ir::{CeParams, LceGrad, LinearCe, Op, TensorType};
-use crate::ops::cpu::{foreign_op, CpuKernel};
+use crate::ops::cpu::{foreign_op, packed_pair_mut, CpuKernel};
 use kernels::Targets;
 use linear::{Grads, Head};
 
@@ -73,15 +73,11 @@ impl CpuKernel for super::Family {
                         dw: Some(out),
                     },
                     LceGrad::Both => {
-                        let (x_len, w_len) = (h.x.len(), h.w.len());
-                        let elem = step.dtype(0).size();
-                        let (w_at, _) = crate::ops::packed_pair(x_len as u64, w_len as u64, elem);
-                        let (dx, rest) = out.split_at_mut(x_len);
-                        let (gap, dw) = rest.split_at_mut(w_at as usize - x_len);
-                        gap.fill(0.0);
+                        let lens = (h.x.len(), h.w.len());
+                        let (dx, dw) = packed_pair_mut(out, lens, step.dtype(0).size());
                         Grads {
                             dx: Some(dx),
-                            dw: Some(&mut dw[..w_len]),
+                            dw: Some(dw),
                         }
                     }
                 };

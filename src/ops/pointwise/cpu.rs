@@ -7,7 +7,7 @@ mod select;
 use crate::exec::cpu::CpuStep;
 use crate::exec::ExecError;
 use crate::ir::{Op, TensorType};
-use crate::ops::cpu::{foreign_op, CpuKernel};
+use crate::ops::cpu::{foreign_op, packed_pair_mut, CpuKernel};
 
 impl CpuKernel for super::Family {
     fn run_cpu(&self, step: &CpuStep) -> Result<(), ExecError> {
@@ -17,12 +17,9 @@ impl CpuKernel for super::Family {
             Op::UnaryBackward(f) => kernels::unary_backward(*f, x(0), x(1), step.output()),
             Op::UnaryPair(f) => {
                 let n = x(0).len();
-                let (at, _) = crate::ops::packed_pair(n as u64, n as u64, step.dtype(0).size());
-                let (y, rest) = step.output().split_at_mut(n);
-                let (gap, dx) = rest.split_at_mut(at as usize - n);
-                gap.fill(0.0);
+                let (y, dx) = packed_pair_mut(step.output(), (n, n), step.dtype(0).size());
                 kernels::unary_forward(*f, x(0), y);
-                kernels::unary_backward(*f, x(0), x(1), &mut dx[..n]);
+                kernels::unary_backward(*f, x(0), x(1), dx);
             }
             Op::UnaryOutputBackward(f) => {
                 kernels::unary_output_backward(*f, x(0), x(1), step.output())
