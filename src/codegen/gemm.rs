@@ -274,7 +274,19 @@ impl Call {
             grid: [grid, 1, 1],
             phase,
             chunk,
+            finishes: false,
         }
+    }
+
+    /// [`Call::launch`] of a stage that only sums per-block partials an earlier launch of
+    /// the step wrote in its workspace (a two-stage reduction's finish, reading none of the
+    /// step's inputs): its grid follows the partials, not the tensors.
+    pub fn finish(blocks: u64, phase: u64, chunk: u64) -> Call {
+        let mut call = Call::launch(blocks, phase, chunk);
+        if let Call::Launch { finishes, .. } = &mut call {
+            *finishes = true;
+        }
+        call
     }
 }
 
@@ -292,5 +304,7 @@ pub enum Call {
         phase: u64,
         /// Which chunk it works on.
         chunk: u64,
+        /// Whether it only sums per-block partials of an earlier launch ([`Call::finish`]).
+        finishes: bool,
     },
 }

@@ -1,6 +1,7 @@
 //! Convolution cases: 1-D, 2-D and 3-D convolutions with their input and weight gradients,
 //! transposed convolutions, and batch and group norm over NCDHW volumes, each at a size with
-//! grouping, stride, padding and dilation differing between axes.
+//! grouping, stride, padding and dilation differing between axes, and a 2-D convolution whose
+//! forward and input gradient split their K.
 
 use super::t;
 use memc::ir::*;
@@ -56,6 +57,13 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ["conv1d", "conv1d_bwd_in", "conv1d_bwd_w"],
         geometry(&[2], &[2], &[2], 2),
         [&[2, 4, 19], &[6, 2, 3], &[2, 6, 10]],
+    ));
+    // Few output tiles over a long K: the forward and the input gradient split K in four
+    // (two-stage, fp32 partials), the weight gradient (K = 36) does not.
+    cases.extend(with_gradients(
+        ["conv2d_split", "conv2d_split_bwd_in", "conv2d_split_bwd_w"],
+        geometry(&[1, 1], &[1, 1], &[1, 1], 1),
+        [&[1, 32, 6, 6], &[32, 32, 3, 3], &[1, 32, 6, 6]],
     ));
     // D: stride 2, padding 1; H: dilation 2; W: kernel 1.
     cases.extend(with_gradients(

@@ -132,9 +132,9 @@ pub fn launch(
                 .map_err(|e| format!("{}: {e}", kernel.name))?;
                 std::fs::write(arena, bytes).map_err(|e| e.to_string())?;
             }
-            Call::Launch { grid, phase, chunk } => {
-                run_exe(exe, kernel, arena, reverse, (*grid, *phase, *chunk), &value)?
-            }
+            Call::Launch {
+                grid, phase, chunk, ..
+            } => run_exe(exe, kernel, arena, reverse, (*grid, *phase, *chunk), &value)?,
         }
     }
     Ok(())

@@ -167,7 +167,9 @@ pub(super) fn prepare_calls(
                     let bias = g.bias.map(addr).transpose()?;
                     Prepared::Gemm(lt.prepare(g, ptrs, bias, scratch)?)
                 }
-                Call::Launch { grid, phase, chunk } => Prepared::Launch {
+                Call::Launch {
+                    grid, phase, chunk, ..
+                } => Prepared::Launch {
                     grid: *grid,
                     phase: *phase,
                     chunk: *chunk,

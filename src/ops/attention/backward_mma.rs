@@ -88,6 +88,7 @@ fn lower(
             ],
             phase,
             chunk: 0,
+            finishes: false,
         })
         .collect();
     Ok(kernel.with_library(calls, ws))

@@ -107,32 +107,44 @@ template <typename T, typename TD, typename C> __device__ void conv_backward_wei
     gemm_tiled(io, C::COG, C::CIG * ConvGeom<C>::TAPS, C::NB * ConvGeom<C>::OUT);
 }
 
-// The weight gradient split over K (when its few output tiles would leave the GPU idle): GEMM
-// batch z = group * SPLITK + split, split s summing k in [s * KS, (s + 1) * KS) into its fp32
-// partial at the workspace ([G * SPLITK, COG, CIG*TAPS]); the finishing launch sums each
-// element's partials in split order and stores it.
-template <typename T, typename TD, typename C> struct ConvBwdWeightSplitIO {
-    ConvBwdWeightIO<T, TD, C> io;
+// A GEMM split over K (when its few output tiles would leave the GPU idle): GEMM batch
+// z = group * SPLITK + split, split s summing k in [s * KS, (s + 1) * KS) of the K the inner
+// IO sums into its fp32 partial at the workspace ([G * SPLITK, M, N]); the finishing launch
+// sums each element's partials in split order and stores it through the inner IO.
+template <typename IO, typename C> struct SplitKIO {
+    IO io;
     float* P;
-    __device__ bool in(u64 z, u64 k) const { return (z % C::SPLITK) * C::KS + k < C::NB * ConvGeom<C>::OUT; }
+    u64 M, N, K;
+    __device__ bool in(u64 z, u64 k) const { return (z % C::SPLITK) * C::KS + k < K; }
     __device__ float a(u64 z, u64 m, u64 k) const { return in(z, k) ? io.a(z / C::SPLITK, m, (z % C::SPLITK) * C::KS + k) : 0.0f; }
     __device__ float b(u64 z, u64 k, u64 n) const { return in(z, k) ? io.b(z / C::SPLITK, (z % C::SPLITK) * C::KS + k, n) : 0.0f; }
-    __device__ void store(u64 z, u64 m, u64 n, float v) const { P[(z * C::COG + m) * (C::CIG * ConvGeom<C>::TAPS) + n] = v; }
+    __device__ void store(u64 z, u64 m, u64 n, float v) const { P[(z * M + m) * N + n] = v; }
 };
+template <typename C, typename IO> __device__ void split_k_gemm(const IO& io, float* part, u64 M, u64 N, u64 K, u64 phase) {
+    constexpr u64 G = C::CO / C::COG;
+    if (phase == 0) {
+        SplitKIO<IO, C> split{io, part, M, N, K};
+        gemm_tiled(split, M, N, C::KS);
+        return;
+    }
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < G * M * N; e += (u64)gridDim.x * blockDim.x) {
+        const u64 g = e / (M * N), m = (e / N) % M, n = e % N;
+        float v = 0.0f;
+        for (u64 s = 0; s < C::SPLITK; ++s) v += part[((g * C::SPLITK + s) * M + m) * N + n];
+        io.store(g, m, n, v);
+    }
+}
+template <typename T, typename C> __device__ void conv_split_kernel(char* arena, u64 o_x, u64 o_w, u64 o_y, u64 o_ws, u64 phase) {
+    ConvFwdIO<T, C> io{tensor_at<T>(arena, o_x), tensor_at<T>(arena, o_w), tensor_at<T>(arena, o_y)};
+    split_k_gemm<C>(io, tensor_at<float>(arena, o_ws), C::COG, C::NB * ConvGeom<C>::OUT, C::CIG * ConvGeom<C>::TAPS, phase);
+}
+template <typename T, typename TW, typename C>
+__device__ void conv_backward_input_split_kernel(char* arena, u64 o_dy, u64 o_w, u64 o_dx, u64 o_ws, u64 phase) {
+    ConvBwdInputIO<T, TW, C> io{tensor_at<T>(arena, o_dy), tensor_at<TW>(arena, o_w), tensor_at<T>(arena, o_dx)};
+    split_k_gemm<C>(io, tensor_at<float>(arena, o_ws), C::CIG, C::NB * ConvGeom<C>::IN, C::COG * ConvGeom<C>::TAPS, phase);
+}
 template <typename T, typename TD, typename C>
 __device__ void conv_backward_weight_split_kernel(char* arena, u64 o_x, u64 o_dy, u64 o_dw, u64 o_ws, u64 phase) {
     ConvBwdWeightIO<T, TD, C> io{tensor_at<T>(arena, o_x), tensor_at<TD>(arena, o_dy), tensor_at<T>(arena, o_dw)};
-    float* part = tensor_at<float>(arena, o_ws);
-    constexpr u64 NW = C::CIG * ConvGeom<C>::TAPS, G = C::CO / C::COG;
-    if (phase == 0) {
-        ConvBwdWeightSplitIO<T, TD, C> split{io, part};
-        gemm_tiled(split, C::COG, NW, C::KS);
-        return;
-    }
-    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < G * C::COG * NW; e += (u64)gridDim.x * blockDim.x) {
-        const u64 g = e / (C::COG * NW), m = (e / NW) % C::COG, n = e % NW;
-        float v = 0.0f;
-        for (u64 s = 0; s < C::SPLITK; ++s) v += part[((g * C::SPLITK + s) * C::COG + m) * NW + n];
-        io.store(g, m, n, v);
-    }
+    split_k_gemm<C>(io, tensor_at<float>(arena, o_ws), C::COG, C::CIG * ConvGeom<C>::TAPS, C::NB * ConvGeom<C>::OUT, phase);
 }

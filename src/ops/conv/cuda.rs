@@ -5,7 +5,7 @@
 use super::Geom;
 use crate::codegen::build::c_u64;
 use crate::codegen::geometry::u;
-use crate::codegen::geometry::{FILL_BLOCKS, PARTIAL_BLOCKS};
+use crate::codegen::geometry::{FILL_BLOCKS, PARTIAL_BLOCKS, SMS};
 use crate::codegen::launch::{gemm_launch, gemm_tiles, templated, two_stage, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel, KernelParam};
@@ -15,44 +15,97 @@ use crate::ops::cuda::CudaLowering;
 /// `conv.cu`: the implicit-GEMM IO objects and entry templates (after `matmul.cu`).
 const TEMPLATE: &str = include_str!("conv.cu");
 
-/// Least K a split of the weight gradient sums (16 of the GEMM's K steps).
+/// Least K a split sums (16 of the GEMM's K steps) when it splits to fill [`FILL_BLOCKS`].
 const MIN_SPLIT_K: u64 = 256;
 
-/// Most bytes of fp32 partials the split weight gradient keeps in its workspace.
+/// Least K a split sums (4 of the GEMM's K steps) when that is what it takes to give an
+/// H100's [`SMS`] a block each.
+const MIN_FILL_K: u64 = 64;
+
+/// Most bytes of fp32 partials a split GEMM keeps in its workspace.
 const MAX_PARTIALS: u64 = 64 << 20;
 
-/// Splits of the weight gradient's K (`nb * prod(output)`) for `tiles` output tiles of a
-/// `cog x nw` gradient per group over `g` groups: enough for [`FILL_BLOCKS`], each at least
-/// [`MIN_SPLIT_K`] long, the partials within [`MAX_PARTIALS`]; 1 when no split is needed.
-fn weight_splits(k: u64, tiles: u64, (g, cog, nw): (u64, u64, u64)) -> u64 {
-    let by_fill = FILL_BLOCKS.div_ceil(tiles.max(1));
-    let by_k = k / MIN_SPLIT_K;
-    let by_bytes = MAX_PARTIALS / (g * cog * nw * 4).max(1);
-    by_fill.min(by_k).min(by_bytes).max(1)
+/// The three implicit GEMMs of the family.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Which {
+    /// The convolution (and nothing else): `y`.
+    Forward,
+    /// The input gradient, which is also the transposed convolution: `dx`.
+    Input,
+    /// The weight gradient: `dw`.
+    Weight,
 }
 
-/// The weight gradient's workspace: its splits' fp32 partials (0 when it does not split).
-fn weight_workspace(g: &Geom) -> u64 {
-    let (groups, cog, nw, k) = gemm_dims(g);
-    let (gx, gy) = gemm_tiles(cog, nw);
-    match weight_splits(k, gx * gy * groups, (groups, cog, nw)) {
-        1 => 0,
-        s => s * groups * cog * nw * 4,
+impl Which {
+    /// The family (and entry) name.
+    fn family(self) -> &'static str {
+        match self {
+            Which::Forward => "conv",
+            Which::Input => "conv_backward_input",
+            Which::Weight => "conv_backward_weight",
+        }
+    }
+
+    /// The GEMM over geometry `g`: (groups, and per group the output's `m` x `n` and the
+    /// summed length `k`). The forward: output channels by positions, summing input channels
+    /// times taps; the input gradient: input channels by input positions, summing output
+    /// channels times taps; the weight gradient: output channels by `CIG * taps`, summing
+    /// positions.
+    fn gemm(self, g: &Geom) -> (u64, u64, u64, u64) {
+        let groups = u(g.groups.max(1));
+        let taps: u64 = g.kernel.iter().map(|&k| u(k)).product();
+        let out: u64 = g.out().iter().map(|&o| u(o)).product();
+        let plane: u64 = g.size.iter().map(|&s| u(s)).product();
+        let (cig, cog, nb) = (u(g.c_in) / groups, u(g.c_out) / groups, u(g.n));
+        match self {
+            Which::Forward => (groups, cog, nb * out, cig * taps),
+            Which::Input => (groups, cig, nb * plane, cog * taps),
+            Which::Weight => (groups, cog, cig * taps, nb * out),
+        }
+    }
+
+    /// Splits of the GEMM's K over `g`: the weight gradient (a small output summed over every
+    /// position) splits to fill [`FILL_BLOCKS`]; the forward and the input gradient split only
+    /// when their output tiles would leave an H100's [`SMS`] partly idle, and then to fill
+    /// [`FILL_BLOCKS`] too. Each split sums at least [`MIN_SPLIT_K`], or [`MIN_FILL_K`] where
+    /// the longer splits would leave SMs idle; the partials stay within [`MAX_PARTIALS`]; 1
+    /// when nothing splits.
+    fn splits(self, g: &Geom) -> u64 {
+        let (groups, m, n, k) = self.gemm(g);
+        let (gx, gy) = gemm_tiles(m, n);
+        let tiles = gx * gy * groups;
+        if self != Which::Weight && tiles >= SMS {
+            return 1;
+        }
+        let filling = FILL_BLOCKS.div_ceil(tiles.max(1)).min(k / MIN_SPLIT_K);
+        let busy = SMS.div_ceil(tiles.max(1)).min(k / MIN_FILL_K);
+        let by_bytes = MAX_PARTIALS / (groups * m * n * 4).max(1);
+        filling.max(busy).min(by_bytes).max(1)
+    }
+
+    /// The workspace: the splits' fp32 partials (0 when nothing splits).
+    fn workspace(self, g: &Geom) -> u64 {
+        let (groups, m, n, _) = self.gemm(g);
+        match self.splits(g) {
+            1 => 0,
+            s => s * groups * m * n * 4,
+        }
     }
 }
 
-/// The weight gradient's GEMM: (groups, output channels per group, weights per output
-/// channel `CIG * prod(kernel)`, summed length `NB * prod(output)`).
-fn gemm_dims(g: &Geom) -> (u64, u64, u64, u64) {
-    let groups = u(g.groups.max(1));
-    let taps: u64 = g.kernel.iter().map(|&k| u(k)).product();
-    let out: u64 = g.out().iter().map(|&o| u(o)).product();
-    (
-        groups,
-        u(g.c_out) / groups,
-        u(g.c_in) / groups * taps,
-        u(g.n) * out,
-    )
+/// The GEMM an op of the family computes and its forward geometry, from the op's input and
+/// output shapes; `None` for an op of another family.
+fn which_of(op: &Op, inputs: &[&[usize]], out: &[usize]) -> Option<(Which, Geom)> {
+    match (op, inputs) {
+        (Op::Conv(c), [x, w, ..]) => Some((Which::Forward, Geom::new(c, x, w))),
+        (Op::ConvBackwardInput { conv: c, .. } | Op::ConvTranspose { conv: c, .. }, [_, w, ..]) => {
+            Some((Which::Input, Geom::new(c, out, w)))
+        }
+        (Op::ConvBackwardWeight { conv: c, .. }, [x, ..]) => {
+            Some((Which::Weight, Geom::new(c, x, out)))
+        }
+        _ => None,
+    }
 }
 
 /// The kernel's constants for geometry `g`: shapes, and per spatial axis (D, H, W) the
@@ -82,88 +135,104 @@ fn geom_consts(g: &Geom) -> Vec<String> {
 
 /// A convolution-family implicit GEMM over the forward geometry `g`. The entry is
 /// `{family}_kernel`, templated on the first input's type (and the second's for the
-/// backward kernels).
-fn conv(a: &Args, family: &'static str, g: &Geom) -> Result<Kernel, CodegenError> {
-    let (groups, cog, nw, k) = gemm_dims(g);
-    let cig = u(g.c_in) / groups;
-    let plane: u64 = g.size.iter().map(|&s| u(s)).product();
-    let (m, n) = match family {
-        "conv" => (cog, k),
-        "conv_backward_input" => (cig, u(g.n) * plane),
-        _ => (cog, nw),
-    };
+/// backward kernels); split over K, `{family}_split_kernel`, two stages over fp32 partials.
+fn conv(a: &Args, which: Which, g: &Geom) -> Result<Kernel, CodegenError> {
+    let family = which.family();
+    let (groups, m, n, k) = which.gemm(g);
     let launch = gemm_launch(a, m, n, groups)?;
-    let splits = match (family, &launch) {
-        ("conv_backward_weight", Launch::Grid([gx, gy, gz], _)) => {
-            weight_splits(k, gx * gy * gz, (groups, cog, nw))
-        }
-        _ => 1,
-    };
-    let types = if family == "conv" {
+    let types = if which == Which::Forward {
         vec![a.ty(0)?]
     } else {
         vec![a.ty(0)?, a.ty(1)?]
     };
     let mut consts = geom_consts(g);
-    if splits > 1 {
-        let Launch::Grid([gx, gy, _], block) = launch else {
-            return Err(a.unsupported("weight gradient launch"));
-        };
-        consts.extend([c_u64("SPLITK", splits), c_u64("KS", k.div_ceil(splits))]);
-        let call = format!(
-            "conv_backward_weight_split_kernel<{}, Cfg>(arena, in0, in1, out, ws, phase)",
-            types.join(", ")
-        );
-        let elements = groups * cog * nw;
-        return Ok(two_stage(
-            "conv_backward_weight",
+    let splits = which.splits(g);
+    if splits == 1 {
+        return Ok(templated(
+            family,
             &[crate::ops::matmul::Family::TEMPLATE, TEMPLATE],
             consts,
-            call,
-            &[
-                KernelParam::Input(0),
-                KernelParam::Input(1),
-                KernelParam::Output,
-            ],
-            ([gx, gy, groups * splits], block),
-            elements.div_ceil(256).min(PARTIAL_BLOCKS),
+            (&format!("{family}_kernel"), &types, 2),
+            launch,
         ));
     }
-    Ok(templated(
+    let Launch::Grid([gx, gy, _], block) = launch else {
+        return Err(a.unsupported("split GEMM launch"));
+    };
+    consts.extend([c_u64("SPLITK", splits), c_u64("KS", k.div_ceil(splits))]);
+    let call = format!(
+        "{family}_split_kernel<{}, Cfg>(arena, in0, in1, out, ws, phase)",
+        types.join(", ")
+    );
+    Ok(two_stage(
         family,
         &[crate::ops::matmul::Family::TEMPLATE, TEMPLATE],
         consts,
-        (&format!("{family}_kernel"), &types, 2),
-        launch,
+        call,
+        &[
+            KernelParam::Input(0),
+            KernelParam::Input(1),
+            KernelParam::Output,
+        ],
+        ([gx, gy, groups * splits], block),
+        (groups * m * n).div_ceil(256).min(PARTIAL_BLOCKS),
     ))
 }
 
 impl CudaLowering for super::Family {
-    /// The weight gradient's split partials (`weight_workspace`); nothing else.
+    /// A GEMM split over K keeps its splits' fp32 partials there; nothing else.
     fn cuda_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
-        match (op, inputs) {
-            (Op::ConvBackwardWeight { conv: c, .. }, [x, ..]) => {
-                weight_workspace(&Geom::new(c, &x.shape, &out.shape))
-            }
-            _ => 0,
-        }
+        let shapes: Vec<&[usize]> = inputs.iter().map(|t| t.shape.as_slice()).collect();
+        which_of(op, &shapes, &out.shape).map_or(0, |(which, g)| which.workspace(&g))
     }
 
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
-        let out = &a.output.shape;
-        match a.op {
-            Op::Conv(c) => conv(a, "conv", &Geom::new(c, &a.at(0)?.shape, &a.at(1)?.shape)),
-            Op::ConvBackwardInput { conv: c, .. } | Op::ConvTranspose { conv: c, .. } => conv(
-                a,
-                "conv_backward_input",
-                &Geom::new(c, out, &a.at(1)?.shape),
-            ),
-            Op::ConvBackwardWeight { conv: c, .. } => conv(
-                a,
-                "conv_backward_weight",
-                &Geom::new(c, &a.at(0)?.shape, out),
-            ),
-            _ => Err(a.foreign("conv")),
-        }
+        let shapes: Vec<&[usize]> = a.inputs.iter().map(|t| t.shape.as_slice()).collect();
+        let (which, g) =
+            which_of(a.op, &shapes, &a.output.shape).ok_or_else(|| a.foreign("conv"))?;
+        conv(a, which, &g)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{ConvParams, DType};
+
+    /// The shim's `conv2d_split` cases: a 3x3 convolution of 32 channels on a 6x6 plane
+    /// splits the forward's and the input gradient's K (288) in four, not the weight
+    /// gradient's (36).
+    #[test]
+    fn few_tiles_over_a_long_k_split_it() {
+        let conv = ConvParams {
+            stride: vec![1, 1],
+            padding: vec![1, 1],
+            dilation: vec![1, 1],
+            groups: 1,
+        };
+        let (x, w) = (&[1, 32, 6, 6][..], &[32, 32, 3, 3][..]);
+        let splits = |op: Op, inputs: [&[usize]; 2], out: &[usize]| {
+            let (which, g) = which_of(&op, &inputs, out).expect("a convolution");
+            (which.splits(&g), which.workspace(&g))
+        };
+        let fwd = splits(Op::Conv(conv.clone()), [x, w], x);
+        let input = Op::ConvBackwardInput {
+            conv: conv.clone(),
+            input: vec![6, 6],
+        };
+        let bwd_in = splits(input, [x, w], x);
+        let weight = Op::ConvBackwardWeight {
+            conv: conv.clone(),
+            kernel: vec![3, 3],
+        };
+        let bwd_w = splits(weight, [x, x], w);
+        assert_eq!(fwd, (4, 4 * 32 * 36 * 4));
+        assert_eq!(bwd_in, (4, 4 * 32 * 36 * 4));
+        assert_eq!(bwd_w, (1, 0));
+        let t = |s: &[usize]| TensorType::new(DType::F32, s.to_vec());
+        let kernel = crate::codegen::kernel_for(&Op::Conv(conv), &[t(x), t(w)], &t(x))
+            .expect("lowers")
+            .expect("a kernel");
+        assert!(kernel.finish.is_some() && kernel.source.contains("conv_split_kernel"));
     }
 }

@@ -176,7 +176,7 @@ pub(crate) fn linear_ce(
                 if which.is_none() {
                     calls.push(Call::launch(rn * s.splits, 0, c));
                     if s.splits > 1 {
-                        calls.push(Call::launch(rn.div_ceil(u64::from(BLOCK)), 1, c));
+                        calls.push(Call::finish(rn.div_ceil(u64::from(BLOCK)), 1, c));
                     }
                 } else {
                     calls.push(Call::launch(rn, 0, c));
