@@ -125,7 +125,7 @@ pub(crate) fn pairs_merged_if_no_higher(
             false => lce_merge::run(g, &pairs).map(Some),
         }
     };
-    let (graph, clones) = merged_if_no_higher(graph, clones, target, options, heads)?;
+    let (graph, clones, peak) = merged_if_no_higher((graph, clones, None), target, options, heads)?;
     let moves = train.is_some_and(|t| t.settings.offload.is_some() || t.settings.unified);
     if moves {
         return Ok((graph, clones));
@@ -137,28 +137,40 @@ pub(crate) fn pairs_merged_if_no_higher(
             false => unary_pairs::run(g, &pairs).map(Some),
         }
     };
-    merged_if_no_higher(graph, clones, target, options, activations)
+    let (graph, clones, _) =
+        merged_if_no_higher((graph, clones, peak), target, options, activations)?;
+    Ok((graph, clones))
 }
 
 /// A rebuilt graph with each old value's new one, or `None` where there was nothing to merge
 /// (no graph is rebuilt then).
 type Merge = Option<(Graph, Vec<Option<ValueId>>)>;
 
+/// A graph, its clone pairs and, when known, its peak of bytes in use with each step's
+/// workspace.
+type Peaked = (Graph, Vec<(ValueId, ValueId)>, Option<u64>);
+
 /// `graph` as `merge` rebuilds it, where that does not raise the peak of bytes in use with
-/// each step's workspace; `clones` follow their values.
+/// each step's workspace (`known`, when given, is the graph's: it is not computed again);
+/// `clones` follow their values. Gives the peak of the graph it keeps when it computed or
+/// knew it.
 fn merged_if_no_higher(
-    graph: Graph,
-    clones: Vec<(ValueId, ValueId)>,
+    (graph, clones, known): Peaked,
     target: Target,
     options: &BuildOptions,
     merge: impl Fn(&Graph) -> Result<Merge, StageError>,
-) -> Result<(Graph, Vec<(ValueId, ValueId)>), StageError> {
+) -> Result<Peaked, StageError> {
     let Some((merged, map)) = merge(&graph)? else {
-        return Ok((graph, clones));
+        return Ok((graph, clones, known));
     };
     let peak = |g: &Graph| plan::live_peak_with_workspace(g, options, target);
-    if peak(&merged)? > peak(&graph)? {
-        return Ok((graph, clones));
+    let before = match known {
+        Some(p) => p,
+        None => peak(&graph)?,
+    };
+    let after = peak(&merged)?;
+    if after > before {
+        return Ok((graph, clones, Some(before)));
     }
     let moved = |v: ValueId| {
         map[v.index()].ok_or_else(|| StageError::internal("merge", "a clone merged away"))
@@ -166,7 +178,7 @@ fn merged_if_no_higher(
     let clones = (clones.iter())
         .map(|&(v, c)| Ok((moved(v)?, moved(c)?)))
         .collect::<Result<_, StageError>>()?;
-    Ok((merged, clones))
+    Ok((merged, clones, Some(after)))
 }
 
 /// Live bytes per step with the values groups hold longer added, against the peak before.
