@@ -243,9 +243,10 @@ fn the_cuda_plan_gives_its_library_steps_their_workspace() {
                 // Its rows' partial log-sum-exps: one slice of 64 classes each.
                 assert_eq!(ws, 8 * 64 * 4 + 256 + cublas);
             }
-            // The logits' gradient takes their place. The two stay apart: merged, the fp32
-            // input gradient (32 x 32 x 4 bytes) would take more than the logits it leaves
-            // and raise the step's peak.
+            // Chunks of 8 rows and 32 rows in all, fewer than an H100's SMs: the logits'
+            // gradient (bf16) is written apart from them, after the other regions. The two
+            // ops stay apart: merged, the fp32 input gradient (32 x 32 x 4 bytes) would take
+            // more than the logits it leaves and raise the step's peak.
             Op::LinearCrossEntropyBackward { which, .. } => {
                 let logits = 8 * 64 * 4;
                 let lse = match which {
@@ -253,7 +254,7 @@ fn the_cuda_plan_gives_its_library_steps_their_workspace() {
                     LceGrad::Weight => 256,
                     LceGrad::Both => panic!("the merged head raises this step's peak"),
                 };
-                assert_eq!(ws, logits + lse + cublas);
+                assert_eq!(ws, logits + lse + 8 * 64 * 2 + cublas);
             }
             Op::MatMul { .. } => assert_eq!(ws, cublas),
             // All 4 heads of 16 rows and 16 keys at once, dq's, dk's and dv's units in turn:

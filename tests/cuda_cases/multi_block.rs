@@ -123,6 +123,24 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             Op::LinearCrossEntropy(super::lce(140, false)),
             vec![f(&[150, 8]), f(&[8, 20]), t(I32, &[150])],
         ),
+        // Chunks (input gradient) and rows (weight gradients) of at least an H100's SMs: the
+        // logits' gradient is written over the logits, a block a row (the cases above, with
+        // fewer rows, write it apart, a thread an element).
+        (
+            "linear_ce_bwd_x_in_place",
+            super::lce_bwd(140, false, LceGrad::Input),
+            super::lce_bwd_in(&[160], 8, &[8, 20]),
+        ),
+        (
+            "linear_ce_bwd_w_in_place",
+            super::lce_bwd(140, true, LceGrad::Weight),
+            super::lce_bwd_in(&[160], 8, &[20, 8]),
+        ),
+        (
+            "linear_ce_bwd_both_in_place",
+            super::lce_bwd(140, false, LceGrad::Both),
+            super::lce_bwd_in(&[160], 8, &[8, 20]),
+        ),
         // Both gradients in one pass: the input gradient summed in fp32 over 10 and over 5
         // column tiles (the last one narrower), then rounded into the packed output.
         (

@@ -7,7 +7,8 @@
 // These kernels turn it into per-row losses (through partial log-sum-exps at byte C::LOFF)
 // or into the logits' gradient p = (exp(z - lse) - [v == t]) * g in T in place of the
 // logits (each row of p from its row of z's first byte, so p's row stride is z's in bytes),
-// which the next GEMM consumes. The weight gradient's tiles read each
+// or, where the rows are too few to fill the GPU a block a row (C::APART), at byte C::POFF
+// with z's row stride in elements; the next GEMM consumes it. The weight gradient's tiles read each
 // row's log-sum-exp from byte C::LOFF (N floats), its phase 0 having written them. A row
 // that `ce_kept` (loss.cu) drops has loss 0 and gradient 0; a kept target out of range makes
 // its row's results NaN.
@@ -102,12 +103,32 @@ __device__ void lce_grad_row(float* zr, float lse, int t, u64 v0, u64 width, flo
     }
 }
 
-// p for the rows of the chunk (all V columns) in place of their logits, its log-sum-exp
-// rows[r] + z[r, t[r]] read from the chunk before the row is overwritten: a block a row.
+// p for `rn` rows of `width` logits z (row stride ld, columns v0 on) into p (T, row stride
+// ld) apart from them (C::APART): a thread an element over the whole grid. lse(i) gives row
+// i's log-sum-exp, r0 + i its global row.
+template <typename T, typename C, typename Lse>
+__device__ void lce_probs_apart(const float* z, T* p, const int* tg, const float* dr, u64 r0, u64 rn, u64 v0, u64 width, u64 ld, Lse lse) {
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < rn * width; e += (u64)gridDim.x * blockDim.x) {
+        const u64 i = e / width, j = e % width;
+        st(p, i * ld + j, lce_grad<C>(z[i * ld + j], lse(i), tg[r0 + i], v0 + j, dr[r0 + i]));
+    }
+}
+
+// p for the rows of the chunk (all V columns), their log-sum-exp rows[r] + z[r, t[r]]: in
+// place of their logits, read from the chunk before the row is overwritten, a block a row;
+// or apart from them (C::APART) at `p`.
 template <typename T, typename C>
-__device__ void lce_probs_rows(float* z, const int* tg, const float* rows, const float* dr, u64 chunk) {
+__device__ void lce_probs_rows(float* z, T* p, const int* tg, const float* rows, const float* dr, u64 chunk) {
     u64 r0;
     const u64 rn = lce_rows_in<C>(chunk, &r0);
+    if (C::APART) {
+        const auto lse = [&](u64 i) {
+            const int t = tg[r0 + i];
+            return lce_ok<C>(t) ? rows[r0 + i] + z[i * C::VLD + t] : MEMC_NAN;
+        };
+        lce_probs_apart<T, C>(z, p, tg, dr, r0, rn, 0, C::V, C::VLD, lse);
+        return;
+    }
     for (u64 i = blockIdx.x; i < rn; i += gridDim.x) {
         const u64 r = r0 + i;
         const int t = tg[r];
@@ -134,12 +155,16 @@ __device__ void lce_lse(const T* x, const T* w, const int* tg, const float* rows
     }
 }
 
-// p for all rows of column tile `tile` (C::VT columns, the last one narrower) in place of
-// their logits: a block a row.
+// p for all rows of column tile `tile` (C::VT columns, the last one narrower): in place of
+// their logits, a block a row, or apart from them (C::APART) at `p`.
 template <typename T, typename C>
-__device__ void lce_probs_tile(float* z, const int* tg, const float* lse, const float* dr, u64 tile) {
+__device__ void lce_probs_tile(float* z, T* p, const int* tg, const float* lse, const float* dr, u64 tile) {
     const u64 v0 = tile * C::VT;
     const u64 width = C::V - v0 < C::VT ? C::V - v0 : C::VT;
+    if (C::APART) {
+        lce_probs_apart<T, C>(z, p, tg, dr, 0, C::N, v0, width, C::VTLD, [&](u64 i) { return lse[i]; });
+        return;
+    }
     for (u64 r = blockIdx.x; r < C::N; r += gridDim.x) lce_grad_row<T, C>(z + r * C::VTLD, lse[r], tg[r], v0, width, dr[r]);
 }
 
@@ -158,8 +183,8 @@ template <typename T, typename C> __device__ void lce_forward_kernel(char* arena
 // The input gradient's stage: p of chunk `chunk`.
 template <typename T, typename C>
 __device__ void lce_backward_input_kernel(char* arena, u64 o_x, u64 o_w, u64 o_t, u64 o_rows, u64 o_dr, u64 o_dx, u64 o_ws, u64 phase, u64 chunk) {
-    lce_probs_rows<T, C>(tensor_at<float>(arena, o_ws), tensor_at<int>(arena, o_t), tensor_at<float>(arena, o_rows),
-                         tensor_at<float>(arena, o_dr), chunk);
+    lce_probs_rows<T, C>(tensor_at<float>(arena, o_ws), tensor_at<T>(arena, o_ws + C::POFF), tensor_at<int>(arena, o_t),
+                         tensor_at<float>(arena, o_rows), tensor_at<float>(arena, o_dr), chunk);
 }
 
 // The weight gradient's stages: phase 0 every row's log-sum-exp, phase 1 p of tile `chunk`;
@@ -176,7 +201,7 @@ __device__ void lce_backward_weight_kernel(char* arena, u64 o_x, u64 o_w, u64 o_
     } else if (phase == 0) {
         lce_lse<T, C>(tensor_at<T>(arena, o_x), tensor_at<T>(arena, o_w), tensor_at<int>(arena, o_t), tensor_at<float>(arena, o_rows), lse);
     } else {
-        lce_probs_tile<T, C>(tensor_at<float>(arena, o_ws), tensor_at<int>(arena, o_t), lse,
+        lce_probs_tile<T, C>(tensor_at<float>(arena, o_ws), tensor_at<T>(arena, o_ws + C::POFF), tensor_at<int>(arena, o_t), lse,
                              tensor_at<float>(arena, o_dr), chunk);
     }
 }

@@ -6,7 +6,9 @@
 //! inside cuBLASLt and rounded once. A merged backward ([`LceGrad::Both`]) walks the weight
 //! gradient's tiles and also sums `dx += p @ W[:, tile]^T` over them in fp32, rounded once
 //! at the end: the logits are computed once for both gradients. Workspace: the fp32 logits
-//! of a chunk (their gradient `p` in the operands' type written over them, a block a row),
+//! of a chunk (their gradient `p` in the operands' type written over them, a block a row,
+//! or, where those rows are fewer than an H100's SMs, after the other regions, a thread an
+//! element),
 //! then (weight gradient) each row's log-sum-exp, then (merged) the fp32 `dx`, then
 //! cuBLASLt's scratch.
 
@@ -40,6 +42,10 @@ struct Shape {
     /// Column slices of the forward's per-row log-sum-exp: one (a single stage, a block a
     /// row) once a chunk's rows are at least an H100's SMs.
     splits: u64,
+    /// Whether a backward writes the logits' gradient apart from them (elementwise, over
+    /// the whole GPU) rather than over them (a block a row): when its chunk (input gradient)
+    /// or its rows (weight gradient) are fewer than an H100's SMs.
+    apart: bool,
 }
 
 impl Shape {
@@ -68,14 +74,19 @@ impl Shape {
             } else {
                 FILL_BLOCKS.div_ceil(chunk).clamp(1, (v / 1024).max(1))
             },
+            apart: match which {
+                None => false,
+                Some(LceGrad::Input) => chunk < SMS,
+                Some(LceGrad::Weight | LceGrad::Both) => n < SMS,
+            },
         })
     }
 
-    /// Byte offsets (the logits, and their gradient `p` in their place, at 0) of the
-    /// log-sum-exps (the forward: its rows' partials), of the
-    /// fp32 input gradient a merged backward sums over the tiles, and where cuBLASLt's
+    /// Byte offsets (the logits at 0) of the log-sum-exps (the forward: its rows'
+    /// partials), of the fp32 input gradient a merged backward sums over the tiles, of the
+    /// logits' gradient `p` (0, over the logits, unless `apart`), and where cuBLASLt's
     /// scratch begins.
-    fn regions(&self, which: Option<LceGrad>) -> [u64; 3] {
+    fn regions(&self, which: Option<LceGrad>) -> [u64; 4] {
         let rows = match which {
             Some(LceGrad::Both) => 0,
             _ => self.chunk * self.v_ld,
@@ -83,21 +94,37 @@ impl Shape {
         let logits = rows.max(self.n * self.tile_ld);
         let lse = region(logits * 4);
         let acc = lse + region(self.n * 4);
-        match which {
+        let (acc, p) = match which {
             None => {
                 let scratch = lse + region(self.chunk * self.splits * 8);
-                [lse, scratch, scratch]
+                return [lse, scratch, 0, scratch];
             }
-            Some(LceGrad::Input) => [lse, lse, lse],
-            Some(LceGrad::Weight) => [lse, acc, acc],
-            Some(LceGrad::Both) => [lse, acc, acc + region(self.n * self.d * 4)],
+            Some(LceGrad::Input) => (lse, lse),
+            Some(LceGrad::Weight) => (acc, acc),
+            Some(LceGrad::Both) => (acc, acc + region(self.n * self.d * 4)),
+        };
+        match self.apart {
+            true => [lse, acc, p, p + region(logits * self.dtype.size())],
+            false => [lse, acc, 0, p],
         }
     }
 
-    /// Elements of `T` between rows of the logits' gradient, which takes the place of logits
-    /// `ld` fp32 elements apart.
+    /// Elements of `T` between rows of the logits' gradient, for logits `ld` fp32 elements
+    /// apart: as many when it is apart from them, else as many as fit in their bytes.
     fn p_ld(&self, ld: u64) -> u64 {
-        ld * 4 / self.dtype.size()
+        match self.apart {
+            true => ld,
+            false => ld * 4 / self.dtype.size(),
+        }
+    }
+
+    /// Blocks of a stage turning `rows` rows of `width` logits into their gradient: a block
+    /// a row in place, or a thread an element apart.
+    fn grad_blocks(&self, rows: u64, width: u64) -> u64 {
+        match self.apart {
+            true => (rows * width).div_ceil(u64::from(BLOCK)),
+            false => rows,
+        }
     }
 
     /// `W` (or `E`) from column `v0` on as the right operand of `x @ W`, row-major: its
@@ -125,7 +152,7 @@ pub(crate) fn linear_ce(
 ) -> Result<Kernel, CodegenError> {
     let refs: Vec<&TensorType> = a.inputs.iter().collect();
     let s = Shape::of(lce, &refs, which).ok_or_else(|| a.err("linear cross-entropy shapes"))?;
-    let [lse_at, acc_at, scratch] = s.regions(which);
+    let [lse_at, acc_at, p_at, scratch] = s.regions(which);
     // Where a merged backward's weight gradient starts in its output, in elements.
     let w_at = crate::ops::packed_pair(s.n * s.d, s.v * s.d, s.dtype.size()).0;
     let t = s.dtype;
@@ -141,6 +168,8 @@ pub(crate) fn linear_ce(
         c_u64("SPLITS", s.splits),
         c_u64("LOFF", lse_at),
         c_u64("AOFF", acc_at),
+        c_bool("APART", s.apart),
+        c_u64("POFF", p_at),
         c_u64("WAT", w_at),
     ];
     lines.extend(super::cuda::ce_lines(&lce.ce));
@@ -159,7 +188,7 @@ pub(crate) fn linear_ce(
     let e = t.size();
     let x_rows = |r0: u64| (Addr::Input(0, r0 * s.d * e), t, false, s.d);
     let z = (Addr::Workspace(0), DType::F32);
-    let p = Addr::Workspace(0);
+    let p = Addr::Workspace(p_at);
     let mut calls = Vec::new();
     match which {
         None | Some(LceGrad::Input) => {
@@ -179,7 +208,7 @@ pub(crate) fn linear_ce(
                         calls.push(Call::finish(rn.div_ceil(u64::from(BLOCK)), 1, c));
                     }
                 } else {
-                    calls.push(Call::launch(rn, 0, c));
+                    calls.push(Call::launch(s.grad_blocks(rn, s.v), 0, c));
                     // dx_c = p @ W^T: W [D, V] read transposed, or E [V, D] as stored.
                     let w_stride = if lce.transposed { s.d } else { s.v };
                     let w = Addr::Input(1, 0);
@@ -208,7 +237,7 @@ pub(crate) fn linear_ce(
                     (z.0, z.1, s.tile_ld),
                     (s.n, width, s.d),
                 ));
-                calls.push(Call::launch(s.n, 1, tile));
+                calls.push(Call::launch(s.grad_blocks(s.n, width), 1, tile));
                 let call = if lce.transposed {
                     // dE[v0.., :] = p^T @ x
                     gemm(
@@ -253,5 +282,5 @@ pub(crate) fn workspace_bytes(
     which: Option<LceGrad>,
     inputs: &[&TensorType],
 ) -> u64 {
-    Shape::of(lce, inputs, which).map_or(0, |s| s.regions(which)[2] + GEMM_WORKSPACE)
+    Shape::of(lce, inputs, which).map_or(0, |s| s.regions(which)[3] + GEMM_WORKSPACE)
 }
