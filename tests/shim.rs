@@ -56,6 +56,27 @@ fn every_kernel_family_matches_the_cpu_backend_through_the_shim() {
     check_kernel_cases(&all_cases());
 }
 
+/// The `_slices` norm cases take the split path: a first launch of several blocks per
+/// statistics group writing partials to a workspace, and a finishing launch that merges them.
+#[test]
+fn norm_cases_over_few_large_groups_run_in_slices() {
+    let sliced: Vec<Case> = kernel_cases()
+        .into_iter()
+        .filter(|c| c.label.contains("norm") && c.label.contains("_slices/"))
+        .collect();
+    assert_eq!(sliced.len(), 8 * 3);
+    for case in &sliced {
+        let k = &case.kernel;
+        assert!(k.finish.is_some(), "{}: one launch", case.label);
+        assert!(workspace(case) > 0, "{}: no workspace", case.label);
+        assert!(
+            !k.source.contains("SLICES = 1ull;"),
+            "{}: unsplit",
+            case.label
+        );
+    }
+}
+
 /// Promoted arithmetic, cast groups and accumulating norm input gradients, whose inputs'
 /// types differ from their output's.
 #[test]

@@ -1,5 +1,6 @@
 //! Op cases whose kernels spread a reduction over many blocks, at sizes that give several
 //! blocks and a partial last one: norm weight and bias gradients over row and sample chunks,
+//! norm forwards, input gradients and running statistics over slices of few large groups,
 //! embedding backward row tiles, the scalar losses, the fused loss head's sliced log-sum-exp
 //! and its merged backward's tiles,
 //! the convolution weight gradient split over K, and the gradient reductions.
@@ -74,6 +75,62 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
                 kind: NormKind::Group(2),
             },
             vec![f(&[3, 4, 5])],
+        ),
+        // Few statistics groups of over 1,024 elements: each group in slices, merged by a
+        // finishing launch (`norm::cuda::slices`). Batch: 3 channels of 2,940 in 3 slices of
+        // 980, boundaries inside a sample; group: 4 groups of 1,083 in slices of 542 and 541,
+        // a boundary inside a channel; RMS: 2 rows of 3,000 in 3 slices.
+        (
+            "batch_norm_slices",
+            Op::norm(NormKind::Batch, 1e-5),
+            vec![f(&[7, 3, 20, 21]), f(&[3]), f(&[3])],
+        ),
+        (
+            "batch_norm_bwd_in_slices",
+            Op::NormBackwardInput {
+                kind: NormKind::Batch,
+                eps: 1e-5,
+            },
+            vec![f(&[7, 3, 20, 21]), f(&[3]), f(&[7, 3, 20, 21])],
+        ),
+        (
+            "batch_norm_stats_slices",
+            Op::BatchNormStats { momentum: 0.1 },
+            vec![f(&[3]), f(&[3]), f(&[7, 3, 20, 21])],
+        ),
+        (
+            "group_norm_slices",
+            Op::norm(NormKind::Group(2), 1e-5),
+            vec![f(&[2, 6, 19, 19]), f(&[6]), f(&[6])],
+        ),
+        (
+            "group_norm_bwd_in_slices",
+            Op::NormBackwardInput {
+                kind: NormKind::Group(2),
+                eps: 1e-5,
+            },
+            vec![f(&[2, 6, 19, 19]), f(&[6]), f(&[2, 6, 19, 19])],
+        ),
+        (
+            "rms_norm_slices",
+            Op::norm(NormKind::Rms, 1e-6),
+            vec![f(&[2, 3000]), f(&[3000])],
+        ),
+        (
+            "layer_norm_bwd_in_slices",
+            Op::NormBackwardInput {
+                kind: NormKind::Layer,
+                eps: 1e-5,
+            },
+            vec![f(&[2, 3000]), f(&[3000]), f(&[2, 3000])],
+        ),
+        (
+            "rms_norm_bwd_in_slices",
+            Op::NormBackwardInput {
+                kind: NormKind::Rms,
+                eps: 1e-6,
+            },
+            vec![f(&[2, 3000]), f(&[3000]), f(&[2, 3000])],
         ),
         // Row tiles of 4 (the last one partial), several windows of ids, untouched rows.
         (

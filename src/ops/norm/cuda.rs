@@ -1,11 +1,12 @@
-//! CUDA lowering of the normalizations onto `norm.cu`: the forward and the input gradient, one
-//! block per statistics group; the weight and bias gradients, two-stage reductions over
-//! position chunks (fp32 partials per chunk and channel in the workspace, summed over the
-//! chunks in order by a thread per channel); batch norm's running statistics, a block per
-//! channel.
+//! CUDA lowering of the normalizations onto `norm.cu`: the forward, the input gradient and
+//! batch norm's running statistics, one block per statistics group, or, when the groups are
+//! too few to fill an H100 and large, two stages over slices of each group (fp32 partial
+//! moments per slice in the workspace, merged in slice order); the weight and bias gradients,
+//! two-stage reductions over position chunks (fp32 partials per chunk and channel in the
+//! workspace, summed over the chunks in order by a thread per channel).
 
 use crate::codegen::build::{c_bool, c_f32, c_int, c_u64};
-use crate::codegen::geometry::{numel, pow2_block, split, u};
+use crate::codegen::geometry::{numel, pow2_block, split, u, FILL_BLOCKS, SMS};
 use crate::codegen::launch::{single, two_stage, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel, KernelParam};
@@ -54,7 +55,7 @@ fn forward(a: &Args, kind: NormKind, eps: f32) -> Result<Kernel, CodegenError> {
     let (lines, groups, gsize) = norm_cfg(kind, eps, &x.shape, has_bias);
     let b = if has_bias { "in2" } else { "in1" };
     let call = format!(
-        "norm_kernel<{}, {}, {}, Cfg>(arena, in0, in1, {b}, out)",
+        "norm_kernel<{}, {}, {}, Cfg>(arena, in0, in1, {b}, out",
         a.ty(0)?,
         a.ty(1)?,
         a.out_ty()
@@ -64,8 +65,7 @@ fn forward(a: &Args, kind: NormKind, eps: f32) -> Result<Kernel, CodegenError> {
         p.push(KernelParam::Input(2));
     }
     p.push(KernelParam::Output);
-    let launch = Launch::PerBlock(groups, pow2_block(gsize, 32, 512));
-    Ok(single("norm", &[TEMPLATE], lines, call, &p, launch))
+    Ok(grouped("norm", lines, call, &p, (groups, gsize), false))
 }
 
 /// The input gradient: `in3`, when there is one, is a gradient added to it as each element
@@ -81,22 +81,91 @@ fn backward_input(a: &Args, kind: NormKind, eps: f32) -> Result<Kernel, CodegenE
         ("in2", a.ty(2)?)
     };
     let call = format!(
-        "norm_backward_input_kernel<{}, {}, {}, {tg}, Cfg>(arena, in0, in1, in2, {g}, out)",
+        "norm_backward_input_kernel<{}, {}, {}, {tg}, Cfg>(arena, in0, in1, in2, {g}, out",
         a.ty(0)?,
         a.ty(1)?,
         a.ty(2)?,
     );
     let mut p: Vec<KernelParam> = (0..a.inputs.len()).map(KernelParam::Input).collect();
     p.push(KernelParam::Output);
-    let launch = Launch::PerBlock(groups, pow2_block(gsize, 32, 512));
-    Ok(single(
+    Ok(grouped(
         "norm_backward_input",
-        &[TEMPLATE],
         lines,
         call,
         &p,
-        launch,
+        (groups, gsize),
+        false,
     ))
+}
+
+/// Most elements of a statistics group one block takes unsplit; a larger group splits into
+/// slices of at most this many when the groups are too few to fill an H100.
+const SLICE_ELEMENTS: u64 = 1024;
+
+/// The slices (count, elements each but the last) each of `groups` statistics groups of
+/// `gsize` elements is split into: one (the whole group) when the groups alone fill an
+/// H100's [`SMS`]; otherwise one per [`SLICE_ELEMENTS`] elements (rounded up), but at most
+/// about [`FILL_BLOCKS`] in all; every slice holds at least one element. A grid of `groups`
+/// times the count is at least `SMS` blocks whenever the groups hold over
+/// `SMS * SLICE_ELEMENTS` elements.
+fn slices(groups: u64, gsize: u64) -> (u64, u64) {
+    if groups >= SMS {
+        return (1, gsize);
+    }
+    split(gsize, SLICE_ELEMENTS, FILL_BLOCKS.div_ceil(groups.max(1)))
+}
+
+/// The workspace of a kernel over `groups` statistics groups of `gsize` elements: four fp32
+/// partials (`norm_partial` in `norm.cu`) per slice when they are split, none otherwise.
+fn slice_workspace(groups: u64, gsize: u64) -> u64 {
+    match slices(groups, gsize) {
+        (1, _) => 0,
+        (n, _) => groups * n * 4 * 4,
+    }
+}
+
+/// A kernel with a block per statistics group (`geometry` = (groups, group size)), or, when
+/// [`slices`] splits the groups, a block per slice in two stages: phase 0 writes each slice's
+/// partial statistics to the workspace, phase 1 merges them, over the same grid, or over a
+/// thread per group when `per_group_finish`. `call` is the entry statement without its last
+/// two arguments (workspace and phase, 0 when unsplit) and closing parenthesis.
+fn grouped(
+    family: &'static str,
+    mut lines: Vec<String>,
+    call: String,
+    params: &[KernelParam],
+    (groups, gsize): (u64, u64),
+    per_group_finish: bool,
+) -> Kernel {
+    let (n, len) = slices(groups, gsize);
+    lines.push(c_u64("SLICES", n));
+    lines.push(c_u64("SLICE", len));
+    if n == 1 {
+        let launch = Launch::PerBlock(groups, pow2_block(gsize, 32, 512));
+        return single(
+            family,
+            &[TEMPLATE],
+            lines,
+            format!("{call}, 0, 0)"),
+            params,
+            launch,
+        );
+    }
+    let block = pow2_block(len, 32, 512);
+    let finish = if per_group_finish {
+        groups.div_ceil(u64::from(block))
+    } else {
+        groups * n
+    };
+    two_stage(
+        family,
+        &[TEMPLATE],
+        lines,
+        format!("{call}, ws, phase)"),
+        params,
+        ([groups * n, 1, 1], block),
+        finish,
+    )
 }
 
 /// Most position chunks of the weight and bias gradients: a block per chunk for layer/RMS
@@ -212,9 +281,20 @@ fn backward_param(a: &Args, kind: NormKind, eps: f32, bias: bool) -> Result<Kern
 impl CudaLowering for super::Family {
     /// The weight and bias gradients keep their fp32 partials per position chunk and channel
     /// there (`chunks x channels x 4` bytes, four times that for the batch weight gradient);
-    /// the forward and the input gradient take none.
+    /// the forward, the input gradient and the running statistics four fp32 partials per
+    /// slice when their groups are split ([`slices`]), none otherwise.
     fn cuda_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], _: &TensorType) -> u64 {
+        let sliced = |kind, x: Option<&&TensorType>| {
+            x.map_or(0, |x| {
+                let (_, groups, gsize) = norm_cfg(kind, 0.0, &x.shape, false);
+                slice_workspace(groups, gsize)
+            })
+        };
         let (kind, bias) = match op {
+            Op::Norm { kind, .. } | Op::NormBackwardInput { kind, .. } => {
+                return sliced(*kind, inputs.first())
+            }
+            Op::BatchNormStats { .. } => return sliced(NormKind::Batch, inputs.get(2)),
             Op::NormBackwardWeight { kind, .. } => (*kind, false),
             Op::NormBackwardBias { kind } => (*kind, true),
             _ => return 0,
@@ -233,12 +313,11 @@ impl CudaLowering for super::Family {
                 let x = a.at(2)?;
                 let (mut lines, groups, gsize) = norm_cfg(NormKind::Batch, 0.0, &x.shape, false);
                 lines.push(c_f32("MOMENTUM", *momentum));
-                Ok(single(
+                Ok(grouped(
                     "batch_norm_stats",
-                    &[TEMPLATE],
                     lines,
                     format!(
-                        "batch_norm_stats_kernel<{}, Cfg>(arena, in0, in1, in2)",
+                        "batch_norm_stats_kernel<{}, Cfg>(arena, in0, in1, in2",
                         a.ty(2)?
                     ),
                     &[
@@ -246,12 +325,55 @@ impl CudaLowering for super::Family {
                         KernelParam::Input(1),
                         KernelParam::Input(2),
                     ],
-                    Launch::PerBlock(groups, pow2_block(gsize, 32, 512)),
+                    (groups, gsize),
+                    true,
                 ))
             }
             Op::NormBackwardWeight { kind, eps } => backward_param(a, *kind, *eps, false),
             Op::NormBackwardBias { kind } => backward_param(a, *kind, 0.0, true),
             _ => Err(a.foreign("norm")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Blocks a kernel over `groups` groups of `gsize` elements launches first.
+    fn blocks(groups: u64, gsize: u64) -> u64 {
+        groups * slices(groups, gsize).0
+    }
+
+    #[test]
+    fn few_large_groups_split_into_enough_slices_to_fill_an_h100() {
+        // ResNet-18 batch norms at batch 32 (channels x positions) and the UNet's group norm
+        // (8 samples x 16 groups, 4 channels of 64 x 64 each).
+        for (groups, gsize) in [
+            (64, 32 * 112 * 112),
+            (128, 32 * 28 * 28),
+            (128, 4 * 64 * 64),
+        ] {
+            assert!(blocks(groups, gsize) >= SMS, "{groups} x {gsize}");
+        }
+        // Just over 1 MiB of fp32 in 131 groups, and in one group.
+        assert!(blocks(131, 2001) >= SMS);
+        assert!(blocks(1, 262_145) >= SMS);
+        // Every slice holds an element; the slices cover the group.
+        for (groups, gsize) in [(1, 1025), (3, 2940), (4, 1083), (100, 5000), (7, 1 << 24)] {
+            let (n, len) = slices(groups, gsize);
+            assert!(n > 1 && (n - 1) * len < gsize && n * len >= gsize);
+            assert_eq!(slice_workspace(groups, gsize), groups * n * 16);
+        }
+    }
+
+    #[test]
+    fn many_or_small_groups_stay_one_block_each_without_a_workspace() {
+        // GPT-2's layer norms (8 x 1024 rows of 768), ResNet-18's widest batch norms, and a
+        // small group.
+        for (groups, gsize) in [(8 * 1024, 768), (512, 32 * 7 * 7), (6, 1024), (0, 0)] {
+            assert_eq!(slices(groups, gsize).0, 1, "{groups} x {gsize}");
+            assert_eq!(slice_workspace(groups, gsize), 0);
         }
     }
 }

@@ -1,7 +1,9 @@
 //! Layer, RMS, batch (training statistics) and group normalization: forward and the input,
-//! weight and bias backwards, and batch norm's running statistics. The forward and the input gradient take one block per
-//! statistics group; the weight and bias gradients are two-stage reductions over positions.
-//! Statistics in fp32 with a two-pass (mean, then centred variance) scheme.
+//! weight and bias backwards, and batch norm's running statistics. The forward, the input
+//! gradient and the running statistics take one block per statistics group, or, when the
+//! groups are few and large (C::SLICES > 1), a block per slice of a group in two stages; the
+//! weight and bias gradients are two-stage reductions over positions. Statistics in fp32 with
+//! a two-pass (mean, then centred variance) scheme; partial statistics merge in fp64.
 //!
 //! C::KIND: 0 layer, 1 rms, 2 batch, 3 group. A statistics group `g` has GSIZE elements;
 //! element `e` of it lives at norm_off<C>(g, e) and uses channel norm_ch<C>(g, e).
@@ -41,50 +43,207 @@ template <typename T, typename C> __device__ __forceinline__ float2 norm_stats(c
     return make_float2(mv.x, rsqrtf(mv.y + C::EPS));
 }
 
+// ---- partial statistics over consecutive chunks of a group, and their merge ------------
+// Chunk k of a group in chunks of `len` elements covers [k len, min((k + 1) len, GSIZE)).
+
+template <typename C> __device__ __forceinline__ u64 norm_chunk_len(u64 len, u64 k) {
+    const u64 e0 = k * len;
+    return e0 + len < C::GSIZE ? len : C::GSIZE - e0;
+}
+
+// Writes the partial statistics of elements [e0, e1) of group g to p[0..4): their mean m
+// (0 for rms), centred sum of squares M2, and, when dy is given, the sum G of gr and the sum
+// H of gr (x - m), where gr = dy, times w[channel] when w is given (0 without dy). Every
+// thread of the block must call it.
+template <typename T, typename TD, typename TW, typename C>
+__device__ __forceinline__ void norm_partial(const T* x, const TD* dy, const TW* w, u64 g, u64 e0, u64 e1, float* p) {
+    float m = 0.0f;
+    if (C::KIND != 1) {
+        float s = 0.0f;
+        for (u64 e = e0 + threadIdx.x; e < e1; e += blockDim.x) s += ld(x, norm_off<C>(g, e));
+        m = e1 == e0 ? 0.0f : block_sum(s) / (float)(e1 - e0);
+    }
+    float m2 = 0.0f, gs = 0.0f, h = 0.0f;
+    for (u64 e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+        const u64 i = norm_off<C>(g, e);
+        const float d = ld(x, i) - m;
+        m2 += d * d;
+        if (dy != nullptr) {
+            const float gi = w != nullptr ? ld(dy, i) * ld(w, norm_ch<C>(g, e)) : ld(dy, i);
+            gs += gi;
+            h += gi * d;
+        }
+    }
+    m2 = block_sum(m2);
+    if (dy != nullptr) {
+        gs = block_sum(gs);
+        h = block_sum(h);
+    }
+    if (threadIdx.x == 0) {
+        p[0] = m;
+        p[1] = m2;
+        p[2] = gs;
+        p[3] = h;
+    }
+}
+
+// A group's statistics merged from its chunks' partials: the mean mu, the biased variance,
+// the sum of gr, and the sum of gr (x - mu).
+struct NormMerged {
+    float mean, var, g, h;
+};
+
+// Merges the norm_partial statistics p + k stride of chunks k = 0 .. n - 1 of `len`
+// elements, in order (fp64): the mean mu = sum n_k m_k / GSIZE, the biased variance
+// (sum M2_k + n_k (m_k - mu)^2) / GSIZE (the parallel-variance merge), sum G_k, and
+// sum (H_k + (m_k - mu) G_k) = sum gr (x - mu).
+template <typename C> __device__ __forceinline__ NormMerged norm_merge(const float* p, u64 n, u64 stride, u64 len) {
+    const double total = (double)C::GSIZE;
+    double mu = 0.0;
+    for (u64 k = 0; k < n; ++k) mu += (double)norm_chunk_len<C>(len, k) * p[k * stride];
+    mu = total == 0.0 ? 0.0 : mu / total;
+    double m2 = 0.0, gs = 0.0, h = 0.0;
+    for (u64 k = 0; k < n; ++k) {
+        const float* q = p + k * stride;
+        const double d = (double)q[0] - mu;
+        m2 += (double)q[1] + (double)norm_chunk_len<C>(len, k) * d * d;
+        gs += (double)q[2];
+        h += (double)q[3] + d * (double)q[2];
+    }
+    return NormMerged{(float)mu, total == 0.0 ? 0.0f : (float)(m2 / total), (float)gs, (float)h};
+}
+
+// ---- forward, input gradient and running statistics -------------------------------------
+// C::SLICES == 1: block g takes group g (ws and phase unused). C::SLICES > 1: block
+// b = g SLICES + s takes slice s (chunk s of C::SLICE elements) of group g; phase 0 writes the
+// slice's norm_partial to ws[4 b ..], phase 1 merges group g's in slice order (every block of
+// the group computes the same values) and finishes its slice.
+
+// The first element of block b's slice of its group and the element past it.
+template <typename C> __device__ __forceinline__ u64 norm_slice_begin(u64 b) {
+    return (b % C::SLICES) * C::SLICE;
+}
+template <typename C> __device__ __forceinline__ u64 norm_slice_end(u64 b) {
+    return norm_slice_begin<C>(b) + norm_chunk_len<C>(C::SLICE, b % C::SLICES);
+}
+
+// Group g's merged statistics (norm_merge) from the slice partials at ws.
+template <typename C> __device__ __forceinline__ NormMerged norm_slices_merge(const float* part, u64 g) {
+    return norm_merge<C>(part + 4 * g * C::SLICES, C::SLICES, 4, C::SLICE);
+}
+
+// Moves batch norm's running statistics of channel g towards the batch mean and biased
+// variance var (made unbiased here): r = (1 - MOMENTUM) r + MOMENTUM batch.
+template <typename C> __device__ __forceinline__ void batch_stats_update(float* rm, float* rv, u64 g, float mean, float var) {
+    const float unbiased = var * ((float)C::GSIZE / (float)(C::GSIZE - 1));
+    rm[g] = (1.0f - C::MOMENTUM) * rm[g] + C::MOMENTUM * mean;
+    rv[g] = (1.0f - C::MOMENTUM) * rv[g] + C::MOMENTUM * unbiased;
+}
+
 // Batch norm's running statistics (fp32 [CH]) moved towards x's per-channel mean and unbiased
-// variance, one block per channel (C::KIND 2): r = (1 - MOMENTUM) r + MOMENTUM batch.
+// variance (C::KIND 2); split, phase 1 is a thread per channel.
 template <typename T, typename C>
-__device__ void batch_norm_stats_kernel(char* arena, u64 o_mean, u64 o_var, u64 o_x) {
+__device__ void batch_norm_stats_kernel(char* arena, u64 o_mean, u64 o_var, u64 o_x, u64 o_ws, u64 phase) {
     float* rm = tensor_at<float>(arena, o_mean);
     float* rv = tensor_at<float>(arena, o_var);
     const T* x = tensor_at<T>(arena, o_x);
+    float* part = tensor_at<float>(arena, o_ws);
+    if (C::SLICES > 1 && phase != 0) {
+        const u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+        if (g >= C::GROUPS) return;
+        const NormMerged r = norm_slices_merge<C>(part, g);
+        batch_stats_update<C>(rm, rv, g, r.mean, r.var);
+        return;
+    }
+    if (C::SLICES > 1) {
+        for (u64 b = blockIdx.x; b < C::GROUPS * C::SLICES; b += gridDim.x) {
+            const T* none = nullptr;
+            norm_partial<T, T, T, C>(x, none, none, b / C::SLICES, norm_slice_begin<C>(b), norm_slice_end<C>(b), part + 4 * b);
+        }
+        return;
+    }
     for (u64 g = blockIdx.x; g < C::GROUPS; g += gridDim.x) {
         const float2 mv = norm_moments<T, C>(x, g);
-        if (threadIdx.x == 0) {
-            const float unbiased = mv.y * ((float)C::GSIZE / (float)(C::GSIZE - 1));
-            rm[g] = (1.0f - C::MOMENTUM) * rm[g] + C::MOMENTUM * mv.x;
-            rv[g] = (1.0f - C::MOMENTUM) * rv[g] + C::MOMENTUM * unbiased;
-        }
+        if (threadIdx.x == 0) batch_stats_update<C>(rm, rv, g, mv.x, mv.y);
+    }
+}
+
+// Stores normalize(x) * w + b over elements [e0, e1) of group g with ms = (mean, rstd).
+template <typename T, typename TW, typename TO, typename C>
+__device__ __forceinline__ void norm_store(const T* x, const TW* w, const TW* b, TO* out, u64 g, u64 e0, u64 e1, float2 ms) {
+    for (u64 e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+        const u64 i = norm_off<C>(g, e), c = norm_ch<C>(g, e);
+        float y = (ld(x, i) - ms.x) * ms.y * ld(w, c);
+        if (C::HAS_BIAS) y += ld(b, c);
+        st(out, i, y);
     }
 }
 
 // out = normalize(x) * w + b (C::HAS_BIAS; o_b is ignored otherwise), stored as TO.
 template <typename T, typename TW, typename TO, typename C>
-__device__ void norm_kernel(char* arena, u64 o_x, u64 o_w, u64 o_b, u64 o_out) {
+__device__ void norm_kernel(char* arena, u64 o_x, u64 o_w, u64 o_b, u64 o_out, u64 o_ws, u64 phase) {
     const T* x = tensor_at<T>(arena, o_x);
     const TW* w = tensor_at<TW>(arena, o_w);
     const TW* b = tensor_at<TW>(arena, o_b);
     TO* out = tensor_at<TO>(arena, o_out);
-    for (u64 g = blockIdx.x; g < C::GROUPS; g += gridDim.x) {
-        const float2 ms = norm_stats<T, C>(x, g);
-        for (u64 e = threadIdx.x; e < C::GSIZE; e += blockDim.x) {
-            const u64 i = norm_off<C>(g, e), c = norm_ch<C>(g, e);
-            float y = (ld(x, i) - ms.x) * ms.y * ld(w, c);
-            if (C::HAS_BIAS) y += ld(b, c);
-            st(out, i, y);
+    float* part = tensor_at<float>(arena, o_ws);
+    if (C::SLICES > 1) {
+        for (u64 k = blockIdx.x; k < C::GROUPS * C::SLICES; k += gridDim.x) {
+            const u64 g = k / C::SLICES, e0 = norm_slice_begin<C>(k), e1 = norm_slice_end<C>(k);
+            if (phase == 0) {
+                const T* none = nullptr;
+                norm_partial<T, T, T, C>(x, none, none, g, e0, e1, part + 4 * k);
+            } else {
+                const NormMerged r = norm_slices_merge<C>(part, g);
+                norm_store<T, TW, TO, C>(x, w, b, out, g, e0, e1, make_float2(r.mean, rsqrtf(r.var + C::EPS)));
+            }
         }
+        return;
+    }
+    for (u64 g = blockIdx.x; g < C::GROUPS; g += gridDim.x) {
+        norm_store<T, TW, TO, C>(x, w, b, out, g, 0, C::GSIZE, norm_stats<T, C>(x, g));
+    }
+}
+
+// Stores dx = rstd * (gr - mg - xhat * mgx) over elements [e0, e1) of group g, with
+// ms = (mean, rstd), gr = dy * w, mg = mean(gr) (0 for rms) and mgx = mean(gr * xhat); with
+// C::ACC, dx = acc + that, added as a separate rounding.
+template <typename T, typename TW, typename TD, typename TG, typename C>
+__device__ __forceinline__ void norm_input_store(const T* x, const TW* w, const TD* dy, const TG* acc, T* dx, u64 g, u64 e0, u64 e1, float2 ms, float mg, float mgx) {
+    for (u64 e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+        const u64 i = norm_off<C>(g, e);
+        const float gr = ld(dy, i) * ld(w, norm_ch<C>(g, e));
+        const float xh = (ld(x, i) - ms.x) * ms.y;
+        const float d = ms.y * (gr - mg - xh * mgx);
+        st(dx, i, C::ACC ? __fadd_rn(ld(acc, i), d) : d);
     }
 }
 
 // dx = rstd * (gr - mean(gr) - xhat * mean(gr * xhat)), gr = dy * w (no mean(gr) for rms);
 // with C::ACC, dx = g + that, added as a separate rounding (o_g is ignored otherwise).
 template <typename T, typename TW, typename TD, typename TG, typename C>
-__device__ void norm_backward_input_kernel(char* arena, u64 o_x, u64 o_w, u64 o_dy, u64 o_g, u64 o_dx) {
+__device__ void norm_backward_input_kernel(char* arena, u64 o_x, u64 o_w, u64 o_dy, u64 o_g, u64 o_dx, u64 o_ws, u64 phase) {
     const T* x = tensor_at<T>(arena, o_x);
     const TW* w = tensor_at<TW>(arena, o_w);
     const TD* dy = tensor_at<TD>(arena, o_dy);
     const TG* acc = tensor_at<TG>(arena, o_g);
     T* dx = tensor_at<T>(arena, o_dx);
+    float* part = tensor_at<float>(arena, o_ws);
+    if (C::SLICES > 1) {
+        for (u64 k = blockIdx.x; k < C::GROUPS * C::SLICES; k += gridDim.x) {
+            const u64 g = k / C::SLICES, e0 = norm_slice_begin<C>(k), e1 = norm_slice_end<C>(k);
+            if (phase == 0) {
+                norm_partial<T, TD, TW, C>(x, dy, w, g, e0, e1, part + 4 * k);
+            } else {
+                const NormMerged r = norm_slices_merge<C>(part, g);
+                const float rstd = rsqrtf(r.var + C::EPS);
+                const float mg = C::KIND == 1 ? 0.0f : r.g / (float)C::GSIZE;
+                const float mgx = r.h * rstd / (float)C::GSIZE;
+                norm_input_store<T, TW, TD, TG, C>(x, w, dy, acc, dx, g, e0, e1, make_float2(r.mean, rstd), mg, mgx);
+            }
+        }
+        return;
+    }
     for (u64 g = blockIdx.x; g < C::GROUPS; g += gridDim.x) {
         const float2 ms = norm_stats<T, C>(x, g);
         float sg = 0.0f, sgx = 0.0f;
@@ -96,13 +255,7 @@ __device__ void norm_backward_input_kernel(char* arena, u64 o_x, u64 o_w, u64 o_
         }
         const float mg = C::KIND == 1 ? 0.0f : block_sum(sg) / (float)C::GSIZE;
         const float mgx = block_sum(sgx) / (float)C::GSIZE;
-        for (u64 e = threadIdx.x; e < C::GSIZE; e += blockDim.x) {
-            const u64 i = norm_off<C>(g, e);
-            const float gr = ld(dy, i) * ld(w, norm_ch<C>(g, e));
-            const float xh = (ld(x, i) - ms.x) * ms.y;
-            const float d = ms.y * (gr - mg - xh * mgx);
-            st(dx, i, C::ACC ? __fadd_rn(ld(acc, i), d) : d);
-        }
+        norm_input_store<T, TW, TD, TG, C>(x, w, dy, acc, dx, g, 0, C::GSIZE, ms, mg, mgx);
     }
 }
 
@@ -174,60 +327,20 @@ template <typename T, typename TD, typename C> __device__ __forceinline__ void n
     if (threadIdx.x == 0) part[k * C::CH + c] = acc;
 }
 
-// Elements of channel c in sample chunk k, and the offset of its e-th element.
-template <typename C> __device__ __forceinline__ u64 batch_chunk_len(u64 k) {
-    const u64 n0 = k * C::NPB, n1 = n0 + C::NPB < C::NB ? n0 + C::NPB : C::NB;
-    return (n1 - n0) * C::S;
-}
-template <typename C> __device__ __forceinline__ u64 batch_chunk_at(u64 c, u64 k, u64 e) {
-    return ((k * C::NPB + e / C::S) * C::CH + c) * C::S + e % C::S;
-}
-
-// Batch weight phase 0: the statistics span every sample, so block (c, k) keeps, for its
-// chunk, the mean m, the centred sum of squares M2, the sum G of dy and the sum H of
-// dy (x - m) at part[4 (k CH + c) ..]; phase 1 merges them (batch_weight_finish).
+// Batch weight phase 0: the statistics span every sample, so block (c, k) keeps the
+// norm_partial of its chunk (samples [k NPB, (k + 1) NPB), elements [k NPB S, ..) of group c)
+// at part[4 (k CH + c) ..]; phase 1 merges them (batch_weight_finish).
 template <typename T, typename TD, typename C> __device__ __forceinline__ void batch_weight_partial(const T* x, const TD* dy, float* part) {
-    const u64 c = blockIdx.x, k = blockIdx.y, len = batch_chunk_len<C>(k);
-    float s = 0.0f;
-    for (u64 e = threadIdx.x; e < len; e += blockDim.x) s += ld(x, batch_chunk_at<C>(c, k, e));
-    const float m = len == 0 ? 0.0f : block_sum(s) / (float)len;
-    float m2 = 0.0f, g = 0.0f, h = 0.0f;
-    for (u64 e = threadIdx.x; e < len; e += blockDim.x) {
-        const u64 i = batch_chunk_at<C>(c, k, e);
-        const float d = ld(x, i) - m, gi = ld(dy, i);
-        m2 += d * d;
-        g += gi;
-        h += gi * d;
-    }
-    m2 = block_sum(m2);
-    g = block_sum(g);
-    h = block_sum(h);
-    if (threadIdx.x == 0) {
-        float* p = part + 4 * (k * C::CH + c);
-        p[0] = m;
-        p[1] = m2;
-        p[2] = g;
-        p[3] = h;
-    }
+    const u64 c = blockIdx.x, k = blockIdx.y, len = C::NPB * C::S, e0 = k * len;
+    const TD* none = nullptr;
+    norm_partial<T, TD, TD, C>(x, dy, none, c, e0, e0 + norm_chunk_len<C>(len, k), part + 4 * (k * C::CH + c));
 }
 
-// Batch weight phase 1 for channel c, chunks in order (fp64): the mean mu = sum n_k m_k / N,
-// the variance (sum M2_k + n_k (m_k - mu)^2) / N (the parallel-variance merge), and
-// dw = rstd * sum (H_k + (m_k - mu) G_k) = rstd * sum dy (x - mu).
+// Batch weight phase 1 for channel c, chunks in order: dw = rstd * sum dy (x - mu)
+// (norm_merge).
 template <typename C> __device__ __forceinline__ float batch_weight_finish(const float* part, u64 c) {
-    const double total = (double)C::GSIZE;
-    double mu = 0.0;
-    for (u64 k = 0; k < C::CHUNKS; ++k) mu += (double)batch_chunk_len<C>(k) * part[4 * (k * C::CH + c)];
-    mu = total == 0.0 ? 0.0 : mu / total;
-    double m2 = 0.0, dw = 0.0;
-    for (u64 k = 0; k < C::CHUNKS; ++k) {
-        const float* p = part + 4 * (k * C::CH + c);
-        const double d = (double)p[0] - mu;
-        m2 += (double)p[1] + (double)batch_chunk_len<C>(k) * d * d;
-        dw += (double)p[3] + d * (double)p[2];
-    }
-    const float var = total == 0.0 ? 0.0f : (float)(m2 / total);
-    return (float)dw * rsqrtf(var + C::EPS);
+    const NormMerged r = norm_merge<C>(part + 4 * c, C::CHUNKS, 4 * C::CH, C::NPB * C::S);
+    return r.h * rsqrtf(r.var + C::EPS);
 }
 
 // The weight (bias: o_x is dy's offset too) gradient.
