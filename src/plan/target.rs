@@ -85,10 +85,11 @@ mod tests {
         let inputs = [&h, &wt, &t, &rows, &rows];
         assert_eq!(Target::Cpu.workspace_bytes(&dw, &inputs, &wt), 4 * 100 * 4);
         // CUDA: 4 rows of fp32 logits padded to 104 columns or a tile of 40 columns over the
-        // 10 rows (their bf16 gradient written over them), rounded to 256 bytes, the rows'
-        // log-sum-exps, then cuBLASLt's scratch.
+        // 10 rows, rounded to 256 bytes, the rows' log-sum-exps, the logits' bf16 gradient
+        // (written apart from them: 10 rows are fewer than an H100's SMs), then cuBLASLt's
+        // scratch.
         let logits: u64 = 4 * 104;
-        let regions = (logits * 4).div_ceil(256) * 256 + 256;
+        let regions = (logits * 4).div_ceil(256) * 256 + 256 + (logits * 2).div_ceil(256) * 256;
         assert_eq!(
             Target::CUDA_MIN.workspace_bytes(&dw, &inputs, &wt),
             regions + crate::ops::matmul::GEMM_WORKSPACE

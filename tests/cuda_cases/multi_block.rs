@@ -155,8 +155,8 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         // Two chunks, the last one element short.
         ("mse_chunks", Op::Mse, vec![f(&[51, 61]), f(&[51, 61])]),
         // A weight gradient with one output tile per group and K = 2 x 20 x 20 = 800: its K
-        // in 3 splits of 267 (each at least 256 long), the last one short, summed by a
-        // finishing launch.
+        // in 12 splits of 67 (as many as give each of an H100's SMs a block, each at least 64
+        // long), the last one short, summed by a finishing launch.
         (
             "conv2d_bwd_w_split_k",
             Op::ConvBackwardWeight {

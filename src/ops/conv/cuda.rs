@@ -65,22 +65,23 @@ impl Which {
     }
 
     /// Splits of the GEMM's K over `g`: the weight gradient (a small output summed over every
-    /// position) splits to fill [`FILL_BLOCKS`]; the forward and the input gradient split only
-    /// when their output tiles would leave an H100's [`SMS`] partly idle, and then to fill
-    /// [`FILL_BLOCKS`] too. Each split sums at least [`MIN_SPLIT_K`], or [`MIN_FILL_K`] where
-    /// the longer splits would leave SMs idle; the partials stay within [`MAX_PARTIALS`]; 1
-    /// when nothing splits.
+    /// position) splits to fill [`FILL_BLOCKS`], each split summing at least [`MIN_SPLIT_K`];
+    /// the forward and the input gradient split only when their output tiles would leave an
+    /// H100's [`SMS`] partly idle, and then only as far as a block for each SM (their
+    /// partials take as many bytes as their output per split, and a forward's may stand at
+    /// the step's peak). Splits sum at least [`MIN_FILL_K`] where the longer ones would leave
+    /// SMs idle; the partials stay within [`MAX_PARTIALS`]; 1 when nothing splits.
     fn splits(self, g: &Geom) -> u64 {
         let (groups, m, n, k) = self.gemm(g);
         let (gx, gy) = gemm_tiles(m, n);
         let tiles = gx * gy * groups;
-        if self != Which::Weight && tiles >= SMS {
-            return 1;
-        }
-        let filling = FILL_BLOCKS.div_ceil(tiles.max(1)).min(k / MIN_SPLIT_K);
         let busy = SMS.div_ceil(tiles.max(1)).min(k / MIN_FILL_K);
+        let wanted = match self {
+            Which::Weight => busy.max(FILL_BLOCKS.div_ceil(tiles.max(1)).min(k / MIN_SPLIT_K)),
+            Which::Forward | Which::Input => busy,
+        };
         let by_bytes = MAX_PARTIALS / (groups * m * n * 4).max(1);
-        filling.max(busy).min(by_bytes).max(1)
+        wanted.min(by_bytes).max(1)
     }
 
     /// The workspace: the splits' fp32 partials (0 when nothing splits).
@@ -229,6 +230,18 @@ mod tests {
         assert_eq!(fwd, (4, 4 * 32 * 36 * 4));
         assert_eq!(bwd_in, (4, 4 * 32 * 36 * 4));
         assert_eq!(bwd_w, (1, 0));
+        // The shim's `conv2d_bwd_w_split_k`: two groups of one output tile, K = 800 in 12
+        // splits (a block for each SM, each at least 64 long) rather than 3 of 256.
+        let grouped = ConvParams {
+            groups: 2,
+            ..conv.clone()
+        };
+        let weight = Op::ConvBackwardWeight {
+            conv: grouped,
+            kernel: vec![3, 3],
+        };
+        let split_k = splits(weight, [&[2, 4, 20, 20], &[2, 6, 20, 20]], &[6, 2, 3, 3]);
+        assert_eq!(split_k, (12, 12 * 6 * 18 * 4));
         let t = |s: &[usize]| TensorType::new(DType::F32, s.to_vec());
         let kernel = crate::codegen::kernel_for(&Op::Conv(conv), &[t(x), t(w)], &t(x))
             .expect("lowers")
