@@ -45,6 +45,10 @@ template <typename T, typename C> __device__ void attention_kernel(char* arena, 
     const T* k = tensor_at<T>(arena, o_k);
     const T* v = tensor_at<T>(arena, o_v);
     T* out = tensor_at<T>(arena, o_out);
+    // Each thread's scaled query row lives in shared memory (a row padded by one float, so
+    // the threads of a warp read different banks): in registers beside its output row it
+    // spills at a head dim of 128.
+    __shared__ float Qs[C::BT][C::DH + 1];
     __shared__ float Ks[C::BC][C::DH];
     __shared__ float Vs[C::BC][C::DH];
     __shared__ bool Ms[C::BC];
@@ -54,7 +58,8 @@ template <typename T, typename C> __device__ void attention_kernel(char* arena, 
     const u64 nk = active ? attn_kend<C>(i) : 0, k0 = active ? attn_kfirst<C>(i) : 0;
     const u64 last = (i0 + C::BT - 1 < C::TQ) ? i0 + C::BT - 1 : C::TQ - 1;
     const u64 kmin = attn_kfirst<C>(i0), kmax = attn_kend<C>(last);
-    float qr[C::DH], o[C::DH];
+    float* qr = Qs[threadIdx.x];
+    float o[C::DH];
 #pragma unroll
     for (int d = 0; d < (int)C::DH; ++d) {
         qr[d] = active ? ld(q, attn_q<C>(b, i, h) + d) * C::SCALE : 0.0f;

@@ -134,9 +134,9 @@ fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
             launch,
         ));
     }
-    // Shared tiles stay within 32 KiB: BT query/key rows, BC keys per K/V tile.
+    // Shared tiles stay within 33 KiB: BT query rows (padded by a float), BC keys per K/V tile.
     let bt = (4096 / dh).clamp(16, 64);
-    let bc = (4096 / dh).clamp(1, 64);
+    let bc = (2048 / dh).clamp(1, 64);
     lines.extend([c_u64("BT", bt), c_u64("BC", bc)]);
     let launch = Launch::Grid([tq.div_ceil(bt), h, b], u32::try_from(bt).unwrap_or(64));
     Ok(templated(

@@ -98,10 +98,11 @@ struct NormMerged {
 // (sum M2_k + n_k (m_k - mu)^2) / GSIZE (the parallel-variance merge), sum G_k, and
 // sum (H_k + (m_k - mu) G_k) = sum gr (x - mu).
 template <typename C> __device__ __forceinline__ NormMerged norm_merge(const float* p, u64 n, u64 stride, u64 len) {
-    const double total = (double)C::GSIZE;
+    // 1 / GSIZE at compile time: a division in fp64 would call a slow path that spills.
+    constexpr double INV = C::GSIZE == 0 ? 0.0 : 1.0 / (double)C::GSIZE;
     double mu = 0.0;
     for (u64 k = 0; k < n; ++k) mu += (double)norm_chunk_len<C>(len, k) * p[k * stride];
-    mu = total == 0.0 ? 0.0 : mu / total;
+    mu *= INV;
     double m2 = 0.0, gs = 0.0, h = 0.0;
     for (u64 k = 0; k < n; ++k) {
         const float* q = p + k * stride;
@@ -110,7 +111,7 @@ template <typename C> __device__ __forceinline__ NormMerged norm_merge(const flo
         gs += (double)q[2];
         h += (double)q[3] + d * (double)q[2];
     }
-    return NormMerged{(float)mu, total == 0.0 ? 0.0f : (float)(m2 / total), (float)gs, (float)h};
+    return NormMerged{(float)mu, (float)(m2 * INV), (float)gs, (float)h};
 }
 
 // ---- forward, input gradient and running statistics -------------------------------------
@@ -237,8 +238,10 @@ __device__ void norm_backward_input_kernel(char* arena, u64 o_x, u64 o_w, u64 o_
             } else {
                 const NormMerged r = norm_slices_merge<C>(part, g);
                 const float rstd = rsqrtf(r.var + C::EPS);
-                const float mg = C::KIND == 1 ? 0.0f : r.g / (float)C::GSIZE;
-                const float mgx = r.h * rstd / (float)C::GSIZE;
+                // 1 / GSIZE at compile time: two fp32 divisions here make ptxas spill on sm_90.
+                constexpr float INV = (float)(1.0 / (double)C::GSIZE);
+                const float mg = C::KIND == 1 ? 0.0f : r.g * INV;
+                const float mgx = r.h * rstd * INV;
                 norm_input_store<T, TW, TD, TG, C>(x, w, dy, acc, dx, g, e0, e1, make_float2(r.mean, rstd), mg, mgx);
             }
         }

@@ -73,13 +73,14 @@ __device__ void pool_backward_kernel(char* arena, u64 o_x, u64 o_dy, u64 o_dx) {
         pool_windows(h, C::KH, C::SH, C::PH, C::HO, oh0, oh1);
         pool_windows(w, C::KW, C::SW, C::PW, C::WO, ow0, ow1);
         float acc = 0.0f;
+        // dy is read only where it is added (reading it for every window spills on sm_80).
+        const long long self = h * C::W + w;
         for (long long oh = oh0; oh < oh1; ++oh)
             for (long long ow = ow0; ow < ow1; ++ow) {
-                const float g = ld(dyp, (u64)(oh * C::WO + ow));
                 if (C::MAX) {
-                    if (pool_argmax<T, C>(xp, oh, ow) == h * C::W + w) acc += g;
+                    if (pool_argmax<T, C>(xp, oh, ow) == self) acc += ld(dyp, (u64)(oh * C::WO + ow));
                 } else {
-                    acc += g * (1.0f / (float)(C::KH * C::KW));
+                    acc += ld(dyp, (u64)(oh * C::WO + ow)) * (1.0f / (float)(C::KH * C::KW));
                 }
             }
         st(dx, i, acc);
