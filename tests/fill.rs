@@ -1,8 +1,8 @@
 //! Every launch over a tensor larger than 1 MiB fills an H100: at least one block for each
 //! of its 132 streaming multiprocessors, in the CUDA plans of GPT-2 small, Llama-7B, ResNet-18
 //! and the UNet at their real sizes (the examples as written), in bf16 and fp32, and of a
-//! Llama-7B rank under ZeRO-3. A finishing
-//! launch of a two-stage reduction is exempt: it sums the first stage's per-block partials.
+//! Llama-7B rank under ZeRO-3. A finishing launch of a two-stage reduction is exempt: it sums
+//! the first stage's per-block partials.
 #![allow(clippy::panic, clippy::unwrap_used)]
 
 mod common;
@@ -14,13 +14,17 @@ use memc::settings::Precision;
 use memc::Options;
 use std::collections::BTreeSet;
 
+/// Streaming multiprocessors of an H100 SXM.
 const SMS: u64 = 132;
 const MIB: u64 = 1 << 20;
 
+/// Blocks of a grid.
 fn blocks(grid: &[u32; 3]) -> u64 {
     grid.iter().map(|&d| u64::from(d)).product()
 }
 
+/// The launches of `model`'s CUDA plan that take fewer blocks than [`SMS`] in a step whose
+/// largest tensor is over 1 MiB, one line each (collectives are NCCL's, not kernels).
 fn underfilled(model: &str, precision: Precision, parallel: Option<Parallel>) -> BTreeSet<String> {
     let options = Options {
         precision: Some(precision),
