@@ -1,7 +1,6 @@
 //! Every launch over a tensor larger than 1 MiB fills an H100: at least one block for each
-//! of its 132 streaming multiprocessors, in the CUDA plans of GPT-2 small, Llama-7B, ResNet-18
-//! and the UNet at their real sizes (the examples as written), in bf16 and fp32, and of a
-//! Llama-7B rank under ZeRO-3. A finishing launch of a two-stage reduction is exempt: it sums
+//! of its 132 streaming multiprocessors, in the CUDA plans of every example at its real size
+//! (as written), in bf16 and fp32, and of a Llama-7B rank under ZeRO-3. A finishing launch of a two-stage reduction is exempt: it sums
 //! the first stage's per-block partials.
 #![allow(clippy::panic, clippy::unwrap_used)]
 
@@ -100,7 +99,16 @@ fn underfilled(model: &str, precision: Precision, parallel: Option<Parallel>) ->
 #[test]
 fn every_launch_over_a_large_tensor_fills_an_h100() {
     let mut found = Vec::new();
-    for model in ["gpt2", "llama7b", "resnet18", "unet"] {
+    for model in [
+        "gpt2",
+        "llama7b",
+        "mlp",
+        "resnet18",
+        "sd_unet",
+        "unet",
+        "unet3d",
+        "unet3d_tileable",
+    ] {
         for precision in [Precision::Bf16, Precision::Fp32] {
             found.extend(underfilled(model, precision, None));
         }

@@ -1,5 +1,7 @@
-//! Compiles a representative kernel set (every family; f32, f16, bf16; all casts) with NVRTC
-//! for compute_80 and compute_90 and assembles the PTX with ptxas for sm_80 / sm_90.
+//! Builds a representative kernel set (every family; f32, f16, bf16; all casts) and every
+//! example plan's kernels with NVRTC to CUBINs: GPT-2, Llama-7B, ResNet-18 and the UNet at
+//! their real sizes in fp32 and bf16 for sm_80 and sm_90, none spilling; the op cases and
+//! the plans at reduced sizes for sm_80.
 //! Without NVRTC the test prints a SKIP line, unless MEMC_REQUIRE_NVRTC=1 makes it fail.
 #![allow(
     clippy::panic,
@@ -12,11 +14,11 @@ mod cuda_cases;
 
 use cuda_cases::quant::{quant_cases, QuantCase};
 use cuda_cases::*;
-use memc::codegen::nvrtc::{check_all, nvrtc_available, ptxas_path};
+use memc::codegen::nvrtc::{check_all, nvrtc_available, TARGET_SMS};
 use memc::codegen::{cast_kernel, Kernel};
 use memc::front::train::Precision;
 use memc::ir::DType;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 fn all_kernels() -> BTreeMap<String, (String, Kernel)> {
     let mut ks = BTreeMap::new();
@@ -44,44 +46,70 @@ fn all_kernels() -> BTreeMap<String, (String, Kernel)> {
 
 /// Whether the NVRTC checks can run; without NVRTC prints SKIP, or fails under MEMC_REQUIRE_NVRTC=1.
 fn nvrtc_ready() -> bool {
-    if nvrtc_available() && ptxas_path().is_some() {
+    if nvrtc_available() {
         return true;
     }
     if std::env::var("MEMC_REQUIRE_NVRTC").as_deref() == Ok("1") {
-        panic!("NVRTC or ptxas not found but MEMC_REQUIRE_NVRTC=1 (source scripts/cuda-env)");
+        panic!("NVRTC not found but MEMC_REQUIRE_NVRTC=1 (source scripts/cuda-env)");
     }
     println!("SKIP: NVRTC not found (set up with scripts/cuda-env)");
     false
 }
 
-/// Compiles every kernel with code (a step of library calls alone has none).
-fn check(kernels: &[(String, Kernel)], what: &str) {
+/// Builds every kernel with code (a step of library calls alone has none) to CUBINs for
+/// `sms` and asserts each builds and that none `must_not_spill` names spills (the others'
+/// spills are printed).
+fn check(
+    kernels: &[(String, Kernel)],
+    (what, sms): (&str, &[(u32, u32)]),
+    must_not_spill: &BTreeSet<String>,
+) {
     let kernels: Vec<(String, Kernel)> =
         kernels.iter().filter(|k| k.1.has_code()).cloned().collect();
-    let dir = std::env::temp_dir().join(format!("memc-ptx-{what}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let (checked, failures) = check_all(&kernels, &dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    println!("{what}: {checked} of {} distinct kernels compiled for compute_80/compute_90 and assembled for sm_80/sm_90", kernels.len());
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n\n")
+    let found = check_all(&kernels, sms);
+    println!(
+        "{what}: {} of {} distinct kernels built to CUBINs for {sms:?}",
+        found.built,
+        kernels.len()
     );
-    assert_eq!(checked, kernels.len());
+    for s in &found.spills {
+        println!(
+            "{what}: {} ({}) spills {} bytes on {}",
+            s.label, s.kernel, s.bytes, s.arch
+        );
+    }
+    assert!(
+        found.failures.is_empty(),
+        "{} failures:\n{}",
+        found.failures.len(),
+        found.failures.join("\n\n")
+    );
+    assert_eq!(found.built, kernels.len());
+    let forbidden: Vec<_> = (found.spills.iter())
+        .filter(|s| must_not_spill.contains(&s.kernel))
+        .collect();
+    assert!(forbidden.is_empty(), "{forbidden:#?}");
 }
 
+/// The oldest architecture the kernels target: what builds for it builds for sm_90, which
+/// only adds instructions. Kernels whose spills are not asserted are built for it alone.
+const OLDEST: &[(u32, u32)] = &[(8, 0)];
+
 #[test]
-fn kernels_compile_with_nvrtc_and_assemble_with_ptxas() {
+fn op_case_kernels_build_to_cubins() {
     if nvrtc_ready() {
-        check(&all_kernels().into_values().collect::<Vec<_>>(), "op cases");
+        let kernels = all_kernels().into_values().collect::<Vec<_>>();
+        check(&kernels, ("op cases", OLDEST), &BTreeSet::new());
     }
 }
 
+/// The examples built at their real sizes in fp32 and bf16.
+const REAL_SIZE: [&str; 4] = ["gpt2", "llama7b", "resnet18", "unet"];
+
 /// Every kernel of every example's plan in every precision (fp32, bf16, fp16, pure bf16), and
 /// of the Llama example with a sliding window, with soft-capped scores and with a key mask
-/// (padding).
+/// (padding): GPT-2, Llama-7B, ResNet-18 and the UNet as written (their real sizes) in fp32
+/// and bf16, every other plan at reduced sizes (the same templates, fewer constants).
 #[test]
 fn every_example_plan_kernel_compiles() {
     if !nvrtc_ready() {
@@ -105,13 +133,13 @@ fn every_example_plan_kernel_compiles() {
             // Mistral's shape: Llama with a sliding window shorter than T.
             let windowed = src.replace("causal = true)", "causal = true, window = 5)");
             assert_ne!(windowed, src, "llama7b's attention line changed");
-            sources.push((format!("{} window = 5", path.display()), windowed));
+            sources.push((format!("{} window = 5", path.display()), windowed, false));
             // Gemma 2's soft-capped scores, with a window.
             let capped = src.replace(
                 "causal = true)",
                 "causal = true, window = 5, softcap = 50.0)",
             );
-            sources.push((format!("{} softcap = 50", path.display()), capped));
+            sources.push((format!("{} softcap = 50", path.display()), capped, false));
             // A padded batch: Hugging Face's attention_mask as the key mask.
             let masked = src
                 .replace(
@@ -127,12 +155,15 @@ fn every_example_plan_kernel_compiles() {
                 2,
                 "llama7b changed"
             );
-            sources.push((format!("{} key_mask", path.display()), masked));
+            sources.push((format!("{} key_mask", path.display()), masked, false));
         }
-        sources.push((path.display().to_string(), src));
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+        let real = REAL_SIZE.contains(&stem);
+        sources.push((path.display().to_string(), src, real));
     }
     let mut kernels = BTreeMap::new();
-    for (name, src) in sources {
+    let mut as_written_kernels = BTreeSet::new();
+    for (name, src, real) in sources {
         let ast = memc::front::parse(&src).expect("parse");
         let dims = memc::front::lower(&ast, &[]).expect("lower").dims;
         // The SD UNet's kernels at a 16x16 latent and 64 channels, the 3-D UNet's on a 16^3
@@ -157,15 +188,26 @@ fn every_example_plan_kernel_compiles() {
             (Precision::Bf16, false),
         ];
         for (precision, master_weights) in precisions {
+            let as_written = real && master_weights && precision != Precision::Fp16;
             let options = memc::Options {
-                overrides: overrides.clone(),
+                overrides: if as_written {
+                    Vec::new()
+                } else {
+                    overrides.clone()
+                },
                 precision: Some(precision),
                 master_weights: Some(master_weights),
                 ..Default::default()
             };
             let compiled = memc::compile(&src, &options).expect("compile");
             for k in memc::codegen::plan_kernels(compiled.plan.plan()).expect("codegen") {
-                let label = format!("{name} {precision:?}");
+                let label = match as_written {
+                    true => format!("{name} {precision:?} as written"),
+                    false => format!("{name} {precision:?}"),
+                };
+                if as_written {
+                    as_written_kernels.insert(k.name.clone());
+                }
                 kernels.insert(k.name.clone(), (label, k));
             }
         }
@@ -188,7 +230,15 @@ fn every_example_plan_kernel_compiles() {
             .any(|(_, k)| k.source.contains("KEY_MASK = true")),
         "the masked plan's attention kernels are among them"
     );
-    check(&kernels.into_values().collect::<Vec<_>>(), "example plans");
+    assert!(
+        as_written_kernels.len() > 400,
+        "{}",
+        as_written_kernels.len()
+    );
+    let (real, reduced): (Vec<_>, Vec<_>) =
+        (kernels.into_values()).partition(|(_, k)| as_written_kernels.contains(&k.name));
+    check(&real, ("real sizes", &TARGET_SMS), &as_written_kernels);
+    check(&reduced, ("reduced sizes", OLDEST), &BTreeSet::new());
 }
 
 /// Kernels are compiled in batches; a broken kernel fails alone and is named.
@@ -206,11 +256,9 @@ fn a_broken_kernel_in_a_batch_is_named() {
     broken.name = "broken_cast".into();
     let mut all = good;
     all.push(("broken".into(), broken));
-    let dir = std::env::temp_dir().join(format!("memc-ptx-batch-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let (checked, failures) = check_all(&all, &dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(checked, 2, "{failures:?}");
+    let found = check_all(&all, OLDEST);
+    let failures = &found.failures;
+    assert_eq!(found.built, 2, "{failures:?}");
     assert!(
         !failures.is_empty() && failures.iter().all(|f| f.contains("broken_cast")),
         "{failures:?}"

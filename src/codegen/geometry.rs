@@ -109,6 +109,23 @@ pub(crate) fn split(n: u64, min_chunk: u64, max_blocks: u64) -> (u64, u64) {
     (n.div_ceil(chunk).max(1), chunk)
 }
 
+/// Most elements of a reduction group one block takes unsplit; a larger group splits into
+/// slices of at most this many when the groups are too few to fill an H100.
+pub(crate) const SLICE_ELEMENTS: u64 = 1024;
+
+/// The slices (count, elements each but the last) each of `groups` reduction groups of
+/// `gsize` elements is split into: one (the whole group) when the groups alone fill an
+/// H100's [`SMS`]; otherwise one per [`SLICE_ELEMENTS`] elements (rounded up), but at most
+/// about [`FILL_BLOCKS`] in all; every slice holds at least one element. A grid of `groups`
+/// times the count is at least `SMS` blocks whenever the groups hold over
+/// `SMS * SLICE_ELEMENTS` elements.
+pub(crate) fn slices(groups: u64, gsize: u64) -> (u64, u64) {
+    if groups >= SMS {
+        return (1, gsize);
+    }
+    split(gsize, SLICE_ELEMENTS, FILL_BLOCKS.div_ceil(groups.max(1)))
+}
+
 /// Reduction geometry of `x` onto the dims where `keep` is true: OUT/OST map an output
 /// index to its group base, RSH/RST walk the group. Returns (lines, groups, group size).
 pub(crate) fn reduce_cfg(x: &[usize], keep: &[bool]) -> (Vec<String>, u64, u64) {

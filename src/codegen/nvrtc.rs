@@ -1,11 +1,11 @@
 //! NVRTC compilation of generated kernels (through cudarc, loading libnvrtc at run time):
 //! PTX for a virtual architecture, or a CUBIN for the device's own with ptxas's resource
-//! figures; the CUDA headers found without configuration; an optional ptxas assembly check.
+//! figures; the CUDA headers found without configuration; a check that builds many kernels
+//! to CUBINs for sm_80 and sm_90 and fails any that spill.
 
 use crate::codegen::build::GENERATED;
 use crate::codegen::{CodegenError, Kernel};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
 /// Whether the NVRTC shared library can be loaded (on `LD_LIBRARY_PATH` or the system path).
 pub fn nvrtc_available() -> bool {
@@ -96,70 +96,65 @@ pub fn compile_ptx(kernel: &Kernel, arch: &str) -> Result<String, CodegenError> 
         })
 }
 
-/// The ptxas binary named by `MEMC_PTXAS`, if set.
-pub fn ptxas_path() -> Option<PathBuf> {
-    std::env::var_os("MEMC_PTXAS").map(PathBuf::from)
-}
-
-/// Assembles `ptx` with `ptxas -arch=<sm>` (e.g. "sm_90") into a throwaway cubin; returns
-/// ptxas's diagnostics as the error when it fails or cannot run.
-pub fn ptxas_check(
-    ptxas: &Path,
-    ptx: &str,
-    sm: &str,
-    work_dir: &Path,
-    stem: &str,
-) -> Result<(), String> {
-    let file = work_dir.join(format!("{stem}.{sm}.ptx"));
-    std::fs::write(&file, ptx).map_err(|e| format!("write {}: {e}", file.display()))?;
-    let out = Command::new(ptxas)
-        .arg(format!("-arch={sm}"))
-        .arg(&file)
-        .arg("-o")
-        .arg("/dev/null")
-        .output()
-        .map_err(|e| format!("run {}: {e}", ptxas.display()))?;
-    let _ = std::fs::remove_file(&file);
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
-
 /// Kernels per NVRTC program in [`check_all`]: enough to pay the headers' parse once for
 /// many kernels, few enough that a failing batch is cheap to re-check kernel by kernel.
 const BATCH: usize = 48;
 
-/// Compiles `kernel` for compute_80 and compute_90 and, when `ptxas` is given, assembles each
-/// PTX for sm_80 / sm_90; checks that every name in `entries` is in the PTX. Returns a
-/// message per failure.
+/// An A100's and an H100's real architectures, the ones memc's kernels target.
+pub const TARGET_SMS: [(u32, u32); 2] = [(8, 0), (9, 0)];
+
+/// The functions ptxas's `-v` report (`log`) says spill, with the bytes each stores and
+/// reloads, in the report's order.
+pub fn spills(log: &str) -> Vec<(String, u64)> {
+    let mut function = String::new();
+    let mut out = Vec::new();
+    for line in log.lines() {
+        if let Some((_, rest)) = line.split_once("Function properties for ") {
+            function = rest.trim().to_string();
+        }
+        let figure = |unit: &[&str]| number_before(line, unit).unwrap_or(0);
+        let bytes = figure(&["bytes", "spill", "stores"]) + figure(&["bytes", "spill", "loads"]);
+        if bytes > 0 {
+            out.push((function.clone(), bytes));
+        }
+    }
+    out
+}
+
+/// What ptxas spilled in one function of a program [`check_all`] built: the entry's index
+/// among the program's entries (`None` for a function that is not one of them), the
+/// architecture and the bytes stored and reloaded.
+type Spilled = (Option<usize>, String, u64);
+
+/// Builds `kernel` to a CUBIN for each of `sms` and checks that every name in `entries` is
+/// in the image. Returns a message per failure and what ptxas spilled.
 fn check_program(
-    label: &str,
-    kernel: &Kernel,
+    (label, kernel): (&str, &Kernel),
     entries: &[String],
-    ptxas: Option<&Path>,
-    scratch: &Path,
-) -> Vec<String> {
+    sms: &[(u32, u32)],
+) -> (Vec<String>, Vec<Spilled>) {
     let mut errors = Vec::new();
-    for (arch, sm) in [("compute_80", "sm_80"), ("compute_90", "sm_90")] {
-        match compile_ptx(kernel, arch) {
+    let mut spilled = Vec::new();
+    for &sm in sms {
+        let arch = format!("sm_{}{}", sm.0, sm.1);
+        match cubin_and_log(kernel, sm) {
             Err(e) => errors.push(format!("{label} ({}) {arch}: {e}", kernel.name)),
-            Ok(ptx) => {
-                if let Some(missing) = entries.iter().find(|e| !ptx.contains(e.as_str())) {
+            Ok((image, log)) => {
+                let has = |e: &String| image.windows(e.len()).any(|w| w == e.as_bytes());
+                if let Some(missing) = entries.iter().find(|e| !has(e)) {
                     errors.push(format!(
-                        "{label} ({}) {arch}: entry {missing} missing from PTX",
+                        "{label} ({}) {arch}: entry {missing} missing from the CUBIN",
                         kernel.name
                     ));
-                } else if let Some(p) = ptxas {
-                    if let Err(e) = ptxas_check(p, &ptx, sm, scratch, &kernel.name) {
-                        errors.push(format!("{label} ({}) ptxas {sm}: {e}", kernel.name));
-                    }
+                }
+                for (function, bytes) in spills(&log) {
+                    let entry = entries.iter().position(|e| *e == function);
+                    spilled.push((entry, arch.clone(), bytes));
                 }
             }
         }
     }
-    errors
+    (errors, spilled)
 }
 
 /// One NVRTC program for kernels whose sources share everything before the generated
@@ -189,36 +184,70 @@ fn batch_program(kernels: &[&(String, Kernel)]) -> Option<(Kernel, Vec<String>)>
     Some((kernel, entries))
 }
 
-/// Checks `batch` as one program; when that fails, kernel by kernel. Returns how many
-/// kernels passed and a message per failure.
-fn check_batch(
-    batch: &[&(String, Kernel)],
-    ptxas: Option<&Path>,
-    scratch: &Path,
-) -> (usize, Vec<String>) {
-    if let Some((program, entries)) = batch_program(batch) {
-        if check_program(&batch[0].0, &program, &entries, ptxas, scratch).is_empty() {
-            return (batch.len(), Vec::new());
-        }
-    }
-    let mut passed = 0;
-    let mut errors = Vec::new();
-    for (label, k) in batch {
-        let own = check_program(label, k, std::slice::from_ref(&k.entry), ptxas, scratch);
-        passed += usize::from(own.is_empty());
-        errors.extend(own);
-    }
-    (passed, errors)
+/// A kernel ptxas spilled when [`check_all`] built it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spill {
+    /// The label the kernel was given.
+    pub label: String,
+    /// The kernel's name.
+    pub kernel: String,
+    /// The architecture it spilled on ("sm_80", "sm_90").
+    pub arch: String,
+    /// Bytes stored and reloaded per thread.
+    pub bytes: u64,
 }
 
-/// Compiles every kernel for compute_80 and compute_90 and, when ptxas is known, assembles
-/// each PTX for sm_80 / sm_90, on up to four threads. Kernels sharing their templates are
-/// compiled together, up to [`BATCH`] per program (each in a namespace of its own, so the
-/// code checked is each kernel's own); a program that fails is re-checked kernel by kernel
-/// so each failure names its kernel. Returns how many kernels passed every check and a
-/// message per failure (label, kernel name, stage).
-pub fn check_all(kernels: &[(String, Kernel)], scratch: &std::path::Path) -> (usize, Vec<String>) {
-    let ptxas = ptxas_path();
+/// What [`check_all`] found.
+#[derive(Debug, Default)]
+pub struct Checked {
+    /// Kernels that built for every architecture with every entry in the image.
+    pub built: usize,
+    /// A message per failure (label, kernel name, architecture, what failed).
+    pub failures: Vec<String>,
+    /// Each kernel and architecture ptxas spilled on.
+    pub spills: Vec<Spill>,
+}
+
+/// Checks `batch` as one program; when that fails, or spills in a function that is none of
+/// its entries, kernel by kernel.
+fn check_batch(batch: &[&(String, Kernel)], sms: &[(u32, u32)]) -> Checked {
+    let spill = |(label, k): &(String, Kernel), arch: String, bytes| Spill {
+        label: label.clone(),
+        kernel: k.name.clone(),
+        arch,
+        bytes,
+    };
+    if let Some((program, entries)) = batch_program(batch) {
+        let (errors, spilled) = check_program((&batch[0].0, &program), &entries, sms);
+        let placed: Option<Vec<Spill>> = (spilled.into_iter())
+            .map(|(i, arch, bytes)| Some(spill(batch.get(i?)?, arch, bytes)))
+            .collect();
+        if let (true, Some(spills)) = (errors.is_empty(), placed) {
+            return Checked {
+                built: batch.len(),
+                failures: errors,
+                spills,
+            };
+        }
+    }
+    let mut checked = Checked::default();
+    for k in batch {
+        let entry = std::slice::from_ref(&k.1.entry);
+        let (errors, spilled) = check_program((&k.0, &k.1), entry, sms);
+        checked.built += usize::from(errors.is_empty());
+        checked.failures.extend(errors);
+        (checked.spills).extend(spilled.into_iter().map(|(_, arch, b)| spill(k, arch, b)));
+    }
+    checked
+}
+
+/// Builds every kernel to a CUBIN for each architecture of `sms` (e.g. [`TARGET_SMS`];
+/// NVRTC running ptxas with `-v`), on up to four threads, and reports each that ptxas
+/// spilled. Kernels sharing their templates
+/// are compiled together, up to [`BATCH`] per program (each in a namespace of its own, so
+/// the code checked is each kernel's own); a program that fails is re-checked kernel by
+/// kernel so each failure names its kernel.
+pub fn check_all(kernels: &[(String, Kernel)], sms: &[(u32, u32)]) -> Checked {
     let mut groups: std::collections::BTreeMap<&str, Vec<&(String, Kernel)>> =
         std::collections::BTreeMap::new();
     for k in kernels.iter().filter(|k| k.1.has_code()) {
@@ -228,7 +257,7 @@ pub fn check_all(kernels: &[(String, Kernel)], scratch: &std::path::Path) -> (us
     let batches: Vec<&[&(String, Kernel)]> =
         groups.values().flat_map(|g| g.chunks(BATCH)).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let results = std::sync::Mutex::new((0usize, Vec::new()));
+    let results = std::sync::Mutex::new(Checked::default());
     let workers = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .min(4);
@@ -238,10 +267,11 @@ pub fn check_all(kernels: &[(String, Kernel)], scratch: &std::path::Path) -> (us
                 while let Some(batch) =
                     batches.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
                 {
-                    let (passed, errors) = check_batch(batch, ptxas.as_deref(), scratch);
+                    let found = check_batch(batch, sms);
                     if let Ok(mut r) = results.lock() {
-                        r.0 += passed;
-                        r.1.extend(errors);
+                        r.built += found.built;
+                        r.failures.extend(found.failures);
+                        r.spills.extend(found.spills);
                     }
                 }
             });
@@ -309,6 +339,15 @@ pub struct Cubin {
 /// ptxas's `-v` report parsed into [`Resources`]. Errors as [`compile_ptx`]; an
 /// architecture this NVRTC does not know is a `Compile` error (callers fall back to PTX).
 pub fn compile_cubin(kernel: &Kernel, sm: (u32, u32)) -> Result<Cubin, CodegenError> {
+    let (image, log) = cubin_and_log(kernel, sm)?;
+    Ok(Cubin {
+        image,
+        resources: parse_resources(&log),
+    })
+}
+
+/// The CUBIN NVRTC builds from `kernel` for `sm`, and its log with ptxas's `-v` report.
+fn cubin_and_log(kernel: &Kernel, sm: (u32, u32)) -> Result<(Vec<u8>, String), CodegenError> {
     use cudarc::nvrtc::{result, sys};
     use std::ffi::CString;
     let include = ready(kernel)?;
@@ -353,10 +392,7 @@ pub fn compile_cubin(kernel: &Kernel, sm: (u32, u32)) -> Result<Cubin, CodegenEr
                     }
                     Err(e) => Err(failed(format!("{e:?}"))),
                 };
-                image.map(|image| Cubin {
-                    image,
-                    resources: parse_resources(&log),
-                })
+                image.map(|image| (image, log))
             }
         }
     };
@@ -386,5 +422,8 @@ mod tests {
             }
         );
         assert_eq!(parse_resources("no report"), Resources::default());
+        assert_eq!(spills(log), vec![("k".to_string(), 20)]);
+        let clean = log.replace("8 bytes spill stores, 12", "0 bytes spill stores, 0");
+        assert!(spills(&clean).is_empty());
     }
 }

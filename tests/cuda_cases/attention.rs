@@ -2,8 +2,9 @@
 //! head dim of 256, sliding windows shorter than a key tile and spanning several tiles and
 //! several backward units of rows, and key masks (`case_data` pads the end of batch item 0,
 //! the start of item 1 and all of item 2) with causal and windowed masks and over a key tile
-//! boundary, and soft-capped scores (grouped-query, causal and windowed with a key mask);
-//! then the packed op's (`packed.rs`).
+//! boundary, and soft-capped scores (grouped-query, causal and windowed with a key mask),
+//! and few keys under many query rows (dk and dv split over the query tiles); then the
+//! packed op's (`packed.rs`).
 
 mod packed;
 
@@ -269,6 +270,27 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         let bwd = |attn| Op::AttentionBackward { attn, which };
         cases.push((name, bwd(capped), attn_bwd_in.clone()));
         cases.push((wname, bwd(capped_window), mask_bwd_in.clone()));
+    }
+    // Few keys (cross-attention to 40 of them) under 300 query rows: on tensor cores the dk
+    // and dv of the one 64-key block split the 5 query tiles over 5 blocks.
+    let cross = AttnParams {
+        heads: 2,
+        kv_heads: 1,
+        causal: false,
+        ..attn
+    };
+    let cross_in = vec![
+        f(&[1, 300, 64]),
+        f(&[1, 40, 32]),
+        f(&[1, 40, 32]),
+        f(&[1, 300, 64]),
+    ];
+    for (which, name) in [
+        (AttnInput::K, "attention_cross_bwd_k"),
+        (AttnInput::V, "attention_cross_bwd_v"),
+    ] {
+        let op = Op::AttentionBackward { attn: cross, which };
+        cases.push((name, op, cross_in.clone()));
     }
     cases.extend(tile_cases());
     cases.extend(packed::cases());

@@ -42,6 +42,8 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
         ),
         // More targets than the block has threads.
         ("kept_count", Op::KeptCount(HF), vec![t(I32, &[300])]),
+        // Targets over three blocks of 2,048, the last one partial.
+        ("kept_count_parts", Op::KeptCount(HF), vec![t(I32, &[5000])]),
         (
             "linear_ce_ignore",
             Op::LinearCrossEntropy(lce(3, false)),

@@ -132,6 +132,47 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             },
             vec![f(&[2, 3000]), f(&[3000]), f(&[2, 3000])],
         ),
+        // Channels times samples too few to fill an H100: each sample's positions in equal
+        // slices (`norm::cuda::sample_slices`). Batch: 2 samples x 3 channels of 2,048 in 2
+        // slices; group: 2 samples x 4 channels (2 groups) of 3,072 in 3 slices.
+        (
+            "batch_norm_bwd_w_samples",
+            Op::NormBackwardWeight {
+                kind: NormKind::Batch,
+                eps: 1e-5,
+            },
+            vec![f(&[2, 3, 2048]), f(&[2, 3, 2048])],
+        ),
+        (
+            "batch_norm_bwd_b_samples",
+            Op::NormBackwardBias {
+                kind: NormKind::Batch,
+            },
+            vec![f(&[2, 3, 2048])],
+        ),
+        (
+            "group_norm_bwd_w_samples",
+            Op::NormBackwardWeight {
+                kind: NormKind::Group(2),
+                eps: 1e-5,
+            },
+            vec![f(&[2, 4, 3072]), f(&[2, 4, 3072])],
+        ),
+        (
+            "group_norm_bwd_b_samples",
+            Op::NormBackwardBias {
+                kind: NormKind::Group(2),
+            },
+            vec![f(&[2, 4, 3072])],
+        ),
+        // Few outputs of many elements: sum and max in slices (`geometry::slices`), 5 outputs
+        // of 2,100 in 3 slices of 700, 3 of 1,500 in 2 of 750.
+        ("sum_to_slices", Op::sum_to(vec![5]), vec![f(&[2100, 5])]),
+        (
+            "max_to_slices",
+            Op::MaxTo { shape: vec![3, 1] },
+            vec![f(&[3, 1500])],
+        ),
         // Row tiles of 4 (the last one partial), several windows of ids, untouched rows.
         (
             "embedding_bwd_tiles",

@@ -12,7 +12,10 @@
 //!   slope 1 - (cap(s) / SOFTCAP)^2): dq per 64 query rows of a head over the key tiles they
 //!   see, dq = sum_j ds_j k_j; dk or dv per 64 keys of a kv head (grid (ceil(TK / 64), KVH, B))
 //!   over its group's query heads and the C::BK-row query tiles that see the keys,
-//!   dv = sum_i p_i dout_i, dk = sum_i ds_i q_i.
+//!   dv = sum_i p_i dout_i, dk = sum_i ds_i q_i. With C::QSPLIT > 1 (dk or dv over keys too
+//!   few to fill the GPU) each 64 keys take QSPLIT blocks, each over its share of the query
+//!   tiles, writing fp32 partials at byte C::POFF; phase 2 sums them in split order
+//!   (grid (ceil(TK DH / 128), KVH, B)) and stores the gradient.
 //! Every gradient sums in fp32 registers in a fixed order and is stored once: deterministic,
 //! no atomics. C::BK is the looped tile (keys for dq and the statistics, query rows for dk
 //! and dv).
@@ -140,6 +143,17 @@ __device__ __forceinline__ void attb_store_keys(T* out, const float (&acc)[NT][4
             if (keys[c >> 1] < C::TK) st(out, attn_kv<C>(b, keys[c >> 1], kh) + nt * 8 + 2 * t + (c & 1), acc[nt][c]);
 }
 
+// Stores a warp's fp32 partial gradient rows of its two keys (those inside the sequence) at
+// part[key DH + column].
+template <typename C, int NT>
+__device__ __forceinline__ void attb_store_partial(float* part, const float (&acc)[NT][4], const u64 (&keys)[2], int t) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            if (keys[c >> 1] < C::TK) part[keys[c >> 1] * C::DH + nt * 8 + 2 * t + (c & 1)] = acc[nt][c];
+}
+
 // Phase 1 of dk (DK) and/or dv (DV), into o_dk and o_dv: the block's 64 keys of kv head
 // blockIdx.y, each warp 16 of them, over the query tiles of the group's heads that see
 // them; both at once share each tile's scores and probabilities.
@@ -152,7 +166,10 @@ __device__ void attb_mma_dkv(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout,
     float* Ds = sh.d;
     const u64 b = blockIdx.z, kh = blockIdx.y, group = C::H / C::KVH;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const u64 kb0 = (u64)blockIdx.x * 64, kw0 = kb0 + 16 * (u64)warp;
+    const u64 split = blockIdx.x % C::QSPLIT, kb0 = (u64)(blockIdx.x / C::QSPLIT) * 64, kw0 = kb0 + 16 * (u64)warp;
+    // The split's query tiles: an equal share of ceil(TQ / BQ), in order.
+    const u64 share = (C::TQ + (u64)BQ * C::QSPLIT - 1) / ((u64)BQ * C::QSPLIT) * BQ;
+    const u64 q0 = split * share, q1 = q0 + share < C::TQ ? q0 + share : C::TQ;
     const u64 keys[2] = {kw0 + g, kw0 + g + 8};
     bool kept[2];
 #pragma unroll
@@ -167,7 +184,7 @@ __device__ void attb_mma_dkv(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout,
     mma_zero<NT>(acck);
     mma_zero<NT>(accv);
     for (u64 h = kh * group; h < (kh + 1) * group; ++h) {
-        for (u64 i0 = 0; i0 < C::TQ; i0 += BQ) {
+        for (u64 i0 = q0; i0 < q1; i0 += BQ) {
             // Query rows see keys in ranges that only move forward with the row.
             const u64 ilast = i0 + BQ - 1 < C::TQ ? i0 + BQ - 1 : C::TQ - 1;
             if (attn_kend<C>(ilast) <= kb0 || attn_kfirst<C>(i0) >= kb0 + 64) continue;
@@ -206,8 +223,26 @@ __device__ void attb_mma_dkv(char* arena, u64 o_q, u64 o_k, u64 o_v, u64 o_dout,
             __syncthreads();
         }
     }
+    if constexpr (C::QSPLIT > 1) {
+        float* part = reinterpret_cast<float*>(ws + C::POFF) + ((split * C::B + b) * C::KVH + kh) * C::TK * C::DH;
+        if constexpr (DK) attb_store_partial<C, NT>(part, acck, keys, t);
+        else attb_store_partial<C, NT>(part, accv, keys, t);
+        return;
+    }
     if constexpr (DK) attb_store_keys<T, C, NT>(tensor_at<T>(arena, o_dk), acck, b, keys, kh, t);
     if constexpr (DV) attb_store_keys<T, C, NT>(tensor_at<T>(arena, o_dv), accv, b, keys, kh, t);
+}
+
+// Phase 2 with C::QSPLIT > 1: element e of kv head blockIdx.y's [TK, DH] gradient of batch
+// item blockIdx.z, the sum of the splits' partials in split order.
+template <typename T, typename C>
+__device__ void attb_dkv_finish(char* arena, u64 o_out, const char* ws) {
+    const u64 b = blockIdx.z, kh = blockIdx.y, e = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= C::TK * C::DH) return;
+    const float* part = reinterpret_cast<const float*>(ws + C::POFF) + (b * C::KVH + kh) * C::TK * C::DH + e;
+    float acc = 0.0f;
+    for (u64 s = 0; s < C::QSPLIT; ++s) acc += part[s * C::B * C::KVH * C::TK * C::DH];
+    st(tensor_at<T>(arena, o_out), attn_kv<C>(b, e / C::DH, kh) + e % C::DH, acc);
 }
 
 // The shared memory of a block of either phase, declared once per kernel.
@@ -225,6 +260,8 @@ __device__ void attention_backward_mma_kernel(char* arena, u64 o_q, u64 o_k, u64
     char* ws = arena + o_ws;
     if (phase == 0) {
         attb_mma_stats<T, C, C::WHICH != 2>(arena, o_q, o_k, o_v, o_dout, o_mask, ws, sh);
+    } else if (phase == 2) {
+        attb_dkv_finish<T, C>(arena, o_out, ws);
     } else if constexpr (C::WHICH == 0) {
         attb_mma_dq<T, C>(arena, o_q, o_k, o_v, o_dout, o_mask, o_out, ws, sh);
     } else {

@@ -77,10 +77,13 @@ impl Geometry {
         let rows = window.map_or(tq, |w| tq.min(w.max(WINDOW_ROWS)));
         let keys = |rows: u64| window.map_or(tk, |w| tk.min(rows + w - 1));
         let row_bytes = padded_row(keys(rows)) * per;
+        // Chunks of equal rows (but the last, by at most one row less) within the scratch: a
+        // remainder chunk of a few rows would launch a few blocks.
         let rc = if rows * row_bytes <= SCRATCH {
             rows
         } else {
-            (SCRATCH / row_bytes.max(1)).clamp(1, tq)
+            let most = (SCRATCH / row_bytes.max(1)).clamp(1, tq);
+            tq.div_ceil(tq.div_ceil(most))
         };
         let tk_ld = padded_row(keys(rc));
         let hc = if h == kvh {

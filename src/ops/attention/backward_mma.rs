@@ -7,7 +7,7 @@
 
 use crate::codegen::build::c_u64;
 use crate::codegen::gemm::Call;
-use crate::codegen::geometry::{region, u};
+use crate::codegen::geometry::{region, u, SMS};
 use crate::codegen::launch::staged;
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel};
@@ -34,12 +34,39 @@ fn d_offset(b: u64, h: u64, tq: u64) -> u64 {
     region(b * h * tq * 4)
 }
 
-/// Workspace bytes: the log-sum-exps, then `D` unless the op is dv.
+/// Blocks of 64 keys of every kv head and batch item at or past which dk and dv fill an
+/// H100 unsplit; fewer split each one's query tiles over up to this many blocks in all.
+fn dkv_splits(b: u64, tq: u64, tk: u64, kvh: u64, dh: u64) -> u64 {
+    let units = tk.div_ceil(BLOCK_ROWS) * kvh * b;
+    if units == 0 || units >= SMS {
+        return 1;
+    }
+    SMS.div_ceil(units).min(tq.div_ceil(tile(dh))).max(1)
+}
+
+/// Workspace bytes: the log-sum-exps, then `D` unless the op is dv, then for dk or dv split
+/// over query tiles ([`dkv_splits`]) an fp32 partial gradient per split.
 pub(super) fn workspace_bytes(inputs: &[&TensorType], p: &AttnParams, which: AttnInput) -> u64 {
     let Some(q) = inputs.first() else {
         return 0;
     };
-    let (b, tq, h) = (u(q.shape[0]), u(q.shape[1]), u(p.heads));
+    let (b, tq, h, kvh) = (u(q.shape[0]), u(q.shape[1]), u(p.heads), u(p.kv_heads));
+    let stats = stats_bytes(b, h, tq, which);
+    let dh = u(q.shape[2]).checked_div(h).unwrap_or(0);
+    match (which, inputs.get(1)) {
+        (AttnInput::K | AttnInput::V, Some(k)) => {
+            let tk = u(k.shape[1]);
+            match dkv_splits(b, tq, tk, kvh, dh) {
+                1 => stats,
+                n => stats + region(n * b * kvh * tk * dh * 4),
+            }
+        }
+        _ => stats,
+    }
+}
+
+/// Bytes of the row statistics: the log-sum-exps, then `D` unless the op is dv.
+fn stats_bytes(b: u64, h: u64, tq: u64, which: AttnInput) -> u64 {
     let lse = d_offset(b, h, tq);
     if which == AttnInput::V {
         lse
@@ -49,9 +76,8 @@ pub(super) fn workspace_bytes(inputs: &[&TensorType], p: &AttnParams, which: Att
 }
 
 /// The kernel of `a`'s backward on tensor cores (entry `entry` of `n_in` inputs, with the
-/// `Cfg` lines `extra` beyond the shapes), its launches, `(phase, rows, heads)` each: a
-/// block per 64 of `rows` of each of `heads` heads of each batch item, and its workspace
-/// bytes `ws`.
+/// `Cfg` lines `extra` beyond the shapes), its launches, `(phase, blocks, heads)` each:
+/// `blocks` of each of `heads` heads of each batch item, and its workspace bytes `ws`.
 fn lower(
     a: &Args,
     p: &AttnParams,
@@ -62,6 +88,7 @@ fn lower(
     let (shapes, mut lines) = super::cuda::shapes(a, p)?;
     let (b, tq, h) = (shapes.b, shapes.tq, shapes.h);
     lines.extend([
+        c_u64("B", b),
         c_u64("BK", tile(shapes.dh)),
         c_u64("DOFF", d_offset(b, h, tq)),
     ]);
@@ -80,9 +107,9 @@ fn lower(
     );
     let calls = launches(&shapes)
         .into_iter()
-        .map(|(phase, rows, heads)| Call::Launch {
+        .map(|(phase, blocks, heads)| Call::Launch {
             grid: [
-                u32::try_from(rows.div_ceil(BLOCK_ROWS)).unwrap_or(u32::MAX),
+                u32::try_from(blocks).unwrap_or(u32::MAX),
                 u32::try_from(heads).unwrap_or(1),
                 u32::try_from(b).unwrap_or(1),
             ],
@@ -94,7 +121,9 @@ fn lower(
     Ok(kernel.with_library(calls, ws))
 }
 
-/// The kernel and its two launches for the gradient of `which`.
+/// The kernel and its launches for the gradient of `which`: the statistics, then the
+/// gradient, then, for dk or dv split over query tiles ([`dkv_splits`]), the sum of the
+/// splits' partials.
 pub(super) fn attention_backward_mma(
     a: &Args,
     p: &AttnParams,
@@ -106,14 +135,27 @@ pub(super) fn attention_backward_mma(
         AttnInput::K => 1,
         AttnInput::V => 2,
     };
-    let lines = vec![c_u64("WHICH", which_code)];
-    let ws = workspace_bytes(&[a.at(0)?], p, which);
+    let (s, _) = super::cuda::shapes(a, p)?;
+    let splits = match which {
+        AttnInput::Q => 1,
+        AttnInput::K | AttnInput::V => dkv_splits(s.b, s.tq, s.tk, s.kvh, s.dh),
+    };
+    let lines = vec![
+        c_u64("WHICH", which_code),
+        c_u64("QSPLIT", splits),
+        c_u64("POFF", stats_bytes(s.b, s.h, s.tq, which)),
+    ];
+    let ws = workspace_bytes(&[a.at(0)?, a.at(1)?], p, which);
     lower(a, p, entry, (lines, ws), |s| {
         let gradient = match which {
-            AttnInput::Q => (1, s.tq, s.h),
-            AttnInput::K | AttnInput::V => (1, s.tk, s.kvh),
+            AttnInput::Q => (1, s.tq.div_ceil(BLOCK_ROWS), s.h),
+            AttnInput::K | AttnInput::V => (1, s.tk.div_ceil(BLOCK_ROWS) * splits, s.kvh),
         };
-        vec![(0, s.tq, s.h), gradient]
+        let mut launches = vec![(0, s.tq.div_ceil(BLOCK_ROWS), s.h), gradient];
+        if splits > 1 {
+            launches.push((2, (s.tk * s.dh).div_ceil(128), s.kvh));
+        }
+        launches
     })
 }
 
@@ -135,18 +177,55 @@ pub(super) fn packed_attention_backward_mma(
     );
     let ws = packed_workspace_bytes(&[a.at(0)?], p);
     let together = super::cuda::shapes(a, p)?.0.dh <= DKV_TOGETHER_MAX_DH;
-    let lines = vec![c_u64("DKV", u64::from(together))];
+    let lines = vec![
+        c_u64("DKV", u64::from(together)),
+        c_u64("QSPLIT", 1),
+        c_u64("POFF", 0),
+    ];
     lower(a, p, entry, (lines, ws), |s| {
-        let mut launches = vec![(0, s.tq, s.h), (1, s.tq, s.h), (2, s.tk, s.kvh)];
+        let (rows, keys) = (s.tq.div_ceil(BLOCK_ROWS), s.tk.div_ceil(BLOCK_ROWS));
+        let mut launches = vec![(0, rows, s.h), (1, rows, s.h), (2, keys, s.kvh)];
         if !together {
-            launches.push((3, s.tk, s.kvh));
+            launches.push((3, keys, s.kvh));
         }
         launches
     })
 }
 
 /// Workspace bytes of the packed backward: the log-sum-exps and `D`, once for all three
-/// gradients.
+/// gradients (its dk and dv are not split).
 pub(super) fn packed_workspace_bytes(inputs: &[&TensorType], p: &AttnParams) -> u64 {
     workspace_bytes(inputs, p, AttnInput::Q)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dk_and_dv_over_few_keys_split_the_query_tiles() {
+        // The SD UNet's cross-attention: 77 text keys (2 blocks) of 8 heads of 4 samples
+        // under 1,024 query rows of 80 dims take 3 splits (192 blocks).
+        assert_eq!(dkv_splits(4, 1024, 77, 8, 80), 3);
+        // No more splits than query tiles: 100 rows of 64 dims are 2 tiles.
+        assert_eq!(dkv_splits(1, 100, 40, 1, 64), 2);
+        // GPT-2 small (16 key blocks x 12 heads x 8 samples) fills unsplit.
+        assert_eq!(dkv_splits(8, 1024, 1024, 12, 64), 1);
+        // The partials follow the statistics in the workspace.
+        let p = AttnParams {
+            heads: 2,
+            kv_heads: 1,
+            causal: false,
+            scale: 0.125,
+            window: None,
+            softcap: None,
+            key_mask: false,
+        };
+        let q = TensorType::new(crate::ir::DType::BF16, vec![1, 300, 64]);
+        let k = TensorType::new(crate::ir::DType::BF16, vec![1, 40, 32]);
+        let stats = stats_bytes(1, 2, 300, AttnInput::V);
+        let split = region(5 * 40 * 32 * 4);
+        assert_eq!(workspace_bytes(&[&q, &k], &p, AttnInput::V), stats + split);
+        assert_eq!(workspace_bytes(&[&q, &k], &p, AttnInput::Q), 2 * stats);
+    }
 }

@@ -2,7 +2,7 @@
 //! cuBLASLt, are in `backward_cuda.rs`), and of the rotary position embedding onto `rope.cu`.
 
 use crate::codegen::build::{c_bool, c_f32, c_u64};
-use crate::codegen::geometry::u;
+use crate::codegen::geometry::{u, SMS};
 use crate::codegen::launch::{templated, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel};
@@ -134,8 +134,11 @@ fn attention(a: &Args, p: &AttnParams) -> Result<Kernel, CodegenError> {
             launch,
         ));
     }
-    // Shared tiles stay within 33 KiB: BT query rows (padded by a float), BC keys per K/V tile.
-    let bt = (4096 / dh).clamp(16, 64);
+    // Shared tiles stay within 33 KiB: BT query rows (padded by a float, a multiple of 8),
+    // BC keys per K/V tile; fewer rows a block (down to 8) where the tiles of every head
+    // would not fill an H100 (each thread keeps its own row: the values do not depend on BT).
+    let fill = tq.div_ceil(SMS.div_ceil((h * b).max(1)));
+    let bt = ((4096 / dh).clamp(16, 64).min(fill) / 8).max(1) * 8;
     let bc = (2048 / dh).clamp(1, 64);
     lines.extend([c_u64("BT", bt), c_u64("BC", bc)]);
     let launch = Launch::Grid([tq.div_ceil(bt), h, b], u32::try_from(bt).unwrap_or(64));

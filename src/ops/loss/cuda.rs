@@ -24,8 +24,8 @@ pub(super) fn ce_lines(ce: &CeParams) -> [String; 2] {
     ]
 }
 
-/// Elements an MSE block sums at least: 8 per thread of a 256-thread block.
-const MSE_MIN_CHUNK: u64 = 8 * 256;
+/// Elements an MSE or kept-count block takes at least: 8 per thread of a 256-thread block.
+const MIN_CHUNK: u64 = 8 * 256;
 
 /// Blocks of the cross-entropy's first launch: one per row, at most [`PARTIAL_BLOCKS`].
 fn ce_parts(rows: u64) -> u64 {
@@ -96,21 +96,22 @@ impl CudaLowering for super::Family {
                     Launch::PerBlock(rows, pow2_block(cl, 32, 256)),
                 ))
             }
-            // The targets are few next to the logits: one block counts them all.
+            // Chunks of targets over many blocks (a segmentation's are as many as its pixels).
             Op::KeptCount(ce) => {
-                let mut lines = vec![c_u64("ROWS", a.at(0)?.numel())];
+                let rows = a.at(0)?.numel();
+                let (parts, chunk) = split(rows, MIN_CHUNK, PARTIAL_BLOCKS);
+                let mut lines = vec![c_u64("ROWS", rows), c_u64("CHUNK", chunk)];
                 lines.extend(ce_lines(ce));
-                Ok(templated(
-                    "kept_count",
-                    &[TEMPLATE],
+                scalar_loss(
+                    a,
+                    ("kept_count", "kept_count_kernel", 1),
                     lines,
-                    ("kept_count_kernel", &["int"], 1),
-                    Launch::Grid([1, 1, 1], 256),
-                ))
+                    (parts, 256),
+                )
             }
             Op::Mse => {
                 let n = a.at(0)?.numel();
-                let (parts, chunk) = split(n, MSE_MIN_CHUNK, PARTIAL_BLOCKS);
+                let (parts, chunk) = split(n, MIN_CHUNK, PARTIAL_BLOCKS);
                 scalar_loss(
                     a,
                     ("mse", "mse_kernel", 2),
@@ -143,7 +144,7 @@ impl CudaLowering for super::Family {
                 let (rows, _) = inputs.first().map_or((0, 1), |t| rows_classes(&t.shape));
                 ce_parts(rows) * 8
             }
-            Op::Mse => split(numel(0), MSE_MIN_CHUNK, PARTIAL_BLOCKS).0 * 8,
+            Op::Mse | Op::KeptCount(_) => split(numel(0), MIN_CHUNK, PARTIAL_BLOCKS).0 * 8,
             Op::LinearCrossEntropy(lce) => {
                 super::linear_ce_cuda::workspace_bytes(lce, None, inputs)
             }

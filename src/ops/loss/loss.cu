@@ -78,14 +78,22 @@ __device__ void cross_entropy_backward_kernel(char* arena, u64 o_logits, u64 o_t
     cross_entropy_backward_kernel<T, C>(arena, o_logits, o_t, o_dl, 0, o_dx);
 }
 
-// out[0] = the number of the C::ROWS targets that are kept, at least 1, as f32: one block,
-// each thread counting rows t, t + blockDim.x, ..., then the block's sum (integers: exact).
-template <typename I, typename C> __device__ void kept_count_kernel(char* arena, u64 o_t, u64 o_out) {
+// out[0] = the number of the C::ROWS targets that are kept, at least 1, as f32: block b of
+// phase 0 counts rows [b * CHUNK, (b + 1) * CHUNK) (integers in fp64: exact), phase 1 sums
+// the counts.
+template <typename I, typename C> __device__ void kept_count_kernel(char* arena, u64 o_t, u64 o_out, u64 o_ws, u64 phase) {
+    double* part = tensor_at<double>(arena, o_ws);
+    if (phase != 0) {
+        const double total = sum_partials(part, C::PARTS);
+        if (threadIdx.x == 0) tensor_at<float>(arena, o_out)[0] = (float)(total == 0.0 ? 1.0 : total);
+        return;
+    }
     const I* tg = tensor_at<I>(arena, o_t);
+    const u64 lo = (u64)blockIdx.x * C::CHUNK, hi = lo + C::CHUNK < C::ROWS ? lo + C::CHUNK : C::ROWS;
     u64 kept = 0;
-    for (u64 r = threadIdx.x; r < C::ROWS; r += blockDim.x) kept += ce_kept<C>(tg[r]) ? 1 : 0;
+    for (u64 r = lo + threadIdx.x; r < hi; r += blockDim.x) kept += ce_kept<C>(tg[r]) ? 1 : 0;
     kept = block_reduce<MemcSum<u64>>(kept);
-    if (threadIdx.x == 0) tensor_at<float>(arena, o_out)[0] = (float)(kept == 0 ? 1 : kept);
+    if (threadIdx.x == 0) part[blockIdx.x] = (double)kept;
 }
 
 // out[0] = mean((a - b)^2); block b of phase 0 sums elements [b * CHUNK, (b + 1) * CHUNK).

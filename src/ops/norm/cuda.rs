@@ -6,7 +6,9 @@
 //! workspace, summed over the chunks in order by a thread per channel).
 
 use crate::codegen::build::{c_bool, c_f32, c_int, c_u64};
-use crate::codegen::geometry::{numel, pow2_block, split, u, FILL_BLOCKS, SMS};
+use crate::codegen::geometry::{
+    numel, pow2_block, slices, split, u, FILL_BLOCKS, SLICE_ELEMENTS, SMS,
+};
 use crate::codegen::launch::{single, two_stage, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel, KernelParam};
@@ -98,23 +100,6 @@ fn backward_input(a: &Args, kind: NormKind, eps: f32) -> Result<Kernel, CodegenE
     ))
 }
 
-/// Most elements of a statistics group one block takes unsplit; a larger group splits into
-/// slices of at most this many when the groups are too few to fill an H100.
-const SLICE_ELEMENTS: u64 = 1024;
-
-/// The slices (count, elements each but the last) each of `groups` statistics groups of
-/// `gsize` elements is split into: one (the whole group) when the groups alone fill an
-/// H100's [`SMS`]; otherwise one per [`SLICE_ELEMENTS`] elements (rounded up), but at most
-/// about [`FILL_BLOCKS`] in all; every slice holds at least one element. A grid of `groups`
-/// times the count is at least `SMS` blocks whenever the groups hold over
-/// `SMS * SLICE_ELEMENTS` elements.
-fn slices(groups: u64, gsize: u64) -> (u64, u64) {
-    if groups >= SMS {
-        return (1, gsize);
-    }
-    split(gsize, SLICE_ELEMENTS, FILL_BLOCKS.div_ceil(groups.max(1)))
-}
-
 /// The workspace of a kernel over `groups` statistics groups of `gsize` elements: four fp32
 /// partials (`norm_partial` in `norm.cu`) per slice when they are split, none otherwise.
 fn slice_workspace(groups: u64, gsize: u64) -> u64 {
@@ -194,25 +179,31 @@ struct ParamGeometry {
 /// The geometry of a weight (`bias` false) or bias gradient over `x`: layer/RMS norm split
 /// the rows into up to [`PARAM_BLOCKS`] chunks, a block each covering every channel;
 /// batch/group norm take a block per channel and sample chunk, about [`PARAM_BLOCKS`] in
-/// all. Each chunk keeps one fp32 partial per channel, but the batch weight gradient four
-/// (its statistics span every chunk: see `batch_weight_partial` in `norm.cu`).
+/// all, or, when channels times samples are too few to fill an H100, a block per channel,
+/// sample and slice of its positions ([`sample_slices`]). Each chunk keeps one fp32 partial
+/// per channel, but the batch weight gradient and the sliced samples four (statistics that
+/// span chunks: see `batch_weight_partial` and `sample_slices_partial` in `norm.cu`).
 fn param_geometry(kind: NormKind, x: &[usize], bias: bool) -> ParamGeometry {
     let ch = u(norm_channels(kind, x));
-    let (grid, block, (chunks, per), cpt) = match kind {
-        NormKind::Layer | NormKind::Rms => {
+    let (nb, s) = (
+        x.first().map_or(0, |&n| u(n)),
+        numel(x.get(2..).unwrap_or(&[])),
+    );
+    let sampled = match kind {
+        NormKind::Batch | NormKind::Group(_) => sample_slices(ch, nb, s),
+        NormKind::Layer | NormKind::Rms => None,
+    };
+    let (grid, block, (chunks, per), cpt) = match (kind, sampled) {
+        (NormKind::Layer | NormKind::Rms, _) => {
             let rows = numel(x).checked_div(ch).unwrap_or(0);
             let block = pow2_block(ch.div_ceil(8), 32, 1024);
             let split = split(rows, 1, PARAM_BLOCKS);
             let cpt = ch.div_ceil(u64::from(block)).max(1);
             ([split.0, 1, 1], block, split, cpt)
         }
-        NormKind::Batch | NormKind::Group(_) => {
-            let most = PARAM_BLOCKS.div_ceil(ch.max(1));
-            let (nb, s) = (
-                x.first().map_or(0, |&n| u(n)),
-                numel(x.get(2..).unwrap_or(&[])),
-            );
-            let split = split(nb, 1, most);
+        (_, Some((p, len))) => ([ch, nb * p, 1], pow2_block(len, 32, 256), (nb * p, 1), 1),
+        (_, None) => {
+            let split = split(nb, 1, PARAM_BLOCKS.div_ceil(ch.max(1)));
             ([ch, split.0, 1], pow2_block(s, 32, 256), split, 1)
         }
     };
@@ -220,20 +211,45 @@ fn param_geometry(kind: NormKind, x: &[usize], bias: bool) -> ParamGeometry {
         NormKind::Layer | NormKind::Rms => (per, 1),
         NormKind::Batch | NormKind::Group(_) => (1, per),
     };
+    let (pslices, plen) = sampled.unwrap_or((1, 1));
     ParamGeometry {
         lines: vec![
             c_u64("CPT", cpt),
             c_u64("RPB", rpb),
             c_u64("NPB", npb),
             c_u64("CHUNKS", chunks),
+            c_bool("SAMPLE_SLICES", sampled.is_some()),
+            c_u64("PSLICES", pslices),
+            c_u64("PLEN", plen),
         ],
         grid,
         block,
         chunks,
         ch,
         cpt,
-        per_channel: 1 + 3 * u64::from(kind == NormKind::Batch && !bias),
+        per_channel: match sampled {
+            Some(_) => 4,
+            None => 1 + 3 * u64::from(kind == NormKind::Batch && !bias),
+        },
     }
+}
+
+/// When a batch or group norm's channels times samples are fewer than an H100's [`SMS`],
+/// the slices each sample of a channel splits into for its weight and bias gradients (count,
+/// positions each): the most, up to about [`FILL_BLOCKS`] blocks in all and slices of at
+/// least [`SLICE_ELEMENTS`] positions, that divide the `s` positions evenly (so that every
+/// statistics group splits into equal slices). `None` when the grid fills without them or no
+/// such count above one exists.
+fn sample_slices(ch: u64, nb: u64, s: u64) -> Option<(u64, u64)> {
+    let units = ch * nb;
+    if units == 0 || units >= SMS {
+        return None;
+    }
+    let most = FILL_BLOCKS.div_ceil(units).min(s / SLICE_ELEMENTS);
+    (2..=most)
+        .rev()
+        .find(|p| s.is_multiple_of(*p))
+        .map(|p| (p, s / p))
 }
 
 /// The weight gradient (inputs x, dy) or, when `bias`, the bias gradient (input dy): two
@@ -375,5 +391,21 @@ mod tests {
             assert_eq!(slices(groups, gsize).0, 1, "{groups} x {gsize}");
             assert_eq!(slice_workspace(groups, gsize), 0);
         }
+    }
+
+    #[test]
+    fn gradients_over_few_channels_and_samples_slice_each_sample() {
+        // The 3-D UNet at batch 1: 32 channels of 64^3 positions in 16 slices each.
+        assert_eq!(sample_slices(32, 1, 64 * 64 * 64), Some((16, 16_384)));
+        let g = param_geometry(NormKind::Group(8), &[1, 32, 64, 64, 64], false);
+        assert_eq!((g.grid, g.chunks, g.per_channel), ([32, 16, 1], 16, 4));
+        assert!(g.grid.iter().product::<u64>() >= SMS);
+        // Enough channels times samples (ResNet-18 at batch 32), too few positions to
+        // slice, or no even split: as before.
+        assert_eq!(sample_slices(64, 32, 112 * 112), None);
+        assert_eq!(sample_slices(3, 1, 1500), None);
+        assert_eq!(sample_slices(2, 1, 10_007), None);
+        let g = param_geometry(NormKind::Batch, &[32, 64, 112, 112], true);
+        assert_eq!((g.grid[1], g.per_channel), (5, 1));
     }
 }

@@ -346,6 +346,57 @@ template <typename C> __device__ __forceinline__ float batch_weight_finish(const
     return r.h * rsqrtf(r.var + C::EPS);
 }
 
+// Batch/group weight and bias when channels times samples are too few to fill an H100
+// (C::SAMPLE_SLICES): block (c, n PSLICES + p) keeps the norm_partial of slice p (C::PLEN
+// positions) of sample n of channel c, at slice index e0 / PLEN of its statistics group g,
+// whose slices are at part[4 (g PER ..)] in element order (PER = GSIZE / PLEN); for a bias x
+// is dy. Phase 1 merges them per channel (sample_slices_finish).
+template <typename C> __device__ __forceinline__ void sample_slice(u64 c, u64 n, u64 p, u64& g, u64& e0) {
+    if (C::KIND == 2) {
+        g = c;
+        e0 = n * C::S + p * C::PLEN;
+    } else {
+        g = n * C::NG + c / C::CPG;
+        e0 = (c % C::CPG) * C::S + p * C::PLEN;
+    }
+}
+
+template <typename T, typename TD, typename C> __device__ __forceinline__ void sample_slices_partial(const T* x, const TD* dy, float* part) {
+    constexpr u64 PER = C::GSIZE / C::PLEN;
+    u64 g = 0, e0 = 0;
+    sample_slice<C>(blockIdx.x, blockIdx.y / C::PSLICES, blockIdx.y % C::PSLICES, g, e0);
+    const TD* none = nullptr;
+    norm_partial<T, TD, TD, C>(x, dy, none, g, e0, e0 + C::PLEN, part + 4 * (g * PER + e0 / C::PLEN));
+}
+
+// Phase 1 for channel c: the batch weight gradient rstd * sum dy (x - mu) from its group's
+// merged slices; the group weight gradient sums that per sample, with the sample's group
+// statistics merged from all its slices and sum dy (x - mu) from channel c's (fp64); a bias
+// sums its slices' sums of dy in order.
+template <typename C> __device__ __forceinline__ float sample_slices_finish(const float* part, u64 c) {
+    constexpr u64 PER = C::GSIZE / C::PLEN;
+    if (C::KIND == 2 && !C::BIAS) {
+        const NormMerged r = norm_merge<C>(part + 4 * c * PER, PER, 4, C::PLEN);
+        return r.h * rsqrtf(r.var + C::EPS);
+    }
+    double s = 0.0;
+    const u64 samples = C::KIND == 2 ? 1 : C::NB, own = C::KIND == 2 ? PER : C::PSLICES;
+    for (u64 n = 0; n < samples; ++n) {
+        u64 g = 0, e0 = 0;
+        sample_slice<C>(c, n, 0, g, e0);
+        const float* q = part + 4 * (g * PER + e0 / C::PLEN);
+        if (C::BIAS) {
+            for (u64 k = 0; k < own; ++k) s += (double)q[4 * k + 2];
+            continue;
+        }
+        const NormMerged r = norm_merge<C>(part + 4 * g * PER, PER, 4, C::PLEN);
+        double h = 0.0;
+        for (u64 k = 0; k < own; ++k) h += (double)q[4 * k + 3] + ((double)q[4 * k] - (double)r.mean) * (double)q[4 * k + 2];
+        s += h * (double)rsqrtf(r.var + C::EPS);
+    }
+    return (float)s;
+}
+
 // The weight (bias: o_x is dy's offset too) gradient.
 template <typename T, typename TD, typename TW, typename C>
 __device__ void norm_backward_param_kernel(char* arena, u64 o_x, u64 o_dy, u64 o_dw, u64 o_ws, u64 phase) {
@@ -355,7 +406,8 @@ __device__ void norm_backward_param_kernel(char* arena, u64 o_x, u64 o_dy, u64 o
         const u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x;
         if (c >= C::CH) return;
         float s = 0.0f;
-        if (batch_weight) s = batch_weight_finish<C>(part, c);
+        if (C::SAMPLE_SLICES) s = sample_slices_finish<C>(part, c);
+        else if (batch_weight) s = batch_weight_finish<C>(part, c);
         else for (u64 k = 0; k < C::CHUNKS; ++k) s += part[k * C::CH + c];
         st(tensor_at<TW>(arena, o_dw), c, s);
         return;
@@ -363,6 +415,7 @@ __device__ void norm_backward_param_kernel(char* arena, u64 o_x, u64 o_dy, u64 o
     const T* x = tensor_at<T>(arena, o_x);
     const TD* dy = tensor_at<TD>(arena, o_dy);
     if (C::KIND <= 1) norm_rows_partial<T, TD, C>(x, dy, part);
+    else if (C::SAMPLE_SLICES) sample_slices_partial<T, TD, C>(x, dy, part);
     else if (batch_weight) batch_weight_partial<T, TD, C>(x, dy, part);
     else norm_channel_partial<T, TD, C>(x, dy, part);
 }

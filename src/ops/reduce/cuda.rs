@@ -1,12 +1,14 @@
 //! CUDA lowering of the broadcast-dim reductions onto `reduce.cu` (sum_to, max_to and the
-//! max_to backward) and of broadcast_to, a strided gather of the movement template.
+//! max_to backward) and of broadcast_to, a strided gather of the movement template. A
+//! reduction to fewer outputs than an H100 has SMs splits each output's elements into
+//! slices, reduced in two stages.
 
-use crate::codegen::build::c_bool;
-use crate::codegen::geometry::{bcast_strides, dims, pow2_block, reduce_cfg};
-use crate::codegen::launch::{templated, Launch};
+use crate::codegen::build::{c_bool, c_u64};
+use crate::codegen::geometry::{bcast_strides, dims, pow2_block, reduce_cfg, slices};
+use crate::codegen::launch::{single, templated, two_stage, Launch};
 use crate::codegen::ops::Args;
-use crate::codegen::{CodegenError, Kernel};
-use crate::ir::Op;
+use crate::codegen::{CodegenError, Kernel, KernelParam};
+use crate::ir::{Op, TensorType};
 use crate::ops::cuda::CudaLowering;
 
 impl super::Family {
@@ -15,7 +17,10 @@ impl super::Family {
 
     /// A `reduce_kernel` of `family` reducing input 0 (shape `x`) onto the dims where `keep`
     /// is true, by sum or (`max`) maximum, into the output's type (fp32 for a widened
-    /// `sum_to`); one block per output element, fixed order.
+    /// `sum_to`); one block per output element, fixed order, or, when the outputs are too
+    /// few to fill an H100 ([`slices`]), two stages: a block per slice of each output's
+    /// elements writes its fp32 partial to the workspace, then a thread per output combines
+    /// its slices in order.
     pub(crate) fn reduce(
         a: &Args,
         family: &'static str,
@@ -24,15 +29,57 @@ impl super::Family {
         max: bool,
     ) -> Result<Kernel, CodegenError> {
         let (mut lines, groups, r) = reduce_cfg(x, keep);
+        let (n, len) = slices(groups, r);
         lines.push(c_bool("MAX", max));
-        Ok(templated(
-            family,
-            &[Self::TEMPLATE],
-            lines,
-            ("reduce_kernel", &[a.ty(0)?, a.out_ty()], 1),
-            Launch::PerBlock(groups, pow2_block(r, 32, 256)),
-        ))
+        lines.push(c_u64("SLICES", n));
+        lines.push(c_u64("SLICE", len));
+        let call = format!(
+            "reduce_kernel<{}, {}, Cfg>(arena, in0, out",
+            a.ty(0)?,
+            a.out_ty()
+        );
+        let params = [KernelParam::Input(0), KernelParam::Output];
+        let files = &[Self::TEMPLATE];
+        let block = pow2_block(len, 32, 256);
+        Ok(match n {
+            1 => single(
+                family,
+                files,
+                lines,
+                format!("{call}, 0, 0)"),
+                &params,
+                Launch::PerBlock(groups, block),
+            ),
+            _ => two_stage(
+                family,
+                files,
+                lines,
+                format!("{call}, ws, phase)"),
+                &params,
+                ([groups * n, 1, 1], block),
+                groups.div_ceil(u64::from(block)),
+            ),
+        })
     }
+}
+
+/// The workspace of a reduction of `x` onto the dims where `keep` is true: an fp32 partial
+/// per slice when [`slices`] splits its outputs, none otherwise.
+fn reduce_workspace(x: &[usize], keep: &[bool]) -> u64 {
+    let (_, groups, r) = reduce_cfg(x, keep);
+    match slices(groups, r) {
+        (1, _) => 0,
+        (n, _) => groups * n * 4,
+    }
+}
+
+/// Which dims of `x` survive reducing to `shape`, which `sum_to` may give with fewer dims
+/// (the leading ones summed away).
+fn summed_to(shape: &[usize], x: &[usize]) -> Vec<bool> {
+    let pad = x.len().saturating_sub(shape.len());
+    (0..x.len())
+        .map(|d| d >= pad && shape[d - pad] == x[d])
+        .collect()
 }
 
 /// Which dims of `x` survive reducing to `to` (same rank): those of equal extent.
@@ -41,15 +88,23 @@ fn kept(to: &[usize], x: &[usize]) -> Vec<bool> {
 }
 
 impl CudaLowering for super::Family {
+    /// A `sum_to` or `max_to` split into slices keeps an fp32 partial per slice there.
+    fn cuda_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], _: &TensorType) -> u64 {
+        let Some(x) = inputs.first() else {
+            return 0;
+        };
+        match op {
+            Op::SumTo { shape, .. } => reduce_workspace(&x.shape, &summed_to(shape, &x.shape)),
+            Op::MaxTo { shape } => reduce_workspace(&x.shape, &kept(shape, &x.shape)),
+            _ => 0,
+        }
+    }
+
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
             Op::SumTo { shape, .. } => {
                 let x = a.at(0)?;
-                let pad = x.shape.len().saturating_sub(shape.len());
-                let keep: Vec<bool> = (0..x.shape.len())
-                    .map(|d| d >= pad && shape[d - pad] == x.shape[d])
-                    .collect();
-                Self::reduce(a, "sum_to", &x.shape, &keep, false)
+                Self::reduce(a, "sum_to", &x.shape, &summed_to(shape, &x.shape), false)
             }
             Op::MaxTo { shape } => {
                 let x = a.at(0)?;
@@ -72,5 +127,26 @@ impl CudaLowering for super::Family {
             }
             _ => Err(a.foreign("reduce")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn few_outputs_of_many_elements_reduce_in_slices() {
+        // 5 column sums of 2,100 rows: 3 slices each, an fp32 partial per slice.
+        assert_eq!(
+            reduce_workspace(&[2100, 5], &summed_to(&[5], &[2100, 5])),
+            60
+        );
+        // GPT-2's bias gradients (768 columns of 8,192 rows) fill an H100 unsplit.
+        assert_eq!(
+            reduce_workspace(&[8, 1024, 768], &summed_to(&[768], &[8, 1024, 768])),
+            0
+        );
+        // A leading dim summed away, the kept one in the middle.
+        assert_eq!(summed_to(&[3, 1], &[2, 3, 4]), vec![false, true, false]);
     }
 }
