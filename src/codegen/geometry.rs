@@ -126,6 +126,15 @@ pub(crate) fn slices(groups: u64, gsize: u64) -> (u64, u64) {
     split(gsize, SLICE_ELEMENTS, FILL_BLOCKS.div_ceil(groups.max(1)))
 }
 
+/// Workspace bytes of a reduction over `groups` groups of `gsize` elements: `per_slice`
+/// bytes for each slice where [`slices`] splits them, none where it does not.
+pub(crate) fn slices_workspace(groups: u64, gsize: u64, per_slice: u64) -> u64 {
+    match slices(groups, gsize) {
+        (1, _) => 0,
+        (n, _) => groups * n * per_slice,
+    }
+}
+
 /// Reduction geometry of `x` onto the dims where `keep` is true: OUT/OST map an output
 /// index to its group base, RSH/RST walk the group. Returns (lines, groups, group size).
 pub(crate) fn reduce_cfg(x: &[usize], keep: &[bool]) -> (Vec<String>, u64, u64) {

@@ -2,7 +2,8 @@
 //! ([`single`]), the common `template<types, Cfg>(arena, in0, .., out)` form ([`templated`]),
 //! and the launch geometries ([`Launch`], [`gemm_launch`]).
 
-use super::build::Gen;
+use super::build::{c_u64, Gen};
+use super::geometry::{pow2_block, slices};
 use super::ops::Args;
 use super::{CodegenError, Kernel, KernelParam};
 
@@ -58,6 +59,46 @@ pub(crate) fn two_stage(
     k.launch(grid, block);
     k.finish_over(finish);
     k.finish()
+}
+
+/// A reduction over `groups` groups of `gsize` elements that [`slices`] splits where the
+/// groups are too few to fill an H100: unsplit, [`single`] with a block of
+/// `pow2_block(gsize, 32, max_block)` threads per group, the workspace and phase passed as 0;
+/// split, [`two_stage`] with a block per slice, then `finish(slices, block)` blocks. `lines`
+/// gain `SLICES` and `SLICE`; `call` is the entry statement without its last two arguments
+/// (`ws`, `phase`) and closing parenthesis.
+pub(crate) fn sliced(
+    (family, files): (&'static str, &[&'static str]),
+    mut lines: Vec<String>,
+    call: String,
+    params: &[KernelParam],
+    (groups, gsize, max_block): (u64, u64, u32),
+    finish: impl Fn(u64, u32) -> u64,
+) -> Kernel {
+    let (n, len) = slices(groups, gsize);
+    lines.push(c_u64("SLICES", n));
+    lines.push(c_u64("SLICE", len));
+    let block = pow2_block(len, 32, max_block);
+    if n == 1 {
+        let launch = Launch::PerBlock(groups, block);
+        return single(
+            family,
+            files,
+            lines,
+            format!("{call}, 0, 0)"),
+            params,
+            launch,
+        );
+    }
+    two_stage(
+        family,
+        files,
+        lines,
+        format!("{call}, ws, phase)"),
+        params,
+        ([groups * n, 1, 1], block),
+        finish(n, block),
+    )
 }
 
 /// The kernel of a step made of library calls and launches of its own stages: `single` with

@@ -7,9 +7,9 @@
 
 use crate::codegen::build::{c_bool, c_f32, c_int, c_u64};
 use crate::codegen::geometry::{
-    numel, pow2_block, slices, split, u, FILL_BLOCKS, SLICE_ELEMENTS, SMS,
+    numel, pow2_block, slices_workspace, split, u, FILL_BLOCKS, SLICE_ELEMENTS, SMS,
 };
-use crate::codegen::launch::{single, two_stage, Launch};
+use crate::codegen::launch::{sliced, two_stage};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel, KernelParam};
 use crate::ir::infer::norm_channels;
@@ -103,54 +103,27 @@ fn backward_input(a: &Args, kind: NormKind, eps: f32) -> Result<Kernel, CodegenE
 /// The workspace of a kernel over `groups` statistics groups of `gsize` elements: four fp32
 /// partials (`norm_partial` in `norm.cu`) per slice when they are split, none otherwise.
 fn slice_workspace(groups: u64, gsize: u64) -> u64 {
-    match slices(groups, gsize) {
-        (1, _) => 0,
-        (n, _) => groups * n * 4 * 4,
-    }
+    slices_workspace(groups, gsize, 4 * 4)
 }
 
 /// A kernel with a block per statistics group (`geometry` = (groups, group size)), or, when
-/// [`slices`] splits the groups, a block per slice in two stages: phase 0 writes each slice's
-/// partial statistics to the workspace, phase 1 merges them, over the same grid, or over a
-/// thread per group when `per_group_finish`. `call` is the entry statement without its last
-/// two arguments (workspace and phase, 0 when unsplit) and closing parenthesis.
+/// the groups are too few to fill an H100, a block per slice in two stages ([`sliced`]): phase 0 writes
+/// each slice's partial statistics to the workspace, phase 1 merges them, over the same grid,
+/// or over a thread per group when `per_group_finish`.
 fn grouped(
     family: &'static str,
-    mut lines: Vec<String>,
+    lines: Vec<String>,
     call: String,
     params: &[KernelParam],
     (groups, gsize): (u64, u64),
     per_group_finish: bool,
 ) -> Kernel {
-    let (n, len) = slices(groups, gsize);
-    lines.push(c_u64("SLICES", n));
-    lines.push(c_u64("SLICE", len));
-    if n == 1 {
-        let launch = Launch::PerBlock(groups, pow2_block(gsize, 32, 512));
-        return single(
-            family,
-            &[TEMPLATE],
-            lines,
-            format!("{call}, 0, 0)"),
-            params,
-            launch,
-        );
-    }
-    let block = pow2_block(len, 32, 512);
-    let finish = if per_group_finish {
-        groups.div_ceil(u64::from(block))
-    } else {
-        groups * n
+    let finish = |n: u64, block: u32| match per_group_finish {
+        true => groups.div_ceil(u64::from(block)),
+        false => groups * n,
     };
-    two_stage(
-        family,
-        &[TEMPLATE],
-        lines,
-        format!("{call}, ws, phase)"),
-        params,
-        ([groups * n, 1, 1], block),
-        finish,
-    )
+    let geometry = (groups, gsize, 512);
+    sliced((family, &[TEMPLATE]), lines, call, params, geometry, finish)
 }
 
 /// Most position chunks of the weight and bias gradients: a block per chunk for layer/RMS
@@ -298,7 +271,7 @@ impl CudaLowering for super::Family {
     /// The weight and bias gradients keep their fp32 partials per position chunk and channel
     /// there (`chunks x channels x 4` bytes, four times that for the batch weight gradient);
     /// the forward, the input gradient and the running statistics four fp32 partials per
-    /// slice when their groups are split ([`slices`]), none otherwise.
+    /// slice when their groups are split (`codegen::geometry::slices`), none otherwise.
     fn cuda_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], _: &TensorType) -> u64 {
         let sliced = |kind, x: Option<&&TensorType>| {
             x.map_or(0, |x| {
@@ -355,6 +328,7 @@ impl CudaLowering for super::Family {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codegen::geometry::slices;
 
     /// Blocks a kernel over `groups` groups of `gsize` elements launches first.
     fn blocks(groups: u64, gsize: u64) -> u64 {

@@ -3,9 +3,9 @@
 //! reduction to fewer outputs than an H100 has SMs splits each output's elements into
 //! slices, reduced in two stages.
 
-use crate::codegen::build::{c_bool, c_u64};
-use crate::codegen::geometry::{bcast_strides, dims, pow2_block, reduce_cfg, slices};
-use crate::codegen::launch::{single, templated, two_stage, Launch};
+use crate::codegen::build::c_bool;
+use crate::codegen::geometry::{bcast_strides, dims, pow2_block, reduce_cfg, slices_workspace};
+use crate::codegen::launch::{sliced, templated, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel, KernelParam};
 use crate::ir::{Op, TensorType};
@@ -18,7 +18,7 @@ impl super::Family {
     /// A `reduce_kernel` of `family` reducing input 0 (shape `x`) onto the dims where `keep`
     /// is true, by sum or (`max`) maximum, into the output's type (fp32 for a widened
     /// `sum_to`); one block per output element, fixed order, or, when the outputs are too
-    /// few to fill an H100 ([`slices`]), two stages: a block per slice of each output's
+    /// few to fill an H100 (`codegen::geometry::slices`), two stages: a block per slice of each output's
     /// elements writes its fp32 partial to the workspace, then a thread per output combines
     /// its slices in order.
     pub(crate) fn reduce(
@@ -29,48 +29,31 @@ impl super::Family {
         max: bool,
     ) -> Result<Kernel, CodegenError> {
         let (mut lines, groups, r) = reduce_cfg(x, keep);
-        let (n, len) = slices(groups, r);
         lines.push(c_bool("MAX", max));
-        lines.push(c_u64("SLICES", n));
-        lines.push(c_u64("SLICE", len));
         let call = format!(
             "reduce_kernel<{}, {}, Cfg>(arena, in0, out",
             a.ty(0)?,
             a.out_ty()
         );
         let params = [KernelParam::Input(0), KernelParam::Output];
-        let files = &[Self::TEMPLATE];
-        let block = pow2_block(len, 32, 256);
-        Ok(match n {
-            1 => single(
-                family,
-                files,
-                lines,
-                format!("{call}, 0, 0)"),
-                &params,
-                Launch::PerBlock(groups, block),
-            ),
-            _ => two_stage(
-                family,
-                files,
-                lines,
-                format!("{call}, ws, phase)"),
-                &params,
-                ([groups * n, 1, 1], block),
-                groups.div_ceil(u64::from(block)),
-            ),
-        })
+        let finish = |_, block: u32| groups.div_ceil(u64::from(block));
+        let files = (family, &[Self::TEMPLATE][..]);
+        Ok(sliced(
+            files,
+            lines,
+            call,
+            &params,
+            (groups, r, 256),
+            finish,
+        ))
     }
 }
 
 /// The workspace of a reduction of `x` onto the dims where `keep` is true: an fp32 partial
-/// per slice when [`slices`] splits its outputs, none otherwise.
+/// per slice when `codegen::geometry::slices` splits its outputs, none otherwise.
 fn reduce_workspace(x: &[usize], keep: &[bool]) -> u64 {
     let (_, groups, r) = reduce_cfg(x, keep);
-    match slices(groups, r) {
-        (1, _) => 0,
-        (n, _) => groups * n * 4,
-    }
+    slices_workspace(groups, r, 4)
 }
 
 /// Which dims of `x` survive reducing to `shape`, which `sum_to` may give with fewer dims
