@@ -101,12 +101,14 @@ pub(crate) fn grouped_if_no_higher(
 /// launches and a pass over its operands (the CPU backend keeps the pairs apart, each op
 /// giving the merged op's bits). First the fused loss head's two backward ops, one op that
 /// computes each tile's logits once (`passes::lce_merge`; a pair whose weight gradient is
-/// itself a parameter's gradient is left apart: that buffer is the update's); then each
+/// itself a parameter's gradient is left apart: that buffer is the update's); then, but not
+/// where the step copies to the host or pages (`offload`, `unified`), each layer or RMS
+/// norm's gradients, one `norm_backward` (`passes::norm_backward_merge`), and each
 /// activation backward recomputes beside its gradient, one `unary_pair`
-/// (`passes::unary_pairs`), but not where the step copies to the host or pages (`offload`,
-/// `unified`): the pair's longer lives leave the copies less compute to hide behind and
-/// the pages more to fault (GPT-2 small bf16: 3.5 ms more on the H100 estimate with the
-/// activations offloaded, 64 more faults a step at 3 GiB unified). Each is weighed on the
+/// (`passes::unary_pairs`): their longer lives leave the copies less compute to hide behind
+/// and the pages more to fault (GPT-2 small bf16: 3.5 ms more on the H100 estimate with the
+/// activations offloaded, 64 more faults a step at 3 GiB unified for the pairs, 17 for the
+/// norms, whose input gradients live on to the update that reads their bias gradients). Each is weighed on the
 /// graph the one before left. `clones` follow their values.
 pub(crate) fn pairs_merged_if_no_higher(
     graph: Graph,
@@ -114,7 +116,7 @@ pub(crate) fn pairs_merged_if_no_higher(
     (target, train): (Target, Option<&TrainSpec>),
     options: &BuildOptions,
 ) -> Result<(Graph, Vec<(ValueId, ValueId)>), StageError> {
-    use crate::passes::{lce_merge, unary_pairs};
+    use crate::passes::{lce_merge, norm_backward_merge, unary_pairs};
     if !matches!(target, Target::Cuda { .. }) {
         return Ok((graph, clones));
     }
@@ -130,6 +132,14 @@ pub(crate) fn pairs_merged_if_no_higher(
     if moves {
         return Ok((graph, clones));
     }
+    let norms = |g: &Graph| {
+        let groups = norm_backward_merge::groups(g);
+        match groups.is_empty() {
+            true => Ok(None),
+            false => norm_backward_merge::run(g, &groups).map(Some),
+        }
+    };
+    let (graph, clones, peak) = merged_if_no_higher((graph, clones, peak), target, options, norms)?;
     let activations = |g: &Graph| {
         let pairs = unary_pairs::pairs(g);
         match pairs.is_empty() {

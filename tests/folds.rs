@@ -44,12 +44,14 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
     let packed_backward = count(&|s| matches!(s.op, Op::PackedAttentionBackward(_)));
     assert_eq!(packed_backward, layers);
     assert_eq!(count(&|s| matches!(s.op, Op::AttentionBackward { .. })), 0);
-    // Bias gradients: fp32 sums, and no cast reads a sum.
+    // Bias gradients: fp32 sums, and no cast reads a sum. The qkv and fc biases' are their
+    // own steps; the proj and fc_proj biases' are summed by the norm gradient below them on
+    // the residual stream (`norm_backward`, counted below).
     let wide_sums = count(&|s| {
         matches!(s.op, Op::SumTo { f32_out: true, .. })
             && s.output.as_ref().map(dtype) == Some(DType::F32)
     });
-    assert_eq!(wide_sums, 4 * layers, "qkv, proj, fc and fc_proj biases");
+    assert_eq!(wide_sums, 2 * layers, "qkv and fc biases");
     let cast_of = |s: &memc::plan::Step, what: fn(&Op) -> bool| {
         matches!(s.op, Op::Cast { .. }) && s.inputs.first().and_then(producer).is_some_and(what)
     };
@@ -141,16 +143,45 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
             && (s.inputs.iter()).any(|b| producer(b) == Some(&Op::Cast { to: DType::F32 }))
     };
     assert_eq!(count(&widened), 0);
-    // Each layer norm's input gradient takes in the residual gradient passed down the stream
-    // (two a layer: the final norm's has nothing to add), and no add reads one.
-    let accumulating =
-        |s: &memc::plan::Step| matches!(s.op, Op::NormBackwardInput { .. }) && s.inputs.len() == 4;
-    assert_eq!(count(&accumulating), 2 * layers);
+    // Each layer norm's gradients are one op (input, weight and bias, `norm_backward`), whose
+    // input gradient takes in the residual gradient passed down the stream (two a layer: the
+    // final norm's has nothing to add); no add reads one, and its gradients are views of its
+    // output. Each but the first layer's first also sums its input gradient cast to bf16:
+    // the bias gradient of the linear layer below it on the residual stream.
+    let norm_grads = |s: &memc::plan::Step| matches!(s.op, Op::NormBackward { bias: true, .. });
+    let accumulating = |s: &memc::plan::Step| norm_grads(s) && s.inputs.len() == 4;
+    assert_eq!(
+        (count(&norm_grads), count(&accumulating)),
+        (2 * layers + 1, 2 * layers)
+    );
+    let apart = |s: &memc::plan::Step| {
+        matches!(
+            s.op,
+            Op::NormBackwardInput { .. } | Op::NormBackwardWeight { .. }
+        )
+    };
+    assert_eq!(count(&apart), 0);
     let add_of_norm_gradient = |s: &memc::plan::Step| {
         matches!(s.op, Op::Binary(memc::ir::BinaryFn::Add))
-            && (s.inputs.iter()).any(|b| matches!(producer(b), Some(Op::NormBackwardInput { .. })))
+            && (s.inputs.iter()).any(|b| matches!(producer(b), Some(Op::NormBackward { .. })))
     };
     assert_eq!(count(&add_of_norm_gradient), 0);
+    let norm_views = |s: &memc::plan::Step| {
+        matches!(s.op, Op::Member { .. })
+            && (s.inputs.iter()).any(|b| matches!(producer(b), Some(Op::NormBackward { .. })))
+            && !plan.launches(s)
+    };
+    let summed = |s: &memc::plan::Step| {
+        matches!(
+            s.op,
+            Op::NormBackward {
+                sum: Some(DType::BF16),
+                ..
+            }
+        )
+    };
+    assert_eq!(count(&summed), 2 * layers);
+    assert_eq!(count(&norm_views), 3 * (2 * layers + 1) + 2 * layers);
     // Backward reads each saved attention output reshaped for the projection's weight
     // gradient as a view of it: no reshape launches a copy.
     let copies = count(&|s| matches!(s.op, Op::Reshape { .. }) && plan.launches(s));
@@ -200,6 +231,8 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
     let cpu_plan = cpu.plan.plan();
     let apart = (cpu_plan.steps.iter()).filter(|s| head_backward(s) && !merged(s));
     assert_eq!(apart.count(), 2);
+    let norms = (cpu_plan.steps.iter()).filter(|s| matches!(s.op, Op::NormBackward { .. }));
+    assert_eq!(norms.count(), 0);
 }
 
 /// Updating after backward, every gradient is live until the updates anyway: each block

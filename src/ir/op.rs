@@ -117,6 +117,20 @@ pub enum Op {
     NormBackwardWeight { kind: NormKind, eps: f32 },
     /// `(dy) -> dbias`.
     NormBackwardBias { kind: NormKind },
+    /// `(x, weight, dy[, g]) -> [dx | dweight | dbias | dsum]`: a layer or RMS norm's input,
+    /// weight and (`bias`) bias gradients in one pass over the rows, flat, each read through
+    /// an [`Op::Member`] view at its offset of [`crate::ops::norm::GradsLayout`]; with `g`,
+    /// `dx` is `g` plus the input gradient, as [`Op::NormBackwardInput`] of four inputs;
+    /// with `sum = Some(t)`, also `dsum`, the sum over the rows of `dx` rounded to `t` (the
+    /// bias gradient of a linear layer whose output `dx` is the gradient of, read through a
+    /// cast to `t`), as `sum_to` of that cast (`passes::norm_backward_merge`).
+    NormBackward {
+        kind: NormKind,
+        eps: f32,
+        bias: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sum: Option<DType>,
+    },
     /// `(running_mean[C], running_var[C], x[N, C, ...]) -> ()`: batch norm's running
     /// statistics moved towards `x`'s per-channel mean and unbiased variance, in place, as
     /// `torch.nn.BatchNorm` in training mode: `r = (1 - momentum) * r + momentum * batch`.
@@ -410,6 +424,7 @@ impl Op {
             NormBackwardInput { .. } => "norm_backward_input",
             NormBackwardWeight { .. } => "norm_backward_weight",
             NormBackwardBias { .. } => "norm_backward_bias",
+            NormBackward { .. } => "norm_backward",
             BatchNormStats { .. } => "batch_norm_stats",
             Embedding { .. } => "embedding",
             EmbeddingBackward { .. } => "embedding_backward",

@@ -74,6 +74,7 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         Op::Norm { .. }
         | Op::NormBackwardInput { .. }
         | Op::NormBackwardWeight { .. }
+        | Op::NormBackward { .. }
         | Op::NormBackwardBias { .. }
         | Op::BatchNormStats { .. } => &norm::Family,
         Op::Embedding { .. } | Op::EmbeddingBackward { .. } => &embedding::Family,

@@ -13,6 +13,7 @@ pub mod liveness;
 pub mod lora;
 pub mod megatron;
 pub mod norm_accumulate;
+pub mod norm_backward_merge;
 pub mod offload_activations;
 pub mod optimizer;
 pub mod packed_attention;

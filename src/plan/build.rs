@@ -29,6 +29,20 @@ pub struct BuildOptions {
     pub pipeline: Option<crate::passes::pipeline::order::OneFOneB>,
 }
 
+/// The bytes of parameter gradients that are views of a buffer of another class (members
+/// of a merged op's output, `views::roots`), which the sums over roots leave out.
+fn gradient_members(buffers: &[Buffer]) -> u64 {
+    let class = |b: BufferId| buffers.get(b.index()).map(|r| r.class);
+    (buffers.iter())
+        .filter(|b| b.class == BufferClass::Gradient && b.tier.is_device())
+        .filter(|b| {
+            b.view_of
+                .is_some_and(|r| class(r) != Some(BufferClass::Gradient))
+        })
+        .map(|b| b.bytes)
+        .sum()
+}
+
 fn name_of(
     graph: &Graph,
     v: ValueId,
@@ -460,7 +474,7 @@ fn report(
         trainable_param_count: count(true),
         bytes: Bytes {
             params: sum(BufferClass::Param),
-            grads: sum(BufferClass::Gradient),
+            grads: sum(BufferClass::Gradient) + gradient_members(buffers),
             optimizer: sum(BufferClass::OptimState),
             activations: buffers
                 .iter()

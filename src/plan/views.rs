@@ -9,7 +9,9 @@
 //! bound from outside), nothing writes the root in place, and both hold the same kind of
 //! bytes (the same buffer class, so the report's parts add up as before), or the view is a
 //! temporary over a saved activation (a backward step reading the activation reshaped: the
-//! bytes stay the activation's, and the temporary copy it replaces is gone).
+//! bytes stay the activation's, and the temporary copy it replaces is gone), or a
+//! parameter's gradient that is a member of a temporary (a merged op's output, such as a
+//! norm's input and weight gradients: the report counts the member's bytes as gradients).
 
 use super::BufferClass;
 use crate::ir::{Graph, Op, ValueId};
@@ -43,8 +45,10 @@ pub fn roots(graph: &Graph, class: impl Fn(ValueId) -> BufferClass) -> Vec<Optio
         let r = root[input.index()].unwrap_or(input);
         let source = graph.node(r).op.class() == crate::ir::OpClass::Source;
         let kinds = (class(r), class(v));
-        let shared =
-            kinds.0 == kinds.1 || kinds == (BufferClass::Activation, BufferClass::Temporary);
+        let member = matches!(node.op, Op::Member { .. });
+        let shared = kinds.0 == kinds.1
+            || kinds == (BufferClass::Activation, BufferClass::Temporary)
+            || (member && kinds == (BufferClass::Temporary, BufferClass::Gradient));
         if !source && !written_in_place[r.index()] && shared {
             root[v.index()] = Some(r);
         }

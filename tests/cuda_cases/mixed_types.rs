@@ -2,8 +2,9 @@
 //! fp32 operand (type promotion, as the residual adds of a mixed-precision step read their
 //! 16-bit branch: the result is fp32, each operand read in its own type, either one the
 //! narrow one, broadcast or not), cast groups (fp32 parameters cast to 16 bits into one
-//! packed output through the tensor table), and norm input gradients that add a residual
-//! gradient of another type as they store (`passes::norm_accumulate`).
+//! packed output through the tensor table), norm input gradients that add a residual
+//! gradient of another type as they store (`passes::norm_accumulate`), and merged norm
+//! gradients summing the input gradient rounded to a narrower type.
 
 use super::{output, t, KernelCase};
 use memc::codegen::kernel_for;
@@ -96,6 +97,39 @@ pub fn accumulated_norm_cases() -> Vec<KernelCase> {
             let op = Op::NormBackwardInput { kind, eps };
             let label = format!("{name}_norm_bwd_in_accumulated/{residual}");
             out.push(case(label, residual, op, inputs));
+        }
+    }
+    out
+}
+
+/// A norm's merged gradients over fp32 rows summing the input gradient rounded to f16 or
+/// bf16, as the mixed-precision step's linear bias gradients read it (`norm_backward`): a
+/// layer norm with its bias gradient, 300 rows of 128 in chunks of 2 rows; an RMS norm
+/// adding a residual gradient, 7 rows of 384.
+pub fn summed_norm_cases() -> Vec<KernelCase> {
+    let mut out = Vec::new();
+    for narrow in [DType::F16, DType::BF16] {
+        for (name, kind, bias, rows, ch) in [
+            ("layer", NormKind::Layer, true, 300, 128),
+            ("rms", NormKind::Rms, false, 7, 384),
+        ] {
+            let mut inputs = vec![t(DType::F32, &[rows, ch]), t(DType::F32, &[ch])];
+            inputs.push(t(DType::F32, &[rows, ch]));
+            if kind == NormKind::Rms {
+                inputs.push(t(DType::F32, &[rows, ch]));
+            }
+            let op = Op::NormBackward {
+                kind,
+                eps: 1e-5,
+                bias,
+                sum: Some(narrow),
+            };
+            out.push(case(
+                format!("{name}_norm_bwd_summed/{narrow}"),
+                narrow,
+                op,
+                inputs,
+            ));
         }
     }
     out

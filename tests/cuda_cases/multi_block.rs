@@ -132,6 +132,43 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             },
             vec![f(&[2, 3000]), f(&[3000]), f(&[2, 3000])],
         ),
+        // A norm's gradients in one pass (`norm_backward`). A layer norm's input, weight and
+        // bias gradients and the sum of its input gradient rounded to fp16 (not a coarser
+        // type than the case's, which would round twice), 300 rows of 128 channels in 150
+        // chunks of 2 rows, 4 channels a thread; the same without the sum over 150 rows; an
+        // RMS norm's input gradient adding a residual gradient and its weight gradient, over
+        // 7 rows of 384 channels, 6 a thread. Every gradient starts right after the one
+        // before in every type (no gap to compare).
+        (
+            "layer_norm_bwd_all",
+            Op::NormBackward {
+                kind: NormKind::Layer,
+                eps: 1e-5,
+                bias: true,
+                sum: Some(DType::F16),
+            },
+            vec![f(&[300, 128]), f(&[128]), f(&[300, 128])],
+        ),
+        (
+            "layer_norm_bwd_all_unsummed",
+            Op::NormBackward {
+                kind: NormKind::Layer,
+                eps: 1e-5,
+                bias: true,
+                sum: None,
+            },
+            vec![f(&[150, 128]), f(&[128]), f(&[150, 128])],
+        ),
+        (
+            "rms_norm_bwd_all_acc",
+            Op::NormBackward {
+                kind: NormKind::Rms,
+                eps: 1e-6,
+                bias: false,
+                sum: None,
+            },
+            vec![f(&[7, 384]), f(&[384]), f(&[7, 384]), f(&[7, 384])],
+        ),
         // Channels times samples too few to fill an H100: each sample's positions in equal
         // slices (`norm::cuda::sample_slices`). Batch: 2 samples x 3 channels of 2,048 in 2
         // slices; group: 2 samples x 4 channels (2 groups) of 3,072 in 3 slices.

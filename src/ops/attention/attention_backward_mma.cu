@@ -1,16 +1,16 @@
 //! FlashAttention-2's backward on tensor cores for 16-bit operands (after `attention.cu`,
-//! `mma.cu` and `attention_mma.cu`), one op per gradient (C::WHICH: 0 dq, 1 dk, 2 dv) in two
-//! launches, or the packed op's three in four, or three with dk and dv together (C::DKV)
-//! (`packed_attention_backward_mma_kernel`), 128
-//! threads a block, no scores in memory:
+//! `mma.cu` and `attention_mma.cu`), one op per gradient (C::WHICH: 0 dq in one launch, 1 dk
+//! and 2 dv in two), or the packed op's three in three, or two with dk and dv together
+//! (C::DKV) (`packed_attention_backward_mma_kernel`), 128 threads a block, no scores in
+//! memory:
 //! - phase 0, the row statistics (grid (ceil(TQ / 64), H, B), as the forward): one online pass
 //!   over the keys each row sees gives its log-sum-exp L = m + log l of the scaled, capped,
 //!   masked scores (+inf for a row that sees no key) and, for dq and dk, D = sum_j p_j dp_j
 //!   with dp = dout v^T (which is dout . out); fp32 in the workspace, [B, H, TQ] L at byte 0,
-//!   D at byte C::DOFF;
-//! - phase 1, the gradient from p = exp(s - L) and ds = SCALE p (dp - D) (times the cap's
-//!   slope 1 - (cap(s) / SOFTCAP)^2): dq per 64 query rows of a head over the key tiles they
-//!   see, dq = sum_j ds_j k_j; dk or dv per 64 keys of a kv head (grid (ceil(TK / 64), KVH, B))
+//!   D at byte C::DOFF. dq's block then goes on to the gradient of the same rows;
+//! - the gradient from p = exp(s - L) and ds = SCALE p (dp - D) (times the cap's slope
+//!   1 - (cap(s) / SOFTCAP)^2): dq (in phase 0) per 64 query rows of a head over the key
+//!   tiles they see, dq = sum_j ds_j k_j; dk or dv (phase 1) per 64 keys of a kv head (grid (ceil(TK / 64), KVH, B))
 //!   over its group's query heads and the C::BK-row query tiles that see the keys,
 //!   dv = sum_i p_i dout_i, dk = sum_i ds_i q_i. With C::QSPLIT > 1 (dk or dv over keys too
 //!   few to fill the GPU) each 64 keys take QSPLIT blocks, each over its share of the query
@@ -260,11 +260,14 @@ __device__ void attention_backward_mma_kernel(char* arena, u64 o_q, u64 o_k, u64
     char* ws = arena + o_ws;
     if (phase == 0) {
         attb_mma_stats<T, C, C::WHICH != 2>(arena, o_q, o_k, o_v, o_dout, o_mask, ws, sh);
+        // dq's rows are the statistics' rows: the block goes on to them.
+        if constexpr (C::WHICH == 0) {
+            __syncthreads();
+            attb_mma_dq<T, C>(arena, o_q, o_k, o_v, o_dout, o_mask, o_out, ws, sh);
+        }
     } else if (phase == 2) {
         attb_dkv_finish<T, C>(arena, o_out, ws);
-    } else if constexpr (C::WHICH == 0) {
-        attb_mma_dq<T, C>(arena, o_q, o_k, o_v, o_dout, o_mask, o_out, ws, sh);
-    } else {
+    } else if constexpr (C::WHICH != 0) {
         attb_mma_dkv<T, C, C::WHICH == 1, C::WHICH == 2>(arena, o_q, o_k, o_v, o_dout, o_mask, o_out, o_out, ws, sh);
     }
 }
@@ -277,16 +280,18 @@ __device__ void attention_backward_mma_kernel(char* arena, u64 o_q, u64 o_k, u64
 
 // The packed backward: q, k and v are the column blocks of x at o_x, and dq, dk, dv those of
 // dx at o_out (C::QROW = C::KVROW = their row). Phase 0 the statistics with D, once for all
-// three; 1 dq (grid (ceil(TQ / 64), H, B)); 2 dk and 3 dv (grid (ceil(TK / 64), KVH, B)),
-// or with C::DKV both in phase 2.
+// three, then dq over the same rows (grid (ceil(TQ / 64), H, B)); 2 dk and 3 dv (grid
+// (ceil(TK / 64), KVH, B)), or with C::DKV both in phase 2.
 template <typename T, typename C>
 __device__ void packed_attention_backward_mma_kernel(char* arena, u64 o_x, u64 o_dout, u64 o_mask, u64 o_out, u64 o_ws, u64 phase, u64) {
     ATTB_SHARED;
     char* ws = arena + o_ws;
     const u64 o_k = attn_k_at<T, C>(o_x), o_v = attn_v_at<T, C>(o_x);
-    if (phase == 0) attb_mma_stats<T, C, true>(arena, o_x, o_k, o_v, o_dout, o_mask, ws, sh);
-    else if (phase == 1) attb_mma_dq<T, C>(arena, o_x, o_k, o_v, o_dout, o_mask, o_out, ws, sh);
-    else if (phase == 2) attb_mma_dkv<T, C, true, C::DKV>(arena, o_x, o_k, o_v, o_dout, o_mask, attn_k_at<T, C>(o_out), attn_v_at<T, C>(o_out), ws, sh);
+    if (phase == 0) {
+        attb_mma_stats<T, C, true>(arena, o_x, o_k, o_v, o_dout, o_mask, ws, sh);
+        __syncthreads();
+        attb_mma_dq<T, C>(arena, o_x, o_k, o_v, o_dout, o_mask, o_out, ws, sh);
+    } else if (phase == 2) attb_mma_dkv<T, C, true, C::DKV>(arena, o_x, o_k, o_v, o_dout, o_mask, attn_k_at<T, C>(o_out), attn_v_at<T, C>(o_out), ws, sh);
     else attb_mma_dkv<T, C, false, true>(arena, o_x, o_k, o_v, o_dout, o_mask, 0, attn_v_at<T, C>(o_out), ws, sh);
 }
 

@@ -1,9 +1,10 @@
 //! CUDA lowering of attention's backward on tensor cores (`attention_backward_mma.cu`) for
-//! the operands [`super::cuda::on_tensor_cores`] accepts: two launches of the step's own
-//! kernel, the rows' statistics then the gradient, with the statistics (fp32 log-sum-exp and,
-//! for dq and dk, `D`, one of each per query row and head) as the step's workspace. The packed
-//! backward computes the statistics with `D` once, then dq, then dk and dv: three launches
-//! up to a head dim of 64 (dk and dv together), four beyond.
+//! the operands [`super::cuda::on_tensor_cores`] accepts: the rows' statistics then the
+//! gradient, with the statistics (fp32 log-sum-exp and, for dq and dk, `D`, one of each per
+//! query row and head) as the step's workspace; dq in one launch (each block's query rows
+//! are the rows whose statistics it computes), dk and dv in two. The packed backward
+//! computes the statistics with `D` and dq in one launch, then dk and dv: two launches up to
+//! a head dim of 64 (dk and dv together), three beyond.
 
 use crate::codegen::build::c_u64;
 use crate::codegen::gemm::Call;
@@ -122,8 +123,8 @@ fn lower(
 }
 
 /// The kernel and its launches for the gradient of `which`: the statistics, then the
-/// gradient, then, for dk or dv split over query tiles ([`dkv_splits`]), the sum of the
-/// splits' partials.
+/// gradient (dq in the statistics' launch, its blocks' rows being theirs), then, for dk or
+/// dv split over query tiles ([`dkv_splits`]), the sum of the splits' partials.
 pub(super) fn attention_backward_mma(
     a: &Args,
     p: &AttnParams,
@@ -147,11 +148,10 @@ pub(super) fn attention_backward_mma(
     ];
     let ws = workspace_bytes(&[a.at(0)?, a.at(1)?], p, which);
     lower(a, p, entry, (lines, ws), |s| {
-        let gradient = match which {
-            AttnInput::Q => (1, s.tq.div_ceil(BLOCK_ROWS), s.h),
-            AttnInput::K | AttnInput::V => (1, s.tk.div_ceil(BLOCK_ROWS) * splits, s.kvh),
-        };
-        let mut launches = vec![(0, s.tq.div_ceil(BLOCK_ROWS), s.h), gradient];
+        let mut launches = vec![(0, s.tq.div_ceil(BLOCK_ROWS), s.h)];
+        if which != AttnInput::Q {
+            launches.push((1, s.tk.div_ceil(BLOCK_ROWS) * splits, s.kvh));
+        }
         if splits > 1 {
             launches.push((2, (s.tk * s.dh).div_ceil(128), s.kvh));
         }
@@ -164,9 +164,9 @@ pub(super) fn attention_backward_mma(
 /// keys' and values' fragments fit a thread's registers up to here without spilling.
 const DKV_TOGETHER_MAX_DH: u64 = 64;
 
-/// The packed backward's kernel and its launches: the statistics with `D`, then dq, then dk
-/// and dv into their blocks of `dx`, together in one launch up to
-/// [`DKV_TOGETHER_MAX_DH`] (three launches), else one each (four).
+/// The packed backward's kernel and its launches: the statistics with `D` and dq in one,
+/// then dk and dv into their blocks of `dx`, together in one launch up to
+/// [`DKV_TOGETHER_MAX_DH`] (two launches), else one each (three).
 pub(super) fn packed_attention_backward_mma(
     a: &Args,
     p: &AttnParams,
@@ -184,7 +184,7 @@ pub(super) fn packed_attention_backward_mma(
     ];
     lower(a, p, entry, (lines, ws), |s| {
         let (rows, keys) = (s.tq.div_ceil(BLOCK_ROWS), s.tk.div_ceil(BLOCK_ROWS));
-        let mut launches = vec![(0, rows, s.h), (1, rows, s.h), (2, keys, s.kvh)];
+        let mut launches = vec![(0, rows, s.h), (2, keys, s.kvh)];
         if !together {
             launches.push((3, keys, s.kvh));
         }

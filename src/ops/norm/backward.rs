@@ -38,6 +38,7 @@ impl Backward for super::Family {
             Op::NormBackwardInput { .. }
             | Op::NormBackwardWeight { .. }
             | Op::NormBackwardBias { .. }
+            | Op::NormBackward { .. }
             | Op::BatchNormStats { .. } => Err(cx.not_forward(op)),
             _ => Err(cx.foreign(op, "norm")),
         }

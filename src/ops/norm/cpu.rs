@@ -4,6 +4,7 @@
 mod kernels;
 
 use crate::exec::cpu::CpuStep;
+use crate::exec::lowp::round;
 use crate::exec::ExecError;
 use crate::ir::{Op, TensorType};
 use crate::ops::cpu::{foreign_op, CpuKernel};
@@ -25,6 +26,34 @@ impl CpuKernel for super::Family {
             }
             Op::NormBackwardWeight { kind, eps } => {
                 kernels::norm_backward_weight(*kind, *eps, x(0), s, x(1), step.output())
+            }
+            Op::NormBackward {
+                kind,
+                eps,
+                bias,
+                sum,
+            } => {
+                let (rows, ch) = (x(0).len() / x(1).len().max(1), x(1).len());
+                let e = step.dtype(0).size();
+                let at = super::GradsLayout::new(rows as u64, ch as u64, e, *bias, sum.is_some());
+                let out = step.output();
+                out.fill(0.0);
+                let (dx, grads) = out.split_at_mut(rows * ch);
+                let region = |at: u64| at as usize - rows * ch;
+                kernels::norm_backward_input(*kind, *eps, x(0), s, x(1), x(2), dx);
+                if step.input_count() > 3 {
+                    kernels::accumulate(dx, x(3));
+                }
+                let (w, b) = (region(at.weight), region(at.bias));
+                kernels::norm_backward_weight(*kind, *eps, x(0), s, x(2), &mut grads[w..w + ch]);
+                if *bias {
+                    kernels::norm_backward_bias(*kind, x(2), s, &mut grads[b..b + ch]);
+                }
+                if let Some(t) = sum {
+                    let rounded: Vec<f32> = dx.iter().map(|&v| round(*t, v)).collect();
+                    let d = region(at.sum);
+                    kernels::norm_backward_bias(*kind, &rounded, s, &mut grads[d..d + ch]);
+                }
             }
             Op::NormBackwardBias { kind } => {
                 kernels::norm_backward_bias(*kind, x(0), s, step.output())

@@ -7,13 +7,13 @@
 
 use crate::codegen::build::{c_bool, c_f32, c_int, c_u64};
 use crate::codegen::geometry::{
-    numel, pow2_block, slices_workspace, split, u, FILL_BLOCKS, SLICE_ELEMENTS, SMS,
+    numel, pow2_block, slices, slices_workspace, split, u, FILL_BLOCKS, SLICE_ELEMENTS, SMS,
 };
 use crate::codegen::launch::{sliced, two_stage};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel, KernelParam};
 use crate::ir::infer::norm_channels;
-use crate::ir::{NormKind, Op, TensorType};
+use crate::ir::{DType, NormKind, Op, TensorType};
 use crate::ops::cuda::CudaLowering;
 
 /// `norm.cu`: the layer / RMS / batch / group norm forward and input and weight backwards.
@@ -267,6 +267,66 @@ fn backward_param(a: &Args, kind: NormKind, eps: f32, bias: bool) -> Result<Kern
     ))
 }
 
+/// The layer or RMS norm's gradients in one pass ([`Op::NormBackward`]): the weight
+/// gradient's row chunks and block ([`param_geometry`]), each block storing its rows' input
+/// gradients and keeping fp32 partials per channel of the weight gradient, the bias
+/// gradient (`bias`) and the sum of the input gradient rounded to `sum` in the workspace,
+/// then a thread per channel summing each in chunk order.
+fn backward_all(
+    a: &Args,
+    (kind, eps): (NormKind, f32),
+    bias: bool,
+    sum: Option<DType>,
+) -> Result<Kernel, CodegenError> {
+    let x = a.at(0)?;
+    let (mut lines, rows, ch) = norm_cfg(kind, eps, &x.shape, false);
+    let g = param_geometry(kind, &x.shape, false);
+    if g.cpt > MAX_CPT {
+        return Err(a.unsupported(format!("{ch} channels exceed {} per block", MAX_CPT * 1024)));
+    }
+    let at = super::GradsLayout::new(rows, ch, x.dtype.size(), bias, sum.is_some());
+    let acc = a.inputs.len() == 4;
+    lines.extend(g.lines);
+    lines.extend([
+        c_bool("BIAS", bias),
+        c_bool("SUM", sum.is_some()),
+        c_bool("ACC", acc),
+        c_u64("DW_AT", at.weight),
+        c_u64("DB_AT", at.bias),
+        c_u64("DS_AT", at.sum),
+    ]);
+    let (acc_in, tg) = match acc {
+        true => ("in3", a.ty(3)?),
+        false => ("in2", a.ty(2)?),
+    };
+    let ts = crate::codegen::ctype(sum.unwrap_or(DType::F32));
+    let call = format!(
+        "norm_backward_kernel<{}, {}, {}, {tg}, {ts}, Cfg>(arena, in0, in1, in2, {acc_in}, out, ws, phase)",
+        a.ty(0)?,
+        a.ty(1)?,
+        a.ty(2)?,
+    );
+    let mut params: Vec<KernelParam> = (0..a.inputs.len()).map(KernelParam::Input).collect();
+    params.push(KernelParam::Output);
+    Ok(two_stage(
+        "norm_backward",
+        &[TEMPLATE],
+        lines,
+        call,
+        &params,
+        (g.grid, g.block),
+        ch.div_ceil(u64::from(g.block)),
+    ))
+}
+
+/// Whether [`Op::NormBackward`] over `rows` rows of `ch` channels fills an H100 as the input
+/// gradient alone would: it takes whole rows, so it may only where [`slices`] leaves the
+/// input gradient's rows whole. Then either the rows number at least [`SMS`] (and so do
+/// their chunks, up to [`PARAM_BLOCKS`] of them), or the tensor is too small to need it.
+pub fn merged_backward_fills(rows: u64, ch: u64) -> bool {
+    slices(rows, ch).0 == 1
+}
+
 impl CudaLowering for super::Family {
     /// The weight and bias gradients keep their fp32 partials per position chunk and channel
     /// there (`chunks x channels x 4` bytes, four times that for the batch weight gradient);
@@ -286,6 +346,15 @@ impl CudaLowering for super::Family {
             Op::BatchNormStats { .. } => return sliced(NormKind::Batch, inputs.get(2)),
             Op::NormBackwardWeight { kind, .. } => (*kind, false),
             Op::NormBackwardBias { kind } => (*kind, true),
+            Op::NormBackward {
+                kind, bias, sum, ..
+            } => {
+                return inputs.first().map_or(0, |x| {
+                    let g = param_geometry(*kind, &x.shape, false);
+                    let sums = 1 + u64::from(*bias) + u64::from(sum.is_some());
+                    g.chunks * g.ch * sums * 4
+                })
+            }
             _ => return 0,
         };
         inputs.first().map_or(0, |x| {
@@ -320,6 +389,12 @@ impl CudaLowering for super::Family {
             }
             Op::NormBackwardWeight { kind, eps } => backward_param(a, *kind, *eps, false),
             Op::NormBackwardBias { kind } => backward_param(a, *kind, 0.0, true),
+            Op::NormBackward {
+                kind,
+                eps,
+                bias,
+                sum,
+            } => backward_all(a, (*kind, *eps), *bias, *sum),
             _ => Err(a.foreign("norm")),
         }
     }
@@ -328,7 +403,6 @@ impl CudaLowering for super::Family {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codegen::geometry::slices;
 
     /// Blocks a kernel over `groups` groups of `gsize` elements launches first.
     fn blocks(groups: u64, gsize: u64) -> u64 {

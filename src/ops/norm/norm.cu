@@ -419,3 +419,91 @@ __device__ void norm_backward_param_kernel(char* arena, u64 o_x, u64 o_dy, u64 o
     else if (batch_weight) batch_weight_partial<T, TD, C>(x, dy, part);
     else norm_channel_partial<T, TD, C>(x, dy, part);
 }
+
+// ---- layer/RMS input, weight and bias gradients in one pass -----------------------------
+// Phase 0: block k takes rows [k RPB, (k + 1) RPB) as norm_rows_partial does (thread t owns
+// channels t + j blockDim.x, j < C::CPT), stores each row's dx (with C::ACC, g + dx as a
+// separate rounding) at out[0 ..] and keeps its channels' sums of dy xhat, of dy (C::BIAS)
+// and of dx rounded to TS (C::SUM), written to ws[(q CHUNKS + k) CH + c] for the q-th sum
+// it keeps (0 the weight's, then the bias's, then the rounded dx's). Phase 1: a thread per channel sums each over the chunks in order into out[DW_AT + c],
+// out[DB_AT + c] and out[DS_AT + c].
+template <typename T, typename TW, typename TD, typename TG, typename TS, typename C>
+__device__ void norm_backward_kernel(char* arena, u64 o_x, u64 o_w, u64 o_dy, u64 o_g, u64 o_out, u64 o_ws, u64 phase) {
+    T* out = tensor_at<T>(arena, o_out);
+    float* part = tensor_at<float>(arena, o_ws);
+    constexpr u64 SQ = C::BIAS ? 2 : 1;
+    if (phase != 0) {
+        const u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+        if (c >= C::CH) return;
+        float sw = 0.0f, sb = 0.0f, ss = 0.0f;
+        for (u64 k = 0; k < C::CHUNKS; ++k) {
+            sw += part[k * C::CH + c];
+            if (C::BIAS) sb += part[(C::CHUNKS + k) * C::CH + c];
+            if (C::SUM) ss += part[(SQ * C::CHUNKS + k) * C::CH + c];
+        }
+        st(out, C::DW_AT + c, sw);
+        if (C::BIAS) st(out, C::DB_AT + c, sb);
+        if (C::SUM) st(out, C::DS_AT + c, ss);
+        return;
+    }
+    const T* x = tensor_at<T>(arena, o_x);
+    const TW* w = tensor_at<TW>(arena, o_w);
+    const TD* dy = tensor_at<TD>(arena, o_dy);
+    const TG* acc = tensor_at<TG>(arena, o_g);
+    float aw[C::CPT], ab[C::CPT], as[C::CPT];
+#pragma unroll
+    for (int j = 0; j < (int)C::CPT; ++j) aw[j] = ab[j] = as[j] = 0.0f;
+    const u64 r0 = (u64)blockIdx.x * C::RPB, r1 = r0 + C::RPB < C::GROUPS ? r0 + C::RPB : C::GROUPS;
+    for (u64 r = r0; r < r1; ++r) {
+        float xv[C::CPT], gv[C::CPT];
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < (int)C::CPT; ++j) {
+            const u64 c = threadIdx.x + (u64)j * blockDim.x;
+            xv[j] = c < C::CH ? ld(x, r * C::CH + c) : 0.0f;
+            s += xv[j];
+        }
+        const float mean = C::KIND == 1 ? 0.0f : block_sum(s) / (float)C::CH;
+        float v = 0.0f;
+#pragma unroll
+        for (int j = 0; j < (int)C::CPT; ++j) {
+            const float d = xv[j] - mean;
+            if (threadIdx.x + (u64)j * blockDim.x < C::CH) v += d * d;
+        }
+        const float rstd = rsqrtf(block_sum(v) / (float)C::CH + C::EPS);
+        float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+        for (int j = 0; j < (int)C::CPT; ++j) {
+            const u64 c = threadIdx.x + (u64)j * blockDim.x;
+            xv[j] = (xv[j] - mean) * rstd;
+            const float d = c < C::CH ? ld(dy, r * C::CH + c) : 0.0f;
+            gv[j] = c < C::CH ? d * ld(w, c) : 0.0f;
+            sg += gv[j];
+            sgx += gv[j] * xv[j];
+            aw[j] += d * xv[j];
+            ab[j] += d;
+        }
+        const float mg = C::KIND == 1 ? 0.0f : block_sum(sg) / (float)C::CH;
+        const float mgx = block_sum(sgx) / (float)C::CH;
+#pragma unroll
+        for (int j = 0; j < (int)C::CPT; ++j) {
+            const u64 c = threadIdx.x + (u64)j * blockDim.x;
+            if (c < C::CH) {
+                const u64 i = r * C::CH + c;
+                const float d = rstd * (gv[j] - mg - xv[j] * mgx);
+                const float stored = to_f32(from_f32<T>(C::ACC ? __fadd_rn(ld(acc, i), d) : d));
+                st(out, i, stored);
+                if (C::SUM) as[j] += to_f32(from_f32<TS>(stored));
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < (int)C::CPT; ++j) {
+        const u64 c = threadIdx.x + (u64)j * blockDim.x;
+        if (c < C::CH) {
+            part[(u64)blockIdx.x * C::CH + c] = aw[j];
+            if (C::BIAS) part[(C::CHUNKS + (u64)blockIdx.x) * C::CH + c] = ab[j];
+            if (C::SUM) part[(SQ * C::CHUNKS + (u64)blockIdx.x) * C::CH + c] = as[j];
+        }
+    }
+}

@@ -113,6 +113,33 @@ impl Rules for super::Family {
                 let c = channels(*kind, inputs[0])?;
                 Ok(TensorType::new(inputs[0].dtype, vec![c]))
             }
+            Op::NormBackward {
+                kind, bias, sum, ..
+            } => {
+                arity(op, inputs, 3, 4)?;
+                if !matches!(kind, NormKind::Layer | NormKind::Rms) {
+                    return fail(
+                        format!("{} merges only layer and RMS norm gradients", op.name()),
+                        "keep the batch and group norm gradients as separate ops",
+                    );
+                }
+                let x = inputs[0];
+                same_shape(x, inputs[2], op.name())?;
+                if let Some(acc) = inputs.get(3) {
+                    same_shape(x, acc, op.name())?;
+                }
+                norm(*kind, x, &inputs[1..2])?;
+                let c = channels(*kind, x)? as u64;
+                if let Some(t) = sum.filter(|t| !t.is_float()) {
+                    return fail(
+                        format!("{} sums its input gradient rounded to {t}", op.name()),
+                        "round it to a floating type",
+                    );
+                }
+                let rows = x.numel() / c.max(1);
+                let at = super::GradsLayout::new(rows, c, x.dtype.size(), *bias, sum.is_some());
+                Ok(TensorType::new(x.dtype, vec![at.len as usize]))
+            }
             Op::NormBackwardBias { kind } => {
                 arity(op, inputs, 1, 1)?;
                 let c = channels(*kind, inputs[0])?;
@@ -125,6 +152,10 @@ impl Rules for super::Family {
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
         match op {
             Op::NormBackwardBias { .. } => elementwise_flops(inputs, out),
+            // The input gradient's and the weight's, and a sum of dy for the bias.
+            Op::NormBackward { bias, sum, .. } => {
+                (10 + u64::from(*bias) + u64::from(sum.is_some())) * first_numel(inputs)
+            }
             Op::BatchNormStats { .. } => 3 * inputs.get(2).map_or(0, |x| x.numel()),
             _ => 8 * first_numel(inputs),
         }

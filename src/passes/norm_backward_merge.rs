@@ -1,0 +1,289 @@
+//! A layer or RMS norm's gradients as one op: the input gradient, the weight gradient and a
+//! `sum_to` of the same `dy` onto the channels (a layer norm's bias gradient) each read the
+//! norm's `x` and `dy`, and the weight gradient recomputes the row statistics the input
+//! gradient computes too; in a pre-norm block the input gradient is also the gradient of
+//! the residual branch below, whose linear layer's bias gradient sums it over the rows once
+//! cast to the matmuls' type. Merged ([`Op::NormBackward`]) one pass over the rows stores
+//! the input gradient and keeps per-channel partials of the others: two launches where there
+//! were five (the cast stays, for the matmuls). The merged op writes the gradients into one
+//! flat buffer, each read through an [`Op::Member`] view, so their values live together: the
+//! planner merges only where that does not raise the step's peak (`crate::launch_groups`).
+
+use super::rewrite::rebuild_each;
+use super::StageError;
+use crate::ir::{DType, Graph, NormKind, Op, ValueId};
+use crate::ops::norm::{merged_backward_fills, GradsLayout};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// One norm's gradients that merge: the input gradient, the weight gradient and, when there
+/// is one, the sum of `dy` onto the channels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NormGrads {
+    /// The input gradient (`norm_backward_input`), whose inputs the merged op takes.
+    pub input: ValueId,
+    /// The weight gradient (`norm_backward_weight`) of the same `x` and `dy`.
+    pub weight: ValueId,
+    /// A `sum_to` of that `dy` onto the channels, when there is one.
+    pub bias: Option<ValueId>,
+    /// A `sum_to` onto the channels of a cast of the input gradient to a narrower type (the
+    /// bias gradient of the linear layer whose output's gradient it is), and that type.
+    pub sum: Option<(ValueId, DType)>,
+}
+
+impl NormGrads {
+    fn members(&self) -> impl Iterator<Item = ValueId> {
+        [
+            Some(self.input),
+            Some(self.weight),
+            self.bias,
+            self.sum.map(|s| s.0),
+        ]
+        .into_iter()
+        .flatten()
+    }
+}
+
+/// The kind and epsilon of `v` when it is a layer or RMS norm's input gradient.
+fn input_gradient(graph: &Graph, v: ValueId) -> Option<(NormKind, f32)> {
+    match graph.node(v).op {
+        Op::NormBackwardInput {
+            kind: kind @ (NormKind::Layer | NormKind::Rms),
+            eps,
+        } => Some((kind, eps)),
+        _ => None,
+    }
+}
+
+/// Every norm's gradients that one op can compute and launch over as many blocks as its
+/// input gradient would ([`merged_backward_fills`]): an input gradient, the weight gradient
+/// of the same kind, `x` and `dy`, a `sum_to` of that `dy` onto the channels if any, and a
+/// `sum_to` onto the channels of a cast of the input gradient if any, all of one dtype and
+/// phase, none a graph output or written in place, and the input gradient's inputs (the
+/// merged op's) made before the first of them (where the merged op is placed).
+pub fn groups(graph: &Graph) -> Vec<NormGrads> {
+    let outputs: BTreeSet<ValueId> = graph.outputs.iter().map(|(_, v)| *v).collect();
+    // A value some step writes in place cannot be a view of the merged output.
+    let written: BTreeSet<ValueId> = (graph.values())
+        .flat_map(|v| {
+            let node = graph.node(v);
+            (node.op.mutated_inputs().iter())
+                .filter_map(|&i| node.inputs.get(i).copied())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let mut taken: BTreeSet<ValueId> = BTreeSet::new();
+    let mut out = Vec::new();
+    for dx in graph.values() {
+        let Some((kind, eps)) = input_gradient(graph, dx) else {
+            continue;
+        };
+        let node = graph.node(dx);
+        let (x, w, dy) = (node.inputs[0], node.inputs[1], node.inputs[2]);
+        let like = |v: ValueId| {
+            let n = graph.node(v);
+            n.ty.dtype == node.ty.dtype
+                && n.phase == node.phase
+                && !outputs.contains(&v)
+                && !written.contains(&v)
+                && !taken.contains(&v)
+        };
+        let channels = graph.node(w).ty.shape.clone();
+        let ch = graph.node(w).ty.numel();
+        if !merged_backward_fills(node.ty.numel() / ch.max(1), ch) {
+            continue;
+        }
+        let users = graph.users(dy);
+        let Some(weight) = users.iter().copied().find(|&u| {
+            graph.node(u).op == Op::NormBackwardWeight { kind, eps }
+                && graph.node(u).inputs == [x, dy]
+                && like(u)
+        }) else {
+            continue;
+        };
+        let bias = users.iter().copied().find(|&u| {
+            matches!(&graph.node(u).op, Op::SumTo { shape, .. } if *shape == channels)
+                && graph.node(u).inputs == [dy]
+                && like(u)
+        });
+        let sum_of_cast = |cast: ValueId| {
+            let Op::Cast { to } = graph.node(cast).op else {
+                return None;
+            };
+            let sum = graph.users(cast).into_iter().find(|&u| {
+                matches!(&graph.node(u).op, Op::SumTo { shape, .. } if *shape == channels)
+                    && like(u)
+            })?;
+            Some((sum, to))
+        };
+        let sum = graph.users(dx).into_iter().find_map(sum_of_cast);
+        let group = NormGrads {
+            input: dx,
+            weight,
+            bias,
+            sum,
+        };
+        // The merged op reads the input gradient's inputs (the others read some of them).
+        let first = group.members().min().unwrap_or(dx);
+        let inputs_before = node.inputs.iter().all(|&i| i < first);
+        if like(dx) && inputs_before {
+            taken.extend(group.members());
+            out.push(group);
+        }
+    }
+    out
+}
+
+/// `graph` with each of `groups` one [`Op::NormBackward`] at the first of its values, those
+/// values member views of its output; also each old value's new one.
+pub fn run(
+    graph: &Graph,
+    groups: &[NormGrads],
+) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
+    let group_of: BTreeMap<ValueId, usize> = (groups.iter().enumerate())
+        .flat_map(|(i, g)| g.members().map(move |m| (m, i)))
+        .collect();
+    let mut roots: Vec<Option<ValueId>> = vec![None; groups.len()];
+    rebuild_each(graph, "norm_backward_merge", |b, v| {
+        let Some(&i) = group_of.get(&v) else {
+            return b.copy(v);
+        };
+        let group = groups[i];
+        let dx = graph.node(group.input);
+        let Some((kind, eps)) = input_gradient(graph, group.input) else {
+            return Err(StageError::internal(
+                "norm_backward_merge",
+                "a merged group without its input gradient",
+            ));
+        };
+        let root = match roots[i] {
+            Some(root) => root,
+            None => {
+                let op = Op::NormBackward {
+                    kind,
+                    eps,
+                    bias: group.bias.is_some(),
+                    sum: group.sum.map(|s| s.1),
+                };
+                let inputs = (dx.inputs.iter())
+                    .map(|&i| b.new_of(i))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let root = b.add(v, op, inputs)?;
+                roots[i] = Some(root);
+                root
+            }
+        };
+        let ch = graph.node(dx.inputs[1]).ty.numel();
+        let (bias, sum) = (group.bias.is_some(), group.sum.is_some());
+        let at = GradsLayout::new(dx.ty.numel() / ch.max(1), ch, dx.ty.dtype.size(), bias, sum);
+        let offset = match v {
+            _ if v == group.input => 0,
+            _ if v == group.weight => at.weight,
+            _ if Some(v) == group.bias => at.bias,
+            _ => at.sum,
+        };
+        let shape = graph.node(v).ty.shape.clone();
+        b.add(
+            v,
+            Op::Member {
+                offset: offset as usize,
+                shape,
+            },
+            vec![root],
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{groups, run, NormGrads};
+    use crate::ir::{DType, Graph, NormKind, Op, Origin, Phase, Span, TensorType, ValueId};
+    use crate::ops::norm::merged_backward_fills;
+
+    /// A backward graph with a layer norm's weight, bias and input gradients over 8 x 8 and
+    /// the sum of the input gradient cast to bf16 (in fp32), the bias gradient a graph
+    /// output when `bias_out`: the graph and (dx, dw, db, the sum).
+    fn layer_norm_grads(bias_out: bool) -> (Graph, [ValueId; 4]) {
+        let origin = Origin {
+            span: Span::default(),
+            scope: String::new(),
+            phase: Phase::Backward,
+        };
+        let mut g = Graph::new();
+        let mut input = |name: &str, shape: &[usize]| {
+            let ty = TensorType::new(DType::F32, shape.to_vec());
+            let op = Op::Input {
+                name: name.to_string(),
+                ty,
+            };
+            g.add(op, vec![], &origin).expect("input")
+        };
+        let (x, w, dy) = (input("x", &[8, 8]), input("w", &[8]), input("dy", &[8, 8]));
+        let (kind, eps) = (NormKind::Layer, 1e-5);
+        let dw = (g.add(Op::NormBackwardWeight { kind, eps }, vec![x, dy], &origin)).expect("dw");
+        let db = g.add(Op::sum_to(vec![8]), vec![dy], &origin).expect("db");
+        let dx = (g.add(Op::NormBackwardInput { kind, eps }, vec![x, w, dy], &origin)).expect("dx");
+        let cast = (g.add(Op::Cast { to: DType::BF16 }, vec![dx], &origin)).expect("cast");
+        let summed = Op::SumTo {
+            shape: vec![8],
+            f32_out: true,
+        };
+        let ds = g.add(summed, vec![cast], &origin).expect("sum");
+        if bias_out {
+            g.outputs.push(("db".into(), db));
+        }
+        (g, [dx, dw, db, ds])
+    }
+
+    #[test]
+    fn a_layer_norms_three_gradients_merge_into_views_of_one_output() {
+        let (g, [dx, dw, db, ds]) = layer_norm_grads(false);
+        let found = groups(&g);
+        let group = NormGrads {
+            input: dx,
+            weight: dw,
+            bias: Some(db),
+            sum: Some((ds, DType::BF16)),
+        };
+        assert_eq!(found, vec![group]);
+        let (out, map) = run(&g, &found).expect("merge");
+        let new = |v: ValueId| map[v.index()].expect("kept");
+        let root = out.node(new(dw)).inputs[0];
+        let merged = Op::NormBackward {
+            kind: NormKind::Layer,
+            eps: 1e-5,
+            bias: true,
+            sum: Some(DType::BF16),
+        };
+        assert_eq!(
+            (&out.node(root).op, &out.node(root).inputs),
+            (&merged, &g.node(dx).inputs)
+        );
+        // The weight gradient 256 bytes (64 elements) after the input gradient's start, the
+        // bias's 256 bytes after the weight's, the sum's 256 after the bias's.
+        assert_eq!(out.node(root).ty.shape, vec![64 + 64 + 64 + 8]);
+        for (v, offset) in [(dx, 0), (dw, 64), (db, 128), (ds, 192)] {
+            let shape = g.node(v).ty.shape.clone();
+            assert_eq!(out.node(new(v)).op, Op::Member { offset, shape });
+            assert_eq!(out.node(new(v)).inputs, vec![root]);
+        }
+    }
+
+    #[test]
+    fn a_graph_output_or_rows_the_input_gradient_would_slice_stay_apart() {
+        // A bias gradient that is a graph output stays its own op; the others merge.
+        let (g, [dx, dw, _, ds]) = layer_norm_grads(true);
+        let expected = NormGrads {
+            input: dx,
+            weight: dw,
+            bias: None,
+            sum: Some((ds, DType::BF16)),
+        };
+        assert_eq!(groups(&g), vec![expected]);
+        // 100 rows of 2,048 channels: the input gradient alone splits its rows into slices
+        // to fill an H100, which the merged op's whole rows would not; GPT-2's 8 x 1024 rows
+        // of 768 and a small tensor fill as they are.
+        assert!(!merged_backward_fills(100, 2048));
+        assert!(merged_backward_fills(8 * 1024, 768));
+        assert!(merged_backward_fills(100, 8));
+    }
+}
