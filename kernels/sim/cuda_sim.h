@@ -2,7 +2,8 @@
 //! compiles) as C++17 and run them on the CPU.
 //!
 //! Execution model: the blocks of a launch run one after another; within a block every CUDA
-//! thread is a fiber (ucontext) on one OS thread, so `__syncthreads` is a real barrier over
+//! thread is a fiber on one OS thread (switched by a few instructions on x86-64, by ucontext
+//! elsewhere, whose every switch is a system call for the signal mask), so `__syncthreads` is a real barrier over
 //! the block's live threads and the warp shuffles exchange values through a per-warp buffer
 //! between two warp barriers. `__shared__` is `static`: one copy shared by a block's threads,
 //! reused by the next block (blocks never overlap). A barrier that can never complete (a
@@ -115,8 +116,46 @@ namespace memc_sim {
 
 enum class State { Ready, AtBlockBarrier, AtWarpBarrier, Done };
 
+// ---- fiber switching ------------------------------------------------------------------------
+// A fiber's saved context: on x86-64 its stack pointer, with the callee-saved registers and
+// the resume address pushed below it (memc_sim_switch); elsewhere a ucontext.
+#if defined(__x86_64__)
+struct Context {
+    void* sp;
+};
+extern "C" void memc_sim_switch(void** save_sp, void* load_sp);
+// Saves the callee-saved registers and the return address on the current stack and its
+// pointer at *save_sp, then resumes the context whose stack pointer is load_sp.
+asm(R"(
+    .text
+    .globl memc_sim_switch
+    .type memc_sim_switch, @function
+memc_sim_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size memc_sim_switch, .-memc_sim_switch
+)");
+#else
+struct Context {
+    ucontext_t uc;
+};
+#endif
+
 struct Fiber {
-    ucontext_t ctx;
+    Context ctx;
     char* stack;
     uint3 tid;
     unsigned linear;
@@ -126,7 +165,7 @@ struct Fiber {
 constexpr size_t kStackBytes = 256 * 1024;
 constexpr unsigned kMaxThreads = 1024;
 
-inline ucontext_t scheduler;
+inline Context scheduler;
 inline Fiber* fibers;
 inline Fiber* current;
 inline unsigned nthreads;
@@ -143,14 +182,47 @@ inline unsigned char shuffle_buf[kMaxThreads / 32][32][8];
     exit(70);
 }
 
-inline void wait(State s) {
-    current->state = s;
-    if (swapcontext(&current->ctx, &scheduler) != 0) fail("swapcontext failed");
+// Saves the running context in `from` and resumes `to`.
+inline void switch_to(Context& from, Context& to) {
+#if defined(__x86_64__)
+    memc_sim_switch(&from.sp, to.sp);
+#else
+    if (swapcontext(&from.uc, &to.uc) != 0) fail("swapcontext failed");
+#endif
 }
 
+inline void wait(State s) {
+    current->state = s;
+    switch_to(current->ctx, scheduler);
+}
+
+// A fiber's first frame: runs the kernel body, then returns to the scheduler for good.
 inline void fiber_entry() {
     body(body_arg);
     current->state = State::Done;
+    switch_to(current->ctx, scheduler);
+    fail("a finished thread was resumed");
+}
+
+// Sets up f's context to start in fiber_entry on its own stack.
+inline void start(Fiber& f) {
+#if defined(__x86_64__)
+    // Six zeroed callee-saved registers, then fiber_entry as the return address, so that
+    // after memc_sim_switch's `ret` the stack pointer is 8 below a 16-byte boundary, as at
+    // any function's entry.
+    const uintptr_t top = ((uintptr_t)f.stack + kStackBytes) & ~(uintptr_t)15;
+    void** sp = (void**)(top - 64);
+    for (int i = 0; i < 6; ++i) sp[i] = nullptr;
+    sp[6] = (void*)&fiber_entry;
+    sp[7] = nullptr;
+    f.ctx.sp = sp;
+#else
+    if (getcontext(&f.ctx.uc) != 0) fail("getcontext failed");
+    f.ctx.uc.uc_stack.ss_sp = f.stack;
+    f.ctx.uc.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc.uc_link = &scheduler.uc;
+    makecontext(&f.ctx.uc, fiber_entry, 0);
+#endif
 }
 
 // Completes the barriers every live participant has reached; false when none could.
@@ -187,11 +259,7 @@ inline bool release() {
 inline void run_block() {
     for (unsigned t = 0; t < nthreads; ++t) {
         Fiber& f = fibers[t];
-        if (getcontext(&f.ctx) != 0) fail("getcontext failed");
-        f.ctx.uc_stack.ss_sp = f.stack;
-        f.ctx.uc_stack.ss_size = kStackBytes;
-        f.ctx.uc_link = &scheduler;
-        makecontext(&f.ctx, fiber_entry, 0);
+        start(f);
         f.state = State::Ready;
     }
     for (;;) {
@@ -204,7 +272,7 @@ inline void run_block() {
             }
             current = &f;
             threadIdx = f.tid;
-            if (swapcontext(&scheduler, &f.ctx) != 0) fail("swapcontext failed");
+            switch_to(scheduler, f.ctx);
             live = live || f.state != State::Done;
         }
         if (!live) return;
