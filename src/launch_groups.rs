@@ -5,6 +5,7 @@
 
 use crate::front::train::TrainSpec;
 use crate::ir::{Graph, ValueId};
+use crate::passes::liveness::Interval;
 use crate::passes::StageError;
 use crate::plan::{self, BuildOptions, Target};
 
@@ -46,25 +47,9 @@ pub(crate) fn grouped_if_no_higher(
     let mut live = Held::new(profile.bytes.clone());
     let life = |v: ValueId| profile.lives[v.index()];
     let bytes = |v: ValueId| graph.node(v).ty.bytes();
-    let casts: Vec<_> =
-        (casts.into_iter())
-            .filter(|key| {
-                let members = cast_groups::members(&graph, key);
-                let lives: Vec<_> = members
-                    .iter()
-                    .filter_map(|&m| Some((m, life(m)?)))
-                    .collect();
-                let (Some(first), Some(last)) = (
-                    lives.iter().map(|(_, l)| l.first).min(),
-                    lives.iter().map(|(_, l)| l.last).max(),
-                ) else {
-                    return false;
-                };
-                live.hold(lives.iter().flat_map(|&(m, l)| {
-                    [(bytes(m), first, l.first), (bytes(m), l.last + 1, last + 1)]
-                }))
-            })
-            .collect();
+    let casts: Vec<_> = (casts.into_iter())
+        .filter(|key| live.hold_together(&cast_groups::members(&graph, key), life, bytes))
+        .collect();
     let scopes: Vec<_> = (scopes.into_iter())
         .filter(|scope| {
             let members = group_updates::members_of(&graph, scope);
@@ -134,9 +119,21 @@ pub(crate) fn pairs_merged_if_no_higher(
     }
     let norms = |g: &Graph| {
         let groups = norm_backward_merge::groups(g);
-        match groups.is_empty() {
+        if groups.is_empty() {
+            return Ok(None);
+        }
+        // Each group kept where its values held together do not raise the peak of bytes in
+        // use (fp32 GPT-2: the final norm's two gradients, 6,144 bytes, would).
+        let profile = plan::live_profile_with_workspace(g, options, target)?;
+        let mut live = Held::new(profile.bytes.clone());
+        let life = |v: ValueId| profile.lives[v.index()];
+        let bytes = |v: ValueId| g.node(v).ty.bytes();
+        let kept: Vec<_> = (groups.into_iter())
+            .filter(|group| live.hold_together(&group.members(), life, bytes))
+            .collect();
+        match kept.is_empty() {
             true => Ok(None),
-            false => norm_backward_merge::run(g, &groups).map(Some),
+            false => norm_backward_merge::run(g, &kept).map(Some),
         }
     };
     let (graph, clones, peak) = merged_if_no_higher((graph, clones, peak), target, options, norms)?;
@@ -201,6 +198,32 @@ impl Held {
     fn new(bytes: Vec<u64>) -> Held {
         let peak = bytes.iter().copied().max().unwrap_or(0);
         Held { bytes, peak }
+    }
+
+    /// Holds `members` (of lifetimes `life`, sizes `bytes`) together, each from the first
+    /// one's start to the last one's end, as one buffer holding them all would, if no step
+    /// then holds more than the peak; false (the profile as it was) otherwise, or when none
+    /// of them has a lifetime.
+    fn hold_together(
+        &mut self,
+        members: &[ValueId],
+        life: impl Fn(ValueId) -> Option<Interval>,
+        bytes: impl Fn(ValueId) -> u64,
+    ) -> bool {
+        let lives: Vec<_> = (members.iter())
+            .filter_map(|&m| Some((m, life(m)?)))
+            .collect();
+        let (Some(first), Some(last)) = (
+            lives.iter().map(|(_, l)| l.first).min(),
+            lives.iter().map(|(_, l)| l.last).max(),
+        ) else {
+            return false;
+        };
+        self.hold(
+            lives
+                .iter()
+                .flat_map(|&(m, l)| [(bytes(m), first, l.first), (bytes(m), l.last + 1, last + 1)]),
+        )
     }
 
     /// Adds `(bytes, from, to)` (steps `from..to`) and keeps them if no step then holds more

@@ -25,13 +25,14 @@ pub struct NormGrads {
     pub weight: ValueId,
     /// A `sum_to` of that `dy` onto the channels, when there is one.
     pub bias: Option<ValueId>,
-    /// A `sum_to` onto the channels of a cast of the input gradient to a narrower type (the
-    /// bias gradient of the linear layer whose output's gradient it is), and that type.
+    /// A `sum_to` onto the channels of the input gradient or of a cast of it (the bias
+    /// gradient of the linear layer whose output's gradient it is), and the type it sums.
     pub sum: Option<(ValueId, DType)>,
 }
 
 impl NormGrads {
-    fn members(&self) -> impl Iterator<Item = ValueId> {
+    /// The values the merged op computes: input, weight, bias (if any) and sum (if any).
+    pub fn members(&self) -> Vec<ValueId> {
         [
             Some(self.input),
             Some(self.weight),
@@ -40,6 +41,7 @@ impl NormGrads {
         ]
         .into_iter()
         .flatten()
+        .collect()
     }
 }
 
@@ -57,9 +59,9 @@ fn input_gradient(graph: &Graph, v: ValueId) -> Option<(NormKind, f32)> {
 /// Every norm's gradients that one op can compute and launch over as many blocks as its
 /// input gradient would ([`merged_backward_fills`]): an input gradient, the weight gradient
 /// of the same kind, `x` and `dy`, a `sum_to` of that `dy` onto the channels if any, and a
-/// `sum_to` onto the channels of a cast of the input gradient if any, all of one dtype and
-/// phase, none a graph output or written in place, and the input gradient's inputs (the
-/// merged op's) made before the first of them (where the merged op is placed).
+/// `sum_to` onto the channels of the input gradient or of a cast of it if any, all of one
+/// dtype and phase, none a graph output or written in place, and the input gradient's inputs
+/// (the merged op's) made before the first of them (where the merged op is placed).
 pub fn groups(graph: &Graph) -> Vec<NormGrads> {
     let outputs: BTreeSet<ValueId> = graph.outputs.iter().map(|(_, v)| *v).collect();
     // A value some step writes in place cannot be a view of the merged output.
@@ -105,17 +107,19 @@ pub fn groups(graph: &Graph) -> Vec<NormGrads> {
                 && graph.node(u).inputs == [dy]
                 && like(u)
         });
-        let sum_of_cast = |cast: ValueId| {
-            let Op::Cast { to } = graph.node(cast).op else {
-                return None;
-            };
-            let sum = graph.users(cast).into_iter().find(|&u| {
-                matches!(&graph.node(u).op, Op::SumTo { shape, .. } if *shape == channels)
-                    && like(u)
-            })?;
-            Some((sum, to))
+        let onto_channels = |u: ValueId| {
+            matches!(&graph.node(u).op, Op::SumTo { shape, .. } if *shape == channels) && like(u)
         };
-        let sum = graph.users(dx).into_iter().find_map(sum_of_cast);
+        // The sum of the input gradient itself (rounded to its own type: unchanged), or of a
+        // cast of it.
+        let sum_of = |user: ValueId| match graph.node(user).op {
+            Op::SumTo { .. } => onto_channels(user).then_some((user, node.ty.dtype)),
+            Op::Cast { to } => (graph.users(user).into_iter())
+                .find(|&u| onto_channels(u))
+                .map(|sum| (sum, to)),
+            _ => None,
+        };
+        let sum = graph.users(dx).into_iter().find_map(sum_of);
         let group = NormGrads {
             input: dx,
             weight,
@@ -123,7 +127,7 @@ pub fn groups(graph: &Graph) -> Vec<NormGrads> {
             sum,
         };
         // The merged op reads the input gradient's inputs (the others read some of them).
-        let first = group.members().min().unwrap_or(dx);
+        let first = group.members().into_iter().min().unwrap_or(dx);
         let inputs_before = node.inputs.iter().all(|&i| i < first);
         if like(dx) && inputs_before {
             taken.extend(group.members());
@@ -140,7 +144,7 @@ pub fn run(
     groups: &[NormGrads],
 ) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
     let group_of: BTreeMap<ValueId, usize> = (groups.iter().enumerate())
-        .flat_map(|(i, g)| g.members().map(move |m| (m, i)))
+        .flat_map(|(i, g)| g.members().into_iter().map(move |m| (m, i)))
         .collect();
     let mut roots: Vec<Option<ValueId>> = vec![None; groups.len()];
     rebuild_each(graph, "norm_backward_merge", |b, v| {
@@ -200,9 +204,9 @@ mod tests {
     use crate::ops::norm::merged_backward_fills;
 
     /// A backward graph with a layer norm's weight, bias and input gradients over 8 x 8 and
-    /// the sum of the input gradient cast to bf16 (in fp32), the bias gradient a graph
-    /// output when `bias_out`: the graph and (dx, dw, db, the sum).
-    fn layer_norm_grads(bias_out: bool) -> (Graph, [ValueId; 4]) {
+    /// the sum of the input gradient, cast to `cast` first when given (summed in fp32), the
+    /// bias gradient a graph output when `bias_out`: the graph and (dx, dw, db, the sum).
+    fn layer_norm_grads(bias_out: bool, cast: Option<DType>) -> (Graph, [ValueId; 4]) {
         let origin = Origin {
             span: Span::default(),
             scope: String::new(),
@@ -222,12 +226,15 @@ mod tests {
         let dw = (g.add(Op::NormBackwardWeight { kind, eps }, vec![x, dy], &origin)).expect("dw");
         let db = g.add(Op::sum_to(vec![8]), vec![dy], &origin).expect("db");
         let dx = (g.add(Op::NormBackwardInput { kind, eps }, vec![x, w, dy], &origin)).expect("dx");
-        let cast = (g.add(Op::Cast { to: DType::BF16 }, vec![dx], &origin)).expect("cast");
-        let summed = Op::SumTo {
+        let summed = match cast {
+            Some(to) => (g.add(Op::Cast { to }, vec![dx], &origin)).expect("cast"),
+            None => dx,
+        };
+        let sum = Op::SumTo {
             shape: vec![8],
             f32_out: true,
         };
-        let ds = g.add(summed, vec![cast], &origin).expect("sum");
+        let ds = g.add(sum, vec![summed], &origin).expect("sum");
         if bias_out {
             g.outputs.push(("db".into(), db));
         }
@@ -236,7 +243,7 @@ mod tests {
 
     #[test]
     fn a_layer_norms_three_gradients_merge_into_views_of_one_output() {
-        let (g, [dx, dw, db, ds]) = layer_norm_grads(false);
+        let (g, [dx, dw, db, ds]) = layer_norm_grads(false, Some(DType::BF16));
         let found = groups(&g);
         let group = NormGrads {
             input: dx,
@@ -271,7 +278,7 @@ mod tests {
     #[test]
     fn a_graph_output_or_rows_the_input_gradient_would_slice_stay_apart() {
         // A bias gradient that is a graph output stays its own op; the others merge.
-        let (g, [dx, dw, _, ds]) = layer_norm_grads(true);
+        let (g, [dx, dw, _, ds]) = layer_norm_grads(true, Some(DType::BF16));
         let expected = NormGrads {
             input: dx,
             weight: dw,
@@ -285,5 +292,17 @@ mod tests {
         assert!(!merged_backward_fills(100, 2048));
         assert!(merged_backward_fills(8 * 1024, 768));
         assert!(merged_backward_fills(100, 8));
+    }
+
+    #[test]
+    fn an_fp32_sum_of_the_input_gradient_itself_merges_in_its_own_type() {
+        let (g, [dx, dw, db, ds]) = layer_norm_grads(false, None);
+        let group = NormGrads {
+            input: dx,
+            weight: dw,
+            bias: Some(db),
+            sum: Some((ds, DType::F32)),
+        };
+        assert_eq!(groups(&g), vec![group]);
     }
 }

@@ -73,6 +73,23 @@ pub(super) fn scheduled(graph: &Graph, options: &BuildOptions) -> Result<Schedul
     )
 }
 
+/// The [`LiveProfile`] of `graph` in the order `options` schedules it on `target`, each
+/// step's bytes with its own workspace added.
+pub fn live_profile_with_workspace(
+    graph: &Graph,
+    options: &BuildOptions,
+    target: super::Target,
+) -> Result<LiveProfile, StageError> {
+    let schedule = scheduled(graph, options)?;
+    let mut profile = profile_of(graph, &schedule);
+    for (&v, live) in schedule.order.iter().zip(&mut profile.bytes) {
+        let node = graph.node(v);
+        let inputs: Vec<_> = node.inputs.iter().map(|&i| &graph.node(i).ty).collect();
+        *live += target.workspace_bytes(&node.op, &inputs, &node.ty);
+    }
+    Ok(profile)
+}
+
 /// The most bytes in use at once over `graph`'s steps in the order `options` schedules them
 /// on `target`: each step's live values and its own workspace.
 pub fn live_peak_with_workspace(
@@ -80,15 +97,6 @@ pub fn live_peak_with_workspace(
     options: &BuildOptions,
     target: super::Target,
 ) -> Result<u64, StageError> {
-    let schedule = scheduled(graph, options)?;
-    let profile = profile_of(graph, &schedule);
-    let workspace = |v: crate::ir::ValueId| {
-        let node = graph.node(v);
-        let inputs: Vec<_> = node.inputs.iter().map(|&i| &graph.node(i).ty).collect();
-        target.workspace_bytes(&node.op, &inputs, &node.ty)
-    };
-    Ok((schedule.order.iter().zip(&profile.bytes))
-        .map(|(&v, &live)| live + workspace(v))
-        .max()
-        .unwrap_or(0))
+    let profile = live_profile_with_workspace(graph, options, target)?;
+    Ok(profile.bytes.into_iter().max().unwrap_or(0))
 }

@@ -24,7 +24,9 @@ pub use crate::settings::TrainSummary;
 pub use build::{build, build_for, BuildOptions};
 pub use classes::gradients as param_gradients;
 pub use host::{HostBytes, Transfers};
-pub use live::{live_peak, live_peak_with_workspace, live_profile, LiveProfile};
+pub use live::{
+    live_peak, live_peak_with_workspace, live_profile, live_profile_with_workspace, LiveProfile,
+};
 pub use memory_summary::render_memory_summary;
 pub use origin::{attach_lines, Role};
 pub use parallel::{

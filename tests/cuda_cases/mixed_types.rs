@@ -103,12 +103,13 @@ pub fn accumulated_norm_cases() -> Vec<KernelCase> {
 }
 
 /// A norm's merged gradients over fp32 rows summing the input gradient rounded to f16 or
-/// bf16, as the mixed-precision step's linear bias gradients read it (`norm_backward`): a
+/// bf16, as the mixed-precision step's linear bias gradients read it, or as it is, as an fp32
+/// step's do (`norm_backward`): a
 /// layer norm with its bias gradient, 300 rows of 128 in chunks of 2 rows; an RMS norm
 /// adding a residual gradient, 7 rows of 384.
 pub fn summed_norm_cases() -> Vec<KernelCase> {
     let mut out = Vec::new();
-    for narrow in [DType::F16, DType::BF16] {
+    for narrow in [DType::F16, DType::BF16, DType::F32] {
         for (name, kind, bias, rows, ch) in [
             ("layer", NormKind::Layer, true, 300, 128),
             ("rms", NormKind::Rms, false, 7, 384),

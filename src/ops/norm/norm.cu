@@ -268,6 +268,27 @@ __device__ void norm_backward_input_kernel(char* arena, u64 o_x, u64 o_w, u64 o_
 // ws[k * CH + c]; phase 1: a thread per channel sums them over k = 0 .. C::CHUNKS - 1 in order
 // (the batch weight gradient keeps four partials a chunk and merges them: see below).
 
+// Loads row r of a layer/RMS norm's x into xv (thread t's channels t + j * blockDim.x,
+// j < C::CPT; 0 past CH) and returns the row's (mean, rstd) (mean 0 for rms). Every thread
+// of the block must call it.
+template <typename T, typename C> __device__ __forceinline__ float2 norm_row_stats(const T* x, u64 r, float (&xv)[C::CPT]) {
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < (int)C::CPT; ++j) {
+        const u64 c = threadIdx.x + (u64)j * blockDim.x;
+        xv[j] = c < C::CH ? ld(x, r * C::CH + c) : 0.0f;
+        s += xv[j];
+    }
+    const float mean = C::KIND == 1 ? 0.0f : block_sum(s) / (float)C::CH;
+    float v = 0.0f;
+#pragma unroll
+    for (int j = 0; j < (int)C::CPT; ++j) {
+        const float d = xv[j] - mean;
+        if (threadIdx.x + (u64)j * blockDim.x < C::CH) v += d * d;
+    }
+    return make_float2(mean, rsqrtf(block_sum(v) / (float)C::CH + C::EPS));
+}
+
 // Layer/Rms phase 0: block k takes rows [k * RPB, (k + 1) * RPB); thread t owns channels
 // t + j * blockDim.x (j < C::CPT), keeping the row's x in registers for its statistics.
 template <typename T, typename TD, typename C> __device__ __forceinline__ void norm_rows_partial(const T* x, const TD* dy, float* part) {
@@ -277,30 +298,13 @@ template <typename T, typename TD, typename C> __device__ __forceinline__ void n
     const u64 r0 = (u64)blockIdx.x * C::RPB, r1 = r0 + C::RPB < C::GROUPS ? r0 + C::RPB : C::GROUPS;
     for (u64 r = r0; r < r1; ++r) {
         float xv[C::CPT];
-        float s = 0.0f;
-#pragma unroll
-        for (int j = 0; j < (int)C::CPT; ++j) {
-            const u64 c = threadIdx.x + (u64)j * blockDim.x;
-            xv[j] = !C::BIAS && c < C::CH ? ld(x, r * C::CH + c) : 0.0f;
-            s += xv[j];
-        }
-        float mean = 0.0f, rstd = 1.0f;
-        if (!C::BIAS) {
-            if (C::KIND != 1) mean = block_sum(s) / (float)C::CH;
-            float v = 0.0f;
-#pragma unroll
-            for (int j = 0; j < (int)C::CPT; ++j) {
-                const float d = xv[j] - mean;
-                if (threadIdx.x + (u64)j * blockDim.x < C::CH) v += d * d;
-            }
-            rstd = rsqrtf(block_sum(v) / (float)C::CH + C::EPS);
-        }
+        const float2 ms = C::BIAS ? make_float2(0.0f, 1.0f) : norm_row_stats<T, C>(x, r, xv);
 #pragma unroll
         for (int j = 0; j < (int)C::CPT; ++j) {
             const u64 c = threadIdx.x + (u64)j * blockDim.x;
             if (c < C::CH) {
                 const float g = ld(dy, r * C::CH + c);
-                acc[j] += C::BIAS ? g : g * (xv[j] - mean) * rstd;
+                acc[j] += C::BIAS ? g : g * (xv[j] - ms.x) * ms.y;
             }
         }
     }
@@ -456,21 +460,8 @@ __device__ void norm_backward_kernel(char* arena, u64 o_x, u64 o_w, u64 o_dy, u6
     const u64 r0 = (u64)blockIdx.x * C::RPB, r1 = r0 + C::RPB < C::GROUPS ? r0 + C::RPB : C::GROUPS;
     for (u64 r = r0; r < r1; ++r) {
         float xv[C::CPT], gv[C::CPT];
-        float s = 0.0f;
-#pragma unroll
-        for (int j = 0; j < (int)C::CPT; ++j) {
-            const u64 c = threadIdx.x + (u64)j * blockDim.x;
-            xv[j] = c < C::CH ? ld(x, r * C::CH + c) : 0.0f;
-            s += xv[j];
-        }
-        const float mean = C::KIND == 1 ? 0.0f : block_sum(s) / (float)C::CH;
-        float v = 0.0f;
-#pragma unroll
-        for (int j = 0; j < (int)C::CPT; ++j) {
-            const float d = xv[j] - mean;
-            if (threadIdx.x + (u64)j * blockDim.x < C::CH) v += d * d;
-        }
-        const float rstd = rsqrtf(block_sum(v) / (float)C::CH + C::EPS);
+        const float2 ms = norm_row_stats<T, C>(x, r, xv);
+        const float mean = ms.x, rstd = ms.y;
         float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
         for (int j = 0; j < (int)C::CPT; ++j) {
