@@ -93,8 +93,9 @@ pub(crate) fn grouped_if_no_higher(
 /// (`passes::unary_pairs`): their longer lives leave the copies less compute to hide behind
 /// and the pages more to fault (GPT-2 small bf16: 3.5 ms more on the H100 estimate with the
 /// activations offloaded, 64 more faults a step at 3 GiB unified for the pairs, 17 for the
-/// norms, whose input gradients live on to the update that reads their bias gradients). Each is weighed on the
-/// graph the one before left. `clones` follow their values.
+/// norms, whose input gradients live on to the update that reads their bias gradients).
+/// Each is weighed on the graph the one before left, the norms group by group. `clones`
+/// follow their values.
 pub(crate) fn pairs_merged_if_no_higher(
     graph: Graph,
     clones: Vec<(ValueId, ValueId)>,
