@@ -220,7 +220,7 @@ const FUSED_SAVED: u64 = 94_336;
 /// classes, or all 32 rows of a 16-column tile for the weight gradient), their gradient in
 /// bf16 and (weight gradient) the rows' log-sum-exps, each region rounded to 256 bytes;
 /// attention's backward its scores. So do the layer norms' weight and bias gradients (their
-/// fp32 partials per row chunk and channel) and the grouped AdamW updates (their tensor
+/// fp32 partials per row chunk and channel, merged or not) and the grouped AdamW updates (their tensor
 /// table); no other step does.
 #[test]
 fn the_cuda_plan_gives_its_library_steps_their_workspace() {
@@ -260,9 +260,14 @@ fn the_cuda_plan_gives_its_library_steps_their_workspace() {
             // All 4 heads of 16 rows and 16 keys at once, dq's, dk's and dv's units in turn:
             // fp32 scores and bf16 probabilities, fp32 dp and bf16 ds.
             Op::PackedAttentionBackward(_) => assert_eq!(ws, 4 * 16 * 16 * 2 * (4 + 2) + cublas),
-            // 32 rows (2 x 16 tokens), a chunk each, of 32 channels.
+            // 32 rows (2 x 16 tokens), a chunk each, of 32 channels; merged, one such fp32
+            // partial per chunk and channel for each gradient it sums.
             Op::NormBackwardWeight { .. } | Op::NormBackwardBias { .. } => {
                 assert_eq!(ws, 32 * 32 * 4);
+            }
+            Op::NormBackward { bias, sum, .. } => {
+                let sums = 1 + u64::from(*bias) + u64::from(sum.is_some());
+                assert_eq!(ws, 32 * 32 * 4 * sums);
             }
             // Its tensor table: 24 bytes for each parameter, gradient and moment.
             Op::AdamWGroup { tensors, .. } => assert_eq!(ws, 4 * 24 * u64::from(*tensors)),
