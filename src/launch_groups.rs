@@ -12,7 +12,10 @@ use crate::plan::{self, BuildOptions, Target};
 /// `graph` with launches grouped where that does not raise the peak of live bytes: on
 /// CUDA, where a launch costs time (the CPU backend runs every step alike) and the longer
 /// lives may cost the layout bytes beyond the peak, each scope's parameter casts of one
-/// phase one `cast_group` (`passes::cast_groups`), and with the optimizer in backward each
+/// phase one `cast_group` (`passes::cast_groups`), joined with the scopes' before it in
+/// that phase where that holds too (not where the step copies to the host or pages: GPT-2
+/// small bf16 at 3 GiB unified would fault 1,149 pages a step instead of 1,086), and with
+/// the optimizer in backward each
 /// scope's AdamW steps one group, large weights' too (`passes::group_updates`; updates on
 /// the host are left alone, as the first grouping leaves them). A parallel rank's step is
 /// left as it is: its stages and collectives are weighed by their own rules.
@@ -32,6 +35,9 @@ pub(crate) fn grouped_if_no_higher(
         s.offload.is_some_and(crate::settings::Offload::optimizer) || s.parallel.is_some()
     });
     let parallel = settings.is_some_and(|s| s.parallel.is_some());
+    // Joined cast groups hold weight copies across layers: no longer where the step
+    // copies to the host or pages (more to copy and fault, less compute to hide it).
+    let moves = settings.is_some_and(|s| s.offload.is_some() || s.unified);
     let casts = match target {
         Target::Cuda { .. } if !parallel => cast_groups::keys(&graph),
         _ => Vec::new(),
@@ -66,8 +72,28 @@ pub(crate) fn grouped_if_no_higher(
             }))
         })
         .collect();
-    let (cast_graph, cast_map) = cast_groups::run(&graph, &casts)?;
-    let (grouped, update_map) = group_updates::run_scopes(&cast_graph, &scopes)?;
+    let build = |casts: &[cast_groups::Key]| -> Result<_, StageError> {
+        let (cast_graph, cast_map) = cast_groups::run(&graph, casts)?;
+        let (grouped, update_map) = group_updates::run_scopes(&cast_graph, &scopes)?;
+        Ok((grouped, cast_map, update_map))
+    };
+    // Cast groups joined last, with what the update groups leave (LLaMA-7B's updates would
+    // lose 49 groups to joined casts weighed first), and kept only if the peak with each
+    // step's workspace stays too (ResNet-18 bf16's backward casts joined in one group
+    // would raise it by 102,656 bytes).
+    let joined = match moves {
+        true => casts.clone(),
+        false => cast_groups_joined(&graph, casts.clone(), &mut live, life, bytes),
+    };
+    let mut built = build(&casts)?;
+    if joined != casts {
+        let with_joins = build(&joined)?;
+        let peak = |g: &Graph| plan::live_peak_with_workspace(g, options, target);
+        if peak(&with_joins.0)? <= peak(&built.0)? {
+            built = with_joins;
+        }
+    }
+    let (grouped, cast_map, update_map) = built;
     if plan::live_peak(&grouped, options)? > live.peak {
         return Ok((graph, clones));
     }
@@ -88,7 +114,10 @@ pub(crate) fn grouped_if_no_higher(
 /// computes each tile's logits once (`passes::lce_merge`; a pair whose weight gradient is
 /// itself a parameter's gradient is left apart: that buffer is the update's); then, but not
 /// where the step copies to the host or pages (`offload`, `unified`), each layer or RMS
-/// norm's gradients, one `norm_backward` (`passes::norm_backward_merge`), and each
+/// norm's gradients, one `norm_backward` (`passes::norm_backward_merge`), each weight
+/// gradient with the bias gradient of the same `dy`, one cuBLASLt call
+/// (`passes::bias_grad_epilogue`: their views of one temporary would change what an
+/// offloaded step copies), and each
 /// activation backward recomputes beside its gradient, one `unary_pair`
 /// (`passes::unary_pairs`): their longer lives leave the copies less compute to hide behind
 /// and the pages more to fault (GPT-2 small bf16: 3.5 ms more on the H100 estimate with the
@@ -102,7 +131,7 @@ pub(crate) fn pairs_merged_if_no_higher(
     (target, train): (Target, Option<&TrainSpec>),
     options: &BuildOptions,
 ) -> Result<(Graph, Vec<(ValueId, ValueId)>), StageError> {
-    use crate::passes::{lce_merge, norm_backward_merge, unary_pairs};
+    use crate::passes::{bias_grad_epilogue, lce_merge, unary_pairs};
     if !matches!(target, Target::Cuda { .. }) {
         return Ok((graph, clones));
     }
@@ -118,8 +147,40 @@ pub(crate) fn pairs_merged_if_no_higher(
     if moves {
         return Ok((graph, clones));
     }
+    let (graph, clones, peak) = norms_merged(graph, clones, peak, target, options)?;
+    let biases = |g: &Graph| {
+        let pairs = bias_grad_epilogue::pairs(g);
+        match pairs.is_empty() {
+            true => Ok(None),
+            false => bias_grad_epilogue::run(g, &pairs).map(Some),
+        }
+    };
+    let (graph, clones, peak) =
+        merged_if_no_higher((graph, clones, peak), target, options, biases)?;
+    let activations = |g: &Graph| {
+        let pairs = unary_pairs::pairs(g);
+        match pairs.is_empty() {
+            true => Ok(None),
+            false => unary_pairs::run(g, &pairs).map(Some),
+        }
+    };
+    let (graph, clones, _) =
+        merged_if_no_higher((graph, clones, peak), target, options, activations)?;
+    Ok((graph, clones))
+}
+
+/// `graph` with each layer or RMS norm's gradients one `norm_backward` where held together
+/// they do not raise the peak of bytes in use (`passes::norm_backward_merge`, group by
+/// group), then only if the whole graph's peak does not rise either.
+fn norms_merged(
+    graph: Graph,
+    clones: Vec<(ValueId, ValueId)>,
+    peak: Option<u64>,
+    target: Target,
+    options: &BuildOptions,
+) -> Result<Peaked, StageError> {
     let norms = |g: &Graph| {
-        let groups = norm_backward_merge::groups(g);
+        let groups = crate::passes::norm_backward_merge::groups(g);
         if groups.is_empty() {
             return Ok(None);
         }
@@ -134,20 +195,10 @@ pub(crate) fn pairs_merged_if_no_higher(
             .collect();
         match kept.is_empty() {
             true => Ok(None),
-            false => norm_backward_merge::run(g, &kept).map(Some),
+            false => crate::passes::norm_backward_merge::run(g, &kept).map(Some),
         }
     };
-    let (graph, clones, peak) = merged_if_no_higher((graph, clones, peak), target, options, norms)?;
-    let activations = |g: &Graph| {
-        let pairs = unary_pairs::pairs(g);
-        match pairs.is_empty() {
-            true => Ok(None),
-            false => unary_pairs::run(g, &pairs).map(Some),
-        }
-    };
-    let (graph, clones, _) =
-        merged_if_no_higher((graph, clones, peak), target, options, activations)?;
-    Ok((graph, clones))
+    merged_if_no_higher((graph, clones, peak), target, options, norms)
 }
 
 /// A rebuilt graph with each old value's new one, or `None` where there was nothing to merge
@@ -187,6 +238,52 @@ fn merged_if_no_higher(
         .map(|&(v, c)| Ok((moved(v)?, moved(c)?)))
         .collect::<Result<_, StageError>>()?;
     Ok((merged, clones, Some(after)))
+}
+
+/// `kept` (cast groups held in `live`, in order) with each joined to the group before it
+/// where they cast in one phase between the same types, the joined group takes every cast
+/// of both, and `live` holds the bytes their members would then hold longer.
+fn cast_groups_joined(
+    graph: &Graph,
+    kept: Vec<crate::passes::cast_groups::Key>,
+    live: &mut Held,
+    life: impl Fn(ValueId) -> Option<Interval>,
+    bytes: impl Fn(ValueId) -> u64,
+) -> Vec<crate::passes::cast_groups::Key> {
+    use crate::passes::cast_groups::{members, Key};
+    // Each group's members with their lifetimes, and the steps the group holds them over.
+    let held = |key: &Key| {
+        let lives: Vec<(ValueId, Interval)> = (members(graph, key).into_iter())
+            .filter_map(|m| Some((m, life(m)?)))
+            .collect();
+        let first = lives.iter().map(|(_, l)| l.first).min();
+        let last = lives.iter().map(|(_, l)| l.last).max();
+        Some((lives, first?, last?))
+    };
+    let mut out: Vec<Key> = Vec::new();
+    for key in kept {
+        let Some(open) = out.last_mut() else {
+            out.push(key);
+            continue;
+        };
+        let both = members(graph, open).len() + members(graph, &key).len();
+        let joined = (open.joined(&key)).filter(|j| members(graph, j).len() == both);
+        let (Some(joined), Some(a), Some(b)) = (joined, held(open), held(&key)) else {
+            out.push(key);
+            continue;
+        };
+        let (first, last) = (a.1.min(b.1), a.2.max(b.2));
+        let longer = [a, b].into_iter().flat_map(|(lives, from, to)| {
+            let bytes = &bytes;
+            (lives.into_iter())
+                .flat_map(move |(m, _)| [(bytes(m), first, from), (bytes(m), to + 1, last + 1)])
+        });
+        match live.hold(longer.collect::<Vec<_>>()) {
+            true => *open = joined,
+            false => out.push(key),
+        }
+    }
+    out
 }
 
 /// Live bytes per step with the values groups hold longer added, against the peak before.

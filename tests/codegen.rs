@@ -31,7 +31,7 @@ fn every_library_gemm_stays_inside_its_buffers() {
         for call in &case.kernel.library {
             let Call::Gemm(g) = call else { continue };
             gemms += 1;
-            let bias = g.bias.map(|at| g.bias_vector(at));
+            let bias = g.epilogue_vector();
             for m in [&g.a, &g.b, &g.d].into_iter().chain(bias.as_ref()) {
                 let (limit, at) = size(m.at);
                 assert!(

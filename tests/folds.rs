@@ -1,7 +1,8 @@
 //! The compiler's launch-saving folds on a mixed-precision GPT-2 step for CUDA, asserted on
 //! the plan (their values are checked where the gradients are: against PyTorch in
 //! `precision.rs`, by finite differences in `gradcheck.rs`, through the shim in `shim.rs`):
-//! a bias is added in its matmul's epilogue, a bias gradient is one fp32 `sum_to`, a layer
+//! a bias is added in its matmul's epilogue, a bias gradient is summed in its weight
+//! gradient's epilogue or by a norm's gradient, a layer
 //! norm read only as bf16 stores bf16, attention reads q, k and v packed in the qkv product
 //! and writes their gradient in one op, residual adds read their bf16 branch as it is, a
 //! norm's input gradient adds the residual gradient itself, backward reads saved
@@ -44,14 +45,29 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
     let packed_backward = count(&|s| matches!(s.op, Op::PackedAttentionBackward(_)));
     assert_eq!(packed_backward, layers);
     assert_eq!(count(&|s| matches!(s.op, Op::AttentionBackward { .. })), 0);
-    // Bias gradients: fp32 sums, and no cast reads a sum. The qkv and fc biases' are their
-    // own steps; the proj and fc_proj biases' are summed by the norm gradient below them on
-    // the residual stream (`norm_backward`, counted below).
+    // Bias gradients: fp32 sums, and no cast reads a sum. The qkv and fc biases' are summed
+    // by cuBLASLt in the epilogue of their weight gradients' GEMMs (fp32, both gradients
+    // views of one output); the proj and fc_proj biases' by the norm gradient below them
+    // on the residual stream (`norm_backward`, counted below). No bias has a sum of its own.
     let wide_sums = count(&|s| {
         matches!(s.op, Op::SumTo { f32_out: true, .. })
             && s.output.as_ref().map(dtype) == Some(DType::F32)
     });
-    assert_eq!(wide_sums, 2 * layers, "qkv and fc biases");
+    assert_eq!(
+        wide_sums, 0,
+        "every bias gradient summed beside another gradient"
+    );
+    let with_bias_grads = count(&|s| {
+        matches!(s.op, Op::MatMulBiasGrad { f32_out: true, .. })
+            && s.output.as_ref().map(dtype) == Some(DType::F32)
+    });
+    assert_eq!(with_bias_grads, 2 * layers, "qkv and fc biases");
+    let bias_grad_views = count(&|s| {
+        matches!(s.op, Op::Member { .. })
+            && (s.inputs.iter()).any(|b| matches!(producer(b), Some(Op::MatMulBiasGrad { .. })))
+            && !plan.launches(s)
+    });
+    assert_eq!(bias_grad_views, 2 * 2 * layers);
     let cast_of = |s: &memc::plan::Step, what: fn(&Op) -> bool| {
         matches!(s.op, Op::Cast { .. }) && s.inputs.first().and_then(producer).is_some_and(what)
     };
@@ -76,9 +92,10 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
         0
     );
     // Parameter casts: each layer's four weights and four biases are one cast group in
-    // forward, its four weights recast for backward one in backward, but in the first
-    // layer, whose backward runs at the end, where holding them would raise the peak; the
-    // token embedding is cast alone, in forward and for backward.
+    // forward (a group cannot take the next layer's: its parameters are made after it);
+    // for backward, the weights of layers 10 to 2 are recast in one group and those of
+    // layers 1 and 0 in another, while the top layer's, recast where the step is at its
+    // peak, stay apart; the token embedding is cast alone, in forward and for backward.
     let groups = |phase, tensors| {
         count(&|s| {
             s.phase == phase
@@ -90,7 +107,9 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
         })
     };
     assert_eq!(groups(memc::ir::Phase::Forward, 8), layers);
-    assert_eq!(groups(memc::ir::Phase::Backward, 4), layers - 1);
+    assert_eq!(groups(memc::ir::Phase::Backward, 4), 0);
+    assert_eq!(groups(memc::ir::Phase::Backward, 4 * 9), 1);
+    assert_eq!(groups(memc::ir::Phase::Backward, 4 * 2), 1);
     let param_cast = |s: &memc::plan::Step| {
         matches!(s.op, Op::Cast { .. })
             && plan.buffers[s.inputs[0].index()].class == memc::plan::BufferClass::Param

@@ -73,9 +73,24 @@ impl Matrix {
     }
 }
 
-/// `D = alpha * op(A) op(B) + beta * D (+ bias)` over `batch` items, column-major, fp32
-/// accumulation and scaling (`op` transposes where `trans_a` / `trans_b`): cuBLASLt's matmul
-/// with C = D, and its bias epilogue when there is a bias.
+/// What cuBLASLt does beside the product, in D's type (its default bias type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum Epilogue {
+    /// Nothing: `CUBLASLT_EPILOGUE_DEFAULT`.
+    Plain,
+    /// The `m`-element vector at this address added to every column of `D` (each row of the
+    /// row-major output) before the rounding, the same for every batch item:
+    /// `CUBLASLT_EPILOGUE_BIAS`.
+    Bias(Addr),
+    /// The sums over `k` of `op(A)`'s rows (the row-major right operand's column sums: a
+    /// bias gradient beside its weight gradient), accumulated in fp32 and stored once as `m`
+    /// elements at this address: `CUBLASLT_EPILOGUE_BGRADA`. One batch item only.
+    BiasGrad(Addr),
+}
+
+/// `D = alpha * op(A) op(B) + beta * D` over `batch` items, column-major, fp32 accumulation
+/// and scaling (`op` transposes where `trans_a` / `trans_b`), with its [`Epilogue`]:
+/// cuBLASLt's matmul with C = D.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Gemm {
     /// `A`, `m x k` after `op`.
@@ -94,10 +109,8 @@ pub struct Gemm {
     pub alpha: f32,
     /// Scale of `D`'s prior contents (0: not read).
     pub beta: f32,
-    /// A vector of `m` elements of `D`'s type added to every column of `D` (to each row of
-    /// the row-major output) before the rounding, the same for every batch item:
-    /// `CUBLASLT_EPILOGUE_BIAS`.
-    pub bias: Option<Addr>,
+    /// What is added to `D` or computed beside it.
+    pub epilogue: Epilogue,
 }
 
 impl Gemm {
@@ -126,7 +139,7 @@ impl Gemm {
             batch: 1,
             alpha: 1.0,
             beta: 0.0,
-            bias: None,
+            epilogue: Epilogue::Plain,
         }
     }
 
@@ -154,8 +167,25 @@ impl Gemm {
     /// The same product with the `m`-element vector at `at` added to each column of `D`.
     pub fn with_bias(self, at: Addr) -> Gemm {
         Gemm {
-            bias: Some(at),
+            epilogue: Epilogue::Bias(at),
             ..self
+        }
+    }
+
+    /// The same product also storing `op(A)`'s row sums over `k` (the row-major right
+    /// operand's column sums) as `m` elements of `D`'s type at `at`.
+    pub fn with_bias_grad(self, at: Addr) -> Gemm {
+        Gemm {
+            epilogue: Epilogue::BiasGrad(at),
+            ..self
+        }
+    }
+
+    /// The vector the epilogue reads or writes, as a matrix of one column.
+    pub fn epilogue_vector(&self) -> Option<Matrix> {
+        match self.epilogue {
+            Epilogue::Plain => None,
+            Epilogue::Bias(at) | Epilogue::BiasGrad(at) => Some(self.bias_vector(at)),
         }
     }
 
@@ -180,8 +210,9 @@ impl Gemm {
 
     /// Runs the product on the host over `arena`, `base` giving each address's byte offset:
     /// every element of `D` is `alpha` times the fp32 sum over `k` in order, plus `beta`
-    /// times its prior value, plus its row's bias, rounded once to `D`'s type. Errors when an
-    /// operand would reach past the arena.
+    /// times its prior value, plus its row's bias, rounded once to `D`'s type; a bias
+    /// gradient is each row of `op(A)` summed over `k` in order, rounded once. Errors when an
+    /// operand would reach past the arena, or a bias gradient is asked of a batch.
     pub fn reference(&self, arena: &mut [u8], base: impl Fn(Addr) -> u64) -> Result<(), String> {
         let read = |m: &Matrix, arena: &[u8]| -> Result<Vec<f32>, String> {
             let span = self.span(m);
@@ -196,9 +227,9 @@ impl Gemm {
             read(&self.b, arena)?,
             read(&self.d, arena)?,
         );
-        let bias = match self.bias {
-            Some(at) => read(&self.bias_vector(at), arena)?,
-            None => vec![0.0; self.m() as usize],
+        let bias = match self.epilogue {
+            Epilogue::Bias(at) => read(&self.bias_vector(at), arena)?,
+            _ => vec![0.0; self.m() as usize],
         };
         for z in 0..self.batch {
             for j in 0..self.n() {
@@ -230,10 +261,32 @@ impl Gemm {
         let start = base(self.d.at) as usize;
         let out = lowp::to_bytes(self.d.dtype, &d);
         arena[start..start + out.len()].copy_from_slice(&out);
+        if let Epilogue::BiasGrad(at) = self.epilogue {
+            if self.batch != 1 {
+                return Err(format!("a bias gradient over {} batch items", self.batch));
+            }
+            let sums: Vec<f32> = (0..self.m())
+                .map(|i| {
+                    (0..self.k()).fold(0.0f32, |acc, p| {
+                        let e = match self.trans_a {
+                            true => self.a.index(0, p, i),
+                            false => self.a.index(0, i, p),
+                        };
+                        acc + a[e as usize]
+                    })
+                })
+                .collect();
+            let start = base(at) as usize;
+            let out = lowp::to_bytes(self.d.dtype, &sums);
+            (arena.get_mut(start..start + out.len()))
+                .ok_or_else(|| format!("bias gradient at byte {start} reaches past the arena"))?
+                .copy_from_slice(&out);
+        }
         Ok(())
     }
 
-    /// The bias at `at` seen as a matrix of one column: `m` elements of `D`'s type.
+    /// The bias (or its gradient) at `at` seen as a matrix of one column: `m` elements of
+    /// `D`'s type.
     pub fn bias_vector(&self, at: Addr) -> Matrix {
         Matrix {
             at,

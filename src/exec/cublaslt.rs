@@ -5,7 +5,7 @@
 //! the CUDA toolkit or PyTorch's nvidia-cublas wheel); missing, it is a device error naming it.
 
 use super::ExecError;
-use crate::codegen::gemm::{Gemm, Matrix};
+use crate::codegen::gemm::{Epilogue, Gemm, Matrix};
 use crate::ir::DType;
 use cudarc::cublaslt::{result, sys};
 use std::ffi::c_void;
@@ -96,14 +96,22 @@ fn layout(m: &Matrix, batch: u64) -> Result<sys::cublasLtMatrixLayout_t, ExecErr
     Ok(l)
 }
 
-/// Sets the bias epilogue on `desc`: the vector at device address `at`, in D's type (the
-/// default bias type), the same for every batch item.
+/// Sets `g`'s epilogue on `desc`, its vector at device address `at`, in D's type (the
+/// default bias type), the same for every batch item: the bias added, or the bias gradient
+/// stored (`CUBLASLT_EPILOGUE_BGRADA`: `op(A)`'s rows summed over `k`).
 ///
 /// # Safety
 /// `desc` must be a live matmul descriptor.
-unsafe fn set_bias(desc: sys::cublasLtMatmulDesc_t, at: u64) -> Result<(), ExecError> {
+unsafe fn set_epilogue(
+    desc: sys::cublasLtMatmulDesc_t,
+    g: &Gemm,
+    at: u64,
+) -> Result<(), ExecError> {
     use sys::cublasLtMatmulDescAttributes_t as A;
-    let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
+    let epilogue = match g.epilogue {
+        Epilogue::BiasGrad(_) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BGRADA,
+        _ => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+    };
     let stride = 0i64;
     result::set_matmul_desc_attribute(
         desc,
@@ -129,15 +137,15 @@ unsafe fn set_bias(desc: sys::cublasLtMatmulDesc_t, at: u64) -> Result<(), ExecE
 }
 
 impl Lt {
-    /// Prepares `g` with its operands at the device addresses `ptrs` (A, B, D), its bias (if
-    /// any) at `bias` and the workspace `(address, bytes)`: the heuristic's first algorithm
+    /// Prepares `g` with its operands at the device addresses `ptrs` (A, B, D), its
+    /// epilogue's vector (if any) at `vector` and the workspace `(address, bytes)`: the heuristic's first algorithm
     /// for these shapes, types, alignments, epilogue and workspace. Errors when cuBLASLt
     /// supports no algorithm for them.
     pub fn prepare(
         &self,
         g: &Gemm,
         ptrs: [u64; 3],
-        bias: Option<u64>,
+        vector: Option<u64>,
         workspace: (u64, usize),
     ) -> Result<PreparedGemm, ExecError> {
         let desc = result::create_matmul_desc(
@@ -174,8 +182,8 @@ impl Lt {
                 )
                 .map_err(|e| lt_error("transpose", e))?;
             }
-            if let Some(at) = bias {
-                set_bias(desc, at)?;
+            if let Some(at) = vector {
+                set_epilogue(desc, g, at)?;
             }
             result::set_matmul_pref_attribute(
                 pref,

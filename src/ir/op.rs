@@ -203,6 +203,13 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         bias: bool,
     },
+    /// `(x[k, m] or [m, k], y[k, n] or [n, k]) -> flat [op(x) @ op(y) | sum over k of op(y)]`:
+    /// a weight gradient and, after it (from the product's elements rounded up to 128), the bias
+    /// gradient of the same `dy` (`op(y)`'s column sums, accumulated in fp32 and rounded
+    /// once), each read through an [`Op::Member`] view; in fp32 with `f32_out`. cuBLASLt
+    /// computes both in one call with its bias-gradient epilogue
+    /// (`passes::bias_grad_epilogue`). Never differentiated.
+    MatMulBiasGrad { ta: bool, tb: bool, f32_out: bool },
     /// `packed: u8[bytes] -> w[shape]` in `to`: a quantized frozen weight's packed buffer
     /// dequantized to the precision its matmuls read (`crate::ops::quant`).
     Dequantize { quant: Quantized, to: DType },
@@ -453,6 +460,7 @@ impl Op {
             PadSlice { .. } => "pad_slice",
             Concat { .. } => "concat",
             MatMul { .. } => "matmul",
+            MatMulBiasGrad { .. } => "matmul_bias_grad",
             Dequantize { .. } => "dequantize",
             Conv(c) => ["conv1d", "conv2d", "conv3d"][c.rank().clamp(1, 3) - 1],
             ConvBackwardInput { conv: c, .. } => [

@@ -91,7 +91,7 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::Slice { .. }
         | Op::PadSlice { .. }
         | Op::Concat { .. } => &movement::Family,
-        Op::MatMul { .. } => &matmul::Family,
+        Op::MatMul { .. } | Op::MatMulBiasGrad { .. } => &matmul::Family,
         Op::Dequantize { .. } => &quant::Family,
         Op::Conv(_)
         | Op::ConvBackwardInput { .. }

@@ -4,7 +4,8 @@
 //! to one type, become one `cast_group` launch writing one flat buffer, each cast's value a
 //! `member` view of its range ([`crate::plan::views`]). The group runs where the first of
 //! them ran, so the others' values live from there: the planner keeps a group only where it
-//! does not raise the step's peak of live bytes (`crate::budget::plan_with`). Every member
+//! does not raise the step's peak of live bytes (`crate::budget::plan_with`), which also
+//! joins consecutive scopes' groups of one phase into one where that holds. Every member
 //! but the last takes a multiple of [`MEMBER_ALIGN`] bytes, so each starts where a buffer
 //! of its own could (cuBLASLt reads them as operands).
 
@@ -17,10 +18,49 @@ use std::collections::BTreeMap;
 /// backend's buffer alignment).
 pub const MEMBER_ALIGN: u64 = 256;
 
-/// What the casts of one group share: scope, phase, and the types cast from and to.
-pub type Key = (String, Phase, DType, DType);
+/// What the casts of one group share: their scope (or one of a run of scopes), phase, and
+/// the types cast from and to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Key {
+    /// The scopes whose casts the group takes, in the order of their first casts.
+    pub scopes: Vec<String>,
+    /// The phase the casts run in.
+    pub phase: Phase,
+    /// The parameters' type.
+    pub from: DType,
+    /// The type they are cast to.
+    pub to: DType,
+}
 
-/// The group key of a cast of a parameter.
+impl Key {
+    /// The key of one scope's casts.
+    pub fn of_scope(scope: &str, phase: Phase, from: DType, to: DType) -> Key {
+        Key {
+            scopes: vec![scope.to_string()],
+            phase,
+            from,
+            to,
+        }
+    }
+
+    /// This group and `next` as one group, when they cast in the same phase between the
+    /// same types.
+    pub fn joined(&self, next: &Key) -> Option<Key> {
+        let same = (self.phase, self.from, self.to) == (next.phase, next.from, next.to);
+        same.then(|| Key {
+            scopes: [&self.scopes[..], &next.scopes[..]].concat(),
+            ..self.clone()
+        })
+    }
+
+    /// Whether the one-scope key of a cast falls in this group.
+    fn takes(&self, cast: &Key) -> bool {
+        (self.phase, self.from, self.to) == (cast.phase, cast.from, cast.to)
+            && cast.scopes.iter().all(|s| self.scopes.contains(s))
+    }
+}
+
+/// The one-scope group key of a cast of a parameter.
 fn key_of(graph: &Graph, v: ValueId) -> Option<Key> {
     let node = graph.node(v);
     let Op::Cast { to } = node.op else {
@@ -28,7 +68,7 @@ fn key_of(graph: &Graph, v: ValueId) -> Option<Key> {
     };
     let input = graph.node(*node.inputs.first()?);
     matches!(input.op, Op::Param { .. })
-        .then(|| (node.scope.clone(), node.phase, input.ty.dtype, to))
+        .then(|| Key::of_scope(&node.scope, node.phase, input.ty.dtype, to))
 }
 
 /// The casts of `key`, in creation order, that one group takes: of those whose parameter
@@ -38,7 +78,7 @@ pub fn members(graph: &Graph, key: &Key) -> Vec<ValueId> {
     let mut out: Vec<ValueId> = Vec::new();
     let mut casts = graph
         .values()
-        .filter(|&v| key_of(graph, v).as_ref() == Some(key));
+        .filter(|&v| key_of(graph, v).is_some_and(|k| key.takes(&k)));
     let Some(first) = casts.next() else {
         return out;
     };
@@ -52,7 +92,8 @@ pub fn members(graph: &Graph, key: &Key) -> Vec<ValueId> {
     out
 }
 
-/// The keys with at least two casts a group would take, in order of their first cast.
+/// The one-scope keys with at least two casts a group would take, in order of their first
+/// cast.
 pub fn keys(graph: &Graph) -> Vec<Key> {
     let mut out: Vec<Key> = Vec::new();
     for v in graph.values() {
@@ -93,7 +134,7 @@ pub fn run(graph: &Graph, keys: &[Key]) -> Result<(Graph, Vec<Option<ValueId>>),
                     .map(|&m| b.new_of(graph.node(m).inputs[0]))
                     .collect::<Result<Vec<_>, _>>()?;
                 let op = Op::CastGroup {
-                    to: keys[k].3,
+                    to: keys[k].to,
                     tensors: grouped.len() as u32,
                 };
                 (b.add(v, op, sources)?, 0)
@@ -109,7 +150,7 @@ pub fn run(graph: &Graph, keys: &[Key]) -> Result<(Graph, Vec<Option<ValueId>>),
 
 #[cfg(test)]
 mod tests {
-    use super::{keys, run};
+    use super::{keys, run, Key};
     use crate::ir::{DType, Graph, Init, Op, Origin, Phase, Span, TensorType};
 
     #[test]
@@ -141,12 +182,7 @@ mod tests {
         g.outputs = (casts.iter().chain([&late_cast]))
             .map(|&c| (format!("{c}"), c))
             .collect();
-        let key = (
-            "layer.0".to_string(),
-            Phase::Forward,
-            DType::F32,
-            DType::BF16,
-        );
+        let key = Key::of_scope("layer.0", Phase::Forward, DType::F32, DType::BF16);
         assert_eq!(keys(&g), vec![key.clone()]);
         let (out, map) = run(&g, &[key]).expect("grouped");
         let group = (out.values()).find(|&v| matches!(out.node(v).op, Op::CastGroup { .. }));

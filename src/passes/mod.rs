@@ -2,6 +2,7 @@
 pub mod arena;
 pub mod autodiff;
 pub mod bias_epilogue;
+pub mod bias_grad_epilogue;
 pub mod cast_groups;
 pub mod checkpoint;
 pub mod concat_grads;

@@ -111,11 +111,23 @@ impl Builder<'_> {
 pub fn rebuild_each(
     graph: &Graph,
     pass: &'static str,
+    each: impl FnMut(&mut Builder<'_>, ValueId) -> Result<ValueId, StageError>,
+) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
+    let order: Vec<ValueId> = graph.values().collect();
+    rebuild_in_order(graph, pass, &order, each)
+}
+
+/// [`rebuild_each`] visiting the old nodes in `order` (each exactly once, every node after
+/// the nodes it reads): a node moved later is rebuilt where it is visited.
+pub fn rebuild_in_order(
+    graph: &Graph,
+    pass: &'static str,
+    order: &[ValueId],
     mut each: impl FnMut(&mut Builder<'_>, ValueId) -> Result<ValueId, StageError>,
 ) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
     let mut out = Graph::new();
-    let mut map: Vec<Option<ValueId>> = Vec::with_capacity(graph.len());
-    for v in graph.values() {
+    let mut map: Vec<Option<ValueId>> = vec![None; graph.len()];
+    for &v in order {
         let mut b = Builder {
             out: &mut out,
             old: graph,
@@ -123,7 +135,10 @@ pub fn rebuild_each(
             pass,
         };
         let new = each(&mut b, v)?;
-        map.push(Some(new));
+        map[v.index()] = Some(new);
+    }
+    if map.iter().any(Option::is_none) {
+        return Err(StageError::internal(pass, "a node left out of the order"));
     }
     for (name, v) in &graph.outputs {
         out.outputs.push((name.clone(), mapped(&map, *v, pass)?));

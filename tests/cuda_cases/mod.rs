@@ -383,6 +383,26 @@ pub fn cases() -> Vec<(&'static str, Op, Vec<TensorType>)> {
             vec![f(&[130, 33]), f(&[130, 70])],
         ),
         (
+            "matmul_bias_grad",
+            Op::MatMulBiasGrad {
+                ta: true,
+                tb: false,
+                f32_out: true,
+            },
+            // 32 x 72 products: a multiple of 128 elements, so no gap before the sums
+            // (whose bytes no view reads and cuBLASLt leaves unwritten).
+            vec![f(&[130, 32]), f(&[130, 72])],
+        ),
+        (
+            "matmul_bias_grad_t",
+            Op::MatMulBiasGrad {
+                ta: false,
+                tb: true,
+                f32_out: false,
+            },
+            vec![f(&[32, 130]), f(&[72, 130])],
+        ),
+        (
             "sum_to_f32_out",
             Op::SumTo {
                 shape: vec![70],

@@ -164,8 +164,8 @@ pub(super) fn prepare_calls(
             calls.push(match call {
                 Call::Gemm(g) => {
                     let ptrs = [addr(g.a.at)?, addr(g.b.at)?, addr(g.d.at)?];
-                    let bias = g.bias.map(addr).transpose()?;
-                    Prepared::Gemm(lt.prepare(g, ptrs, bias, scratch)?)
+                    let vector = g.epilogue_vector().map(|v| addr(v.at)).transpose()?;
+                    Prepared::Gemm(lt.prepare(g, ptrs, vector, scratch)?)
                 }
                 Call::Launch {
                     grid, phase, chunk, ..

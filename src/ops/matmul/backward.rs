@@ -10,7 +10,10 @@ use crate::passes::StageError;
 impl Backward for super::Family {
     fn vjp(&self, op: &Op, cx: &mut Vjp<'_>) -> Result<(), StageError> {
         let Op::MatMul { ta, tb, .. } = *op else {
-            return Err(cx.foreign(op, "matmul"));
+            return Err(match op {
+                Op::MatMulBiasGrad { .. } => cx.not_forward(op),
+                _ => cx.foreign(op, "matmul"),
+            });
         };
         let (a, b, dy) = (cx.x[0], cx.x[1], cx.dy);
         cx.set(0, |rw| {

@@ -27,6 +27,27 @@ impl CpuKernel for super::Family {
                 }
                 Ok(())
             }
+            Op::MatMulBiasGrad { ta, tb, .. } => {
+                let (a, b) = (step.shape(0), step.shape(1));
+                let m = if *ta { a[1] } else { a[0] };
+                let (k, n) = if *tb { (b[1], b[0]) } else { (b[0], b[1]) };
+                // The sums are the flat output's last `n` elements (`ops::matmul::bias_grad_offset`).
+                let (product, rest) = step.output().split_at_mut(m * n);
+                kernels::matmul(
+                    step.input(0),
+                    a,
+                    *ta,
+                    step.input(1),
+                    b,
+                    *tb,
+                    product,
+                    &[m, n],
+                );
+                let (gap, sums) = rest.split_at_mut(rest.len() - n);
+                gap.fill(0.0);
+                kernels::column_sums(step.input(1), (k, n), *tb, sums);
+                Ok(())
+            }
             op => Err(foreign_op(op, "matmul")),
         }
     }

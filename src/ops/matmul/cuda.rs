@@ -94,6 +94,31 @@ fn matmul(a: &Args, tx: bool, ty: bool, bias: bool) -> Result<Kernel, CodegenErr
     Ok(Kernel::library_only("matmul", calls))
 }
 
+/// A [`Op::MatMulBiasGrad`]: the 2-D product `op(x) @ op(y)` at the output's start and
+/// `op(y)`'s column sums at [`super::bias_grad_offset`], one cuBLASLt call with
+/// the bias-gradient epilogue.
+fn matmul_bias_grad(a: &Args, tx: bool, ty: bool) -> Result<Kernel, CodegenError> {
+    let (x, y, out) = (a.at(0)?, a.at(1)?, a.output);
+    if x.shape.len() != 2 || y.shape.len() != 2 {
+        return Err(a.err("a product with a bias gradient over matrices"));
+    }
+    let (m, k) = match tx {
+        true => (u(x.shape[1]), u(x.shape[0])),
+        false => (u(x.shape[0]), u(x.shape[1])),
+    };
+    let n = u(if ty { y.shape[0] } else { y.shape[1] });
+    let eo = out.dtype.size();
+    let sums = super::bias_grad_offset(m * n);
+    let g = Gemm::row_major(
+        (Addr::Input(0, 0), x.dtype, tx, u(x.shape[1])),
+        (Addr::Input(1, 0), y.dtype, ty, u(y.shape[1])),
+        (Addr::Output(0), out.dtype, n),
+        (m, n, k),
+    );
+    let call = Call::gemm(g.with_bias_grad(Addr::Output(sums * eo)));
+    Ok(Kernel::library_only("matmul_bias_grad", vec![call]))
+}
+
 impl CudaLowering for super::Family {
     /// The cuBLASLt workspace, [`GEMM_WORKSPACE`] bytes.
     fn cuda_workspace_bytes(
@@ -108,6 +133,7 @@ impl CudaLowering for super::Family {
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
             Op::MatMul { ta, tb, bias, .. } => matmul(a, *ta, *tb, *bias),
+            Op::MatMulBiasGrad { ta, tb, .. } => matmul_bias_grad(a, *ta, *tb),
             _ => Err(a.foreign("matmul")),
         }
     }

@@ -39,8 +39,31 @@ fn matmul(a: &TensorType, b: &TensorType, ta: bool, tb: bool) -> Result<TensorTy
     Ok(TensorType::new(a.dtype, batch))
 }
 
+/// The flat output of a [`Op::MatMulBiasGrad`] of 2-D operands: the `m x n` product, then
+/// (at [`super::bias_grad_offset`]) the `n` sums over `k` of `op(b)`.
+fn with_bias_grad(a: &TensorType, b: &TensorType, ta: bool, tb: bool) -> Result<TensorType> {
+    if a.shape.len() != 2 || b.shape.len() != 2 {
+        return fail(
+            format!("matmul with a bias gradient over {a} @ {b}"),
+            "both operands of a product with a bias gradient are matrices",
+        );
+    }
+    let out = matmul(a, b, ta, tb)?;
+    let (m, n) = (out.shape[0] as u64, out.shape[1] as u64);
+    let total = super::bias_grad_offset(m * n) + n;
+    Ok(TensorType::new(out.dtype, vec![total as usize]))
+}
+
 impl Rules for super::Family {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
+        if let Op::MatMulBiasGrad { ta, tb, f32_out } = op {
+            arity(op, inputs, 2, 2)?;
+            let out = with_bias_grad(inputs[0], inputs[1], *ta, *tb)?;
+            return Ok(match f32_out {
+                true => out.with_dtype(DType::F32),
+                false => out,
+            });
+        }
         let Op::MatMul {
             ta,
             tb,
@@ -71,6 +94,11 @@ impl Rules for super::Family {
     }
 
     fn flops(&self, op: &Op, inputs: &[&TensorType], out: &TensorType) -> u64 {
+        if let (Op::MatMulBiasGrad { ta, tb, .. }, [a, b]) = (op, inputs) {
+            let product = matmul(a, b, *ta, *tb).map_or(0, |p| p.numel());
+            let k = if *ta { a.shape[0] } else { a.shape[1] } as u64;
+            return 2 * product * k + b.numel();
+        }
         let (Op::MatMul { ta, .. }, Some(a)) = (op, inputs.first()) else {
             return 0;
         };
