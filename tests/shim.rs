@@ -78,13 +78,15 @@ fn norm_cases_over_few_large_groups_run_in_slices() {
 }
 
 /// Promoted arithmetic, cast groups, accumulating norm input gradients and merged norm
-/// gradients summing a narrower copy, whose inputs' types differ from their output's.
+/// gradients summing a narrower copy or reading a narrower `dy`, whose inputs' types differ
+/// from their output's.
 #[test]
 fn mixed_type_kernels_match_the_cpu_backend_through_the_shim() {
     let mut cases = mixed_types::promoted_cases();
     cases.extend(mixed_types::cast_group_cases());
     cases.extend(mixed_types::accumulated_norm_cases());
     cases.extend(mixed_types::summed_norm_cases());
+    cases.extend(mixed_types::narrow_dy_norm_cases());
     check_kernel_cases(&cases);
 }
 

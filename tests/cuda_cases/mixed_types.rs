@@ -4,7 +4,8 @@
 //! narrow one, broadcast or not), cast groups (fp32 parameters cast to 16 bits into one
 //! packed output through the tensor table), norm input gradients that add a residual
 //! gradient of another type as they store (`passes::norm_accumulate`), and merged norm
-//! gradients summing the input gradient rounded to a narrower type.
+//! gradients summing the input gradient rounded to a narrower type or reading a narrower
+//! `dy`.
 
 use super::{output, t, KernelCase};
 use memc::codegen::kernel_for;
@@ -131,6 +132,35 @@ pub fn summed_norm_cases() -> Vec<KernelCase> {
                 op,
                 inputs,
             ));
+        }
+    }
+    out
+}
+
+/// A norm's merged gradients over fp32 rows whose `dy` is f16 or bf16, read as it is
+/// (`passes::promote`: the loss head's or an MLP's 16-bit input gradient): a layer norm with
+/// its bias gradient, 300 rows of 128; an RMS norm adding an fp32 residual gradient, 7
+/// rows of 384.
+pub fn narrow_dy_norm_cases() -> Vec<KernelCase> {
+    let mut out = Vec::new();
+    for narrow in [DType::F16, DType::BF16] {
+        for (name, kind, bias, rows, ch) in [
+            ("layer", NormKind::Layer, true, 300, 128),
+            ("rms", NormKind::Rms, false, 7, 384),
+        ] {
+            let mut inputs = vec![t(DType::F32, &[rows, ch]), t(DType::F32, &[ch])];
+            inputs.push(t(narrow, &[rows, ch]));
+            if kind == NormKind::Rms {
+                inputs.push(t(DType::F32, &[rows, ch]));
+            }
+            let op = Op::NormBackward {
+                kind,
+                eps: 1e-5,
+                bias,
+                sum: None,
+            };
+            let label = format!("{name}_norm_bwd_narrow_dy/{narrow}");
+            out.push(case(label, narrow, op, inputs));
         }
     }
     out
