@@ -225,22 +225,31 @@ fn sample_slices(ch: u64, nb: u64, s: u64) -> Option<(u64, u64)> {
         .map(|p| (p, s / p))
 }
 
+/// [`param_geometry`], or the step's unsupported error where a thread would own more than
+/// [`MAX_CPT`] channels or the grid would overflow.
+fn checked_param_geometry(
+    a: &Args,
+    kind: NormKind,
+    x: &[usize],
+    bias: bool,
+) -> Result<ParamGeometry, CodegenError> {
+    let g = param_geometry(kind, x, bias);
+    if g.cpt > MAX_CPT {
+        let most = MAX_CPT * 1024;
+        return Err(a.unsupported(format!("{} channels exceed {most} per block", g.ch)));
+    }
+    if g.grid[0] > u64::from(u32::MAX >> 1) {
+        return Err(a.unsupported(format!("{} channels exceed the grid", g.ch)));
+    }
+    Ok(g)
+}
+
 /// The weight gradient (inputs x, dy) or, when `bias`, the bias gradient (input dy): two
 /// stages, fp32 partials per position chunk and channel in the workspace.
 fn backward_param(a: &Args, kind: NormKind, eps: f32, bias: bool) -> Result<Kernel, CodegenError> {
     let x = a.at(0)?;
     let (mut lines, _, _) = norm_cfg(kind, eps, &x.shape, false);
-    let g = param_geometry(kind, &x.shape, bias);
-    if g.cpt > MAX_CPT {
-        return Err(a.unsupported(format!(
-            "{} channels exceed {} per block",
-            g.ch,
-            MAX_CPT * 1024
-        )));
-    }
-    if g.grid[0] > u64::from(u32::MAX >> 1) {
-        return Err(a.unsupported(format!("{} channels exceed the grid", g.ch)));
-    }
+    let g = checked_param_geometry(a, kind, &x.shape, bias)?;
     lines.extend(g.lines);
     lines.push(c_bool("BIAS", bias));
     let (family, dy) = if bias {
@@ -280,10 +289,7 @@ fn backward_all(
 ) -> Result<Kernel, CodegenError> {
     let x = a.at(0)?;
     let (mut lines, rows, ch) = norm_cfg(kind, eps, &x.shape, false);
-    let g = param_geometry(kind, &x.shape, false);
-    if g.cpt > MAX_CPT {
-        return Err(a.unsupported(format!("{ch} channels exceed {} per block", MAX_CPT * 1024)));
-    }
+    let g = checked_param_geometry(a, kind, &x.shape, false)?;
     let at = super::GradsLayout::new(rows, ch, x.dtype.size(), bias, sum.is_some());
     let acc = a.inputs.len() == 4;
     lines.extend(g.lines);
