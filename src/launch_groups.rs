@@ -137,10 +137,7 @@ pub(crate) fn pairs_merged_if_no_higher(
     }
     let heads = |g: &Graph| {
         let pairs = lce_merge::pairs(g, &plan::param_gradients(g));
-        match pairs.is_empty() {
-            true => Ok(None),
-            false => lce_merge::run(g, &pairs).map(Some),
-        }
+        found_merged(g, &pairs, lce_merge::run)
     };
     let (graph, clones, peak) = merged_if_no_higher((graph, clones, None), target, options, heads)?;
     let moves = train.is_some_and(|t| t.settings.offload.is_some() || t.settings.unified);
@@ -148,22 +145,11 @@ pub(crate) fn pairs_merged_if_no_higher(
         return Ok((graph, clones));
     }
     let (graph, clones, peak) = norms_merged(graph, clones, peak, target, options)?;
-    let biases = |g: &Graph| {
-        let pairs = bias_grad_epilogue::pairs(g);
-        match pairs.is_empty() {
-            true => Ok(None),
-            false => bias_grad_epilogue::run(g, &pairs).map(Some),
-        }
-    };
+    let biases =
+        |g: &Graph| found_merged(g, &bias_grad_epilogue::pairs(g), bias_grad_epilogue::run);
     let (graph, clones, peak) =
         merged_if_no_higher((graph, clones, peak), target, options, biases)?;
-    let activations = |g: &Graph| {
-        let pairs = unary_pairs::pairs(g);
-        match pairs.is_empty() {
-            true => Ok(None),
-            false => unary_pairs::run(g, &pairs).map(Some),
-        }
-    };
+    let activations = |g: &Graph| found_merged(g, &unary_pairs::pairs(g), unary_pairs::run);
     let (graph, clones, _) =
         merged_if_no_higher((graph, clones, peak), target, options, activations)?;
     Ok((graph, clones))
@@ -204,6 +190,18 @@ fn norms_merged(
 /// A rebuilt graph with each old value's new one, or `None` where there was nothing to merge
 /// (no graph is rebuilt then).
 type Merge = Option<(Graph, Vec<Option<ValueId>>)>;
+
+/// `run` over what a merge `found` in `g`, or `None` where it found nothing.
+fn found_merged<T>(
+    g: &Graph,
+    found: &[T],
+    run: impl Fn(&Graph, &[T]) -> Result<(Graph, Vec<Option<ValueId>>), StageError>,
+) -> Result<Merge, StageError> {
+    match found.is_empty() {
+        true => Ok(None),
+        false => run(g, found).map(Some),
+    }
+}
 
 /// A graph, its clone pairs and, when known, its peak of bytes in use with each step's
 /// workspace.

@@ -37,14 +37,7 @@ fn reshaped_from(graph: &Graph, mut v: ValueId) -> Vec<ValueId> {
 /// the sum before the product (where the merged op is placed).
 pub fn pairs(graph: &Graph) -> Vec<WeightAndBias> {
     let outputs: BTreeSet<ValueId> = graph.outputs.iter().map(|(_, v)| *v).collect();
-    let written: BTreeSet<ValueId> = (graph.values())
-        .flat_map(|v| {
-            let node = graph.node(v);
-            (node.op.mutated_inputs().iter())
-                .filter_map(|&i| node.inputs.get(i).copied())
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let written = super::rewrite::written_in_place(graph);
     let free = |v: ValueId| !outputs.contains(&v) && !written.contains(&v);
     let mut taken: BTreeSet<ValueId> = BTreeSet::new();
     let mut out = Vec::new();
@@ -129,28 +122,18 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::{pairs, run, WeightAndBias};
-    use crate::ir::{DType, Graph, Op, Origin, Phase, Span, TensorType, UnaryFn, ValueId};
+    use crate::ir::{DType, Graph, Op, Phase, TensorType, UnaryFn, ValueId};
+    use crate::passes::test_graphs::{input, origin};
 
     /// A backward graph: `x [4, 3]`, `dy [2, 2, 5]`, the bias gradient (a `sum_to` of `dy`
     /// onto its 5 columns) made before the weight gradient `x^T @ reshape(dy)`, and a step
     /// reading the bias gradient after it (before it when `read_early`): the graph and (dw,
     /// db).
     fn linear_grads(read_early: bool) -> (Graph, [ValueId; 2]) {
-        let origin = Origin {
-            span: Span::default(),
-            scope: String::new(),
-            phase: Phase::Backward,
-        };
+        let origin = origin(Phase::Backward);
         let mut g = Graph::new();
-        let mut input = |name: &str, shape: &[usize]| {
-            let ty = TensorType::new(DType::F32, shape.to_vec());
-            let op = Op::Input {
-                name: name.to_string(),
-                ty,
-            };
-            g.add(op, vec![], &origin).expect("input")
-        };
-        let (x, dy) = (input("x", &[4, 3]), input("dy", &[2, 2, 5]));
+        let x = input(&mut g, &origin, "x", (DType::F32, &[4, 3]));
+        let dy = input(&mut g, &origin, "dy", (DType::F32, &[2, 2, 5]));
         let db = g.add(Op::sum_to(vec![5]), vec![dy], &origin).expect("db");
         let relu = Op::Unary(UnaryFn::Relu);
         if read_early {

@@ -26,6 +26,8 @@ pub mod quantize;
 pub mod rewrite;
 pub mod saves;
 pub mod schedule;
+#[cfg(test)]
+pub(crate) mod test_graphs;
 pub mod tile;
 pub mod unary_pairs;
 pub mod widen;

@@ -54,23 +54,15 @@ pub fn fold(graph: &Graph) -> Result<(Graph, Vec<Option<ValueId>>), StageError> 
 #[cfg(test)]
 mod tests {
     use super::fold;
-    use crate::ir::{BinaryFn, DType, Graph, NormKind, Op, Origin, Phase, Span, TensorType};
+    use crate::ir::{BinaryFn, DType, Graph, NormKind, Op, Phase, TensorType};
+    use crate::passes::test_graphs;
 
     #[test]
     fn only_an_fp32_norm_input_gradient_read_once_by_an_add_folds() {
-        let origin = Origin {
-            span: Span::default(),
-            scope: String::new(),
-            phase: Phase::Backward,
-        };
+        let origin = test_graphs::origin(Phase::Backward);
         let mut g = Graph::new();
         let input = |g: &mut Graph, name: &str, dtype, shape: &[usize]| {
-            let ty = TensorType::new(dtype, shape.to_vec());
-            let op = Op::Input {
-                name: name.to_string(),
-                ty,
-            };
-            g.add(op, vec![], &origin).expect("input")
+            test_graphs::input(g, &origin, name, (dtype, shape))
         };
         let x = input(&mut g, "x", DType::F32, &[4, 8]);
         let w = input(&mut g, "w", DType::F32, &[8]);

@@ -65,14 +65,7 @@ fn input_gradient(graph: &Graph, v: ValueId) -> Option<(NormKind, f32)> {
 pub fn groups(graph: &Graph) -> Vec<NormGrads> {
     let outputs: BTreeSet<ValueId> = graph.outputs.iter().map(|(_, v)| *v).collect();
     // A value some step writes in place cannot be a view of the merged output.
-    let written: BTreeSet<ValueId> = (graph.values())
-        .flat_map(|v| {
-            let node = graph.node(v);
-            (node.op.mutated_inputs().iter())
-                .filter_map(|&i| node.inputs.get(i).copied())
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let written = super::rewrite::written_in_place(graph);
     let mut taken: BTreeSet<ValueId> = BTreeSet::new();
     let mut out = Vec::new();
     for dx in graph.values() {
@@ -200,26 +193,18 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::{groups, run, NormGrads};
-    use crate::ir::{DType, Graph, NormKind, Op, Origin, Phase, Span, TensorType, ValueId};
+    use crate::ir::{DType, Graph, NormKind, Op, Phase, ValueId};
     use crate::ops::norm::merged_backward_fills;
+    use crate::passes::test_graphs;
 
     /// A backward graph with a layer norm's weight, bias and input gradients over 8 x 8 and
     /// the sum of the input gradient, cast to `cast` first when given (summed in fp32), the
     /// bias gradient a graph output when `bias_out`: the graph and (dx, dw, db, the sum).
     fn layer_norm_grads(bias_out: bool, cast: Option<DType>) -> (Graph, [ValueId; 4]) {
-        let origin = Origin {
-            span: Span::default(),
-            scope: String::new(),
-            phase: Phase::Backward,
-        };
+        let origin = test_graphs::origin(Phase::Backward);
         let mut g = Graph::new();
         let mut input = |name: &str, shape: &[usize]| {
-            let ty = TensorType::new(DType::F32, shape.to_vec());
-            let op = Op::Input {
-                name: name.to_string(),
-                ty,
-            };
-            g.add(op, vec![], &origin).expect("input")
+            test_graphs::input(&mut g, &origin, name, (DType::F32, shape))
         };
         let (x, w, dy) = (input("x", &[8, 8]), input("w", &[8]), input("dy", &[8, 8]));
         let (kind, eps) = (NormKind::Layer, 1e-5);

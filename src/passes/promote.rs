@@ -140,6 +140,7 @@ mod tests {
     use crate::ir::{
         BinaryFn, DType, Graph, NormKind, Op, Origin, Phase, Span, TensorType, UnaryFn, ValueId,
     };
+    use crate::passes::test_graphs;
 
     #[test]
     fn only_a_widening_cast_read_once_by_fp32_arithmetic_folds() {
@@ -190,23 +191,11 @@ mod tests {
 
     #[test]
     fn a_widened_dy_only_norm_gradients_read_is_read_as_it_is() {
-        let origin = Origin {
-            span: Span::default(),
-            scope: String::new(),
-            phase: Phase::Backward,
-        };
+        let origin = test_graphs::origin(Phase::Backward);
         let mut g = Graph::new();
-        let input = |g: &mut Graph, name: &str, dtype, shape: &[usize]| {
-            let ty = TensorType::new(dtype, shape.to_vec());
-            let op = Op::Input {
-                name: name.to_string(),
-                ty,
-            };
-            g.add(op, vec![], &origin).expect("input")
-        };
-        let x = input(&mut g, "x", DType::F32, &[4, 8]);
-        let w = input(&mut g, "w", DType::F32, &[8]);
-        let dy = input(&mut g, "dy", DType::BF16, &[4, 8]);
+        let x = test_graphs::input(&mut g, &origin, "x", (DType::F32, &[4, 8]));
+        let w = test_graphs::input(&mut g, &origin, "w", (DType::F32, &[8]));
+        let dy = test_graphs::input(&mut g, &origin, "dy", (DType::BF16, &[4, 8]));
         let wide = Op::Cast { to: DType::F32 };
         let mut add = |op: Op, inputs| g.add(op, inputs, &origin).expect("node");
         let (folded, kept) = (add(wide.clone(), vec![dy]), add(wide.clone(), vec![dy]));

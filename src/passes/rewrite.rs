@@ -8,6 +8,19 @@ use super::StageError;
 use crate::ir::{Graph, Op, ValueId};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// The values some step writes in place (an update's parameter and moments): no merged
+/// op's output may stand for them.
+pub fn written_in_place(graph: &Graph) -> BTreeSet<ValueId> {
+    (graph.values())
+        .flat_map(|v| {
+            let node = graph.node(v);
+            (node.op.mutated_inputs().iter())
+                .filter_map(|&i| node.inputs.get(i).copied())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// What becomes of one node of the old graph.
 pub enum Edit {
     /// Copied as it is.

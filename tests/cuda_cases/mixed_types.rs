@@ -103,20 +103,24 @@ pub fn accumulated_norm_cases() -> Vec<KernelCase> {
     out
 }
 
-/// A norm's merged gradients over fp32 rows summing the input gradient rounded to f16 or
-/// bf16, as the mixed-precision step's linear bias gradients read it, or as it is, as an fp32
-/// step's do (`norm_backward`): a
-/// layer norm with its bias gradient, 300 rows of 128 in chunks of 2 rows; an RMS norm
-/// adding a residual gradient, 7 rows of 384.
-pub fn summed_norm_cases() -> Vec<KernelCase> {
+/// A norm's merged gradients over fp32 rows for each of `types`, labelled `what`: `dy` in
+/// `dy_of` the type, the input gradient summed rounded to `sum_of` it; a layer norm with its
+/// bias gradient, 300 rows of 128 in chunks of 2 rows; an RMS norm adding an fp32 residual
+/// gradient, 7 rows of 384.
+fn merged_norm_cases(
+    what: &str,
+    types: &[DType],
+    dy_of: impl Fn(DType) -> DType,
+    sum_of: impl Fn(DType) -> Option<DType>,
+) -> Vec<KernelCase> {
     let mut out = Vec::new();
-    for narrow in [DType::F16, DType::BF16, DType::F32] {
+    for &narrow in types {
         for (name, kind, bias, rows, ch) in [
             ("layer", NormKind::Layer, true, 300, 128),
             ("rms", NormKind::Rms, false, 7, 384),
         ] {
             let mut inputs = vec![t(DType::F32, &[rows, ch]), t(DType::F32, &[ch])];
-            inputs.push(t(DType::F32, &[rows, ch]));
+            inputs.push(t(dy_of(narrow), &[rows, ch]));
             if kind == NormKind::Rms {
                 inputs.push(t(DType::F32, &[rows, ch]));
             }
@@ -124,44 +128,24 @@ pub fn summed_norm_cases() -> Vec<KernelCase> {
                 kind,
                 eps: 1e-5,
                 bias,
-                sum: Some(narrow),
+                sum: sum_of(narrow),
             };
-            out.push(case(
-                format!("{name}_norm_bwd_summed/{narrow}"),
-                narrow,
-                op,
-                inputs,
-            ));
+            let label = format!("{name}_norm_bwd_{what}/{narrow}");
+            out.push(case(label, narrow, op, inputs));
         }
     }
     out
 }
 
-/// A norm's merged gradients over fp32 rows whose `dy` is f16 or bf16, read as it is
-/// (`passes::promote`: the loss head's or an MLP's 16-bit input gradient): a layer norm with
-/// its bias gradient, 300 rows of 128; an RMS norm adding an fp32 residual gradient, 7
-/// rows of 384.
+/// Merged norm gradients summing the input gradient rounded to f16 or bf16, as the
+/// mixed-precision step's linear bias gradients read it, or as it is, as an fp32 step's do.
+pub fn summed_norm_cases() -> Vec<KernelCase> {
+    let types = [DType::F16, DType::BF16, DType::F32];
+    merged_norm_cases("summed", &types, |_| DType::F32, Some)
+}
+
+/// Merged norm gradients whose `dy` is f16 or bf16, read as it is (`passes::promote`: the
+/// loss head's or an MLP's 16-bit input gradient).
 pub fn narrow_dy_norm_cases() -> Vec<KernelCase> {
-    let mut out = Vec::new();
-    for narrow in [DType::F16, DType::BF16] {
-        for (name, kind, bias, rows, ch) in [
-            ("layer", NormKind::Layer, true, 300, 128),
-            ("rms", NormKind::Rms, false, 7, 384),
-        ] {
-            let mut inputs = vec![t(DType::F32, &[rows, ch]), t(DType::F32, &[ch])];
-            inputs.push(t(narrow, &[rows, ch]));
-            if kind == NormKind::Rms {
-                inputs.push(t(DType::F32, &[rows, ch]));
-            }
-            let op = Op::NormBackward {
-                kind,
-                eps: 1e-5,
-                bias,
-                sum: None,
-            };
-            let label = format!("{name}_norm_bwd_narrow_dy/{narrow}");
-            out.push(case(label, narrow, op, inputs));
-        }
-    }
-    out
+    merged_norm_cases("narrow_dy", &[DType::F16, DType::BF16], |t| t, |_| None)
 }
