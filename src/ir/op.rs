@@ -205,8 +205,9 @@ pub enum Op {
     },
     /// `(x[k, m] or [m, k], y[k, n] or [n, k]) -> flat [op(x) @ op(y) | sum over k of op(y)]`:
     /// a weight gradient and, after it (from the product's elements rounded up to 128), the bias
-    /// gradient of the same `dy` (`op(y)`'s column sums, accumulated in fp32 and rounded
-    /// once), each read through an [`Op::Member`] view; in fp32 with `f32_out`. cuBLASLt
+    /// gradient of the same `dy` (`op(y)`'s column sums, accumulated in at least fp32, as
+    /// `sum_to` sums, and rounded once), each read through an [`Op::Member`] view; in fp32
+    /// with `f32_out`. cuBLASLt
     /// computes both in one call with its bias-gradient epilogue
     /// (`passes::bias_grad_epilogue`). Never differentiated.
     MatMulBiasGrad { ta: bool, tb: bool, f32_out: bool },

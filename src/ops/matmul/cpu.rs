@@ -45,7 +45,13 @@ impl CpuKernel for super::Family {
                 );
                 let (gap, sums) = rest.split_at_mut(rest.len() - n);
                 gap.fill(0.0);
-                kernels::column_sums(step.input(1), (k, n), *tb, sums);
+                // `op(b)`'s column sums: `b`'s own, or its row sums when stored transposed,
+                // as the `sum_to` they replace sums them.
+                let (stored, summed): (&[usize], &[usize]) = match tb {
+                    true => (&[n, k], &[n, 1]),
+                    false => (&[k, n], &[n]),
+                };
+                crate::exec::kernels::reduce::sum_to(step.input(1), stored, sums, summed);
                 Ok(())
             }
             op => Err(foreign_op(op, "matmul")),

@@ -94,16 +94,6 @@ pub fn add_rows(out: &mut [f32], bias: &[f32]) {
     });
 }
 
-/// `sums[j]` = the sum over `p` of `op(b)[p, j]` for `op(b)` `k x n` (`b` stored `[n, k]`
-/// when `tb`), accumulated in fp32 in `p` order.
-pub fn column_sums(b: &[f32], (k, n): (usize, usize), tb: bool, sums: &mut [f32]) {
-    sums.par_iter_mut().enumerate().for_each(|(j, s)| {
-        *s = (0..k)
-            .map(|p| if tb { b[j * k + p] } else { b[p * n + j] })
-            .fold(0.0f32, |acc, x| acc + x);
-    });
-}
-
 #[cfg(test)]
 mod tests {
     //! Forward kernels are checked against naive references; backward kernels against central
