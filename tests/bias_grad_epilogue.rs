@@ -1,6 +1,8 @@
 //! A linear layer's bias gradient summed in its weight gradient's GEMM epilogue
 //! (`passes::bias_grad_epilogue`, CUDA plans only): the merged op, run by the CPU backend,
 //! gives every gradient of the separate sums of the CPU plan (fp32: up to summation order).
+//! In bf16, a merged norm gradient also stores its input gradient's bf16 copy for the
+//! matmuls below (`passes::norm_backward_merge`): the same values as the CPU plan's casts.
 #![allow(clippy::panic, clippy::unwrap_used)]
 
 mod common;
@@ -12,12 +14,12 @@ use memc::settings::Precision;
 use memc::Options;
 use std::collections::HashMap;
 
-/// The tiny GPT-2 for `target` in fp32, and every parameter's gradient after one step from
-/// seed 7 on the CPU backend.
-fn gradients(target: Target) -> (memc::Compiled, HashMap<String, Vec<f32>>) {
+/// The tiny GPT-2 for `target` in `precision`, and every parameter's gradient after one
+/// step from seed 7 on the CPU backend.
+fn gradients(target: Target, precision: Precision) -> (memc::Compiled, HashMap<String, Vec<f32>>) {
     let options = Options {
         overrides: tiny_gpt(2),
-        precision: Some(Precision::Fp32),
+        precision: Some(precision),
         target,
         ..Options::default()
     };
@@ -33,8 +35,8 @@ fn gradients(target: Target) -> (memc::Compiled, HashMap<String, Vec<f32>>) {
 
 #[test]
 fn merged_bias_gradients_match_the_separate_sums() {
-    let (cuda, merged) = gradients(Target::CUDA_MIN);
-    let (cpu, apart) = gradients(Target::Cpu);
+    let (cuda, merged) = gradients(Target::CUDA_MIN, Precision::Fp32);
+    let (cpu, apart) = gradients(Target::Cpu, Precision::Fp32);
     let count = |c: &memc::Compiled| {
         let steps = &c.plan.plan().steps;
         steps
@@ -46,15 +48,38 @@ fn merged_bias_gradients_match_the_separate_sums() {
     // fc_proj bias, which the final norm's gradient does not sum (held together with it,
     // the fp32 step's peak would rise); none on the CPU.
     assert_eq!((count(&cuda), count(&cpu)), (9, 0));
-    assert_eq!(merged.len(), apart.len());
-    for (name, want) in &apart {
-        let got = &merged[name];
-        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-        let err = got
-            .iter()
-            .zip(want)
-            .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
-        assert!(err <= 1e-5 * scale, "{name}: {err} against {scale}");
-    }
+    assert_close(&merged, &apart, 1e-5);
     assert!(apart.contains_key("layer.0.fc.bias"));
+}
+
+/// Every gradient of `got` within `rtol` times the largest of `want`'s, name by name.
+fn assert_close(got: &HashMap<String, Vec<f32>>, want: &HashMap<String, Vec<f32>>, rtol: f32) {
+    assert_eq!(got.len(), want.len());
+    for (name, want) in want {
+        let got = &got[name];
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+        // A NaN on either side is an infinite error.
+        let err = (got.iter().zip(want)).fold(0f32, |m, (g, w)| match (g - w).abs() {
+            d if d.is_nan() => f32::INFINITY,
+            d => m.max(d),
+        });
+        assert!(err <= rtol * scale, "{name}: {err} against {scale}");
+    }
+}
+
+#[test]
+fn bf16_norm_gradients_copied_for_the_matmuls_match_the_casts() {
+    let (cuda, merged) = gradients(Target::CUDA_MIN, Precision::Bf16);
+    let (_, apart) = gradients(Target::Cpu, Precision::Bf16);
+    let copies = (cuda.plan.plan().steps.iter())
+        .filter(|s| matches!(s.op, Op::Member { dtype: Some(_), .. }))
+        .count();
+    // Each merged layer norm's but the lowest (layer 0's ln1: the embeddings read its
+    // gradient in fp32, no matmul).
+    let norms = (cuda.plan.plan().steps.iter())
+        .filter(|s| matches!(s.op, Op::NormBackward { .. }))
+        .count();
+    assert_eq!((copies, norms), (7, 8));
+    // The same bits: each copy is the cast it replaces, every sum in the same order.
+    assert_close(&merged, &apart, 0.0);
 }

@@ -87,7 +87,39 @@ fn mixed_type_kernels_match_the_cpu_backend_through_the_shim() {
     cases.extend(mixed_types::accumulated_norm_cases());
     cases.extend(mixed_types::summed_norm_cases());
     cases.extend(mixed_types::narrow_dy_norm_cases());
+    cases.extend(mixed_types::copied_norm_cases());
     check_kernel_cases(&cases);
+}
+
+/// A member of another type than its flat input that is copied, not a view (its input is
+/// bound from outside): the CPU backend and the gather kernel decode the same bytes.
+#[test]
+fn a_member_of_another_type_copies_the_same_bytes_on_both_backends() {
+    let want = [1.5f32, -2.0, 3.25, 0.5, 7.0, -0.125];
+    let mut flat = vec![9.0f32; 8];
+    memc::exec::lowp::pack(DType::BF16, &want, &mut flat[2..]);
+    let op = memc::ir::Op::Member {
+        offset: 2,
+        shape: vec![6],
+        dtype: Some(DType::BF16),
+    };
+    let inputs = [TensorType::new(DType::F32, vec![8])];
+    let output = TensorType::new(DType::BF16, vec![6]);
+    let cpu = cpu_reference(&op, &inputs, std::slice::from_ref(&flat), 1);
+    assert_eq!(cpu.output.as_deref(), Some(&want[..]));
+    if let Some(why) = gxx_missing() {
+        println!("SKIP: {why}");
+        return;
+    }
+    let kernel = memc::codegen::kernel_for(&op, &inputs, &output)
+        .expect("lowered")
+        .expect("a kernel");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exe = compile(&kernel, dir.path()).expect("compiled");
+    let io = (&inputs[..], &output);
+    let arena = dir.path().join("member.arena");
+    let got = shim_run(&exe, &kernel, io, &[flat], &[], &arena, false, 0).expect("ran");
+    assert_eq!(got.output.as_deref(), Some(&want[..]));
 }
 
 /// Inputs for the cast kernels: ties, overflow to infinity, subnormals, signed zero, NaN and

@@ -65,6 +65,18 @@ pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Vec<f32> {
     }
 }
 
+/// Writes `values` encoded in `dtype` into the bytes of `out`, the elements of an fp32
+/// buffer, as the arena holds them (a narrower part of a flat fp32 output); bytes past the
+/// values in the last element are 0. `out` must hold the encoded bytes.
+pub fn pack(dtype: DType, values: &[f32], out: &mut [f32]) {
+    let bytes = to_bytes(dtype, values);
+    for (o, c) in out.iter_mut().zip(bytes.chunks(4)) {
+        let mut word = [0u8; 4];
+        word[..c.len()].copy_from_slice(c);
+        *o = f32::from_le_bytes(word);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -123,13 +123,17 @@ pub enum Op {
     /// `dx` is `g` plus the input gradient, as [`Op::NormBackwardInput`] of four inputs;
     /// with `sum = Some(t)`, also `dsum`, the sum over the rows of `dx` rounded to `t` (the
     /// bias gradient of a linear layer whose output `dx` is the gradient of, read through a
-    /// cast to `t`), as `sum_to` of that cast (`passes::norm_backward_merge`).
+    /// cast to `t`), as `sum_to` of that cast (`passes::norm_backward_merge`); with
+    /// `copy = Some(t)`, also `dx` rounded to `t` (that cast), read through a member of type
+    /// `t`. A sum and a copy are of one type.
     NormBackward {
         kind: NormKind,
         eps: f32,
         bias: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sum: Option<DType>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        copy: Option<DType>,
     },
     /// `(running_mean[C], running_var[C], x[N, C, ...]) -> ()`: batch norm's running
     /// statistics moved towards `x`'s per-channel mean and unbiased variance, in place, as
@@ -171,8 +175,16 @@ pub enum Op {
     /// Same elements, new shape.
     Reshape { shape: Vec<usize> },
     /// `flat -> shape`: elements `offset .. offset + numel(shape)` of a 1-D tensor, as a
-    /// tensor of `shape` (a member of an [`Op::CastGroup`]); a view of those bytes.
-    Member { offset: usize, shape: Vec<usize> },
+    /// tensor of `shape` (a member of an [`Op::CastGroup`]); a view of those bytes. With
+    /// `dtype`, the member holds elements of that type from the byte where element `offset`
+    /// of the flat tensor starts (a merged op's output of two types, such as a norm's fp32
+    /// input gradient and its bf16 copy).
+    Member {
+        offset: usize,
+        shape: Vec<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dtype: Option<DType>,
+    },
     /// Output dim i is input dim `perm[i]`.
     Permute { perm: Vec<usize> },
     /// `x[..., start..end, ...]` along `axis`.

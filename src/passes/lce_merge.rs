@@ -84,6 +84,14 @@ pub fn run(
             }
         };
         let shape = node.ty.shape.clone();
-        b.add(v, Op::Member { offset, shape }, vec![root])
+        b.add(
+            v,
+            Op::Member {
+                offset,
+                shape,
+                dtype: None,
+            },
+            vec![root],
+        )
     })
 }

@@ -28,6 +28,9 @@ pub struct NormGrads {
     /// A `sum_to` onto the channels of the input gradient or of a cast of it (the bias
     /// gradient of the linear layer whose output's gradient it is), and the type it sums.
     pub sum: Option<(ValueId, DType)>,
+    /// A cast of the input gradient to a narrower type that ops besides the sum read (the
+    /// matmuls below), and that type (the sum's, when both are there).
+    pub copy: Option<(ValueId, DType)>,
 }
 
 impl NormGrads {
@@ -38,6 +41,7 @@ impl NormGrads {
             Some(self.weight),
             self.bias,
             self.sum.map(|s| s.0),
+            self.copy.map(|c| c.0),
         ]
         .into_iter()
         .flatten()
@@ -74,14 +78,13 @@ pub fn groups(graph: &Graph) -> Vec<NormGrads> {
         };
         let node = graph.node(dx);
         let (x, w, dy) = (node.inputs[0], node.inputs[1], node.inputs[2]);
-        let like = |v: ValueId| {
-            let n = graph.node(v);
-            n.ty.dtype == node.ty.dtype
-                && n.phase == node.phase
+        let free = |v: ValueId| {
+            graph.node(v).phase == node.phase
                 && !outputs.contains(&v)
                 && !written.contains(&v)
                 && !taken.contains(&v)
         };
+        let like = |v: ValueId| graph.node(v).ty.dtype == node.ty.dtype && free(v);
         let channels = graph.node(w).ty.shape.clone();
         let ch = graph.node(w).ty.numel();
         if !merged_backward_fills(node.ty.numel() / ch.max(1), ch) {
@@ -113,11 +116,22 @@ pub fn groups(graph: &Graph) -> Vec<NormGrads> {
             _ => None,
         };
         let sum = graph.users(dx).into_iter().find_map(sum_of);
+        // A narrower cast read by more than the sum, in the sum's type if there is one.
+        let copy_of = |cast: ValueId| match graph.node(cast).op {
+            Op::Cast { to } if to.is_float() && to.size() < node.ty.dtype.size() => {
+                let read = (graph.users(cast).into_iter()).any(|u| Some(u) != sum.map(|s| s.0));
+                let same = sum.is_none_or(|s| s.1 == to);
+                (read && same && free(cast)).then_some((cast, to))
+            }
+            _ => None,
+        };
+        let copy = graph.users(dx).into_iter().find_map(copy_of);
         let group = NormGrads {
             input: dx,
             weight,
             bias,
             sum,
+            copy,
         };
         // The merged op reads the input gradient's inputs (the others read some of them).
         let first = group.members().into_iter().min().unwrap_or(dx);
@@ -160,6 +174,7 @@ pub fn run(
                     eps,
                     bias: group.bias.is_some(),
                     sum: group.sum.map(|s| s.1),
+                    copy: group.copy.map(|c| c.1),
                 };
                 let inputs = (dx.inputs.iter())
                     .map(|&i| b.new_of(i))
@@ -171,12 +186,14 @@ pub fn run(
         };
         let ch = graph.node(dx.inputs[1]).ty.numel();
         let (bias, sum) = (group.bias.is_some(), group.sum.is_some());
-        let at = GradsLayout::new(dx.ty.numel() / ch.max(1), ch, dx.ty.dtype.size(), bias, sum);
-        let offset = match v {
-            _ if v == group.input => 0,
-            _ if v == group.weight => at.weight,
-            _ if Some(v) == group.bias => at.bias,
-            _ => at.sum,
+        let dims = (dx.ty.numel() / ch.max(1), ch, dx.ty.dtype.size());
+        let at = GradsLayout::new(dims, bias, sum, group.copy.map(|c| c.1.size()));
+        let (offset, dtype) = match v {
+            _ if v == group.input => (0, None),
+            _ if v == group.weight => (at.weight, None),
+            _ if Some(v) == group.bias => (at.bias, None),
+            _ if Some(v) == group.copy.map(|c| c.0) => (at.copy, group.copy.map(|c| c.1)),
+            _ => (at.sum, None),
         };
         let shape = graph.node(v).ty.shape.clone();
         b.add(
@@ -184,6 +201,7 @@ pub fn run(
             Op::Member {
                 offset: offset as usize,
                 shape,
+                dtype,
             },
             vec![root],
         )
@@ -235,6 +253,7 @@ mod tests {
             weight: dw,
             bias: Some(db),
             sum: Some((ds, DType::BF16)),
+            copy: None,
         };
         assert_eq!(found, vec![group]);
         let (out, map) = run(&g, &found).expect("merge");
@@ -245,6 +264,7 @@ mod tests {
             eps: 1e-5,
             bias: true,
             sum: Some(DType::BF16),
+            copy: None,
         };
         assert_eq!(
             (&out.node(root).op, &out.node(root).inputs),
@@ -255,9 +275,55 @@ mod tests {
         assert_eq!(out.node(root).ty.shape, vec![64 + 64 + 64 + 8]);
         for (v, offset) in [(dx, 0), (dw, 64), (db, 128), (ds, 192)] {
             let shape = g.node(v).ty.shape.clone();
-            assert_eq!(out.node(new(v)).op, Op::Member { offset, shape });
+            assert_eq!(
+                out.node(new(v)).op,
+                Op::Member {
+                    offset,
+                    shape,
+                    dtype: None
+                }
+            );
             assert_eq!(out.node(new(v)).inputs, vec![root]);
         }
+    }
+
+    #[test]
+    fn a_cast_of_the_input_gradient_read_beyond_the_sum_becomes_its_narrow_copy() {
+        let (mut g, [dx, dw, db, ds]) = layer_norm_grads(false, Some(DType::BF16));
+        let cast = g.node(ds).inputs[0];
+        let origin = test_graphs::origin(Phase::Backward);
+        let read = Op::Reshape { shape: vec![64] };
+        let reader = g.add(read, vec![cast], &origin).expect("reader");
+        g.outputs.push(("r".into(), reader));
+        let found = groups(&g);
+        let group = NormGrads {
+            input: dx,
+            weight: dw,
+            bias: Some(db),
+            sum: Some((ds, DType::BF16)),
+            copy: Some((cast, DType::BF16)),
+        };
+        assert_eq!(found, vec![group]);
+        let (out, map) = run(&g, &found).expect("merge");
+        let new = |v: ValueId| map[v.index()].expect("kept");
+        let root = out.node(new(dw)).inputs[0];
+        // The copy's 64 bf16 elements take 32 fp32 elements 256 bytes after the sum's start.
+        assert_eq!(out.node(root).ty.shape, vec![64 * 4 + 32]);
+        let copy = Op::Member {
+            offset: 256,
+            shape: vec![8, 8],
+            dtype: Some(DType::BF16),
+        };
+        assert_eq!(out.node(new(cast)).op, copy);
+        assert_eq!(out.node(new(cast)).ty.dtype, DType::BF16);
+        assert_eq!(out.node(new(reader)).inputs, vec![new(cast)]);
+        // A copy as wide as the input gradient is no copy.
+        let (mut g, _) = layer_norm_grads(false, None);
+        let wide = g
+            .add(Op::Cast { to: DType::F32 }, vec![dx], &origin)
+            .expect("cast");
+        g.outputs.push(("w".into(), wide));
+        assert_eq!(groups(&g)[0].copy, None);
     }
 
     #[test]
@@ -269,6 +335,7 @@ mod tests {
             weight: dw,
             bias: None,
             sum: Some((ds, DType::BF16)),
+            copy: None,
         };
         assert_eq!(groups(&g), vec![expected]);
         // 100 rows of 2,048 channels: the input gradient alone splits its rows into slices
@@ -287,6 +354,7 @@ mod tests {
             weight: dw,
             bias: Some(db),
             sum: Some((ds, DType::F32)),
+            copy: None,
         };
         assert_eq!(groups(&g), vec![group]);
     }

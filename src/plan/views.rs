@@ -56,8 +56,8 @@ pub fn roots(graph: &Graph, class: impl Fn(ValueId) -> BufferClass) -> Vec<Optio
     root
 }
 
-/// The byte offset of each value's storage in its root's (by value index): a member's
-/// elements before it in its flat input, plus its input's own offset; 0 for a value with
+/// The byte offset of each value's storage in its root's (by value index): the bytes of a
+/// member's flat input's elements before it, plus its input's own offset; 0 for a value with
 /// storage of its own.
 pub fn offsets(graph: &Graph, roots: &[Option<ValueId>]) -> Vec<u64> {
     let mut offset = vec![0u64; graph.len()];
@@ -67,7 +67,7 @@ pub fn offsets(graph: &Graph, roots: &[Option<ValueId>]) -> Vec<u64> {
         }
         let node = graph.node(v);
         let own = match node.op {
-            Op::Member { offset, .. } => offset as u64 * node.ty.dtype.size(),
+            Op::Member { offset, .. } => offset as u64 * graph.node(node.inputs[0]).ty.dtype.size(),
             _ => 0,
         };
         offset[v.index()] = offset[node.inputs[0].index()] + own;

@@ -4,8 +4,8 @@
 //! narrow one, broadcast or not), cast groups (fp32 parameters cast to 16 bits into one
 //! packed output through the tensor table), norm input gradients that add a residual
 //! gradient of another type as they store (`passes::norm_accumulate`), and merged norm
-//! gradients summing the input gradient rounded to a narrower type or reading a narrower
-//! `dy`.
+//! gradients summing the input gradient rounded to a narrower type, storing a copy of it in
+//! that type or reading a narrower `dy`.
 
 use super::{output, t, KernelCase};
 use memc::codegen::kernel_for;
@@ -104,14 +104,14 @@ pub fn accumulated_norm_cases() -> Vec<KernelCase> {
 }
 
 /// A norm's merged gradients over fp32 rows for each of `types`, labelled `what`: `dy` in
-/// `dy_of` the type, the input gradient summed rounded to `sum_of` it; a layer norm with its
-/// bias gradient, 300 rows of 128 in chunks of 2 rows; an RMS norm adding an fp32 residual
-/// gradient, 7 rows of 384.
+/// `dy_of` the type, the input gradient summed rounded to and copied in the types
+/// `rounded_of` it gives; a layer norm with its bias gradient, 300 rows of 128 in chunks of
+/// 2 rows; an RMS norm adding an fp32 residual gradient, 7 rows of 384.
 fn merged_norm_cases(
     what: &str,
     types: &[DType],
     dy_of: impl Fn(DType) -> DType,
-    sum_of: impl Fn(DType) -> Option<DType>,
+    rounded_of: impl Fn(DType) -> (Option<DType>, Option<DType>),
 ) -> Vec<KernelCase> {
     let mut out = Vec::new();
     for &narrow in types {
@@ -124,11 +124,13 @@ fn merged_norm_cases(
             if kind == NormKind::Rms {
                 inputs.push(t(DType::F32, &[rows, ch]));
             }
+            let (sum, copy) = rounded_of(narrow);
             let op = Op::NormBackward {
                 kind,
                 eps: 1e-5,
                 bias,
-                sum: sum_of(narrow),
+                sum,
+                copy,
             };
             let label = format!("{name}_norm_bwd_{what}/{narrow}");
             out.push(case(label, narrow, op, inputs));
@@ -141,11 +143,30 @@ fn merged_norm_cases(
 /// mixed-precision step's linear bias gradients read it, or as it is, as an fp32 step's do.
 pub fn summed_norm_cases() -> Vec<KernelCase> {
     let types = [DType::F16, DType::BF16, DType::F32];
-    merged_norm_cases("summed", &types, |_| DType::F32, Some)
+    merged_norm_cases("summed", &types, |_| DType::F32, |t| (Some(t), None))
+}
+
+/// Merged norm gradients that also store their fp32 input gradient rounded to f16 or bf16
+/// (the cast the matmuls below read), summed in that type or not.
+pub fn copied_norm_cases() -> Vec<KernelCase> {
+    let types = [DType::F16, DType::BF16];
+    let mut out = merged_norm_cases("copied", &types, |_| DType::F32, |t| (Some(t), Some(t)));
+    out.extend(merged_norm_cases(
+        "copied_unsummed",
+        &types,
+        |_| DType::F32,
+        |t| (None, Some(t)),
+    ));
+    out
 }
 
 /// Merged norm gradients whose `dy` is f16 or bf16, read as it is (`passes::promote`: the
 /// loss head's or an MLP's 16-bit input gradient).
 pub fn narrow_dy_norm_cases() -> Vec<KernelCase> {
-    merged_norm_cases("narrow_dy", &[DType::F16, DType::BF16], |t| t, |_| None)
+    merged_norm_cases(
+        "narrow_dy",
+        &[DType::F16, DType::BF16],
+        |t| t,
+        |_| (None, None),
+    )
 }

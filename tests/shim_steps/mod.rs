@@ -128,7 +128,7 @@ pub fn shim_plan_step(plan: &Plan, arena: &mut Vec<u8>, dir: &Path) -> Result<Pl
         let out_ty = step
             .output
             .map_or_else(|| types[0].clone(), |b| buffer(b).ty.clone());
-        let (_, ratio) = compare_results(&got, &want, &out_ty, &types)
+        let (_, ratio) = compare_results((&got, &want), &step.op, &out_ty, &types)
             .map_err(|e| format!("step {s} ({}): {e}", step.op.name()))?;
         if ratio >= run.worst_step.0 {
             run.worst_step = (ratio, format!("step {s} ({})", step.op.name()));

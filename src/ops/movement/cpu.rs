@@ -4,7 +4,7 @@
 mod kernels;
 
 use crate::exec::cpu::CpuStep;
-use crate::exec::ExecError;
+use crate::exec::{lowp, ExecError};
 use crate::ir::{Op, TensorType};
 use crate::ops::cpu::{foreign_op, CpuKernel};
 
@@ -13,7 +13,22 @@ impl CpuKernel for super::Family {
         let (x, s, out) = (|i| step.input(i), |i| step.shape(i), step.output());
         match step.op() {
             Op::Reshape { .. } => out.copy_from_slice(x(0)),
-            Op::Member { offset, .. } => out.copy_from_slice(&x(0)[*offset..][..out.len()]),
+            Op::Member {
+                offset,
+                dtype: None,
+                ..
+            } => out.copy_from_slice(&x(0)[*offset..][..out.len()]),
+            Op::Member {
+                offset,
+                dtype: Some(t),
+                ..
+            } => {
+                let from = step.dtype(0);
+                let bytes = lowp::to_bytes(from, x(0));
+                let start = *offset * from.size() as usize;
+                let len = out.len() * t.size() as usize;
+                out.copy_from_slice(&lowp::from_bytes(*t, &bytes[start..start + len]));
+            }
             Op::Permute { perm } => kernels::permute(x(0), s(0), perm, out),
             Op::Slice { axis, start, end } => kernels::slice(x(0), s(0), *axis, *start, *end, out),
             Op::PadSlice { axis, start, full } => {

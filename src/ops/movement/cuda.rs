@@ -72,7 +72,12 @@ impl CudaLowering for super::Family {
         let n_out = out.numel();
         match a.op {
             Op::Reshape { .. } => Self::gather(a, "reshape", &[n_out], &[1], 0),
-            Op::Member { offset, .. } => Self::gather(a, "member", &[n_out], &[1], *offset as u64),
+            Op::Member { offset, .. } => {
+                // The member's elements from the byte where the flat input's `offset` starts
+                // (the rules keep that byte aligned to the member's type).
+                let base = *offset as u64 * a.at(0)?.dtype.size() / out.dtype.size().max(1);
+                Self::gather(a, "member", &[n_out], &[1], base)
+            }
             Op::Permute { perm } => {
                 let xs = contiguous(&a.at(0)?.shape);
                 let st: Vec<u64> = perm.iter().map(|&p| xs[p]).collect();

@@ -1,7 +1,7 @@
 //! Shape and dtype rule, cost and precision class of the data movement ops: reshape,
 //! permute, slice, its zero-padding backward, and concat.
 
-use crate::ir::{numel, Op, ShapeDisplay, TensorType};
+use crate::ir::{numel, DType, Op, ShapeDisplay, TensorType};
 use crate::ops::rules::{
     arity, axis_below_rank, elementwise_flops, fail, float, foreign, same_dtype, Behaviour, Result,
     Rules,
@@ -21,19 +21,27 @@ fn reshape(x: &TensorType, shape: &[usize]) -> Result<TensorType> {
     Ok(TensorType::new(x.dtype, shape.to_vec()))
 }
 
-/// Elements `offset .. offset + numel(shape)` of the 1-D `x`, as `shape`.
-fn member(x: &TensorType, offset: usize, shape: &[usize]) -> Result<TensorType> {
-    let n = numel(shape);
-    if x.shape.len() != 1 || offset as u64 + n > x.numel() {
+/// Elements `offset .. offset + numel(shape)` of the 1-D `x`, as `shape`; with `dtype`, that
+/// many elements of `dtype` from the byte where `x`'s element `offset` starts.
+fn member(
+    x: &TensorType,
+    offset: usize,
+    shape: &[usize],
+    dtype: Option<DType>,
+) -> Result<TensorType> {
+    let t = dtype.unwrap_or(x.dtype);
+    let start = offset as u64 * x.dtype.size();
+    let inside = start + numel(shape) * t.size() <= x.bytes();
+    if x.shape.len() != 1 || !inside || !start.is_multiple_of(t.size()) {
         return fail(
             format!(
-                "cannot take {} elements at {offset} of {x}",
+                "cannot take {} elements of {t} at {offset} of {x}",
                 ShapeDisplay(shape)
             ),
-            "a member lies inside a flat tensor",
+            "a member lies inside a flat tensor, aligned to its own element type",
         );
     }
-    Ok(TensorType::new(x.dtype, shape.to_vec()))
+    Ok(TensorType::new(t, shape.to_vec()))
 }
 
 fn permute(x: &TensorType, perm: &[usize]) -> Result<TensorType> {
@@ -113,9 +121,13 @@ impl Rules for super::Family {
                 arity(op, inputs, 1, 1)?;
                 reshape(inputs[0], shape)
             }
-            Op::Member { offset, shape } => {
+            Op::Member {
+                offset,
+                shape,
+                dtype,
+            } => {
                 arity(op, inputs, 1, 1)?;
-                member(inputs[0], *offset, shape)
+                member(inputs[0], *offset, shape, *dtype)
             }
             Op::Permute { perm } => {
                 arity(op, inputs, 1, 1)?;
@@ -142,5 +154,31 @@ impl Rules for super::Family {
 
     fn behaviour(&self, _op: &Op) -> Behaviour {
         Behaviour::CHEAP
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::member;
+    use crate::ir::{DType, TensorType};
+
+    #[test]
+    fn a_member_of_another_type_takes_its_bytes_from_the_flat_elements_offset() {
+        let flat = TensorType::new(DType::F32, vec![100]);
+        // 64 bf16 elements from element 68's byte (272) fill 128 bytes up to byte 400.
+        let copy = member(&flat, 68, &[8, 8], Some(DType::BF16)).expect("inside");
+        assert_eq!(copy, TensorType::new(DType::BF16, vec![8, 8]));
+        assert!(
+            member(&flat, 69, &[8, 8], Some(DType::BF16)).is_err(),
+            "past the end"
+        );
+        assert!(
+            member(&flat, 68, &[8, 8], None).is_err(),
+            "64 fp32 elements do not fit"
+        );
+        // An fp32 member of a bf16 flat tensor must start on a 4-byte boundary.
+        let narrow = TensorType::new(DType::BF16, vec![100]);
+        assert!(member(&narrow, 3, &[4], Some(DType::F32)).is_err());
+        assert!(member(&narrow, 4, &[4], Some(DType::F32)).is_ok());
     }
 }

@@ -4,7 +4,7 @@
 mod kernels;
 
 use crate::exec::cpu::CpuStep;
-use crate::exec::lowp::round;
+use crate::exec::lowp::{self, round};
 use crate::exec::ExecError;
 use crate::ir::{Op, TensorType};
 use crate::ops::cpu::{foreign_op, CpuKernel};
@@ -32,10 +32,12 @@ impl CpuKernel for super::Family {
                 eps,
                 bias,
                 sum,
+                copy,
             } => {
                 let (rows, ch) = (x(0).len() / x(1).len().max(1), x(1).len());
-                let e = step.dtype(0).size();
-                let at = super::GradsLayout::new(rows as u64, ch as u64, e, *bias, sum.is_some());
+                let dims = (rows as u64, ch as u64, step.dtype(0).size());
+                let copy_bytes = copy.map(|t| t.size());
+                let at = super::GradsLayout::new(dims, *bias, sum.is_some(), copy_bytes);
                 let out = step.output();
                 out.fill(0.0);
                 let (dx, grads) = out.split_at_mut(rows * ch);
@@ -53,6 +55,9 @@ impl CpuKernel for super::Family {
                     let rounded: Vec<f32> = dx.iter().map(|&v| round(*t, v)).collect();
                     let d = region(at.sum);
                     kernels::norm_backward_bias(*kind, &rounded, s, &mut grads[d..d + ch]);
+                }
+                if let Some(t) = copy {
+                    lowp::pack(*t, dx, &mut grads[region(at.copy)..]);
                 }
             }
             Op::NormBackwardBias { kind } => {

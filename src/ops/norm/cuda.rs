@@ -280,17 +280,19 @@ fn backward_param(a: &Args, kind: NormKind, eps: f32, bias: bool) -> Result<Kern
 /// gradient's row chunks and block ([`param_geometry`]), each block storing its rows' input
 /// gradients and keeping fp32 partials per channel of the weight gradient, the bias
 /// gradient (`bias`) and the sum of the input gradient rounded to `sum` in the workspace,
-/// then a thread per channel summing each in chunk order.
+/// then a thread per channel summing each in chunk order; with `copy`, each block also
+/// stores its rows' input gradients rounded to that type after the others.
 fn backward_all(
     a: &Args,
     (kind, eps): (NormKind, f32),
     bias: bool,
-    sum: Option<DType>,
+    (sum, copy): (Option<DType>, Option<DType>),
 ) -> Result<Kernel, CodegenError> {
     let x = a.at(0)?;
     let (mut lines, rows, ch) = norm_cfg(kind, eps, &x.shape, false);
     let g = checked_param_geometry(a, kind, &x.shape, false)?;
-    let at = super::GradsLayout::new(rows, ch, x.dtype.size(), bias, sum.is_some());
+    let copy_bytes = copy.map(|t| t.size());
+    let at = super::GradsLayout::new((rows, ch, x.dtype.size()), bias, sum.is_some(), copy_bytes);
     let acc = a.inputs.len() == 4;
     lines.extend(g.lines);
     lines.extend([
@@ -300,12 +302,14 @@ fn backward_all(
         c_u64("DW_AT", at.weight),
         c_u64("DB_AT", at.bias),
         c_u64("DS_AT", at.sum),
+        c_bool("COPY", copy.is_some()),
+        c_u64("CP_AT", at.copy),
     ]);
     let (acc_in, tg) = match acc {
         true => ("in3", a.ty(3)?),
         false => ("in2", a.ty(2)?),
     };
-    let ts = crate::codegen::ctype(sum.unwrap_or(DType::F32));
+    let ts = crate::codegen::ctype(sum.or(copy).unwrap_or(DType::F32));
     let call = format!(
         "norm_backward_kernel<{}, {}, {}, {tg}, {ts}, Cfg>(arena, in0, in1, in2, {acc_in}, out, ws, phase)",
         a.ty(0)?,
@@ -400,7 +404,8 @@ impl CudaLowering for super::Family {
                 eps,
                 bias,
                 sum,
-            } => backward_all(a, (*kind, *eps), *bias, *sum),
+                copy,
+            } => backward_all(a, (*kind, *eps), *bias, (*sum, *copy)),
             _ => Err(a.foreign("norm")),
         }
     }

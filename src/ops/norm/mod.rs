@@ -9,9 +9,9 @@ pub use cuda::merged_backward_fills;
 pub use rules::norm_channels;
 use serde::{Deserialize, Serialize};
 
-/// Where [`crate::ir::Op::NormBackward`]'s gradients sit in its flat output, in elements:
-/// the input gradient at 0, then each gradient it has 256-byte aligned after the one before
-/// ([`super::packed_pair`]).
+/// Where [`crate::ir::Op::NormBackward`]'s gradients sit in its flat output, in its
+/// elements: the input gradient at 0, then each part it has 256-byte aligned after the one
+/// before ([`super::packed_pair`]), the input gradient's copy last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GradsLayout {
     /// The weight gradient's offset.
@@ -21,25 +21,37 @@ pub struct GradsLayout {
     /// The offset of the sum of the rounded input gradient (where it would start when there
     /// is none).
     pub sum: u64,
+    /// The offset of the input gradient's copy in a narrower type (where it would start when
+    /// there is none): its elements from the byte where this element starts.
+    pub copy: u64,
     /// The output's length.
     pub len: u64,
 }
 
 impl GradsLayout {
     /// The layout over `rows` rows of `ch` channels in elements of `elem_bytes`, with a bias
-    /// gradient when `bias` and a sum when `sum`.
-    pub fn new(rows: u64, ch: u64, elem_bytes: u64, bias: bool, sum: bool) -> GradsLayout {
-        let after = |end: u64, present: bool| match present {
-            true => super::packed_pair(end, ch, elem_bytes),
-            false => (super::packed_pair(end, ch, elem_bytes).0, end),
+    /// gradient when `bias`, a sum when `sum`, and a copy of the input gradient in elements
+    /// of `copy_bytes` when given.
+    pub fn new(
+        (rows, ch, elem_bytes): (u64, u64, u64),
+        bias: bool,
+        sum: bool,
+        copy_bytes: Option<u64>,
+    ) -> GradsLayout {
+        let after = |end: u64, len: Option<u64>| match len {
+            Some(len) => super::packed_pair(end, len, elem_bytes),
+            None => (super::packed_pair(end, 0, elem_bytes).0, end),
         };
         let (weight, end) = super::packed_pair(rows * ch, ch, elem_bytes);
-        let (bias_at, end) = after(end, bias);
-        let (sum_at, len) = after(end, sum);
+        let (bias_at, end) = after(end, bias.then_some(ch));
+        let (sum_at, end) = after(end, sum.then_some(ch));
+        let copy_len = copy_bytes.map(|b| (rows * ch * b).div_ceil(elem_bytes.max(1)));
+        let (copy_at, len) = after(end, copy_len);
         GradsLayout {
             weight,
             bias: bias_at,
             sum: sum_at,
+            copy: copy_at,
             len,
         }
     }

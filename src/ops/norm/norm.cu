@@ -429,8 +429,9 @@ __device__ void norm_backward_param_kernel(char* arena, u64 o_x, u64 o_dy, u64 o
 // channels t + j blockDim.x, j < C::CPT), stores each row's dx (with C::ACC, g + dx as a
 // separate rounding) at out[0 ..] and keeps its channels' sums of dy xhat, of dy (C::BIAS)
 // and of dx rounded to TS (C::SUM), written to ws[(q CHUNKS + k) CH + c] for the q-th sum
-// it keeps (0 the weight's, then the bias's, then the rounded dx's). Phase 1: a thread per channel sums each over the chunks in order into out[DW_AT + c],
-// out[DB_AT + c] and out[DS_AT + c].
+// it keeps (0 the weight's, then the bias's, then the rounded dx's); with C::COPY it also
+// stores dx rounded to TS from the byte of out[CP_AT] on. Phase 1: a thread per channel sums
+// each over the chunks in order into out[DW_AT + c], out[DB_AT + c] and out[DS_AT + c].
 template <typename T, typename TW, typename TD, typename TG, typename TS, typename C>
 __device__ void norm_backward_kernel(char* arena, u64 o_x, u64 o_w, u64 o_dy, u64 o_g, u64 o_out, u64 o_ws, u64 phase) {
     T* out = tensor_at<T>(arena, o_out);
@@ -484,6 +485,7 @@ __device__ void norm_backward_kernel(char* arena, u64 o_x, u64 o_w, u64 o_dy, u6
                 const float d = rstd * (gv[j] - mg - xv[j] * mgx);
                 const float stored = to_f32(from_f32<T>(C::ACC ? __fadd_rn(ld(acc, i), d) : d));
                 st(out, i, stored);
+                if (C::COPY) st(reinterpret_cast<TS*>(out + C::CP_AT), i, stored);
                 if (C::SUM) as[j] += to_f32(from_f32<TS>(stored));
             }
         }

@@ -114,7 +114,11 @@ impl Rules for super::Family {
                 Ok(TensorType::new(inputs[0].dtype, vec![c]))
             }
             Op::NormBackward {
-                kind, bias, sum, ..
+                kind,
+                bias,
+                sum,
+                copy,
+                ..
             } => {
                 arity(op, inputs, 3, 4)?;
                 if !matches!(kind, NormKind::Layer | NormKind::Rms) {
@@ -130,14 +134,35 @@ impl Rules for super::Family {
                 }
                 norm(*kind, x, &inputs[1..2])?;
                 let c = channels(*kind, x)? as u64;
-                if let Some(t) = sum.filter(|t| !t.is_float()) {
+                if let Some(t) = sum.or(*copy).filter(|t| !t.is_float()) {
                     return fail(
-                        format!("{} sums its input gradient rounded to {t}", op.name()),
+                        format!("{} rounds its input gradient to {t}", op.name()),
                         "round it to a floating type",
                     );
                 }
+                if let Some(t) = copy.filter(|t| t.size() >= x.dtype.size()) {
+                    return fail(
+                        format!("{} copies its {} input gradient to {t}", op.name(), x.dtype),
+                        "copy it only to a narrower type",
+                    );
+                }
+                if let (Some(s), Some(t)) = (sum, copy.filter(|t| Some(*t) != *sum)) {
+                    return fail(
+                        format!(
+                            "{} sums its input gradient in {s} but copies it in {t}",
+                            op.name()
+                        ),
+                        "round the sum and the copy to one type",
+                    );
+                }
                 let rows = x.numel() / c.max(1);
-                let at = super::GradsLayout::new(rows, c, x.dtype.size(), *bias, sum.is_some());
+                let copy_bytes = copy.map(|t| t.size());
+                let at = super::GradsLayout::new(
+                    (rows, c, x.dtype.size()),
+                    *bias,
+                    sum.is_some(),
+                    copy_bytes,
+                );
                 Ok(TensorType::new(x.dtype, vec![at.len as usize]))
             }
             Op::NormBackwardBias { kind } => {
@@ -153,8 +178,11 @@ impl Rules for super::Family {
         match op {
             Op::NormBackwardBias { .. } => elementwise_flops(inputs, out),
             // The input gradient's and the weight's, and a sum of dy for the bias.
-            Op::NormBackward { bias, sum, .. } => {
-                (10 + u64::from(*bias) + u64::from(sum.is_some())) * first_numel(inputs)
+            Op::NormBackward {
+                bias, sum, copy, ..
+            } => {
+                let parts = [*bias, sum.is_some(), copy.is_some()].map(u64::from);
+                (10 + parts.iter().sum::<u64>()) * first_numel(inputs)
             }
             Op::BatchNormStats { .. } => 3 * inputs.get(2).map_or(0, |x| x.numel()),
             _ => 8 * first_numel(inputs),

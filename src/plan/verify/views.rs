@@ -62,7 +62,7 @@ impl Checker<'_> {
                             |b: Option<BufferId>| b.and_then(|b| plan.buffers.get(b.index()));
                         match (buffer(step.inputs.first().copied()), buffer(step.output)) {
                             (Some(input), Some(output)) => {
-                                let bytes = (*offset as u64).checked_mul(output.ty.dtype.size());
+                                let bytes = (*offset as u64).checked_mul(input.ty.dtype.size());
                                 bytes.and_then(|b| input.view_offset.checked_add(b))
                                     == Some(output.view_offset)
                             }
