@@ -4,7 +4,7 @@
 //! gradient, chosen after checkpointing for the plan being built (`crate::budget::plan_with`).
 
 use crate::front::train::TrainSpec;
-use crate::ir::{Graph, ValueId};
+use crate::ir::{Graph, Phase, ValueId};
 use crate::passes::liveness::Interval;
 use crate::passes::StageError;
 use crate::plan::{self, BuildOptions, Target};
@@ -22,13 +22,14 @@ use crate::plan::{self, BuildOptions, Target};
 /// Each group is weighed on the live bytes of one schedule, the values it holds longer
 /// added where they would be held, and kept where the peak stays; the groups kept are made
 /// at once and the peak checked again on the grouped step (none kept if it rose).
-/// `clones` follow their values.
+/// `clones` follow their values. Forward groups join only with `join_forward`; the third
+/// value says whether any did.
 pub(crate) fn grouped_if_no_higher(
     graph: Graph,
     clones: Vec<(ValueId, ValueId)>,
     (target, train): (Target, Option<&TrainSpec>),
-    options: &BuildOptions,
-) -> Result<(Graph, Vec<(ValueId, ValueId)>), StageError> {
+    (options, join_forward): (&BuildOptions, bool),
+) -> Result<(Cloned, bool), StageError> {
     use crate::passes::{cast_groups, group_updates};
     let settings = train.map(|t| &t.settings);
     let apart = settings.is_none_or(|s| {
@@ -38,6 +39,10 @@ pub(crate) fn grouped_if_no_higher(
     // Joined cast groups hold weight copies across layers: no longer where the step
     // copies to the host or pages (more to copy and fault, less compute to hide it).
     let moves = settings.is_some_and(|s| s.offload.is_some() || s.unified);
+    let (graph, clones) = match target {
+        Target::Cuda { .. } if !parallel && !moves => params_first(graph, clones)?,
+        _ => (graph, clones),
+    };
     let casts = match target {
         Target::Cuda { .. } if !parallel => cast_groups::keys(&graph),
         _ => Vec::new(),
@@ -47,7 +52,7 @@ pub(crate) fn grouped_if_no_higher(
         false => Vec::new(),
     };
     if casts.is_empty() && scopes.is_empty() {
-        return Ok((graph, clones));
+        return Ok(((graph, clones), false));
     }
     let profile = plan::live_profile(&graph, options)?;
     let mut live = Held::new(profile.bytes.clone());
@@ -83,28 +88,32 @@ pub(crate) fn grouped_if_no_higher(
     // would raise it by 102,656 bytes).
     let joined = match moves {
         true => casts.clone(),
-        false => cast_groups_joined(&graph, casts.clone(), &mut live, life, bytes),
+        false => {
+            let joins = (&graph, join_forward);
+            cast_groups_joined(joins, casts.clone(), &mut live, life, bytes)
+        }
     };
     let mut built = build(&casts)?;
+    let mut forward_joined = false;
     if joined != casts {
         let with_joins = build(&joined)?;
         let peak = |g: &Graph| plan::live_peak_with_workspace(g, options, target);
         if peak(&with_joins.0)? <= peak(&built.0)? {
             built = with_joins;
+            forward_joined =
+                (joined.iter()).any(|k| k.phase == Phase::Forward && k.scopes.len() > 1);
         }
     }
     let (grouped, cast_map, update_map) = built;
     if plan::live_peak(&grouped, options)? > live.peak {
-        return Ok((graph, clones));
+        return Ok(((graph, clones), false));
     }
     let moved = |v: ValueId| {
         let new = cast_map[v.index()].and_then(|c| update_map[c.index()]);
         new.ok_or_else(|| StageError::internal("grouping", "a clone grouped"))
     };
-    let clones = (clones.iter())
-        .map(|&(v, c)| Ok((moved(v)?, moved(c)?)))
-        .collect::<Result<_, StageError>>()?;
-    Ok((grouped, clones))
+    let clones = clones_moved(&clones, moved)?;
+    Ok(((grouped, clones), forward_joined))
 }
 
 /// `graph` with backward's pairs of launches merged where that does not raise the step's
@@ -232,17 +241,40 @@ fn merged_if_no_higher(
     let moved = |v: ValueId| {
         map[v.index()].ok_or_else(|| StageError::internal("merge", "a clone merged away"))
     };
-    let clones = (clones.iter())
-        .map(|&(v, c)| Ok((moved(v)?, moved(c)?)))
-        .collect::<Result<_, StageError>>()?;
+    let clones = clones_moved(&clones, moved)?;
     Ok((merged, clones, Some(after)))
 }
 
+/// `graph` with its parameters made first (`passes::cast_groups::params_first`); `clones`
+/// follow their values.
+fn params_first(graph: Graph, clones: Vec<(ValueId, ValueId)>) -> Result<Cloned, StageError> {
+    let (hoisted, map) = crate::passes::cast_groups::params_first(&graph)?;
+    let moved = |v: ValueId| {
+        map[v.index()].ok_or_else(|| StageError::internal("cast_groups", "a clone left out"))
+    };
+    let clones = clones_moved(&clones, moved)?;
+    Ok((hoisted, clones))
+}
+
+/// `clones` with each value replaced by its new one, `moved` gives.
+fn clones_moved(
+    clones: &[(ValueId, ValueId)],
+    moved: impl Fn(ValueId) -> Result<ValueId, StageError>,
+) -> Result<Vec<(ValueId, ValueId)>, StageError> {
+    (clones.iter())
+        .map(|&(v, c)| Ok((moved(v)?, moved(c)?)))
+        .collect()
+}
+
+/// A graph and its clone pairs.
+type Cloned = (Graph, Vec<(ValueId, ValueId)>);
+
 /// `kept` (cast groups held in `live`, in order) with each joined to the group before it
-/// where they cast in one phase between the same types, the joined group takes every cast
-/// of both, and `live` holds the bytes their members would then hold longer.
+/// where they cast in one phase between the same types (the forward only with
+/// `join_forward`), the joined group takes every cast of both, and `live` holds the bytes
+/// their members would then hold longer.
 fn cast_groups_joined(
-    graph: &Graph,
+    (graph, join_forward): (&Graph, bool),
     kept: Vec<crate::passes::cast_groups::Key>,
     live: &mut Held,
     life: impl Fn(ValueId) -> Option<Interval>,
@@ -265,7 +297,9 @@ fn cast_groups_joined(
             continue;
         };
         let both = members(graph, open).len() + members(graph, &key).len();
-        let joined = (open.joined(&key)).filter(|j| members(graph, j).len() == both);
+        let joined = (open.joined(&key))
+            .filter(|j| members(graph, j).len() == both)
+            .filter(|j| join_forward || j.phase != Phase::Forward);
         let (Some(joined), Some(a), Some(b)) = (joined, held(open), held(&key)) else {
             out.push(key);
             continue;

@@ -9,7 +9,7 @@
 //! but the last takes a multiple of [`MEMBER_ALIGN`] bytes, so each starts where a buffer
 //! of its own could (cuBLASLt reads them as operands).
 
-use super::rewrite::rebuild_each;
+use super::rewrite::{rebuild_each, rebuild_in_order};
 use super::StageError;
 use crate::ir::{DType, Graph, Op, Phase, ValueId};
 use std::collections::BTreeMap;
@@ -106,6 +106,19 @@ pub fn keys(graph: &Graph) -> Vec<Key> {
     out
 }
 
+/// `graph` with every parameter made first, in their order, and each old value's new one.
+/// A parameter lives over the whole step wherever it is made and the plan lists the
+/// parameters in this order, so only the value ids change: every cast of a key then finds
+/// its parameter where the group runs, and the forward's groups of consecutive scopes may
+/// join (their later scopes' parameters were made after the first group).
+pub fn params_first(graph: &Graph) -> Result<(Graph, Vec<Option<ValueId>>), StageError> {
+    let is_param = |v: &ValueId| matches!(graph.node(*v).op, Op::Param { .. });
+    let (params, rest): (Vec<ValueId>, Vec<ValueId>) = graph.values().partition(is_param);
+    rebuild_in_order(graph, "cast_groups", &[params, rest].concat(), |b, v| {
+        b.copy(v)
+    })
+}
+
 /// `graph` with the casts of each of `keys` one group (see the module doc), placed at the
 /// first of them, every other node copied in creation order; also each old value's new one
 /// (a grouped cast's is its member view).
@@ -158,7 +171,7 @@ pub fn run(graph: &Graph, keys: &[Key]) -> Result<(Graph, Vec<Option<ValueId>>),
 
 #[cfg(test)]
 mod tests {
-    use super::{keys, run, Key};
+    use super::{keys, members, params_first, run, Key};
     use crate::ir::{DType, Graph, Init, Op, Origin, Phase, Span, TensorType};
 
     #[test]
@@ -217,5 +230,44 @@ mod tests {
             let kept = map[cast.index()].expect("kept");
             assert_eq!(out.node(kept).op, Op::Cast { to: DType::BF16 });
         }
+    }
+
+    #[test]
+    fn parameters_made_first_let_a_group_take_a_later_parameters_cast() {
+        let origin = crate::passes::test_graphs::origin(Phase::Forward);
+        let mut g = Graph::new();
+        let cast_of_new_param = |g: &mut Graph, name: &str| {
+            let op = Op::Param {
+                name: name.to_string(),
+                ty: TensorType::new(DType::F32, vec![128]),
+                init: Init::Zeros,
+                frozen: false,
+                buffer: false,
+            };
+            let p = g.add(op, vec![], &origin).expect("param");
+            (g.add(Op::Cast { to: DType::BF16 }, vec![p], &origin)).expect("cast")
+        };
+        let early = cast_of_new_param(&mut g, "early");
+        let late = cast_of_new_param(&mut g, "late");
+        g.outputs = vec![("a".into(), early), ("b".into(), late)];
+        let key = Key::of_scope("", Phase::Forward, DType::F32, DType::BF16);
+        assert_eq!(
+            members(&g, &key),
+            vec![early],
+            "`late` is made after the first cast"
+        );
+        let (hoisted, map) = params_first(&g).expect("hoisted");
+        let new = |v: crate::ir::ValueId| map[v.index()].expect("kept");
+        assert_eq!(members(&hoisted, &key), vec![new(early), new(late)]);
+        let params = |g: &Graph| -> Vec<Op> {
+            (g.params().into_iter())
+                .map(|p| g.node(p).op.clone())
+                .collect()
+        };
+        assert_eq!(
+            params(&hoisted),
+            params(&g),
+            "the parameters keep their order"
+        );
     }
 }
