@@ -123,7 +123,9 @@ pub(crate) fn grouped_if_no_higher(
 /// computes each tile's logits once (`passes::lce_merge`; a pair whose weight gradient is
 /// itself a parameter's gradient is left apart: that buffer is the update's); then, but not
 /// where the step copies to the host or pages (`offload`, `unified`), each layer or RMS
-/// norm's gradients, one `norm_backward` (`passes::norm_backward_merge`), each weight
+/// norm's gradients, one `norm_backward` (`passes::norm_backward_merge`), each fp32
+/// residual add with the layer or RMS norm of its sum, one `add_norm` (`passes::add_norm`;
+/// forward's, and backward's recomputed ones), each weight
 /// gradient with the bias gradient of the same `dy`, one cuBLASLt call
 /// (`passes::bias_grad_epilogue`; with them GPT-2 small bf16 at 2 GiB under `--offload
 /// optimizer` fitted another plan, 3 ms slower by the estimate), and each
@@ -132,8 +134,8 @@ pub(crate) fn grouped_if_no_higher(
 /// and the pages more to fault (GPT-2 small bf16: 3.5 ms more on the H100 estimate with the
 /// activations offloaded, 64 more faults a step at 3 GiB unified for the pairs, 17 for the
 /// norms, whose input gradients live on to the update that reads their bias gradients).
-/// Each is weighed on the graph the one before left, the norms group by group. `clones`
-/// follow their values.
+/// Each is weighed on the graph the one before left, the norms and the adds group by group.
+/// `clones` follow their values.
 pub(crate) fn pairs_merged_if_no_higher(
     graph: Graph,
     clones: Vec<(ValueId, ValueId)>,
@@ -153,7 +155,18 @@ pub(crate) fn pairs_merged_if_no_higher(
     if moves {
         return Ok((graph, clones));
     }
-    let (graph, clones, peak) = norms_merged(graph, clones, peak, target, options)?;
+    use crate::passes::{add_norm, norm_backward_merge as norms};
+    let peaked = (graph, clones, peak);
+    let at = (target, options);
+    let peaked = held_merged(
+        peaked,
+        at,
+        norms::groups,
+        norms::NormGrads::members,
+        norms::run,
+    )?;
+    let pair = |&(add, norm): &(ValueId, ValueId)| vec![add, norm];
+    let (graph, clones, peak) = held_merged(peaked, at, add_norm::pairs, pair, add_norm::run)?;
     let biases =
         |g: &Graph| found_merged(g, &bias_grad_epilogue::pairs(g), bias_grad_epilogue::run);
     let (graph, clones, peak) =
@@ -164,36 +177,34 @@ pub(crate) fn pairs_merged_if_no_higher(
     Ok((graph, clones))
 }
 
-/// `graph` with each layer or RMS norm's gradients one `norm_backward` where held together
-/// they do not raise the peak of bytes in use (`passes::norm_backward_merge`, group by
-/// group), then only if the whole graph's peak does not rise either.
-fn norms_merged(
-    graph: Graph,
-    clones: Vec<(ValueId, ValueId)>,
-    peak: Option<u64>,
-    target: Target,
-    options: &BuildOptions,
+/// `graph` with each group `found` (each of whose `members` its merge holds together) merged
+/// by `run` where its members held together do not raise the peak of bytes in use with each
+/// step's workspace (group by group: fp32 GPT-2's final norm's two gradients, 6,144 bytes,
+/// would), then only if the whole graph's peak does not rise either: a layer or RMS norm's
+/// gradients as one `norm_backward` (`passes::norm_backward_merge`), an fp32 residual add
+/// and the norm of its sum as one `add_norm` (`passes::add_norm`).
+fn held_merged<T>(
+    (graph, clones, peak): Peaked,
+    (target, options): (Target, &BuildOptions),
+    found: impl Fn(&Graph) -> Vec<T>,
+    members: impl Fn(&T) -> Vec<ValueId>,
+    run: impl Fn(&Graph, &[T]) -> Result<(Graph, Vec<Option<ValueId>>), StageError>,
 ) -> Result<Peaked, StageError> {
-    let norms = |g: &Graph| {
-        let groups = crate::passes::norm_backward_merge::groups(g);
+    let merge = |g: &Graph| {
+        let groups = found(g);
         if groups.is_empty() {
             return Ok(None);
         }
-        // Each group kept where its values held together do not raise the peak of bytes in
-        // use (fp32 GPT-2: the final norm's two gradients, 6,144 bytes, would).
         let profile = plan::live_profile_with_workspace(g, options, target)?;
         let mut live = Held::new(profile.bytes.clone());
         let life = |v: ValueId| profile.lives[v.index()];
         let bytes = |v: ValueId| g.node(v).ty.bytes();
-        let kept: Vec<_> = (groups.into_iter())
-            .filter(|group| live.hold_together(&group.members(), life, bytes))
+        let kept: Vec<T> = (groups.into_iter())
+            .filter(|group| live.hold_together(&members(group), life, bytes))
             .collect();
-        match kept.is_empty() {
-            true => Ok(None),
-            false => crate::passes::norm_backward_merge::run(g, &kept).map(Some),
-        }
+        found_merged(g, &kept, &run)
     };
-    merged_if_no_higher((graph, clones, peak), target, options, norms)
+    merged_if_no_higher((graph, clones, peak), target, options, merge)
 }
 
 /// A rebuilt graph with each old value's new one, or `None` where there was nothing to merge

@@ -88,6 +88,7 @@ fn mixed_type_kernels_match_the_cpu_backend_through_the_shim() {
     cases.extend(mixed_types::summed_norm_cases());
     cases.extend(mixed_types::narrow_dy_norm_cases());
     cases.extend(mixed_types::copied_norm_cases());
+    cases.extend(mixed_types::add_norm_cases());
     check_kernel_cases(&cases);
 }
 

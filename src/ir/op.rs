@@ -111,6 +111,17 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         store: Option<DType>,
     },
+    /// `(a, b, weight[, bias]) -> [a + b | norm(a + b)]`: a residual add whose sum a layer or
+    /// RMS norm reads, in one pass over the rows, flat in fp32 (the sum's type): the sum from
+    /// element 0, the norm's output (in `store`, else fp32) from
+    /// [`crate::ops::norm::add_norm_at`], each read through an [`Op::Member`] view
+    /// (`passes::add_norm`); the same bits as the add, then [`Op::Norm`] on its sum.
+    AddNorm {
+        kind: NormKind,
+        eps: f32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        store: Option<DType>,
+    },
     /// `(x, weight, dy) -> dx`.
     NormBackwardInput { kind: NormKind, eps: f32 },
     /// `(x, dy) -> dweight`.
@@ -441,6 +452,7 @@ impl Op {
             LogSoftmax { .. } => "log_softmax",
             LogSoftmaxBackward { .. } => "log_softmax_backward",
             Norm { .. } => "norm",
+            AddNorm { .. } => "add_norm",
             NormBackwardInput { .. } => "norm_backward_input",
             NormBackwardWeight { .. } => "norm_backward_weight",
             NormBackwardBias { .. } => "norm_backward_bias",

@@ -72,6 +72,7 @@ pub fn family(op: &Op) -> &'static dyn OpFamily {
         | Op::LogSoftmax { .. }
         | Op::LogSoftmaxBackward { .. } => &softmax::Family,
         Op::Norm { .. }
+        | Op::AddNorm { .. }
         | Op::NormBackwardInput { .. }
         | Op::NormBackwardWeight { .. }
         | Op::NormBackward { .. }

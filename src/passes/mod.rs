@@ -1,4 +1,5 @@
 //! Graph passes, each a pure function from one stage's value to the next.
+pub mod add_norm;
 pub mod arena;
 pub mod autodiff;
 pub mod bias_epilogue;

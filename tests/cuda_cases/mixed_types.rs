@@ -5,7 +5,7 @@
 //! packed output through the tensor table), norm input gradients that add a residual
 //! gradient of another type as they store (`passes::norm_accumulate`), and merged norm
 //! gradients summing the input gradient rounded to a narrower type, storing a copy of it in
-//! that type or reading a narrower `dy`.
+//! that type or reading a narrower `dy`, and residual adds with the norm of their sum.
 
 use super::{output, t, KernelCase};
 use memc::codegen::kernel_for;
@@ -169,4 +169,39 @@ pub fn narrow_dy_norm_cases() -> Vec<KernelCase> {
         |t| t,
         |_| (None, None),
     )
+}
+
+/// A residual add and the norm of its sum in one op, one operand f16 or bf16 and the other
+/// fp32 (the sum in fp32): a layer norm over 300 rows of 128 and over 2 rows of 16,384 (in
+/// slices), its output in the narrow type, and an RMS norm over 7 rows of 384 storing fp32.
+pub fn add_norm_cases() -> Vec<KernelCase> {
+    let mut out = Vec::new();
+    for narrow in [DType::F16, DType::BF16] {
+        for (name, kind, rows, ch, store) in [
+            ("layer", NormKind::Layer, 300, 128, Some(narrow)),
+            ("layer_sliced", NormKind::Layer, 2, 16384, Some(narrow)),
+            ("rms", NormKind::Rms, 7, 384, None),
+        ] {
+            let (a, b) = match kind {
+                NormKind::Rms => (narrow, DType::F32),
+                _ => (DType::F32, narrow),
+            };
+            let mut inputs = vec![t(a, &[rows, ch]), t(b, &[rows, ch]), t(DType::F32, &[ch])];
+            if kind == NormKind::Layer {
+                inputs.push(t(DType::F32, &[ch]));
+            }
+            let op = Op::AddNorm {
+                kind,
+                eps: 1e-5,
+                store,
+            };
+            out.push(case(
+                format!("{name}_add_norm/{narrow}"),
+                narrow,
+                op,
+                inputs,
+            ));
+        }
+    }
+    out
 }

@@ -72,21 +72,28 @@ fn intermediate_rounding_slack(op: &Op, inputs: &[TensorType]) -> f32 {
 }
 
 /// Where `op`'s flat output holds elements of a narrower type than its own, and how many of
-/// which type: a merged norm gradient's copy of its input gradient.
+/// which type: a merged norm gradient's copy of its input gradient, or the norm of a
+/// residual add's sum stored narrower than the sum.
 fn narrow_part(op: &Op, inputs: &[TensorType]) -> Option<(usize, usize, DType)> {
-    let Op::NormBackward {
-        bias,
-        sum,
-        copy: Some(t),
-        ..
-    } = op
-    else {
-        return None;
-    };
-    let (x, ch) = (&inputs[0], inputs[1].numel());
-    let dims = (x.numel() / ch.max(1), ch, x.dtype.size());
-    let at = memc::ops::norm::GradsLayout::new(dims, *bias, sum.is_some(), Some(t.size()));
-    Some((at.copy as usize, x.numel() as usize, *t))
+    let x = inputs.first()?;
+    match op {
+        Op::NormBackward {
+            bias,
+            sum,
+            copy: Some(t),
+            ..
+        } => {
+            let ch = inputs[1].numel();
+            let dims = (x.numel() / ch.max(1), ch, x.dtype.size());
+            let at = memc::ops::norm::GradsLayout::new(dims, *bias, sum.is_some(), Some(t.size()));
+            Some((at.copy as usize, x.numel() as usize, *t))
+        }
+        Op::AddNorm { store: Some(t), .. } if *t != DType::F32 => {
+            let at = memc::ops::norm::add_norm_at(x.numel(), t.size()).0;
+            Some((at as usize, x.numel() as usize, *t))
+        }
+        _ => None,
+    }
 }
 
 /// `values` (a flat output's elements) up to `at`, and the `n` elements of type `t` its

@@ -36,6 +36,7 @@ impl Backward for super::Family {
             }
             // The running-statistics update feeds no value: no gradient flows through it.
             Op::NormBackwardInput { .. }
+            | Op::AddNorm { .. }
             | Op::NormBackwardWeight { .. }
             | Op::NormBackwardBias { .. }
             | Op::NormBackward { .. }

@@ -17,6 +17,20 @@ impl CpuKernel for super::Family {
                 let bias = (step.input_count() > 2).then(|| x(2));
                 kernels::norm_forward(*kind, *eps, x(0), s, x(1), bias, step.output())
             }
+            Op::AddNorm { kind, eps, store } => {
+                let (n, out) = (x(0).len(), step.output());
+                out.fill(0.0);
+                let (sum, rest) = out.split_at_mut(n);
+                for (o, (a, b)) in sum.iter_mut().zip(x(0).iter().zip(x(1))) {
+                    *o = a + b;
+                }
+                let bias = (step.input_count() > 3).then(|| x(3));
+                let mut y = vec![0.0; n];
+                kernels::norm_forward(*kind, *eps, sum, s, x(2), bias, &mut y);
+                let t = store.unwrap_or(crate::ir::DType::F32);
+                let normed = &mut rest[super::add_norm_at(n as u64, t.size()).0 as usize - n..];
+                lowp::pack(t, &y, normed);
+            }
             Op::NormBackwardInput { kind, eps } => {
                 let dx = step.output();
                 kernels::norm_backward_input(*kind, *eps, x(0), s, x(1), x(2), dx);

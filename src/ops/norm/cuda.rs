@@ -70,6 +70,31 @@ fn forward(a: &Args, kind: NormKind, eps: f32) -> Result<Kernel, CodegenError> {
     Ok(grouped("norm", lines, call, &p, (groups, gsize), false))
 }
 
+/// A residual add and the norm of its sum ([`Op::AddNorm`]): the forward's geometry over the
+/// sum, each block storing the sums of the rows it normalizes first.
+fn add_norm(
+    a: &Args,
+    (kind, eps): (NormKind, f32),
+    store: Option<DType>,
+) -> Result<Kernel, CodegenError> {
+    let x = a.at(0)?;
+    let has_bias = a.inputs.len() == 4;
+    let (mut lines, groups, gsize) = norm_cfg(kind, eps, &x.shape, has_bias);
+    let t = store.unwrap_or(DType::F32);
+    lines.push(c_u64("NORM_AT", super::add_norm_at(x.numel(), t.size()).0));
+    let bias = if has_bias { "in3" } else { "in2" };
+    let call = format!(
+        "add_norm_kernel<{}, {}, {}, {}, Cfg>(arena, in0, in1, in2, {bias}, out",
+        a.ty(0)?,
+        a.ty(1)?,
+        a.ty(2)?,
+        crate::codegen::ctype(t),
+    );
+    let mut p: Vec<KernelParam> = (0..a.inputs.len()).map(KernelParam::Input).collect();
+    p.push(KernelParam::Output);
+    Ok(grouped("add_norm", lines, call, &p, (groups, gsize), false))
+}
+
 /// The input gradient: `in3`, when there is one, is a gradient added to it as each element
 /// is stored (`passes::norm_accumulate`; `dy` stands in when there is none).
 fn backward_input(a: &Args, kind: NormKind, eps: f32) -> Result<Kernel, CodegenError> {
@@ -350,9 +375,9 @@ impl CudaLowering for super::Family {
             })
         };
         let (kind, bias) = match op {
-            Op::Norm { kind, .. } | Op::NormBackwardInput { kind, .. } => {
-                return sliced(*kind, inputs.first())
-            }
+            Op::Norm { kind, .. }
+            | Op::AddNorm { kind, .. }
+            | Op::NormBackwardInput { kind, .. } => return sliced(*kind, inputs.first()),
             Op::BatchNormStats { .. } => return sliced(NormKind::Batch, inputs.get(2)),
             Op::NormBackwardWeight { kind, .. } => (*kind, false),
             Op::NormBackwardBias { kind } => (*kind, true),
@@ -376,6 +401,7 @@ impl CudaLowering for super::Family {
     fn lower(&self, a: &Args) -> Result<Kernel, CodegenError> {
         match a.op {
             Op::Norm { kind, eps, .. } => forward(a, *kind, *eps),
+            Op::AddNorm { kind, eps, store } => add_norm(a, (*kind, *eps), *store),
             Op::NormBackwardInput { kind, eps } => backward_input(a, *kind, *eps),
             Op::BatchNormStats { momentum } => {
                 let x = a.at(2)?;

@@ -57,6 +57,14 @@ impl GradsLayout {
     }
 }
 
+/// Where [`crate::ir::Op::AddNorm`]'s norm output starts in its flat fp32 output after the
+/// `elements` fp32 sums (256-byte aligned), and the output's length, for a norm output in
+/// elements of `store_bytes`.
+pub fn add_norm_at(elements: u64, store_bytes: u64) -> (u64, u64) {
+    let at = super::packed_pair(elements, 0, 4).0;
+    (at, at + (elements * store_bytes).div_ceil(4))
+}
+
 /// The norm family; every stage's rule for its ops is implemented on it.
 pub struct Family;
 

@@ -180,18 +180,16 @@ __device__ __forceinline__ void norm_store(const T* x, const TW* w, const TW* b,
     }
 }
 
-// out = normalize(x) * w + b (C::HAS_BIAS; o_b is ignored otherwise), stored as TO.
-template <typename T, typename TW, typename TO, typename C>
-__device__ void norm_kernel(char* arena, u64 o_x, u64 o_w, u64 o_b, u64 o_out, u64 o_ws, u64 phase) {
-    const T* x = tensor_at<T>(arena, o_x);
-    const TW* w = tensor_at<TW>(arena, o_w);
-    const TW* b = tensor_at<TW>(arena, o_b);
-    TO* out = tensor_at<TO>(arena, o_out);
-    float* part = tensor_at<float>(arena, o_ws);
+// out = normalize(x) * w + b (C::HAS_BIAS; b is ignored otherwise), stored as TO: a block per
+// group, or per slice of one in two phases; `before(g, e0, e1)`, called by every thread of
+// the block, first writes the elements [e0, e1) of group g that the block then reads.
+template <typename T, typename TW, typename TO, typename C, typename Before>
+__device__ __forceinline__ void norm_rows(const T* x, const TW* w, const TW* b, TO* out, float* part, u64 phase, Before before) {
     if (C::SLICES > 1) {
         for (u64 k = blockIdx.x; k < C::GROUPS * C::SLICES; k += gridDim.x) {
             const u64 g = k / C::SLICES, e0 = norm_slice_begin<C>(k), e1 = norm_slice_end<C>(k);
             if (phase == 0) {
+                before(g, e0, e1);
                 const T* none = nullptr;
                 norm_partial<T, T, T, C>(x, none, none, g, e0, e1, part + 4 * k);
             } else {
@@ -202,8 +200,35 @@ __device__ void norm_kernel(char* arena, u64 o_x, u64 o_w, u64 o_b, u64 o_out, u
         return;
     }
     for (u64 g = blockIdx.x; g < C::GROUPS; g += gridDim.x) {
+        before(g, 0, C::GSIZE);
         norm_store<T, TW, TO, C>(x, w, b, out, g, 0, C::GSIZE, norm_stats<T, C>(x, g));
     }
+}
+
+template <typename T, typename TW, typename TO, typename C>
+__device__ void norm_kernel(char* arena, u64 o_x, u64 o_w, u64 o_b, u64 o_out, u64 o_ws, u64 phase) {
+    norm_rows<T, TW, TO, C>(tensor_at<T>(arena, o_x), tensor_at<TW>(arena, o_w), tensor_at<TW>(arena, o_b), tensor_at<TO>(arena, o_out),
+                            tensor_at<float>(arena, o_ws), phase, [](u64, u64, u64) {});
+}
+
+// A residual add and the norm of its sum (layer/RMS): s = a + b in fp32 at the output's
+// start, each block storing the sums of the rows (or slice) it then normalizes, and the norm
+// of s stored as TO from the byte of fp32 element C::NORM_AT of the output on; the same bits
+// as the add's kernel, then norm_kernel over s.
+template <typename TA, typename TB, typename TW, typename TO, typename C>
+__device__ void add_norm_kernel(char* arena, u64 o_a, u64 o_b, u64 o_w, u64 o_bias, u64 o_out, u64 o_ws, u64 phase) {
+    const TA* a = tensor_at<TA>(arena, o_a);
+    const TB* b = tensor_at<TB>(arena, o_b);
+    float* s = tensor_at<float>(arena, o_out);
+    const auto sums = [&](u64 g, u64 e0, u64 e1) {
+        for (u64 e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+            const u64 i = norm_off<C>(g, e);
+            s[i] = ld(a, i) + ld(b, i);
+        }
+        __syncthreads();
+    };
+    norm_rows<float, TW, TO, C>(s, tensor_at<TW>(arena, o_w), tensor_at<TW>(arena, o_bias), reinterpret_cast<TO*>(s + C::NORM_AT),
+                                tensor_at<float>(arena, o_ws), phase, sums);
 }
 
 // Stores dx = rstd * (gr - mg - xhat * mgx) over elements [e0, e1) of group g, with

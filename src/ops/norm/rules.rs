@@ -97,6 +97,35 @@ impl Rules for super::Family {
                     None => y,
                 })
             }
+            Op::AddNorm { kind, store, .. } => {
+                arity(op, inputs, 3, 4)?;
+                let (a, b) = (inputs[0], inputs[1]);
+                same_shape(a, b, op.name())?;
+                let wide = a.dtype == DType::F32 || b.dtype == DType::F32;
+                if !(wide && a.dtype.is_float() && b.dtype.is_float()) {
+                    return fail(
+                        format!("{} adds {} and {}", op.name(), a.dtype, b.dtype),
+                        "add floats, one of them fp32: the sum is stored in fp32",
+                    );
+                }
+                if !matches!(kind, NormKind::Layer | NormKind::Rms) {
+                    return fail(
+                        format!("{} normalizes only with a layer or RMS norm", op.name()),
+                        "keep the add and a batch or group norm as separate ops",
+                    );
+                }
+                let sum = a.with_dtype(DType::F32);
+                let y = norm(*kind, &sum, &inputs[2..])?;
+                let t = store.unwrap_or(DType::F32);
+                if !t.is_float() {
+                    return fail(
+                        format!("{} stores its norm in {t}", op.name()),
+                        "store it in a floating type",
+                    );
+                }
+                let (_, len) = super::add_norm_at(y.numel(), t.size());
+                Ok(TensorType::new(DType::F32, vec![len as usize]))
+            }
             Op::NormBackwardInput { kind, .. } => {
                 // A fourth input is a gradient the op adds to its own as it stores it
                 // (`passes::norm_accumulate`), of the input's shape.
@@ -185,6 +214,8 @@ impl Rules for super::Family {
                 (10 + parts.iter().sum::<u64>()) * first_numel(inputs)
             }
             Op::BatchNormStats { .. } => 3 * inputs.get(2).map_or(0, |x| x.numel()),
+            // The add's, then the norm's.
+            Op::AddNorm { .. } => 9 * first_numel(inputs),
             _ => 8 * first_numel(inputs),
         }
     }
