@@ -172,9 +172,63 @@ pub(crate) fn pairs_merged_if_no_higher(
     let (graph, clones, peak) =
         merged_if_no_higher((graph, clones, peak), target, options, biases)?;
     let activations = |g: &Graph| found_merged(g, &unary_pairs::pairs(g), unary_pairs::run);
-    let (graph, clones, _) =
-        merged_if_no_higher((graph, clones, peak), target, options, activations)?;
+    let peaked = merged_if_no_higher((graph, clones, peak), target, options, activations)?;
+    let (graph, clones, _) = head_chunks_widened(peaked, (target, options))?;
     Ok((graph, clones))
+}
+
+/// Rows a widened loss-head chunk is a multiple of (whole tiles of the logits' GEMM).
+const CHUNK_ROWS: usize = 128;
+
+/// `graph` with each fused loss head's forward chunk widened to fewer, equal chunks of a
+/// multiple of [`CHUNK_ROWS`] rows, as few as the room under the step's peak of bytes in use
+/// (each step's workspace counted) leaves for its logits where it runs: each chunk costs a
+/// GEMM and a kernel launch. The backward ops keep their chunks (the peak is usually
+/// theirs: GPT-2 small's forward head runs 10 chunks of 896 rows, its backward the tiles of
+/// 16 chunks of 512). Kept only where the peak does not rise.
+fn head_chunks_widened(
+    peaked: Peaked,
+    (target, options): (Target, &BuildOptions),
+) -> Result<Peaked, StageError> {
+    use crate::ir::{LinearCe, Op, TensorType};
+    use crate::passes::rewrite::{rebuild, Edit};
+    let widen = |g: &Graph| {
+        let profile = plan::live_profile_with_workspace(g, options, target)?;
+        let peak = profile.bytes.iter().copied().max().unwrap_or(0);
+        let mut widened = std::collections::BTreeMap::new();
+        for v in g.values() {
+            let node = g.node(v);
+            let (&Op::LinearCrossEntropy(lce), Some(at)) = (&node.op, profile.position[v.index()])
+            else {
+                continue;
+            };
+            let inputs: Vec<&TensorType> = node.inputs.iter().map(|&i| &g.node(i).ty).collect();
+            let rows = inputs.get(2).map_or(0, |t| t.numel() as usize);
+            let op = |chunk| Op::LinearCrossEntropy(LinearCe { chunk, ..lce });
+            let workspace = |chunk| target.workspace_bytes(&op(chunk), &inputs, &node.ty);
+            let room = peak.saturating_sub(profile.bytes[at]) + workspace(lce.chunk);
+            let mut widest = lce.chunk;
+            let mut next = (lce.chunk / CHUNK_ROWS + 1) * CHUNK_ROWS;
+            while widest < rows && workspace(next.min(rows)) <= room {
+                widest = next.min(rows);
+                next += CHUNK_ROWS;
+            }
+            let equal = rows.div_ceil(rows.div_ceil(widest.max(1)));
+            let chunk = equal.next_multiple_of(CHUNK_ROWS).min(widest);
+            if chunk > lce.chunk {
+                widened.insert(v, op(chunk));
+            }
+        }
+        if widened.is_empty() {
+            return Ok(None);
+        }
+        let edit = |v: ValueId| match widened.get(&v) {
+            Some(op) => Edit::Rebuild(op.clone(), g.node(v).inputs.clone()),
+            None => Edit::Keep,
+        };
+        rebuild(g, "head_chunks", edit).map(Some)
+    };
+    merged_if_no_higher(peaked, target, options, widen)
 }
 
 /// `graph` with each group `found` (each of whose `members` its merge holds together) merged

@@ -76,17 +76,23 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
         0
     );
     // Layer norms (two a layer and the final one) store bf16 themselves, in forward and in
-    // their recomputation for backward; no cast reads a norm.
+    // their recomputation for backward; no cast reads a norm. The second of each layer is
+    // one `add_norm` with the attention's residual add whose sum it reads, in forward and in
+    // backward's recomputation.
     let narrow = count(&|s| {
         matches!(
             s.op,
             Op::Norm {
                 store: Some(DType::BF16),
                 ..
+            } | Op::AddNorm {
+                store: Some(DType::BF16),
+                ..
             }
         )
     });
     assert_eq!(narrow, 2 * (2 * layers + 1));
+    assert_eq!(count(&|s| matches!(s.op, Op::AddNorm { .. })), 2 * layers);
     assert_eq!(
         count(&|s| cast_of(s, |op| matches!(op, Op::Norm { .. }))),
         0
@@ -150,13 +156,16 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
     };
     assert_eq!(count(&add_of_product), 0);
     // The residual adds read their bf16 branch as it is, widening each element as they load
-    // it: two a layer, the second recomputed in backward, and the sum of the two embedding
-    // gradients; no cast to fp32 feeds arithmetic.
+    // it: two a layer, the first (the attention's) recomputed in backward, both times one
+    // `add_norm` with the norm of its sum, and the sum of the two embedding gradients; no
+    // cast to fp32 feeds arithmetic.
     let mixed = |s: &memc::plan::Step| {
         let types: Vec<DType> = s.inputs.iter().map(dtype).collect();
-        matches!(s.op, Op::Binary(memc::ir::BinaryFn::Add))
-            && types.contains(&DType::F32)
-            && types.contains(&DType::BF16)
+        matches!(
+            s.op,
+            Op::Binary(memc::ir::BinaryFn::Add) | Op::AddNorm { .. }
+        ) && types[..2].contains(&DType::F32)
+            && types[..2].contains(&DType::BF16)
     };
     assert_eq!(count(&mixed), 3 * layers + 1);
     let widened = |s: &memc::plan::Step| {
@@ -236,13 +245,17 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
     // product itself is saved for backward.
     assert_eq!(count(&|s| matches!(s.op, Op::NormBackwardBias { .. })), 0);
     assert_eq!(count(&|s| matches!(s.op, Op::Slice { .. })), 0);
-    // The loss head: 8 x 1024 rows in 16 chunks of 512, its two gradients one backward op
-    // (the logits computed once for both) whose packed output both are views of.
-    for s in &plan.steps {
-        if let Op::LinearCrossEntropy(lce) | Op::LinearCrossEntropyBackward { lce, .. } = &s.op {
-            assert_eq!(lce.chunk, 512);
-        }
-    }
+    // The loss head: 8 x 1024 rows in 16 chunks of 512 backward, in 10 of 896 forward (the
+    // room the step's peak, backward's, leaves there), its two gradients one backward op (the
+    // logits computed once for both) whose packed output both are views of.
+    let chunks: Vec<(bool, usize)> = (plan.steps.iter())
+        .filter_map(|s| match &s.op {
+            Op::LinearCrossEntropy(lce) => Some((true, lce.chunk)),
+            Op::LinearCrossEntropyBackward { lce, .. } => Some((false, lce.chunk)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(chunks, vec![(true, 896), (false, 512)]);
     let head_backward =
         |s: &memc::plan::Step| matches!(s.op, Op::LinearCrossEntropyBackward { .. });
     let merged = |s: &memc::plan::Step| {

@@ -216,8 +216,9 @@ const FUSED_ARENA: u64 = 786_436;
 const FUSED_SAVED: u64 = 94_336;
 
 /// On CUDA the steps made of cuBLASLt GEMMs take a workspace ending in cuBLASLt's 4 MiB of
-/// scratch: the matmuls that alone; the fused head its chunk of fp32 logits (8 rows of 64
-/// classes, or all 32 rows of a 16-column tile for the weight gradient), their gradient in
+/// scratch: the matmuls that alone; the fused head its chunk of fp32 logits (forward all 32
+/// rows, backward 8 rows of 64 classes, or all 32 rows of a 16-column tile for the weight
+/// gradient), their gradient in
 /// bf16 and (weight gradient) the rows' log-sum-exps, each region rounded to 256 bytes;
 /// attention's backward its scores. So do the layer norms' weight and bias gradients (their
 /// fp32 partials per row chunk and channel, merged or not) and the grouped AdamW updates (their tensor
@@ -239,9 +240,10 @@ fn the_cuda_plan_gives_its_library_steps_their_workspace() {
         let ws = s.workspace.map_or(0, |w| plan.buffers[w.index()].bytes);
         match &s.op {
             Op::LinearCrossEntropy(lce) => {
-                assert_eq!(lce.chunk, 8);
-                // Its rows' partial log-sum-exps: one slice of 64 classes each.
-                assert_eq!(ws, 8 * 64 * 4 + 256 + cublas);
+                // Widened to all 32 rows, the room the step's peak leaves where it runs; its
+                // rows' partial log-sum-exps: one slice of 64 classes each.
+                assert_eq!(lce.chunk, 32);
+                assert_eq!(ws, 32 * 64 * 4 + 256 + cublas);
             }
             // Chunks of 8 rows and 32 rows in all, fewer than an H100's SMs: the logits'
             // gradient (bf16) is written apart from them, after the other regions. The two
