@@ -401,6 +401,15 @@ impl Op {
         }
     }
 
+    /// Elements `offset .. offset + numel(shape)` of a flat tensor as `shape`, in its type.
+    pub fn member(offset: usize, shape: Vec<usize>) -> Op {
+        Op::Member {
+            offset,
+            shape,
+            dtype: None,
+        }
+    }
+
     /// The op's class, by its family's rule.
     pub fn class(&self) -> OpClass {
         crate::ops::family(self).behaviour(self).class

@@ -104,26 +104,17 @@ pub fn run(
             let root = b.add(v, Op::MatMulBiasGrad { ta, tb, f32_out }, inputs)?;
             roots.insert(bias, root);
             let shape = node.ty.shape.clone();
-            return b.add(
-                v,
-                Op::Member {
-                    offset: 0,
-                    shape,
-                    dtype: None,
-                },
-                vec![root],
-            );
+            return b.add(v, Op::member(0, shape), vec![root]);
         }
         let Some(&root) = roots.get(&v) else {
             return b.copy(v);
         };
         // The sums are the flat output's last elements (`ops::matmul::bias_grad_offset`).
         let shape = node.ty.shape.clone();
-        let op = Op::Member {
-            offset: (b.out.node(root).ty.numel() - node.ty.numel()) as usize,
+        let op = Op::member(
+            (b.out.node(root).ty.numel() - node.ty.numel()) as usize,
             shape,
-            dtype: None,
-        };
+        );
         b.add(v, op, vec![root])
     })
 }
@@ -179,11 +170,7 @@ mod tests {
         assert_eq!(out.node(root).op, merged);
         // 3 x 5 products, rounded up to 128 elements, then the 5 sums.
         assert_eq!(out.node(root).ty, TensorType::new(DType::F32, vec![133]));
-        let member = |offset, shape: Vec<usize>| Op::Member {
-            offset,
-            shape,
-            dtype: None,
-        };
+        let member = |offset, shape: Vec<usize>| Op::member(offset, shape);
         assert_eq!(out.node(new_dw).op, member(0, vec![3, 5]));
         assert_eq!(out.node(new_db).op, member(128, vec![5]));
         assert_eq!(out.node(new_db).inputs, [root]);

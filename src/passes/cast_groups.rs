@@ -155,15 +155,7 @@ pub fn run(graph: &Graph, keys: &[Key]) -> Result<(Graph, Vec<Option<ValueId>>),
         };
         let node = graph.node(v);
         let shape = node.ty.shape.clone();
-        let member = b.add(
-            v,
-            Op::Member {
-                offset,
-                shape,
-                dtype: None,
-            },
-            vec![flat],
-        )?;
+        let member = b.add(v, Op::member(offset, shape), vec![flat])?;
         groups[k] = Some((flat, offset + node.ty.numel() as usize));
         Ok(member)
     })
@@ -217,14 +209,7 @@ mod tests {
         for (cast, offset) in [(casts[0], 0), (casts[1], 256)] {
             let member = map[cast.index()].expect("a member");
             let shape = g.node(cast).ty.shape.clone();
-            assert_eq!(
-                out.node(member).op,
-                Op::Member {
-                    offset,
-                    shape,
-                    dtype: None
-                }
-            );
+            assert_eq!(out.node(member).op, Op::member(offset, shape));
         }
         for cast in [casts[2], late_cast] {
             let kept = map[cast.index()].expect("kept");

@@ -84,14 +84,6 @@ pub fn run(
             }
         };
         let shape = node.ty.shape.clone();
-        b.add(
-            v,
-            Op::Member {
-                offset,
-                shape,
-                dtype: None,
-            },
-            vec![root],
-        )
+        b.add(v, Op::member(offset, shape), vec![root])
     })
 }

@@ -244,18 +244,23 @@ mod tests {
         (g, [dx, dw, db, ds])
     }
 
-    #[test]
-    fn a_layer_norms_three_gradients_merge_into_views_of_one_output() {
-        let (g, [dx, dw, db, ds]) = layer_norm_grads(false, Some(DType::BF16));
-        let found = groups(&g);
-        let group = NormGrads {
+    /// The group of (dx, dw, db, the bf16 sum), without a copy.
+    fn all_of([dx, dw, db, ds]: [ValueId; 4]) -> NormGrads {
+        NormGrads {
             input: dx,
             weight: dw,
             bias: Some(db),
             sum: Some((ds, DType::BF16)),
             copy: None,
-        };
-        assert_eq!(found, vec![group]);
+        }
+    }
+
+    #[test]
+    fn a_layer_norms_three_gradients_merge_into_views_of_one_output() {
+        let (g, values) = layer_norm_grads(false, Some(DType::BF16));
+        let [dx, dw, db, ds] = values;
+        let found = groups(&g);
+        assert_eq!(found, vec![all_of(values)]);
         let (out, map) = run(&g, &found).expect("merge");
         let new = |v: ValueId| map[v.index()].expect("kept");
         let root = out.node(new(dw)).inputs[0];
@@ -275,14 +280,7 @@ mod tests {
         assert_eq!(out.node(root).ty.shape, vec![64 + 64 + 64 + 8]);
         for (v, offset) in [(dx, 0), (dw, 64), (db, 128), (ds, 192)] {
             let shape = g.node(v).ty.shape.clone();
-            assert_eq!(
-                out.node(new(v)).op,
-                Op::Member {
-                    offset,
-                    shape,
-                    dtype: None
-                }
-            );
+            assert_eq!(out.node(new(v)).op, Op::member(offset, shape));
             assert_eq!(out.node(new(v)).inputs, vec![root]);
         }
     }
@@ -297,11 +295,8 @@ mod tests {
         g.outputs.push(("r".into(), reader));
         let found = groups(&g);
         let group = NormGrads {
-            input: dx,
-            weight: dw,
-            bias: Some(db),
-            sum: Some((ds, DType::BF16)),
             copy: Some((cast, DType::BF16)),
+            ..all_of([dx, dw, db, ds])
         };
         assert_eq!(found, vec![group]);
         let (out, map) = run(&g, &found).expect("merge");

@@ -66,29 +66,13 @@ pub fn run(
             let (x, dy) = (node.inputs[0], graph.node(pairs[i].1).inputs[1]);
             let root = b.add(v, Op::UnaryPair(f), vec![b.new_of(x)?, b.new_of(dy)?])?;
             roots[i] = Some(root);
-            return b.add(
-                v,
-                Op::Member {
-                    offset: 0,
-                    shape,
-                    dtype: None,
-                },
-                vec![root],
-            );
+            return b.add(v, Op::member(0, shape), vec![root]);
         }
         let Some(root) = gradient_of.get(&v).and_then(|&i| roots[i]) else {
             return b.copy(v);
         };
         let n = node.ty.numel();
         let (at, _) = crate::ops::packed_pair(n, n, node.ty.dtype.size());
-        b.add(
-            v,
-            Op::Member {
-                offset: at as usize,
-                shape,
-                dtype: None,
-            },
-            vec![root],
-        )
+        b.add(v, Op::member(at as usize, shape), vec![root])
     })
 }
