@@ -177,15 +177,16 @@ pub(crate) fn pairs_merged_if_no_higher(
     Ok((graph, clones))
 }
 
-/// Rows a widened loss-head chunk is a multiple of (whole tiles of the logits' GEMM).
+/// The rows a loss-head chunk's widening tries at a time (a tile of the logits' GEMM).
 const CHUNK_ROWS: usize = 128;
 
-/// `graph` with each fused loss head's forward chunk widened to fewer, equal chunks of a
-/// multiple of [`CHUNK_ROWS`] rows, as few as the room under the step's peak of bytes in use
-/// (each step's workspace counted) leaves for its logits where it runs: each chunk costs a
-/// GEMM and a kernel launch. The backward ops keep their chunks (the peak is usually
-/// theirs: GPT-2 small's forward head runs 10 chunks of 896 rows, its backward the tiles of
-/// 16 chunks of 512). Kept only where the peak does not rise.
+/// `graph` with each fused loss head's forward chunk widened to fewer chunks, as few as the
+/// room under the step's peak of bytes in use (each step's workspace counted) leaves for
+/// their logits where it runs, of equal rows but the last (a few rows fewer, so it fills
+/// the GPU as the others do): each chunk costs a GEMM and a kernel launch. The backward
+/// ops keep their chunks (the peak is usually theirs: GPT-2 small's forward head runs 10
+/// chunks of 820 rows, its backward the tiles of 16 chunks of 512). Kept only where the
+/// peak does not rise.
 fn head_chunks_widened(
     peaked: Peaked,
     (target, options): (Target, &BuildOptions),
@@ -213,8 +214,7 @@ fn head_chunks_widened(
                 widest = next.min(rows);
                 next += CHUNK_ROWS;
             }
-            let equal = rows.div_ceil(rows.div_ceil(widest.max(1)));
-            let chunk = equal.next_multiple_of(CHUNK_ROWS).min(widest);
+            let chunk = rows.div_ceil(rows.div_ceil(widest.max(1)));
             if chunk > lce.chunk {
                 widened.insert(v, op(chunk));
             }
