@@ -344,18 +344,19 @@ pub fn plan_with(
     } else {
         (rewritten.graph, rewritten.clones)
     };
-    let planned = |join_forward: bool| -> Result<(Graph, Plan, bool), StageError> {
-        let ((graph, clones), joined) = crate::launch_groups::grouped_if_no_higher(
+    use crate::launch_groups::Costly;
+    let planned = |allowed: Costly| -> Result<(Graph, Plan, Costly), StageError> {
+        let ((graph, clones), forward_joins) = crate::launch_groups::grouped_if_no_higher(
             graph.clone(),
             clones.clone(),
             (target, train),
-            (options, join_forward),
+            (options, allowed),
         )?;
-        let (graph, clones) = crate::launch_groups::pairs_merged_if_no_higher(
+        let ((graph, clones), add_norms) = crate::launch_groups::pairs_merged_if_no_higher(
             graph,
             clones,
             (target, train),
-            options,
+            (options, allowed),
         )?;
         let summary_of = train.map(TrainSummary::from);
         let clone_ids = clones.iter().map(|&(_, c)| c).collect();
@@ -368,20 +369,13 @@ pub fn plan_with(
             &clone_ids,
         )?;
         plan.report.checkpoint = summary(policy, &graph, &clones, &plan);
-        Ok((graph, plan, joined))
+        let made = Costly {
+            forward_joins,
+            add_norms,
+        };
+        Ok((graph, plan, made))
     };
-    // Forward cast groups joined across scopes hold one buffer through much of the forward:
-    // where the layout then misses the lower bound (LLaMA-7B bf16: 1.0052x), the step is
-    // planned again with each scope's forward casts apart, and the smaller arena kept.
-    let (joined_graph, joined_plan, joined) = planned(true)?;
-    if !joined || joined_plan.report.layout_optimal {
-        return Ok((joined_graph, joined_plan));
-    }
-    let (apart_graph, apart_plan, _) = planned(false)?;
-    Ok(match apart_plan.arena_bytes < joined_plan.arena_bytes {
-        true => (apart_graph, apart_plan),
-        false => (joined_graph, joined_plan),
-    })
+    crate::launch_groups::smallest_of(planned)
 }
 
 /// The diagnostic for a budget no plan meets: `arena_budget` is what the budget leaves for

@@ -1,10 +1,13 @@
 //! Launch groupings that hold values longer, kept only where the step's peak of live bytes
 //! does not rise: parameter casts as cast groups, a scope's AdamW steps as one group, the
-//! fused loss head's two backward ops as one, and a recomputed activation beside its
-//! gradient, chosen after checkpointing for the plan being built (`crate::budget::plan_with`).
+//! fused loss head's two backward ops as one, a norm's gradients as one, a residual add and
+//! the norm of its sum as one, a weight gradient and its bias gradient as one, a recomputed
+//! activation beside its gradient, and the loss head's forward in as few chunks as the room
+//! under the peak allows, chosen after checkpointing for the plan being built
+//! (`crate::budget::plan_with`).
 
 use crate::front::train::TrainSpec;
-use crate::ir::{Graph, Phase, ValueId};
+use crate::ir::{Graph, Op, Phase, ValueId};
 use crate::passes::liveness::Interval;
 use crate::passes::StageError;
 use crate::plan::{self, BuildOptions, Target};
@@ -22,14 +25,15 @@ use crate::plan::{self, BuildOptions, Target};
 /// Each group is weighed on the live bytes of one schedule, the values it holds longer
 /// added where they would be held, and kept where the peak stays; the groups kept are made
 /// at once and the peak checked again on the grouped step (none kept if it rose).
-/// `clones` follow their values. Forward groups join only with `join_forward`; the third
-/// value says whether any did.
+/// `clones` follow their values. Forward groups join only where `allowed` says; the bool
+/// says whether any did.
 pub(crate) fn grouped_if_no_higher(
     graph: Graph,
     clones: Vec<(ValueId, ValueId)>,
     (target, train): (Target, Option<&TrainSpec>),
-    (options, join_forward): (&BuildOptions, bool),
+    (options, allowed): (&BuildOptions, Costly),
 ) -> Result<(Cloned, bool), StageError> {
+    let join_forward = allowed.forward_joins;
     use crate::passes::{cast_groups, group_updates};
     let settings = train.map(|t| &t.settings);
     let apart = settings.is_none_or(|s| {
@@ -134,17 +138,18 @@ pub(crate) fn grouped_if_no_higher(
 /// and the pages more to fault (GPT-2 small bf16: 3.5 ms more on the H100 estimate with the
 /// activations offloaded, 64 more faults a step at 3 GiB unified for the pairs, 17 for the
 /// norms, whose input gradients live on to the update that reads their bias gradients).
-/// Each is weighed on the graph the one before left, the norms and the adds group by group.
-/// `clones` follow their values.
+/// Each is weighed on the graph the one before left, the norms and the adds group by group;
+/// the adds only where `allowed` says, the bool saying whether any merged. `clones` follow
+/// their values.
 pub(crate) fn pairs_merged_if_no_higher(
     graph: Graph,
     clones: Vec<(ValueId, ValueId)>,
     (target, train): (Target, Option<&TrainSpec>),
-    options: &BuildOptions,
-) -> Result<(Graph, Vec<(ValueId, ValueId)>), StageError> {
+    (options, allowed): (&BuildOptions, Costly),
+) -> Result<(Cloned, bool), StageError> {
     use crate::passes::{bias_grad_epilogue, lce_merge, unary_pairs};
     if !matches!(target, Target::Cuda { .. }) {
-        return Ok((graph, clones));
+        return Ok(((graph, clones), false));
     }
     let heads = |g: &Graph| {
         let pairs = lce_merge::pairs(g, &plan::param_gradients(g));
@@ -153,7 +158,7 @@ pub(crate) fn pairs_merged_if_no_higher(
     let (graph, clones, peak) = merged_if_no_higher((graph, clones, None), target, options, heads)?;
     let moves = train.is_some_and(|t| t.settings.offload.is_some() || t.settings.unified);
     if moves {
-        return Ok((graph, clones));
+        return Ok(((graph, clones), false));
     }
     use crate::passes::{add_norm, norm_backward_merge as norms};
     let peaked = (graph, clones, peak);
@@ -166,7 +171,11 @@ pub(crate) fn pairs_merged_if_no_higher(
         norms::run,
     )?;
     let pair = |&(add, norm): &(ValueId, ValueId)| vec![add, norm];
-    let (graph, clones, peak) = held_merged(peaked, at, add_norm::pairs, pair, add_norm::run)?;
+    let (graph, clones, peak) = match allowed.add_norms {
+        true => held_merged(peaked, at, add_norm::pairs, pair, add_norm::run)?,
+        false => peaked,
+    };
+    let add_normed = (graph.values()).any(|v| matches!(graph.node(v).op, Op::AddNorm { .. }));
     let biases =
         |g: &Graph| found_merged(g, &bias_grad_epilogue::pairs(g), bias_grad_epilogue::run);
     let (graph, clones, peak) =
@@ -174,7 +183,63 @@ pub(crate) fn pairs_merged_if_no_higher(
     let activations = |g: &Graph| found_merged(g, &unary_pairs::pairs(g), unary_pairs::run);
     let peaked = merged_if_no_higher((graph, clones, peak), target, options, activations)?;
     let (graph, clones, _) = head_chunks_widened(peaked, (target, options))?;
-    Ok((graph, clones))
+    Ok(((graph, clones), add_normed))
+}
+
+/// Which of the groupings whose longer lives can leave the layout above its lower bound
+/// a plan is built with (`crate::budget::plan_with` plans a step again without them where
+/// its layout misses the bound): forward cast groups joined across scopes, and residual
+/// adds merged with the norms of their sums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Costly {
+    /// Forward cast groups may join across scopes.
+    pub forward_joins: bool,
+    /// Residual adds may merge with the norms of their sums.
+    pub add_norms: bool,
+}
+
+impl Costly {
+    /// Every grouping allowed.
+    pub const ALL: Costly = Costly {
+        forward_joins: true,
+        add_norms: true,
+    };
+}
+
+/// The step `planned` with every costly grouping allowed, or, where its layout misses its
+/// lower bound, planned again without the groupings it made that may cost the layout bytes:
+/// forward cast groups joined across scopes (LLaMA-7B bf16: 1.0052x the bound with them),
+/// then residual adds merged with their norms (Llama-70B's shapes on 8 data-parallel ranks:
+/// 64 MiB more); the smallest arena is kept, the first of equals. `planned` gives the graph,
+/// its plan and the groupings it made.
+pub(crate) fn smallest_of(
+    planned: impl Fn(Costly) -> Result<(Graph, plan::Plan, Costly), StageError>,
+) -> Result<(Graph, plan::Plan), StageError> {
+    let (mut graph, mut best, made) = planned(Costly::ALL)?;
+    let mut allowed = Costly::ALL;
+    let fallbacks = [
+        Costly {
+            forward_joins: false,
+            ..Costly::ALL
+        },
+        Costly {
+            forward_joins: false,
+            add_norms: false,
+        },
+    ];
+    for next in fallbacks {
+        let drops = |k: fn(&Costly) -> bool| k(&allowed) && !k(&next) && k(&made);
+        let changes = drops(|c| c.forward_joins) || drops(|c| c.add_norms);
+        if best.report.layout_optimal || !changes {
+            continue;
+        }
+        allowed = next;
+        let (g, p, _) = planned(next)?;
+        if p.arena_bytes < best.arena_bytes {
+            (graph, best) = (g, p);
+        }
+    }
+    Ok((graph, best))
 }
 
 /// The rows a loss-head chunk's widening tries at a time (a tile of the logits' GEMM).
@@ -191,7 +256,7 @@ fn head_chunks_widened(
     peaked: Peaked,
     (target, options): (Target, &BuildOptions),
 ) -> Result<Peaked, StageError> {
-    use crate::ir::{LinearCe, Op, TensorType};
+    use crate::ir::{LinearCe, TensorType};
     use crate::passes::rewrite::{rebuild, Edit};
     let widen = |g: &Graph| {
         let profile = plan::live_profile_with_workspace(g, options, target)?;

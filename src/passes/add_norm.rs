@@ -2,9 +2,9 @@
 //! block the fp32 residual stream's sum `x + branch` is normalized next (forward, and again
 //! where backward recomputes it); one [`Op::AddNorm`] stores the sum and the norm of it in one
 //! pass over the rows, both read through [`Op::Member`] views of its flat fp32 output (the
-//! norm's in its own, narrower type). The pair's values then live together: the planner
-//! makes it only where that does not raise the step's peak (`crate::launch_groups`), so a
-//! sum saved for backward keeps its own op.
+//! norm's in its own, narrower type). The pair's values then live together: a sum saved
+//! for backward keeps its own op, and the planner makes a pair only where that does not
+//! raise the step's peak (`crate::launch_groups`).
 
 use super::rewrite::{rebuild_each, written_in_place};
 use super::StageError;
@@ -13,7 +13,8 @@ use crate::ops::norm::add_norm_at;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The pairs `(add, norm)` one [`Op::AddNorm`] computes: an fp32 add of two operands of its
-/// shape and a layer or RMS norm of its sum in the same phase, whose weight and bias exist
+/// shape, read only in its own phase (a sum saved for backward would hold the norm's output
+/// there too), and a layer or RMS norm of its sum in that phase, whose weight and bias exist
 /// where the add runs; neither a graph output nor written in place, each in one pair.
 pub fn pairs(graph: &Graph) -> Vec<(ValueId, ValueId)> {
     let outputs: BTreeSet<ValueId> = graph.outputs.iter().map(|(_, v)| *v).collect();
@@ -25,7 +26,8 @@ pub fn pairs(graph: &Graph) -> Vec<(ValueId, ValueId)> {
         let same = |&i: &ValueId| graph.node(i).ty.shape == node.ty.shape;
         let fp32_add = node.op == Op::Binary(BinaryFn::Add)
             && node.ty.dtype == DType::F32
-            && node.inputs.iter().all(same);
+            && node.inputs.iter().all(same)
+            && (graph.users(add).iter()).all(|&u| graph.node(u).phase == node.phase);
         if !fp32_add {
             continue;
         }
@@ -136,6 +138,12 @@ mod tests {
             kept.outputs.push(("o".into(), output));
             assert!(pairs(&kept).is_empty());
         }
+        // A sum backward reads (saved for it) stays apart too.
+        let mut saved = g.clone();
+        let later = test_graphs::origin(Phase::Backward);
+        let read = (saved.add(Op::Reshape { shape: vec![256] }, vec![add], &later)).expect("read");
+        saved.outputs.push(("r".into(), read));
+        assert!(pairs(&saved).is_empty());
         // The norm's sum read by another op too: the pair still merges.
         let other = (g.add(Op::Binary(BinaryFn::Mul), vec![add, add], &origin)).expect("mul");
         g.outputs.push(("m".into(), other));
