@@ -23,11 +23,12 @@ impl CpuKernel for super::Family {
                 dtype: Some(t),
                 ..
             } => {
+                // Only the flat input's elements the member's bytes lie in are encoded.
                 let from = step.dtype(0);
-                let bytes = lowp::to_bytes(from, x(0));
-                let start = *offset * from.size() as usize;
                 let len = out.len() * t.size() as usize;
-                out.copy_from_slice(&lowp::from_bytes(*t, &bytes[start..start + len]));
+                let covering = len.div_ceil(from.size() as usize);
+                let bytes = lowp::to_bytes(from, &x(0)[*offset..*offset + covering]);
+                out.copy_from_slice(&lowp::from_bytes(*t, &bytes[..len]));
             }
             Op::Permute { perm } => kernels::permute(x(0), s(0), perm, out),
             Op::Slice { axis, start, end } => kernels::slice(x(0), s(0), *axis, *start, *end, out),
