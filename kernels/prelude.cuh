@@ -104,6 +104,25 @@ template <typename V> __device__ __forceinline__ V sum_partials(const V* p, u64 
     return block_reduce<MemcSum<V>>(s);
 }
 
+// ---- one-launch reductions: the grid's last block sums the others' partials -------------
+// Whether this block is the last of its grid to call this: each thread's earlier global
+// writes are fenced before the block takes its ticket from `done`, so the last block,
+// reading past L1 (__ldcg), sees every block's. `done` counts the blocks done in the current
+// launch: a module global (zeroed when the module loads, its 4 bytes within the context
+// reserve) that the last block resets for the next launch, so the kernel never runs beside
+// itself (a step's kernels run in order on one stream). Every thread of the block must call
+// it, once a launch; all get the same answer.
+__device__ __forceinline__ bool memc_last_block(unsigned* done) {
+    __shared__ unsigned ticket;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(done, 1u);
+    __syncthreads();
+    const bool last = ticket == gridDim.x * gridDim.y * gridDim.z - 1;
+    if (last && threadIdx.x == 0) *done = 0;
+    return last;
+}
+
 // Block-wide log-sum-exp of x[base + t * stride], t < n: returns {max, log(sum exp(x - max))}
 // to every thread (all threads of the block must call it).
 template <typename T>

@@ -245,9 +245,10 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
     // product itself is saved for backward.
     assert_eq!(count(&|s| matches!(s.op, Op::NormBackwardBias { .. })), 0);
     assert_eq!(count(&|s| matches!(s.op, Op::Slice { .. })), 0);
-    // The loss head: 8 x 1024 rows in 16 chunks of 512 backward, in 10 of 820 forward (the
-    // room the step's peak, backward's, leaves there), its two gradients one backward op (the
-    // logits computed once for both) whose packed output both are views of.
+    // The loss head, its logits in bf16: 8 x 1024 rows in 8 chunks of 1024 backward (as many
+    // bytes as 16 chunks of fp32 logits), in 5 of 1639 forward (the room the step's peak,
+    // backward's, leaves there), its two gradients one backward op (the logits computed once
+    // for both) whose packed output both are views of.
     let chunks: Vec<(bool, usize)> = (plan.steps.iter())
         .filter_map(|s| match &s.op {
             Op::LinearCrossEntropy(lce) => Some((true, lce.chunk)),
@@ -255,7 +256,7 @@ fn a_bf16_gpt2_step_folds_biases_casts_pads_and_chunks() {
             _ => None,
         })
         .collect();
-    assert_eq!(chunks, vec![(true, 820), (false, 512)]);
+    assert_eq!(chunks, vec![(true, 1639), (false, 1024)]);
     let head_backward =
         |s: &memc::plan::Step| matches!(s.op, Op::LinearCrossEntropyBackward { .. });
     let merged = |s: &memc::plan::Step| {

@@ -170,15 +170,15 @@ fn every_row_ignored_gives_zero_loss_and_gradients() {
 }
 
 /// Exact bytes of the tiny GPT-2 at bf16 (B=2, T=16, D=32, V=64): the fused head saves its
-/// 32 f32 row losses instead of the 2x16x64 bf16 logits, its chunk is the 8 rows whose fp32
-/// logits take the bytes of the bf16 hidden states (32 rows x 32 x 2 bytes / (64 x 4)), and
-/// each of its three steps has that chunk's 2 KiB of fp32 logits as CPU workspace.
+/// 32 f32 row losses instead of the 2x16x64 bf16 logits, its chunk is the 16 rows whose bf16
+/// logits take the bytes of the bf16 hidden states (32 rows x 32 / 64), and each of its three
+/// steps has as many bytes of fp32 logits (8 rows, 2 KiB) as CPU workspace.
 #[test]
 fn fused_bf16_plan_bytes_are_exact() {
     let (fused, unfused) = (gpt(Precision::Bf16, true), gpt(Precision::Bf16, false));
     let (f, u) = (fused.plan.plan(), unfused.plan.plan());
-    let chunk = 32 * 32 * 2 / (64 * 4);
-    assert_eq!(chunk, 8);
+    let chunk = 32 * 32 / 64;
+    assert_eq!(chunk, 16);
     for op in head_ops(f) {
         let (Op::LinearCrossEntropy(lce) | Op::LinearCrossEntropyBackward { lce, .. }) = op else {
             unreachable!()
@@ -202,7 +202,7 @@ fn fused_bf16_plan_bytes_are_exact() {
     assert_eq!(saved(f, "linear_cross_entropy"), 32 * 4);
     // Beyond the linears' outputs both keep, the unfused head keeps its bf16 logits.
     assert_eq!(saved(u, "matmul") - saved(f, "matmul"), 2 * 16 * 64 * 2);
-    assert_eq!(f.report.bytes.workspace, 3 * chunk as u64 * 64 * 4);
+    assert_eq!(f.report.bytes.workspace, 3 * chunk as u64 * 64 * 2);
     assert_eq!(u.report.bytes.workspace, 0);
     assert_eq!(
         (f.arena_bytes, f.report.bytes.activations),
@@ -216,10 +216,10 @@ const FUSED_ARENA: u64 = 786_436;
 const FUSED_SAVED: u64 = 94_336;
 
 /// On CUDA the steps made of cuBLASLt GEMMs take a workspace ending in cuBLASLt's 4 MiB of
-/// scratch: the matmuls that alone; the fused head its chunk of fp32 logits (forward all 32
-/// rows, backward 8 rows of 64 classes, or all 32 rows of a 16-column tile for the weight
-/// gradient), their gradient in
-/// bf16 and (weight gradient) the rows' log-sum-exps, each region rounded to 256 bytes;
+/// scratch: the matmuls that alone; the fused head its chunk of bf16 logits (forward all 32
+/// rows, backward 16 rows of 64 classes, or all 32 rows of a 32-column tile for the weight
+/// gradient), the rows' log-sum-exps and their gradient in bf16, each region rounded to 256
+/// bytes;
 /// attention's backward its scores. So do the layer norms' weight and bias gradients (their
 /// fp32 partials per row chunk and channel, merged or not) and the grouped AdamW updates (their tensor
 /// table); no other step does.
@@ -243,20 +243,20 @@ fn the_cuda_plan_gives_its_library_steps_their_workspace() {
                 // Widened to all 32 rows, the room the step's peak leaves where it runs; its
                 // rows' partial log-sum-exps: one slice of 64 classes each.
                 assert_eq!(lce.chunk, 32);
-                assert_eq!(ws, 32 * 64 * 4 + 256 + cublas);
+                assert_eq!(ws, 32 * 64 * 2 + 256 + cublas);
             }
-            // Chunks of 8 rows and 32 rows in all, fewer than an H100's SMs: the logits'
-            // gradient (bf16) is written apart from them, after the other regions. The two
-            // ops stay apart: merged, the fp32 input gradient (32 x 32 x 4 bytes) would take
-            // more than the logits it leaves and raise the step's peak.
+            // Chunks of 16 rows and 32 rows in all, fewer than an H100's SMs: the logits'
+            // gradient is written apart from them, after the other regions. The two ops stay
+            // apart: merged, the fp32 input gradient (32 x 32 x 4 bytes) would take more than
+            // the logits it leaves and raise the step's peak.
             Op::LinearCrossEntropyBackward { which, .. } => {
-                let logits = 8 * 64 * 4;
-                let lse = match which {
-                    LceGrad::Input => 0,
-                    LceGrad::Weight => 256,
-                    LceGrad::Both => panic!("the merged head raises this step's peak"),
-                };
-                assert_eq!(ws, logits + lse + 8 * 64 * 2 + cublas);
+                assert_ne!(
+                    *which,
+                    LceGrad::Both,
+                    "the merged head raises this step's peak"
+                );
+                let logits = 16 * 64 * 2;
+                assert_eq!(ws, logits + 256 + logits + cublas);
             }
             Op::MatMul { .. } => assert_eq!(ws, cublas),
             // All 4 heads of 16 rows and 16 keys at once, dq's, dk's and dv's units in turn:

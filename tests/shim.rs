@@ -14,7 +14,9 @@
 //! as the f32 reference and round once on store, so they may land one ulp away. Attention's
 //! 16-bit kernels also round their probabilities and score gradients before the next
 //! product; their cases get sqrt(n / 16) times that tolerance for the n keys (or query rows)
-//! summed (`shim_harness::cases`).
+//! summed (`shim_harness::cases`). The fused loss head rounds its logits to its operands'
+//! type by definition, so its 16-bit cases are compared with the CPU backend's op in that
+//! type, which rounds them too.
 #![allow(
     clippy::panic,
     clippy::print_stdout,

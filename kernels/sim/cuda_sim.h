@@ -418,6 +418,9 @@ template <typename T> inline T atomicAdd(T* p, T v) {
     *p = old + v;
     return old;
 }
+// Blocks run one after another, so every write is visible to the blocks after it.
+inline void __threadfence() {}
+template <typename T> inline T __ldcg(const T* p) { return *p; }
 template <typename T> inline T atomicMax(T* p, T v) {
     const T old = *p;
     if (v > old) *p = v;

@@ -66,7 +66,8 @@ mod tests {
         );
         assert!(cpu > 0);
         assert_eq!(Target::CUDA_MIN.workspace_bytes(&conv, &[&x, &w], &y), 0);
-        // The fused loss head's weight gradient: 4 rows of 100 fp32 logits on the CPU, one
+        // The fused loss head's weight gradient: the bytes of 4 rows of 100 bf16 logits on
+        // the CPU, as 2 rows of fp32 logits.
         let lce = crate::ir::LinearCe {
             chunk: 4,
             transposed: false,
@@ -83,13 +84,13 @@ mod tests {
             TensorType::new(DType::F32, vec![10]),
         );
         let inputs = [&h, &wt, &t, &rows, &rows];
-        assert_eq!(Target::Cpu.workspace_bytes(&dw, &inputs, &wt), 4 * 100 * 4);
-        // CUDA: 4 rows of fp32 logits padded to 104 columns or a tile of 40 columns over the
-        // 10 rows, rounded to 256 bytes, the rows' log-sum-exps, the logits' bf16 gradient
+        assert_eq!(Target::Cpu.workspace_bytes(&dw, &inputs, &wt), 2 * 100 * 4);
+        // CUDA: 4 rows of bf16 logits padded to 104 columns or a tile of 40 columns over the
+        // 10 rows, rounded to 256 bytes, the rows' log-sum-exps, the logits' gradient
         // (written apart from them: 10 rows are fewer than an H100's SMs), then cuBLASLt's
         // scratch.
         let logits: u64 = 4 * 104;
-        let regions = (logits * 4).div_ceil(256) * 256 + 256 + (logits * 2).div_ceil(256) * 256;
+        let regions = 2 * (logits * 2).div_ceil(256) * 256 + 256;
         assert_eq!(
             Target::CUDA_MIN.workspace_bytes(&dw, &inputs, &wt),
             regions + crate::ops::matmul::GEMM_WORKSPACE

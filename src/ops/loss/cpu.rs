@@ -6,10 +6,16 @@ mod linear;
 
 use crate::exec::cpu::CpuStep;
 use crate::exec::ExecError;
-use crate::ir::{CeParams, LceGrad, LinearCe, Op, TensorType};
+use crate::ir::{CeParams, DType, LceGrad, LinearCe, Op, TensorType};
 use crate::ops::cpu::{foreign_op, packed_pair_mut, CpuKernel};
 use kernels::Targets;
 use linear::{Grads, Head};
+
+/// Rows of fp32 logits the CPU kernels take at a time for `lce` over operands of `operand`:
+/// as many as fit in the bytes of `lce.chunk` rows of logits in that type (a CUDA chunk's).
+fn fp32_chunk(lce: &LinearCe, operand: DType) -> usize {
+    (lce.chunk * operand.size() as usize / 4).max(1)
+}
 
 /// The linear cross-entropy head of `step` (inputs x, w, targets first).
 fn head<'a>(step: &CpuStep<'a>, lce: &LinearCe) -> Head<'a> {
@@ -21,7 +27,7 @@ fn head<'a>(step: &CpuStep<'a>, lce: &LinearCe) -> Head<'a> {
         dim: x.last().copied().unwrap_or(1),
         classes: if lce.transposed { w[0] } else { w[1] },
         transposed: lce.transposed,
-        chunk: lce.chunk,
+        chunk: fp32_chunk(lce, step.dtype(0)),
         operand: step.dtype(0),
         ce: lce.ce,
     }
@@ -95,15 +101,17 @@ impl CpuKernel for super::Family {
         }
     }
 
-    /// One chunk of fp32 logits for the linear cross-entropy ops; nothing for the others.
+    /// One chunk of fp32 logits for the linear cross-entropy ops (as many bytes as a chunk of
+    /// logits in the operands' type, at least a row); nothing for the others.
     fn cpu_workspace_bytes(&self, op: &Op, inputs: &[&TensorType], _: &TensorType) -> u64 {
         match op {
             Op::LinearCrossEntropy(lce) | Op::LinearCrossEntropyBackward { lce, .. } => {
-                match super::rules::linear_ce(lce, inputs) {
-                    Ok((rows, _, classes)) => {
-                        4 * Head::workspace_len(rows as usize, classes as usize, lce.chunk) as u64
+                match (super::rules::linear_ce(lce, inputs), inputs.first()) {
+                    (Ok((rows, _, classes)), Some(x)) => {
+                        let chunk = fp32_chunk(lce, x.dtype);
+                        4 * Head::workspace_len(rows as usize, classes as usize, chunk) as u64
                     }
-                    Err(_) => 0,
+                    _ => 0,
                 }
             }
             _ => 0,

@@ -5,12 +5,12 @@
 //! each tile of `dW` is one GEMM over all rows (`dW[:, tile] = x^T @ p`), summed in fp32
 //! inside cuBLASLt and rounded once. A merged backward ([`LceGrad::Both`]) walks the weight
 //! gradient's tiles and also sums `dx += p @ W[:, tile]^T` over them in fp32, rounded once
-//! at the end: the logits are computed once for both gradients. Workspace: the fp32 logits
-//! of a chunk (their gradient `p` in the operands' type written over them, a block a row,
-//! or, where those rows are fewer than an H100's SMs, after the other regions, a thread an
-//! element),
-//! then (weight gradient) each row's log-sum-exp, then (merged) the fp32 `dx`, then
-//! cuBLASLt's scratch.
+//! at the end: the logits are computed once for both gradients. The logits are in the
+//! operands' type, as the GEMM of a matmul in that type rounds them. Workspace: the logits of
+//! a chunk (their gradient `p` written over them, a block a row, or, where those rows are
+//! fewer than an H100's SMs, after the other regions, a thread an element), then each row's
+//! log-sum-exp (the forward: its partials), then (merged) the fp32 `dx`, then cuBLASLt's
+//! scratch.
 
 use crate::codegen::build::{c_bool, c_u64};
 use crate::codegen::gemm::{Addr, Call, Gemm, RowMajor};
@@ -49,15 +49,17 @@ struct Shape {
 }
 
 impl Shape {
-    /// The shapes of `which` (forward when `None`). A merged backward's tiles are narrower
-    /// by the hidden dim, so that its fp32 input gradient takes the bytes of the logits it
-    /// leaves (the workspace of the weight gradient alone), unless that would halve them.
+    /// The shapes of `which` (forward when `None`). A merged backward's tiles are narrower,
+    /// so that its fp32 input gradient takes the bytes of the logits it leaves (the
+    /// workspace of the weight gradient alone), unless that would halve them.
     fn of(lce: &LinearCe, inputs: &[&TensorType], which: Option<LceGrad>) -> Option<Shape> {
         let (n, d, v) = super::rules::linear_ce(lce, inputs).ok()?;
+        let dtype = inputs.first()?.dtype;
         let chunk = u(lce.chunk).clamp(1, n.max(1));
         let mut tile = (chunk * v / n.max(1)).clamp(1, v.max(1));
         if which == Some(LceGrad::Both) {
-            let narrower = padded_row(tile).saturating_sub(padded_row(d));
+            let fp32_row = padded_row(d) * 4 / dtype.size();
+            let narrower = padded_row(tile).saturating_sub(fp32_row);
             tile = narrower.max(tile / 2).clamp(1, v.max(1));
         }
         Some(Shape {
@@ -66,7 +68,7 @@ impl Shape {
             v,
             chunk,
             tile,
-            dtype: inputs.first()?.dtype,
+            dtype,
             v_ld: padded_row(v),
             tile_ld: padded_row(tile),
             splits: if chunk >= SMS {
@@ -92,29 +94,19 @@ impl Shape {
             _ => self.chunk * self.v_ld,
         };
         let logits = rows.max(self.n * self.tile_ld);
-        let lse = region(logits * 4);
+        let lse = region(logits * self.dtype.size());
         let acc = lse + region(self.n * 4);
         let (acc, p) = match which {
             None => {
                 let scratch = lse + region(self.chunk * self.splits * 8);
                 return [lse, scratch, 0, scratch];
             }
-            Some(LceGrad::Input) => (lse, lse),
-            Some(LceGrad::Weight) => (acc, acc),
+            Some(LceGrad::Input | LceGrad::Weight) => (acc, acc),
             Some(LceGrad::Both) => (acc, acc + region(self.n * self.d * 4)),
         };
         match self.apart {
             true => [lse, acc, p, p + region(logits * self.dtype.size())],
             false => [lse, acc, 0, p],
-        }
-    }
-
-    /// Elements of `T` between rows of the logits' gradient, for logits `ld` fp32 elements
-    /// apart: as many when it is apart from them, else as many as fit in their bytes.
-    fn p_ld(&self, ld: u64) -> u64 {
-        match self.apart {
-            true => ld,
-            false => ld * 4 / self.dtype.size(),
         }
     }
 
@@ -187,11 +179,15 @@ pub(crate) fn linear_ce(
     );
     let e = t.size();
     let x_rows = |r0: u64| (Addr::Input(0, r0 * s.d * e), t, false, s.d);
-    let z = (Addr::Workspace(0), DType::F32);
+    let z = (Addr::Workspace(0), t);
+    let warps_per_block = u64::from(BLOCK / 32);
     let p = Addr::Workspace(p_at);
     let mut calls = Vec::new();
     match which {
         None | Some(LceGrad::Input) => {
+            if which.is_some() {
+                calls.push(Call::launch(s.n.div_ceil(warps_per_block), 0, 0));
+            }
             for c in 0..s.n.div_ceil(s.chunk) {
                 let r0 = c * s.chunk;
                 let rn = s.chunk.min(s.n - r0);
@@ -205,15 +201,15 @@ pub(crate) fn linear_ce(
                 if which.is_none() {
                     calls.push(Call::launch(rn * s.splits, 0, c));
                     if s.splits > 1 {
-                        calls.push(Call::finish(rn.div_ceil(u64::from(BLOCK)), 1, c));
+                        calls.push(Call::finish(rn.div_ceil(warps_per_block), 1, c));
                     }
                 } else {
-                    calls.push(Call::launch(s.grad_blocks(rn, s.v), 0, c));
+                    calls.push(Call::launch(s.grad_blocks(rn, s.v), 1, c));
                     // dx_c = p @ W^T: W [D, V] read transposed, or E [V, D] as stored.
                     let w_stride = if lce.transposed { s.d } else { s.v };
                     let w = Addr::Input(1, 0);
                     calls.push(gemm(
-                        (p, t, false, s.p_ld(s.v_ld)),
+                        (p, t, false, s.v_ld),
                         (w, t, !lce.transposed, w_stride),
                         (Addr::Output(r0 * s.d * e), t, s.d),
                         (rn, s.d, s.v),
@@ -225,7 +221,6 @@ pub(crate) fn linear_ce(
             let both = grad == LceGrad::Both;
             // A merged backward writes the weight's gradient after the hidden states'.
             let dw_at = if both { w_at * e } else { 0 };
-            let warps_per_block = u64::from(BLOCK / 32);
             calls.push(Call::launch(s.n.div_ceil(warps_per_block), 0, 0));
             for tile in 0..s.v.div_ceil(s.tile) {
                 let v0 = tile * s.tile;
@@ -241,7 +236,7 @@ pub(crate) fn linear_ce(
                 let call = if lce.transposed {
                     // dE[v0.., :] = p^T @ x
                     gemm(
-                        (p, t, true, s.p_ld(s.tile_ld)),
+                        (p, t, true, s.tile_ld),
                         (Addr::Input(0, 0), t, false, s.d),
                         (Addr::Output(dw_at + v0 * s.d * e), t, s.d),
                         (width, s.d, s.n),
@@ -250,7 +245,7 @@ pub(crate) fn linear_ce(
                     // dW[:, v0..] = x^T @ p
                     gemm(
                         (Addr::Input(0, 0), t, true, s.d),
-                        (p, t, false, s.p_ld(s.tile_ld)),
+                        (p, t, false, s.tile_ld),
                         (Addr::Output(dw_at + v0 * e), t, s.v),
                         (s.d, width, s.n),
                     )
@@ -260,7 +255,7 @@ pub(crate) fn linear_ce(
                     // dx += p @ W[:, tile]^T, summed over the tiles in fp32.
                     let beta = if tile == 0 { 0.0 } else { 1.0 };
                     let product = Gemm::row_major(
-                        (p, t, false, s.p_ld(s.tile_ld)),
+                        (p, t, false, s.tile_ld),
                         (w, t, !w_t, w_stride),
                         (Addr::Workspace(acc_at), DType::F32, s.d),
                         (s.n, s.d, width),

@@ -45,9 +45,10 @@ impl CeParams {
 /// How the fused linear cross-entropy reads its weight and splits its rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LinearCe {
-    /// Rows of hidden states whose logits are computed at a time (at least 1): the CPU
-    /// kernels hold `chunk x V` fp32 logits in their workspace, the CUDA weight gradient at
-    /// most as many bytes. The planner chooses it.
+    /// Rows of hidden states whose logits are computed at a time (at least 1): the kernels
+    /// hold `chunk x V` logits in the operands' type in their workspace (the CPU as many
+    /// bytes of fp32 logits), the CUDA weight gradient's tiles at most as many. The planner
+    /// chooses it.
     pub chunk: usize,
     /// The weight is a `[V, D]` table read as its transpose (tied embeddings), not `[D, V]`.
     pub transposed: bool,
@@ -72,19 +73,22 @@ pub enum LceGrad {
 }
 
 /// The fewest rows a default chunk takes, as a share of all rows: the head runs in at most
-/// this many chunks unless a budget halves them. Each chunk costs a GEMM and a kernel per
+/// this many chunks of fp32 logits unless a budget halves them (16-bit logits take twice the
+/// rows in the same bytes, so half as many chunks). Each chunk costs a GEMM and a kernel per
 /// op (three ops) on CUDA, so chunks much smaller than this spend the step on launches and
 /// on GEMMs too thin for the tensor cores (GPT-2's 132 chunks of 62 rows took 86 ms of a
 /// 182 ms step on an H200).
 pub const MAX_DEFAULT_CHUNKS: usize = 16;
 
-/// The fused loss head's default chunk, between 1 and `rows`: the larger of the rows whose
-/// fp32 logits (`chunk x classes x 4` bytes) take no more than the hidden states they are
-/// computed from (`rows x dim x elem_bytes`) and `rows / MAX_DEFAULT_CHUNKS` (rounded up).
+/// The fused loss head's default chunk, between 1 and `rows`, for hidden states (and so
+/// logits) of `elem_bytes` bytes: the larger of the rows whose logits (`chunk x classes`)
+/// take no more than the hidden states they are computed from (`rows x dim`), and the rows
+/// whose logits take the bytes of `rows / MAX_DEFAULT_CHUNKS` rows of fp32 logits (rounded
+/// up).
 pub fn default_chunk(rows: usize, dim: usize, classes: usize, elem_bytes: usize) -> usize {
-    let hidden = rows.saturating_mul(dim).saturating_mul(elem_bytes);
-    let within_hidden = hidden / classes.saturating_mul(4).max(1);
-    within_hidden
-        .max(rows.div_ceil(MAX_DEFAULT_CHUNKS))
-        .clamp(1, rows.max(1))
+    let within_hidden = rows.saturating_mul(dim) / classes.max(1);
+    let fewest = rows
+        .saturating_mul(4)
+        .div_ceil(MAX_DEFAULT_CHUNKS.saturating_mul(elem_bytes).max(1));
+    within_hidden.max(fewest).clamp(1, rows.max(1))
 }

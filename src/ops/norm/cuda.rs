@@ -9,7 +9,7 @@ use crate::codegen::build::{c_bool, c_f32, c_int, c_u64};
 use crate::codegen::geometry::{
     numel, pow2_block, slices, slices_workspace, split, u, FILL_BLOCKS, SLICE_ELEMENTS, SMS,
 };
-use crate::codegen::launch::{sliced, two_stage};
+use crate::codegen::launch::{single, sliced, two_stage, Launch};
 use crate::codegen::ops::Args;
 use crate::codegen::{CodegenError, Kernel, KernelParam};
 use crate::ir::infer::norm_channels;
@@ -305,8 +305,8 @@ fn backward_param(a: &Args, kind: NormKind, eps: f32, bias: bool) -> Result<Kern
 /// gradient's row chunks and block ([`param_geometry`]), each block storing its rows' input
 /// gradients and keeping fp32 partials per channel of the weight gradient, the bias
 /// gradient (`bias`) and the sum of the input gradient rounded to `sum` in the workspace,
-/// then a thread per channel summing each in chunk order; with `copy`, each block also
-/// stores its rows' input gradients rounded to that type after the others.
+/// then the last block to finish summing each in chunk order (one launch); with `copy`,
+/// each block also stores its rows' input gradients rounded to that type after the others.
 fn backward_all(
     a: &Args,
     (kind, eps): (NormKind, f32),
@@ -336,21 +336,21 @@ fn backward_all(
     };
     let ts = crate::codegen::ctype(sum.or(copy).unwrap_or(DType::F32));
     let call = format!(
-        "norm_backward_kernel<{}, {}, {}, {tg}, {ts}, Cfg>(arena, in0, in1, in2, {acc_in}, out, ws, phase)",
+        "norm_backward_kernel<{}, {}, {}, {tg}, {ts}, Cfg>(arena, in0, in1, in2, {acc_in}, out, ws)",
         a.ty(0)?,
         a.ty(1)?,
         a.ty(2)?,
     );
     let mut params: Vec<KernelParam> = (0..a.inputs.len()).map(KernelParam::Input).collect();
-    params.push(KernelParam::Output);
-    Ok(two_stage(
+    params.extend([KernelParam::Output, KernelParam::Workspace]);
+    let launch = Launch::Grid(g.grid, g.block);
+    Ok(single(
         "norm_backward",
         &[TEMPLATE],
         lines,
         call,
         &params,
-        (g.grid, g.block),
-        ch.div_ceil(u64::from(g.block)),
+        launch,
     ))
 }
 

@@ -449,33 +449,23 @@ __device__ void norm_backward_param_kernel(char* arena, u64 o_x, u64 o_dy, u64 o
     else norm_channel_partial<T, TD, C>(x, dy, part);
 }
 
-// ---- layer/RMS input, weight and bias gradients in one pass -----------------------------
-// Phase 0: block k takes rows [k RPB, (k + 1) RPB) as norm_rows_partial does (thread t owns
+// ---- layer/RMS input, weight and bias gradients in one pass, one launch ------------------
+// Block k takes rows [k RPB, (k + 1) RPB) as norm_rows_partial does (thread t owns
 // channels t + j blockDim.x, j < C::CPT), stores each row's dx (with C::ACC, g + dx as a
 // separate rounding) at out[0 ..] and keeps its channels' sums of dy xhat, of dy (C::BIAS)
 // and of dx rounded to TS (C::SUM), written to ws[(q CHUNKS + k) CH + c] for the q-th sum
 // it keeps (0 the weight's, then the bias's, then the rounded dx's); with C::COPY it also
-// stores dx rounded to TS from the byte of out[CP_AT] on. Phase 1: a thread per channel sums
-// each over the chunks in order into out[DW_AT + c], out[DB_AT + c] and out[DS_AT + c].
+// stores dx rounded to TS from the byte of out[CP_AT] on. The grid's last block to finish
+// (memc_last_block) then sums each over the chunks in order into out[DW_AT + c],
+// out[DB_AT + c] and out[DS_AT + c]: the same fixed order whichever block that is.
+// norm_backward_kernel's count of blocks done (memc_last_block).
+static __device__ unsigned norm_backward_blocks_done = 0;
+
 template <typename T, typename TW, typename TD, typename TG, typename TS, typename C>
-__device__ void norm_backward_kernel(char* arena, u64 o_x, u64 o_w, u64 o_dy, u64 o_g, u64 o_out, u64 o_ws, u64 phase) {
+__device__ void norm_backward_kernel(char* arena, u64 o_x, u64 o_w, u64 o_dy, u64 o_g, u64 o_out, u64 o_ws) {
     T* out = tensor_at<T>(arena, o_out);
     float* part = tensor_at<float>(arena, o_ws);
     constexpr u64 SQ = C::BIAS ? 2 : 1;
-    if (phase != 0) {
-        const u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-        if (c >= C::CH) return;
-        float sw = 0.0f, sb = 0.0f, ss = 0.0f;
-        for (u64 k = 0; k < C::CHUNKS; ++k) {
-            sw += part[k * C::CH + c];
-            if (C::BIAS) sb += part[(C::CHUNKS + k) * C::CH + c];
-            if (C::SUM) ss += part[(SQ * C::CHUNKS + k) * C::CH + c];
-        }
-        st(out, C::DW_AT + c, sw);
-        if (C::BIAS) st(out, C::DB_AT + c, sb);
-        if (C::SUM) st(out, C::DS_AT + c, ss);
-        return;
-    }
     const T* x = tensor_at<T>(arena, o_x);
     const TW* w = tensor_at<TW>(arena, o_w);
     const TD* dy = tensor_at<TD>(arena, o_dy);
@@ -523,5 +513,28 @@ __device__ void norm_backward_kernel(char* arena, u64 o_x, u64 o_w, u64 o_dy, u6
             if (C::BIAS) part[(C::CHUNKS + (u64)blockIdx.x) * C::CH + c] = ab[j];
             if (C::SUM) part[(SQ * C::CHUNKS + (u64)blockIdx.x) * C::CH + c] = as[j];
         }
+    }
+    if (!memc_last_block(&norm_backward_blocks_done)) return;
+    // The last block: thread t sums its channels over the chunks in order, all its channels'
+    // loads of a chunk at once.
+#pragma unroll
+    for (int j = 0; j < (int)C::CPT; ++j) aw[j] = ab[j] = as[j] = 0.0f;
+    for (u64 k = 0; k < C::CHUNKS; ++k) {
+#pragma unroll
+        for (int j = 0; j < (int)C::CPT; ++j) {
+            const u64 c = threadIdx.x + (u64)j * blockDim.x;
+            if (c >= C::CH) continue;
+            aw[j] += __ldcg(part + k * C::CH + c);
+            if (C::BIAS) ab[j] += __ldcg(part + (C::CHUNKS + k) * C::CH + c);
+            if (C::SUM) as[j] += __ldcg(part + (SQ * C::CHUNKS + k) * C::CH + c);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < (int)C::CPT; ++j) {
+        const u64 c = threadIdx.x + (u64)j * blockDim.x;
+        if (c >= C::CH) continue;
+        st(out, C::DW_AT + c, aw[j]);
+        if (C::BIAS) st(out, C::DB_AT + c, ab[j]);
+        if (C::SUM) st(out, C::DS_AT + c, as[j]);
     }
 }

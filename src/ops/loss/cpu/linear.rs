@@ -1,8 +1,10 @@
 //! The fused linear cross-entropy on the CPU: the logits of `chunk` rows at a time are one
-//! GEMM into the workspace (`chunk x V` fp32), consumed there (log-sum-exp, or turned into
-//! their gradient in place and multiplied back), so no kernel holds more than one chunk of
-//! logits. Row losses accumulate in f64 as cross-entropy's do. A row of the ignored id has
-//! loss 0 and gradient 0.
+//! GEMM into the workspace (`chunk x V` fp32), rounded to the operands' type as a matmul in
+//! that type rounds its output, then consumed there (log-sum-exp, or turned into their
+//! gradient in place and multiplied back), so no kernel holds more than one chunk of logits.
+//! A row's target logit is always [`Head::target_logit`], never the GEMM's element, so the
+//! backward gets the forward's log-sum-exp back from the row's loss exactly, whatever the
+//! chunks. A row of the ignored id has loss 0 and gradient 0.
 
 use rayon::prelude::*;
 
@@ -13,9 +15,9 @@ use crate::exec::ExecError;
 
 /// The operands of a linear cross-entropy head: hidden states `x` [rows, dim], the weight
 /// `w` ([dim, classes], or [classes, dim] when `transposed`), targets in `0..classes` or the
-/// id `ce` ignores, and the rows per chunk. The logits' gradient is rounded to `operand`, the type of `x` and `w`,
-/// before it multiplies back (as a low-precision GEMM takes it, on CUDA and under PyTorch's
-/// autocast alike).
+/// id `ce` ignores, and the rows per chunk. The logits and their gradient are rounded to
+/// `operand`, the type of `x` and `w` (as a low-precision GEMM writes and takes them, on
+/// CUDA and under PyTorch's autocast alike).
 pub struct Head<'a> {
     pub x: &'a [f32],
     pub w: &'a [f32],
@@ -59,7 +61,8 @@ impl Head<'_> {
         Ok((0..n).step_by(c).map(move |r| (r, c.min(n - r))))
     }
 
-    /// Writes the logits of rows `r0..r0 + m` into `z` (`m x classes`).
+    /// Writes the logits of rows `r0..r0 + m` into `z` (`m x classes`), rounded to the
+    /// operands' type.
     fn logits(&self, (r0, m): (usize, usize), z: &mut [f32]) {
         let x = rm(&self.x[r0 * self.dim..], self.dim);
         gemm(
@@ -71,12 +74,40 @@ impl Head<'_> {
             0.0,
             rm_mut(z, self.classes),
         );
+        if self.operand != crate::ir::DType::F32 {
+            z[..m * self.classes]
+                .par_iter_mut()
+                .for_each(|v| *v = crate::exec::lowp::round(self.operand, *v));
+        }
+    }
+
+    /// Row `r`'s logit of class `t` (in range), the same value in the forward and in every
+    /// backward: the fp32 dot product of the row with the weight's column in the CUDA
+    /// kernel's order (32 lanes each fusing the multiply-adds of every 32nd term in order,
+    /// then summed pairwise, lane `l` taking lane `l + o` for `o` = 16, 8, 4, 2, 1), rounded
+    /// to the operands' type.
+    fn target_logit(&self, r: usize, t: usize) -> f32 {
+        let x = &self.x[r * self.dim..(r + 1) * self.dim];
+        let w = |k: usize| match self.transposed {
+            true => self.w[t * self.dim + k],
+            false => self.w[k * self.classes + t],
+        };
+        let mut lanes = [0.0f32; 32];
+        for (k, &xk) in x.iter().enumerate() {
+            lanes[k % 32] = xk.mul_add(w(k), lanes[k % 32]);
+        }
+        for o in [16, 8, 4, 2, 1] {
+            for l in 0..o {
+                lanes[l] += lanes[l + o];
+            }
+        }
+        crate::exec::lowp::round(self.operand, lanes[0])
     }
 
     /// Turns the logits `z` of rows `r0..r0 + m` into their gradient in place:
-    /// `(exp(z - lse) - onehot(target)) * drows`, with `lse = rows + z[target]` (the forward's
-    /// row loss gives the log-sum-exp back, so no second pass over the row is needed); 0 on
-    /// the rows of the ignored id.
+    /// `(exp(z - lse) - onehot(target)) * drows`, with `lse = rows + target_logit` (the
+    /// forward's row loss gives the log-sum-exp back, so no second pass over the row is
+    /// needed); 0 on the rows of the ignored id.
     fn logits_grad(&self, (r0, m): (usize, usize), rows: &[f32], drows: &[f32], z: &mut [f32]) {
         z[..m * self.classes]
             .par_chunks_mut(self.classes)
@@ -88,7 +119,7 @@ impl Head<'_> {
                     return;
                 }
                 let t = self.targets[r] as usize;
-                let lse = rows[r] + row[t];
+                let lse = rows[r] + self.target_logit(r, t);
                 row.iter_mut().for_each(|v| *v = (*v - lse).exp());
                 row[t] -= 1.0;
                 row.iter_mut()
@@ -106,10 +137,11 @@ pub fn forward(h: &Head, out: &mut [f32], ws: &mut [f32]) -> Result<(), ExecErro
         out[r0..r0 + m]
             .par_iter_mut()
             .zip(ws[..m * h.classes].par_chunks(h.classes))
-            .zip(&h.targets[r0..r0 + m])
-            .for_each(|((o, row), &t)| {
+            .enumerate()
+            .for_each(|(i, (o, row))| {
+                let t = h.targets[r0 + i];
                 *o = if h.ce.keeps(t) {
-                    logsumexp(row) - row[t as usize]
+                    logsumexp(row) - h.target_logit(r0 + i, t as usize)
                 } else {
                     0.0
                 }
@@ -319,6 +351,35 @@ mod tests {
             }
         }
         Ok(())
+    }
+
+    /// With bf16 operands the logits are rounded to bf16 before the log-sum-exp, the target
+    /// logit too, and a row's loss plus its target logit gives the log-sum-exp of its rounded
+    /// logits back, as the backward takes it.
+    #[test]
+    fn bf16_logits_are_rounded_and_give_the_log_sum_exp_back() {
+        use crate::exec::lowp::round;
+        use crate::ir::DType::BF16;
+        let (x, w, t) = data(false);
+        let [x, w] = [x, w].map(|v| v.iter().map(|&e| round(BF16, e)).collect::<Vec<_>>());
+        let h = Head {
+            operand: BF16,
+            ..head(&x, &w, &t, false, 2)
+        };
+        let rows = rows_of(&h);
+        let mut z = vec![0.0; 35];
+        h.logits((0, 5), &mut z);
+        for (r, (&loss, zr)) in rows.iter().zip(z.chunks(7)).enumerate() {
+            let naive: Vec<f32> = (0..7)
+                .map(|c| round(BF16, (0..3).map(|k| x[r * 3 + k] * w[k * 7 + c]).sum()))
+                .collect();
+            assert_eq!(zr, naive, "row {r}'s logits");
+            let lse = logsumexp(zr);
+            let target = h.target_logit(r, t[r] as usize);
+            assert_eq!(target, naive[t[r] as usize], "row {r}'s target logit");
+            assert_close(&[loss], &[f64::from(lse - target)], 1e-6, "loss");
+            assert_close(&[loss + target], &[f64::from(lse)], 1e-6, "log-sum-exp");
+        }
     }
 
     #[test]
