@@ -106,8 +106,9 @@ template <typename V> __device__ __forceinline__ V sum_partials(const V* p, u64 
 
 // ---- one-launch reductions: the grid's last block sums the others' partials -------------
 // Whether this block is the last of its grid to call this: each thread's earlier global
-// writes are fenced before the block takes its ticket from `done`, so the last block,
-// reading past L1 (__ldcg), sees every block's. `done` counts the blocks done in the current
+// writes are fenced before the block takes its ticket from `done`, and every thread of the
+// last block fences again after it, so that block's later loads see every block's writes.
+// `done` counts the blocks done in the current
 // launch: a module global (zeroed when the module loads, its 4 bytes within the context
 // reserve) that the last block resets for the next launch, so the kernel never runs beside
 // itself (a step's kernels run in order on one stream). Every thread of the block must call
@@ -119,6 +120,7 @@ __device__ __forceinline__ bool memc_last_block(unsigned* done) {
     if (threadIdx.x == 0) ticket = atomicAdd(done, 1u);
     __syncthreads();
     const bool last = ticket == gridDim.x * gridDim.y * gridDim.z - 1;
+    if (last) __threadfence();
     if (last && threadIdx.x == 0) *done = 0;
     return last;
 }

@@ -269,14 +269,19 @@ fn checked_param_geometry(
     Ok(g)
 }
 
-/// The weight gradient (inputs x, dy) or, when `bias`, the bias gradient (input dy): two
-/// stages, fp32 partials per position chunk and channel in the workspace.
+/// The weight gradient (inputs x, dy) or, when `bias`, the bias gradient (input dy): fp32
+/// partials per position chunk and channel in the workspace, summed by a second launch, a
+/// thread per channel (layer and RMS norms: up to [`PARAM_BLOCKS`] chunks a channel), or
+/// by the last block to finish in one launch (batch and group norms, whose channels take
+/// few chunks each).
 fn backward_param(a: &Args, kind: NormKind, eps: f32, bias: bool) -> Result<Kernel, CodegenError> {
     let x = a.at(0)?;
     let (mut lines, _, _) = norm_cfg(kind, eps, &x.shape, false);
     let g = checked_param_geometry(a, kind, &x.shape, bias)?;
+    let last_finishes = matches!(kind, NormKind::Batch | NormKind::Group(_));
     lines.extend(g.lines);
     lines.push(c_bool("BIAS", bias));
+    lines.push(c_bool("LAST_FINISHES", last_finishes));
     let (family, dy) = if bias {
         ("norm_backward_bias", 0)
     } else {
@@ -284,17 +289,31 @@ fn backward_param(a: &Args, kind: NormKind, eps: f32, bias: bool) -> Result<Kern
     };
     let mut params: Vec<KernelParam> = (0..=dy).map(KernelParam::Input).collect();
     params.push(KernelParam::Output);
-    let call = format!(
-        "norm_backward_param_kernel<{}, {}, {}, Cfg>(arena, in0, in{dy}, out, ws, phase)",
-        a.ty(0)?,
-        a.ty(dy)?,
-        a.out_ty()
-    );
+    let call = |phase: &str| -> Result<String, CodegenError> {
+        Ok(format!(
+            "norm_backward_param_kernel<{}, {}, {}, Cfg>(arena, in0, in{dy}, out, ws, {phase})",
+            a.ty(0)?,
+            a.ty(dy)?,
+            a.out_ty()
+        ))
+    };
+    if last_finishes {
+        params.push(KernelParam::Workspace);
+        let launch = Launch::Grid(g.grid, g.block);
+        return Ok(single(
+            family,
+            &[TEMPLATE],
+            lines,
+            call("0")?,
+            &params,
+            launch,
+        ));
+    }
     Ok(two_stage(
         family,
         &[TEMPLATE],
         lines,
-        call,
+        call("phase")?,
         &params,
         (g.grid, g.block),
         g.ch.div_ceil(u64::from(g.block)),

@@ -426,27 +426,39 @@ template <typename C> __device__ __forceinline__ float sample_slices_finish(cons
     return (float)s;
 }
 
-// The weight (bias: o_x is dy's offset too) gradient.
+// Channel c's weight (or bias) gradient from the partials: the chunks' in order.
+template <typename C> __device__ __forceinline__ float norm_param_finish(const float* part, u64 c) {
+    if (C::SAMPLE_SLICES) return sample_slices_finish<C>(part, c);
+    if (C::KIND == 2 && !C::BIAS) return batch_weight_finish<C>(part, c);
+    float s = 0.0f;
+    for (u64 k = 0; k < C::CHUNKS; ++k) s += part[k * C::CH + c];
+    return s;
+}
+
+// norm_backward_param_kernel's count of blocks done (memc_last_block).
+static __device__ unsigned norm_param_blocks_done = 0;
+
+// The weight (bias: o_x is dy's offset too) gradient. Phase 1, a thread per channel, sums the
+// partials phase 0 wrote; with C::LAST_FINISHES (batch and group norms, whose channels' sums
+// are short) there is no phase 1: the grid's last block to finish phase 0 sums them, its
+// threads taking every blockDim.x-th channel.
 template <typename T, typename TD, typename TW, typename C>
 __device__ void norm_backward_param_kernel(char* arena, u64 o_x, u64 o_dy, u64 o_dw, u64 o_ws, u64 phase) {
     float* part = tensor_at<float>(arena, o_ws);
-    const bool batch_weight = C::KIND == 2 && !C::BIAS;
+    TW* dw = tensor_at<TW>(arena, o_dw);
     if (phase != 0) {
         const u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-        if (c >= C::CH) return;
-        float s = 0.0f;
-        if (C::SAMPLE_SLICES) s = sample_slices_finish<C>(part, c);
-        else if (batch_weight) s = batch_weight_finish<C>(part, c);
-        else for (u64 k = 0; k < C::CHUNKS; ++k) s += part[k * C::CH + c];
-        st(tensor_at<TW>(arena, o_dw), c, s);
+        if (c < C::CH) st(dw, c, norm_param_finish<C>(part, c));
         return;
     }
     const T* x = tensor_at<T>(arena, o_x);
     const TD* dy = tensor_at<TD>(arena, o_dy);
     if (C::KIND <= 1) norm_rows_partial<T, TD, C>(x, dy, part);
     else if (C::SAMPLE_SLICES) sample_slices_partial<T, TD, C>(x, dy, part);
-    else if (batch_weight) batch_weight_partial<T, TD, C>(x, dy, part);
+    else if (C::KIND == 2 && !C::BIAS) batch_weight_partial<T, TD, C>(x, dy, part);
     else norm_channel_partial<T, TD, C>(x, dy, part);
+    if (!C::LAST_FINISHES || !memc_last_block(&norm_param_blocks_done)) return;
+    for (u64 c = threadIdx.x; c < C::CH; c += blockDim.x) st(dw, c, norm_param_finish<C>(part, c));
 }
 
 // ---- layer/RMS input, weight and bias gradients in one pass, one launch ------------------
