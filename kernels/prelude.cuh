@@ -108,11 +108,11 @@ template <typename V> __device__ __forceinline__ V sum_partials(const V* p, u64 
 // Whether this block is the last of its grid to call this: each thread's earlier global
 // writes are fenced before the block takes its ticket from `done`, and every thread of the
 // last block fences again after it, so that block's later loads see every block's writes.
-// `done` counts the blocks done in the current
-// launch: a module global (zeroed when the module loads, its 4 bytes within the context
-// reserve) that the last block resets for the next launch, so the kernel never runs beside
-// itself (a step's kernels run in order on one stream). Every thread of the block must call
-// it, once a launch; all get the same answer.
+// `done` counts the blocks done in the current launch: a module global (zeroed when the
+// module loads, its 4 bytes within the context reserve) that the last block resets for the
+// next launch, so the kernel must never run beside itself (a step's kernels run in order on
+// one stream). Every thread of the block must call it, once a launch; all get the same
+// answer.
 __device__ __forceinline__ bool memc_last_block(unsigned* done) {
     __shared__ unsigned ticket;
     __threadfence();

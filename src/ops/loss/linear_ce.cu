@@ -27,7 +27,7 @@ template <typename C> __device__ __forceinline__ u64 lce_rows_in(u64 chunk, u64*
 // Row r's target logit z[r, t] (0 for a target out of range): the D-long fp32 dot product
 // x[r] . W[:, t], each lane fusing the multiply-adds of d = lane, lane + 32, ... in order, the
 // lanes summed by shuffles (lane l adds lane l + o for o = 16, 8, 4, 2, 1), rounded to T: the
-// CPU backend's `target_logit` to the bit. All 32 lanes of a warp call it; every lane gets
+// order of the CPU backend's `target_logit`. All 32 lanes of a warp call it; every lane gets
 // the value.
 template <typename T, typename C> __device__ float lce_target_logit(const T* x, const T* w, u64 r, int t) {
     float acc = 0.0f;

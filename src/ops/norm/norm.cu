@@ -462,6 +462,9 @@ __device__ void norm_backward_param_kernel(char* arena, u64 o_x, u64 o_dy, u64 o
 }
 
 // ---- layer/RMS input, weight and bias gradients in one pass, one launch ------------------
+// norm_backward_kernel's count of blocks done (memc_last_block).
+static __device__ unsigned norm_backward_blocks_done = 0;
+
 // Block k takes rows [k RPB, (k + 1) RPB) as norm_rows_partial does (thread t owns
 // channels t + j blockDim.x, j < C::CPT), stores each row's dx (with C::ACC, g + dx as a
 // separate rounding) at out[0 ..] and keeps its channels' sums of dy xhat, of dy (C::BIAS)
@@ -470,9 +473,6 @@ __device__ void norm_backward_param_kernel(char* arena, u64 o_x, u64 o_dy, u64 o
 // stores dx rounded to TS from the byte of out[CP_AT] on. The grid's last block to finish
 // (memc_last_block) then sums each over the chunks in order into out[DW_AT + c],
 // out[DB_AT + c] and out[DS_AT + c]: the same fixed order whichever block that is.
-// norm_backward_kernel's count of blocks done (memc_last_block).
-static __device__ unsigned norm_backward_blocks_done = 0;
-
 template <typename T, typename TW, typename TD, typename TG, typename TS, typename C>
 __device__ void norm_backward_kernel(char* arena, u64 o_x, u64 o_w, u64 o_dy, u64 o_g, u64 o_out, u64 o_ws) {
     T* out = tensor_at<T>(arena, o_out);
