@@ -14,7 +14,7 @@ use linear::{Grads, Head};
 /// Rows of fp32 logits the CPU kernels take at a time for `lce` over operands of `operand`:
 /// as many as fit in the bytes of `lce.chunk` rows of logits in that type (a CUDA chunk's).
 fn fp32_chunk(lce: &LinearCe, operand: DType) -> usize {
-    (lce.chunk * operand.size() as usize / 4).max(1)
+    (lce.chunk.saturating_mul(operand.size() as usize) / 4).max(1)
 }
 
 /// The linear cross-entropy head of `step` (inputs x, w, targets first).
